@@ -1,0 +1,125 @@
+"""The JAX worker's one activity, `run_batch`: execute a coordinator batch on the engine, in order.
+
+Consecutive forward_backward items run as ONE engine call (one pass over many adapters' examples), consecutive
+sample items as one decode batch. Inputs and results cross through the claim-check store; only refs come back.
+A batch Temporal retries after a transient failure does not re-apply work this process already did: answers are
+remembered by item key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from itertools import groupby
+
+from temporalio import activity
+
+from tinkerflow.activities import wire
+from tinkerflow.common.store import ClaimCheckStore
+from tinkerflow.workers.engine.types import AdamConfig, InputError, LoraConfig
+from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkResult
+
+log = logging.getLogger(__name__)
+REMEMBERED_ANSWERS = 4096
+GROUPED_KINDS = {"forward_backward", "sample"}
+
+
+class EngineActivities:
+    def __init__(self, engine, store: ClaimCheckStore):
+        self.engine = engine
+        self.store = store
+        self._answers: OrderedDict[str, Outcome] = OrderedDict()
+        self._snapshots: set[str] = set()
+
+    @activity.defn(name="run_batch")
+    def run_batch(self, batch: Batch) -> BatchResult:
+        todo = [i for i in batch.items if i.key not in self._answers]
+        for kind, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
+            group = list(group)
+            activity.heartbeat(f"{group[0].kind} ×{len(group)}")
+            try:
+                outcomes = self._run_group(group[0].kind, group)
+            except Exception as e:  # an engine bug must not take the other requests of the batch with it
+                log.exception("engine failed on %s ×%d", group[0].kind, len(group))
+                outcomes = [Outcome.failed(f"engine error in {group[0].kind}: {e}", "server")] * len(group)
+            for item, outcome in zip(group, outcomes):
+                self._remember(item.key, outcome)
+        return BatchResult(results=[WorkResult(key=i.key, outcome=self._answers[i.key]) for i in batch.items])
+
+    def _remember(self, key: str, outcome: Outcome) -> None:
+        self._answers[key] = outcome
+        while len(self._answers) > REMEMBERED_ANSWERS:
+            self._answers.popitem(last=False)
+
+    def _run_group(self, kind: str, items: list[WorkItem]) -> list[Outcome]:
+        if kind == "forward_backward":
+            return self._forward_backward(items)
+        if kind == "sample":
+            return self._sample(items)
+        (item,) = items
+        try:
+            return [self._single(item)]
+        except InputError as e:
+            return [Outcome.failed(str(e), "user")]
+
+    def _single(self, item: WorkItem) -> Outcome:
+        p = item.params
+        if item.kind == "create_adapter":
+            self.engine.create_adapter(item.slot, LoraConfig(
+                rank=int(p["rank"]), seed=p.get("seed"), train_attn=p.get("train_attn", True),
+                train_mlp=p.get("train_mlp", True), train_unembed=p.get("train_unembed", True)))
+            return Outcome(json={"slot": item.slot})
+        if item.kind == "free_adapter":
+            self.engine.free_adapter(item.slot)
+            return Outcome(json={})
+        if item.kind == "optim_step":
+            metrics = self.engine.optim_step(item.slot, AdamConfig(**p))
+            return Outcome(json={"metrics": {k: float(v) for k, v in metrics.items()}, "type": "optim_step"})
+        if item.kind == "snapshot":
+            self.engine.snapshot(item.slot, p["key"])
+            self._snapshots.add(p["key"])
+            return Outcome(json={})
+        if item.kind == "drop_snapshots":
+            keys = sorted(k for k in self._snapshots if k.startswith(p["prefix"]))
+            for key in keys:
+                self.engine.drop_snapshot(key)
+                self._snapshots.discard(key)
+            return Outcome(json={"dropped": len(keys)})
+        return Outcome.failed(f"unknown work kind {item.kind!r}", "server")
+
+    def _forward_backward(self, items: list[WorkItem]) -> list[Outcome]:
+        outcomes: list[Outcome | None] = [None] * len(items)
+        inputs, positions = [], []
+        for n, item in enumerate(items):
+            try:
+                msg = wire.parse_forward_backward(self.store.get(item.payload))
+                inputs.append(wire.forward_backward_input(msg, item.slot))
+                positions.append(n)
+            except InputError as e:
+                outcomes[n] = Outcome.failed(str(e), "user")
+        results = self.engine.forward_backward(inputs) if inputs else []
+        for n, inp, res in zip(positions, inputs, results):
+            if isinstance(res, Exception):
+                outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
+                continue
+            ref = self.store.put(wire.forward_backward_output(res), "results")
+            tokens = sum(len(d.tokens) for d in inp.data)
+            outcomes[n] = Outcome(blob=ref, json={"loss": float(res.metrics.get("loss:sum", 0.0)), "tokens": tokens})
+        return outcomes
+
+    def _sample(self, items: list[WorkItem]) -> list[Outcome]:
+        outcomes: list[Outcome | None] = [None] * len(items)
+        inputs, positions = [], []
+        for n, item in enumerate(items):
+            try:
+                inputs.append(wire.sample_input(self.store.get(item.payload), item.params.get("snapshot")))
+                positions.append(n)
+            except InputError as e:
+                outcomes[n] = Outcome.failed(str(e), "user")
+        results = self.engine.sample(inputs) if inputs else []
+        for n, res in zip(positions, results):
+            if isinstance(res, Exception):
+                outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
+            else:
+                outcomes[n] = Outcome(blob=self.store.put(wire.sample_output(res), "results"))
+        return outcomes

@@ -1,0 +1,153 @@
+"""Converters between the Tinker wire formats (the SDK's own protobuf module and JSON models) and engine types.
+
+Decoding failures raise `InputError`, so a malformed datum fails only its own future, with a message that says
+which datum and which field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
+from tinker.types import SampleRequest
+
+from tinkerflow.workers.engine.types import (
+    Datum,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    InputError,
+    SampleInput,
+    SampleResult,
+)
+
+_PROTO_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
+_NUMPY_TO_PROTO = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.int64): pb.DTYPE_INT64,
+                   np.dtype(np.int32): pb.DTYPE_INT32}
+# Densified sparse inputs are padded with 0 for every key the SDK sends sparse (target_tokens, weights).
+_PAD_VALUE = 0
+
+
+def parse_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
+    msg = pb.ForwardBackwardRequest()
+    msg.ParseFromString(body)
+    return msg
+
+
+def _tensor(name: str, t: pb.Tensor, where: str) -> np.ndarray:
+    dtype = _PROTO_DTYPES.get(t.dtype)
+    if dtype is None:
+        raise InputError(f"{where}: loss_fn_inputs[{name!r}] has unsupported dtype {pb.DType.Name(t.dtype)}")
+    shape = tuple(int(s) for s in t.shape)
+    try:
+        which = t.WhichOneof("encoding")
+        if which == "sparse_csr":
+            values = np.frombuffer(t.sparse_csr.values, dtype=dtype)
+            crow = np.frombuffer(t.sparse_csr.crow_indices, dtype=np.int64)
+            col = np.frombuffer(t.sparse_csr.col_indices, dtype=np.int64)
+            if len(shape) != 2:
+                raise InputError(f"{where}: sparse loss_fn_inputs[{name!r}] needs a 2-D shape, got {list(shape)}")
+            dense = np.full(shape, _PAD_VALUE, dtype=dtype)
+            for row in range(shape[0]):
+                lo, hi = int(crow[row]), int(crow[row + 1])
+                dense[row, col[lo:hi]] = values[lo:hi]
+            return dense
+        arr = np.frombuffer(t.dense, dtype=dtype)
+    except (ValueError, IndexError) as e:
+        raise InputError(f"{where}: loss_fn_inputs[{name!r}] is malformed: {e}") from None
+    if shape:
+        if math.prod(shape) != arr.size:
+            raise InputError(f"{where}: loss_fn_inputs[{name!r}] has {arr.size} values but shape {list(shape)}")
+        arr = arr.reshape(shape)
+    return arr.copy()
+
+
+def _tokens(chunks, where: str) -> np.ndarray:
+    parts = []
+    for chunk in chunks:
+        which = chunk.WhichOneof("chunk")
+        if which != "encoded_text":
+            raise InputError(f"{where}: {which} chunks are not supported by this text-only model")
+        if len(chunk.encoded_text.tokens) % 4:
+            raise InputError(f"{where}: encoded_text tokens are not a whole number of int32 values")
+        parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
+    return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+
+
+def forward_backward_input(msg: pb.ForwardBackwardRequest, slot: int) -> ForwardBackwardInput:
+    data = []
+    for i, d in enumerate(msg.data):
+        where = f"datum {i}"
+        data.append(Datum(tokens=_tokens(d.model_input, where),
+                          inputs={k: _tensor(k, v, where) for k, v in d.loss_fn_inputs.items()}))
+    config: dict[str, float | str] = dict(msg.loss_fn_config)
+    for k, v in msg.loss_fn_config_v2.items():  # v2 carries every entry, strings included: prefer it
+        config[k] = v.text if v.WhichOneof("value") == "text" else v.number
+    return ForwardBackwardInput(slot=slot, data=data, loss_fn=msg.loss_fn, loss_fn_config=config,
+                                forward_only=msg.forward_only)
+
+
+def forward_backward_output(result: ForwardBackwardResult) -> bytes:
+    """One ArrayRecord holding every datum: per field, concatenated data plus int64 byte offsets (contract §7.3)."""
+    out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    for k, v in result.metrics.items():
+        out.metrics[k] = float(v)
+    record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(result.outputs))
+    fields = sorted({k for o in result.outputs for k in o})
+    for name in fields:
+        arrays = [np.ascontiguousarray(o[name]) for o in result.outputs]
+        dtype = arrays[0].dtype if arrays[0].dtype in _NUMPY_TO_PROTO else np.dtype(np.float32)
+        arrays = [a.astype(dtype, copy=False) for a in arrays]
+        offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
+        bt = record.fields[name]
+        bt.data = b"".join(a.tobytes() for a in arrays)
+        bt.offsets = offsets.tobytes()
+        bt.dtype = _NUMPY_TO_PROTO[dtype]
+        bt.trailing_shape.extend(arrays[0].shape[1:])
+    return out.SerializeToString()
+
+
+def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
+    try:
+        req = SampleRequest.model_validate(json.loads(body))
+    except Exception as e:
+        raise InputError(f"malformed sample request: {e}") from None
+    tokens = []
+    for chunk in req.prompt.chunks:
+        if getattr(chunk, "type", "") != "encoded_text":
+            raise InputError(f"{chunk.type} prompt chunks are not supported by this text-only model")
+        tokens.extend(chunk.tokens)
+    p = req.sampling_params
+    stop = p.stop
+    if stop is None:
+        stop_ids, stop_strings = None, []
+    elif isinstance(stop, str):
+        stop_ids, stop_strings = [], [stop]
+    elif all(isinstance(s, int) for s in stop):
+        stop_ids, stop_strings = list(stop), []
+    else:
+        stop_ids, stop_strings = [], [str(s) for s in stop]
+    if req.num_samples < 1:
+        raise InputError(f"num_samples must be at least 1, got {req.num_samples}")
+    if p.max_tokens is not None and p.max_tokens < 1:
+        raise InputError(f"max_tokens must be at least 1, got {p.max_tokens}")
+    return SampleInput(
+        prompt=np.asarray(tokens, dtype=np.int32), num_samples=req.num_samples,
+        max_tokens=p.max_tokens if p.max_tokens is not None else 16, temperature=p.temperature,
+        top_k=p.top_k, top_p=p.top_p, seed=p.seed, stop_token_ids=stop_ids, stop_strings=stop_strings,
+        include_prompt_logprobs=bool(req.prompt_logprobs), snapshot=snapshot or None,
+    )
+
+
+def sample_output(result: SampleResult) -> bytes:
+    out = pb.SampleResponse()
+    for seq in result.sequences:
+        s = out.sequences.add()
+        s.stop_reason = pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH
+        s.tokens = np.asarray(seq.tokens, dtype=np.int32).tobytes()
+        s.logprobs = np.asarray(seq.logprobs, dtype=np.float32).tobytes()
+    if result.prompt_logprobs is not None:
+        values = [math.nan if v is None else v for v in result.prompt_logprobs]
+        out.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    return out.SerializeToString()

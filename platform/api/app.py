@@ -1,0 +1,52 @@
+"""The FastAPI application: routes, error shapes, and the services every route shares."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from temporalio.client import Client
+
+from tinkerflow.api import routes_futures, routes_sampling, routes_service, routes_training
+from tinkerflow.api.services import ModelRegistry, Services
+from tinkerflow.common.settings import Settings
+from tinkerflow.common.store import ClaimCheckStore
+from tinkerflow.common.temporal import connect, ensure_search_attributes
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        temporal = client or await connect(settings)
+        try:
+            await ensure_search_attributes(temporal, settings.temporal_namespace)
+        except Exception as e:  # another process may be registering them at the same moment
+            log.debug("search attributes: %s", e)
+        app.state.services = Services(settings=settings, client=temporal,
+                                      store=ClaimCheckStore(settings.resolved_store_url),
+                                      registry=ModelRegistry(temporal))
+        if not settings.api_keys:
+            log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
+        yield
+
+    app = FastAPI(title="tinkerflow", description="Tinker-compatible training API on Temporal and JAX",
+                  lifespan=lifespan)
+    for module in (routes_service, routes_training, routes_sampling, routes_futures):
+        app.include_router(module.router)
+
+    # Every error carries a JSON body: the SDK treats an empty 400 as a proxy glitch and retries it.
+    @app.exception_handler(ValidationError)
+    async def _pydantic_error(_: Request, e: ValidationError) -> JSONResponse:
+        return JSONResponse(status_code=400, content={"detail": f"invalid request: {e}"})
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=400, content={"detail": f"invalid request: {e}"})
+
+    return app

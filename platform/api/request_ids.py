@@ -1,0 +1,55 @@
+"""`request_id`s name where a future's outcome lives in Temporal (DESIGN §2, §7).
+
+An update's outcome is addressed by workflow id + run id + update id (update ids are per run, and continue-as-new
+starts a new run); a request workflow's outcome by its workflow id. Both are encoded in the id itself, so no
+process has to remember anything to answer a poll.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class UpdateRef:
+    workflow_id: str
+    run_id: str
+    update_id: str
+
+
+@dataclass(frozen=True)
+class WorkflowRef:
+    workflow_id: str
+
+
+class BadRequestId(ValueError):
+    pass
+
+
+def _b64(data: str) -> str:
+    return base64.urlsafe_b64encode(data.encode()).decode().rstrip("=")
+
+
+def _unb64(data: str) -> str:
+    return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)).decode()
+
+
+def encode(ref: UpdateRef | WorkflowRef) -> str:
+    if isinstance(ref, UpdateRef):
+        return "u." + _b64(json.dumps([ref.workflow_id, ref.run_id, ref.update_id]))
+    return "w." + _b64(ref.workflow_id)
+
+
+def decode(request_id: str) -> UpdateRef | WorkflowRef:
+    try:
+        kind, _, payload = request_id.partition(".")
+        if kind == "u":
+            wf, run, upd = json.loads(_unb64(payload))
+            return UpdateRef(str(wf), str(run), str(upd))
+        if kind == "w":
+            return WorkflowRef(_unb64(payload))
+    except Exception:
+        pass
+    raise BadRequestId(f"unknown request_id {request_id!r}")

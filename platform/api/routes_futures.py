@@ -1,0 +1,64 @@
+"""retrieve_future: long-poll a future's outcome in Temporal, then answer `try_again` (contract §4).
+
+The SDK re-polls immediately after `try_again`, so holding the poll (up to ~25 s, under the SDK's 45 s timeout)
+is what keeps it from spinning. Results are proto for forward_backward/sample, JSON otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+
+from tinkerflow.api import request_ids
+from tinkerflow.api.deps import owner, services
+from tinkerflow.api.errors import http_error, is_not_found
+from tinkerflow.api.routes_service import _json
+from tinkerflow.api.services import Services
+from tinkerflow.common.store import StoreError
+from tinkerflow.workflows.messages import Outcome
+
+router = APIRouter(prefix="/api/v1")
+log = logging.getLogger(__name__)
+
+
+async def _outcome(svc: Services, ref: request_ids.UpdateRef | request_ids.WorkflowRef) -> Outcome:
+    if isinstance(ref, request_ids.UpdateRef):
+        handle = svc.client.get_workflow_handle(ref.workflow_id, run_id=ref.run_id or None)
+        return await handle.get_update_handle(ref.update_id, workflow_run_id=ref.run_id or None,
+                                              result_type=Outcome).result()
+    return await svc.client.get_workflow_handle(ref.workflow_id, result_type=Outcome).result()
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> Response:
+    request_id = (await _json(request)).get("request_id", "")
+    try:
+        ref = request_ids.decode(request_id)
+    except request_ids.BadRequestId as e:
+        raise http_error(404, str(e)) from None
+    try:
+        outcome = await asyncio.wait_for(_outcome(svc, ref), timeout=svc.settings.long_poll_s)
+    except asyncio.TimeoutError:
+        return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+    except (WorkflowUpdateFailedError, WorkflowFailureError) as e:
+        cause = e.cause
+        return JSONResponse({"error": getattr(cause, "message", None) or str(cause or e), "category": "server"})
+    except Exception as e:
+        if is_not_found(e):
+            raise http_error(404, f"unknown request_id {request_id!r}") from None
+        log.warning("retrieve_future %s: %s", request_id, e)
+        # Not a 5xx: the SDK re-polls 5xx instantly in a loop (contract §4.4); try_again costs it nothing.
+        return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+    if not outcome.ok:
+        return JSONResponse({"error": outcome.error, "category": outcome.category or "unknown"})
+    if outcome.blob is not None:
+        try:
+            data = await asyncio.to_thread(svc.store.get, outcome.blob)
+        except StoreError as e:
+            return JSONResponse({"error": str(e), "category": "server"})
+        return Response(content=data, media_type="application/x-protobuf")
+    return JSONResponse(outcome.json or {})

@@ -1,0 +1,115 @@
+"""Sampling routes: create_sampling_session, samplers/{id}, asample (contract §3.9, §3.10)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from fastapi import APIRouter, Depends, Request
+from temporalio.client import WorkflowUpdateStage
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from tinker.types import CreateSamplingSessionRequest, SampleRequest
+
+from tinkerflow.api import request_ids
+from tinkerflow.api.deps import owner, services
+from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.routes_service import _json
+from tinkerflow.api.routes_training import _run_state
+from tinkerflow.api.services import Services
+from tinkerflow.workflows import names
+from tinkerflow.workflows.messages import SampleStart, SamplerInfo, SamplerRequest
+from tinkerflow.workflows.sample_request import SampleRequestWorkflow
+from tinkerflow.workflows.session import SessionWorkflow
+
+router = APIRouter(prefix="/api/v1")
+
+
+def parse_tinker_path(path: str) -> tuple[str, str, str]:
+    """tinker://<model_id>/<kind>/<name>: exactly three parts, as the SDK's ParsedCheckpointTinkerPath requires."""
+    if not path.startswith("tinker://"):
+        raise http_error(400, f"model_path {path!r} must start with tinker://")
+    parts = path[len("tinker://"):].split("/")
+    if len(parts) != 3 or not all(parts):
+        raise http_error(400, f"model_path {path!r} must look like tinker://<model_id>/sampler_weights/<name>")
+    return parts[0], parts[1], parts[2]
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(request: Request, svc: Services = Depends(services),
+                                  _: str = Depends(owner)) -> dict:
+    req = CreateSamplingSessionRequest.model_validate(await _json(request))
+    if req.model_path:
+        model_id, kind, _name = parse_tinker_path(req.model_path)
+        if kind != "sampler_weights":
+            raise http_error(400, f"model_path {req.model_path!r}: sampling needs a sampler_weights path, got {kind}")
+        base_model = (await _run_state(svc, model_id)).start.base_model
+    elif req.base_model:
+        card = await svc.registry.get(req.base_model)
+        if card is None:
+            raise http_error(400, f"unknown base_model {req.base_model!r}")
+        base_model = card.name
+    else:
+        raise http_error(400, "create_sampling_session needs base_model or model_path")
+    handle = svc.client.get_workflow_handle(names.session_workflow_id(req.session_id))
+    try:
+        info = await handle.execute_update(SessionWorkflow.register_sampler, SamplerRequest(
+            seq=req.sampling_session_seq_id, base_model=base_model, model_path=req.model_path or "",
+            pool=svc.settings.pool), id=f"sampler-{req.sampling_session_seq_id}")
+    except Exception as e:
+        raise from_temporal(e, f"session {req.session_id}") from None
+    svc.samplers[info.sampler_id] = info
+    return {"sampling_session_id": info.sampler_id, "type": "create_sampling_session"}
+
+
+async def resolve_sampler(svc: Services, sampler_id: str) -> SamplerInfo:
+    cached = svc.samplers.get(sampler_id)
+    if cached is not None:
+        return cached
+    if ":sample:" not in sampler_id:
+        raise http_error(404, f"unknown sampling session {sampler_id!r}")
+    handle = svc.client.get_workflow_handle(names.session_workflow_id(names.session_of(sampler_id)))
+    try:
+        info = await handle.execute_update(SessionWorkflow.resolve_sampler, sampler_id)
+    except Exception as e:
+        err = from_temporal(e, f"sampling session {sampler_id!r}")
+        if err.status_code == 400:
+            err.status_code = 404
+        raise err from None
+    svc.samplers[sampler_id] = info
+    return info
+
+
+@router.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    info = await resolve_sampler(svc, sampler_id)
+    out = {"sampler_id": info.sampler_id, "base_model": info.base_model}
+    if info.model_path:
+        out["model_path"] = info.model_path
+    return out
+
+
+@router.post("/asample")
+async def asample(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    raw = await _json(request)
+    req = SampleRequest.model_validate(raw)
+    if not req.sampling_session_id:
+        raise http_error(400, "asample needs a sampling_session_id (create one with create_sampling_session)")
+    info = await resolve_sampler(svc, req.sampling_session_id)
+    body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+    body_hash = hashlib.sha256(body).hexdigest()
+    ref = svc.store.put(body, "requests")
+    wf_id = names.sample_workflow_id(info.sampler_id, req.seq_id or 0, body_hash)
+    try:
+        await svc.client.start_workflow(
+            SampleRequestWorkflow.run, SampleStart(sampler=info, payload=ref), id=wf_id,
+            task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            # A retry of a finished request must find the first answer, not start a second sample.
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=f"sample ×{req.num_samples} from {info.sampler_id}")
+    except WorkflowAlreadyStartedError:
+        svc.store.delete(ref)
+    except Exception as e:
+        raise from_temporal(e, f"sampling session {info.sampler_id!r}") from None
+    return {"request_id": request_ids.encode(request_ids.WorkflowRef(wf_id)),
+            "sample_sequence_ids": [f"{wf_id}#{i}" for i in range(req.num_samples)]}

@@ -1,0 +1,103 @@
+"""Handshake, sessions, telemetry and capabilities (contract §2, §3 rows 1-7, 24-25)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from fastapi import APIRouter, Depends, Request
+from temporalio.common import WorkflowIDConflictPolicy
+from tinker.types import CreateSessionRequest
+
+from tinkerflow.api.deps import owner, services
+from tinkerflow.api.errors import from_temporal, http_error, is_not_found
+from tinkerflow.api.services import Services
+from tinkerflow.workflows import names
+from tinkerflow.workflows.messages import SessionStart
+from tinkerflow.workflows.session import SessionWorkflow
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.post("/client/config")
+async def client_config(_: str = Depends(owner)) -> dict:
+    # zstd keeps big forward_backward bodies small on the wire; the adapter decompresses with a size cap.
+    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True}
+
+
+@router.post("/client/dynamic_config")
+async def dynamic_config(_: str = Depends(owner)) -> dict:
+    return {}
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.post("/telemetry")
+async def telemetry(_: str = Depends(owner)) -> dict:
+    return {"status": "accepted"}
+
+
+@router.get("/get_server_capabilities")
+async def capabilities(svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    cards = await svc.registry.cards()
+    return {"supported_models": [
+        {"model_name": c.name, "max_context_length": c.max_context, "trainable": True, "sampleable": True}
+        for c in cards.values()
+    ]}
+
+
+@router.post("/create_session")
+async def create_session(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    req = CreateSessionRequest.model_validate(await _json(request))
+    session_id = f"sess-{uuid.uuid4().hex[:12]}"
+    start = SessionStart(session_id=session_id, owner=who, tags=list(req.tags), user_metadata=req.user_metadata or {},
+                         sdk_version=req.sdk_version, heartbeat_timeout_s=svc.settings.session_timeout_s)
+    tags = f" · tags {', '.join(req.tags)}" if req.tags else ""
+    await svc.client.start_workflow(
+        SessionWorkflow.run, args=[start, None], id=names.session_workflow_id(session_id),
+        task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active")),
+        static_summary=f"Tinker session {session_id}" + (f" ({req.display_name})" if req.display_name else "") + tags,
+        static_details=f"sdk {req.sdk_version}; user_metadata {json.dumps(req.user_metadata or {})[:500]}",
+    )
+    return {"session_id": session_id, "type": "create_session"}
+
+
+@router.post("/session_heartbeat")
+async def heartbeat(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    session_id = (await _json(request)).get("session_id", "")
+    try:
+        await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(SessionWorkflow.heartbeat)
+    except Exception as e:
+        if is_not_found(e):
+            # 410 tells the SDK to stop heartbeating (contract §2.4).
+            raise http_error(410, f"session {session_id} has finished") from None
+        raise from_temporal(e, f"session {session_id}") from None
+    return {"type": "session_heartbeat"}
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish(session_id: str, request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    body = await _json(request)
+    reason = (body.get("reason") or {}).get("type", "success")
+    detail = body.get("detail")
+    try:
+        await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(
+            SessionWorkflow.finish, f"client finished: {reason}" + (f" ({detail})" if detail else ""))
+    except Exception as e:
+        if not is_not_found(e):  # finishing a finished session is fine
+            raise from_temporal(e, f"session {session_id}") from None
+    return {}
+
+
+async def _json(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except Exception:
+        raise http_error(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise http_error(400, "request body must be a JSON object")
+    return body

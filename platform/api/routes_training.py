@@ -1,0 +1,172 @@
+"""Training routes: create_model, get_info, forward_backward, optim_step, sampler saves (contract §3.1-3.8).
+
+Every in-sequence request becomes an Update on its run's workflow carrying its `seq_id`; the answer is a
+request_id naming that update. A request the adapter can already tell is wrong, but which has a seq_id, still goes
+in as a `reject` op: it must consume its seq_id (contract §4.5), and it fails its own future with a `user` error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import zstandard
+from fastapi import APIRouter, Depends, Request
+from google.protobuf.message import DecodeError
+from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
+from temporalio.common import WorkflowIDConflictPolicy
+from tinker.types import AdamParams, CreateModelRequest, OptimStepRequest, SaveWeightsForSamplerRequest
+
+from tinkerflow.activities.wire import parse_forward_backward
+from tinkerflow.api import request_ids
+from tinkerflow.api.deps import owner, services
+from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.routes_service import _json
+from tinkerflow.api.services import Services
+from tinkerflow.workflows import names
+from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState, TrainingOp
+from tinkerflow.workflows.training_run import TrainingRunWorkflow
+
+router = APIRouter(prefix="/api/v1")
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+def _hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+@router.post("/create_model")
+async def create_model(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    req = CreateModelRequest.model_validate(await _json(request))
+    card = await svc.registry.get(req.base_model)
+    if card is None:
+        served = ", ".join(sorted(await svc.registry.cards())) or "none (is a JAX worker running?)"
+        raise http_error(400, f"unknown base_model {req.base_model!r}; this server serves: {served}")
+    lora = req.lora_config
+    rank = lora.rank if lora else 32
+    if rank < 1 or rank > svc.settings.max_lora_rank:
+        raise http_error(400, f"LoRA rank {rank} is outside 1..{svc.settings.max_lora_rank} (the server's --max-lora-rank)")
+    model_id = names.model_id_for(req.session_id, req.model_seq_id)
+    spec = LoraSpec(rank=rank, seed=lora.seed if lora else None,
+                    train_attn=lora.train_attn if lora else True, train_mlp=lora.train_mlp if lora else True,
+                    train_unembed=lora.train_unembed if lora else True)
+    start = RunStart(model_id=model_id, session_id=req.session_id, owner=who, base_model=card.name, lora=spec,
+                     pool=svc.settings.pool, user_metadata=req.user_metadata or {})
+    trained = "+".join(n for n, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp),
+                                       ("unembed", spec.train_unembed)) if on)
+    start_op = WithStartWorkflowOperation(
+        TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(model_id),
+        task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=names.search_attributes(
+            (names.SESSION_ID, req.session_id), (names.BASE_MODEL, card.name), (names.STATUS, "starting"),
+            (names.STEP, 0)),
+        static_summary=f"LoRA training run {model_id} · rank {rank} · {trained} · {card.name}",
+    )
+    try:
+        handle = await svc.client.start_update_with_start_workflow(
+            TrainingRunWorkflow.create, start_workflow_operation=start_op, id="create",
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+    except Exception as e:
+        raise from_temporal(e, f"training run {model_id}") from None
+    rid = request_ids.encode(request_ids.UpdateRef(handle.workflow_id, handle.workflow_run_id or "", handle.id))
+    return {"request_id": rid, "model_id": model_id}
+
+
+@router.post("/get_info")
+async def get_info(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    model_id = (await _json(request)).get("model_id", "")
+    state = await _run_state(svc, model_id)
+    card = await svc.registry.get(state.start.base_model)
+    base = state.start.base_model
+    return {
+        "type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": state.start.lora.rank,
+        "model_name": base,
+        # tokenizer_id = the served directory: the SDK's get_tokenizer() loads it offline (contract §10).
+        "model_data": {"arch": card.arch if card else None, "model_name": base,
+                       "tokenizer_id": card.local_path if card else base},
+    }
+
+
+async def _run_state(svc: Services, model_id: str) -> RunState:
+    if not model_id:
+        raise http_error(400, "model_id is required")
+    try:
+        return await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(TrainingRunWorkflow.describe)
+    except Exception as e:
+        raise from_temporal(e, f"training run {model_id!r}") from None
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    body = await request.body()
+    if "zstd" in request.headers.get("content-encoding", "").lower():
+        try:
+            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_BODY_BYTES)
+        except zstandard.ZstdError as e:
+            raise http_error(400, f"body is not valid zstd: {e}") from None
+    try:
+        msg = parse_forward_backward(body)
+    except DecodeError as e:
+        raise http_error(400, f"body is not a valid tinker_public.ForwardBackwardRequest protobuf: {e}") from None
+    if not msg.model_id or msg.seq_id < 0:
+        raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
+    ref = svc.store.put(body, "requests")
+    op = TrainingOp(seq_id=msg.seq_id, kind="forward_backward", body_hash=_hash(body), payload=ref)
+    return await _submit(svc, msg.model_id, op)
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    raw = await _json(request)
+    req = OptimStepRequest.model_validate(raw)
+    params = req.optim_params
+    if isinstance(params, AdamParams):
+        op = TrainingOp(seq_id=req.seq_id or 0, kind="optim_step", body_hash=_hash(_canonical(raw)), params={
+            "learning_rate": params.learning_rate, "beta1": params.beta1, "beta2": params.beta2, "eps": params.eps,
+            "weight_decay": params.weight_decay, "grad_clip_norm": params.grad_clip_norm})
+    else:
+        op = _reject(req.seq_id or 0, raw, f"optimizer {type(params).__name__} is not supported; use AdamParams")
+    return await _submit(svc, req.model_id, op)
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request, svc: Services = Depends(services),
+                                   _: str = Depends(owner)) -> dict:
+    raw = await _json(request)
+    req = SaveWeightsForSamplerRequest.model_validate(raw)
+    op = TrainingOp(seq_id=req.seq_id or 0, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
+                    params={"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id,
+                            "kind": req.kind})
+    return await _submit(svc, req.model_id, op)
+
+
+@router.post("/save_weights")
+@router.post("/save_weights_external")
+@router.post("/load_weights")
+async def not_yet(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    raw = await _json(request)
+    what = request.url.path.rsplit("/", 1)[-1]
+    message = f"{what} is not supported by this server yet (training-state checkpoints are on the roadmap)"
+    if raw.get("model_id") and raw.get("seq_id") is not None:
+        return await _submit(svc, raw["model_id"], _reject(int(raw["seq_id"]), raw, message))
+    raise http_error(400, message)
+
+
+def _reject(seq_id: int, raw: dict[str, Any], message: str) -> TrainingOp:
+    return TrainingOp(seq_id=seq_id, kind="reject", body_hash=_hash(_canonical(raw)), params={"error": message})
+
+
+async def _submit(svc: Services, model_id: str, op: TrainingOp) -> dict:
+    handle = svc.client.get_workflow_handle(names.run_workflow_id(model_id))
+    try:
+        update = await handle.start_update(TrainingRunWorkflow.op, op, id=f"seq-{op.seq_id}-{op.body_hash[:16]}",
+                                           wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+    except Exception as e:
+        raise from_temporal(e, f"training run {model_id!r}") from None
+    rid = request_ids.encode(request_ids.UpdateRef(update.workflow_id, update.workflow_run_id or "", update.id))
+    return {"request_id": rid, "model_id": model_id}

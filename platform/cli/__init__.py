@@ -1,0 +1,1 @@
+"""The `tinkerflow` command: `up` runs everything; each part also starts alone."""

@@ -1,0 +1,159 @@
+"""`tinkerflow`: a self-hosted Tinker-compatible training service on Temporal and JAX.
+
+    tinkerflow up                 everything on this machine (Temporal dev server, workers, API)
+    tinkerflow up -- CMD ARGS     ... then run CMD against it (TINKER_BASE_URL set) and stop when it exits
+    tinkerflow temporal           only the Temporal dev server, with the tuned flags
+    tinkerflow workflow-worker    only the workflow worker
+    tinkerflow jax-worker         only a JAX worker for one base model
+    tinkerflow api                only the HTTP API (the Tinker REST contract)
+    tinkerflow make-tiny-model D  write the embedded default model (tiny Qwen3) to directory D
+
+Every flag can also come from the environment as TINKERFLOW_<FLAG_NAME> (for example TINKERFLOW_API_KEYS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tinkerflow.common.logs import setup_logging
+from tinkerflow.common.settings import Settings, add_common_flags
+
+log = logging.getLogger("tinkerflow")
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-model", help="HF id in the local HF cache, or a local HF directory "
+                   "(default: the embedded tiny Qwen3, made on first use in <state-dir>/models)")
+    p.add_argument("--max-lora-adapters", type=int, help="LoRA adapter slots on the JAX worker (default 8)")
+    p.add_argument("--max-lora-rank", type=int, help="largest LoRA rank a client may ask for (default 32)")
+    p.add_argument("--pool", help="name of the worker pool this base model runs on (default 'default')")
+
+
+def _api_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="address the API binds (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port of the API (default 8000)")
+    p.add_argument("--api-key", dest="api_keys", action="append",
+                   help="accepted API key, repeatable or comma-separated (env TINKERFLOW_API_KEYS); "
+                        "none means any key is accepted, with a warning")
+    p.add_argument("--session-timeout-s", type=float, help="end a session after this long without a heartbeat "
+                   "(default 120)")
+
+
+def _temporal_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temporal-port", type=int, default=7233, help="frontend port of the dev server (default 7233)")
+    p.add_argument("--ui-port", type=int, default=8233, help="port of the Temporal Web UI (default 8233)")
+    p.add_argument("--headless", action="store_true", help="do not serve the Temporal Web UI")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tinkerflow", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run the whole stack on this machine",
+                        description="Start a Temporal dev server (unless --temporal-address is given), the workflow "
+                        "worker, one JAX worker and the API; show progress while each gets ready; stop them all on "
+                        "Ctrl-C or SIGTERM. A second `up` on the same --state-dir finds its history again. "
+                        "With `-- CMD ARGS`, run CMD once everything is ready, then stop and exit with its status.")
+    _model_flags(up)
+    _api_flags(up)
+    _temporal_flags(up)
+    up.add_argument("then", nargs=argparse.REMAINDER, help="optional: -- CMD ARGS to run against the stack")
+
+    t = sub.add_parser("temporal", help="run only the Temporal dev server (tuned flags, SQLite in the state dir)")
+    _temporal_flags(t)
+
+    sub.add_parser("workflow-worker", help="run only the workflow worker (stateless; run several if you like)")
+
+    jw = sub.add_parser("jax-worker", help="run only a JAX worker serving one base model")
+    _model_flags(jw)
+    jw.add_argument("--worker-id", help="stable id of this worker (default: <hostname>-<pool>-0)")
+
+    api = sub.add_parser("api", help="run only the HTTP API under uvicorn")
+    _api_flags(api)
+
+    tiny = sub.add_parser("make-tiny-model", help="write the embedded default model (deterministic tiny Qwen3)")
+    tiny.add_argument("directory", help="where to write config.json, model.safetensors and the tokenizer")
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+
+    for p in (up, t, sub.choices["workflow-worker"], jw, api):
+        add_common_flags(p)
+        p.add_argument("--ready-file", help=argparse.SUPPRESS)  # touched when ready; used by `up`
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings().with_args(args)
+    setup_logging(settings.log_level, args.command)
+    if args.command == "make-tiny-model":
+        from tinkerflow.workers.engine.tiny_model import make_tiny_model
+
+        print(make_tiny_model(args.directory, seed=args.seed, progress=True))
+        return 0
+    if args.command == "up":
+        from tinkerflow.cli.up import run_up
+
+        then = args.then[1:] if args.then[:1] == ["--"] else args.then
+        return run_up(settings, args, then)
+    if args.command == "temporal":
+        from tinkerflow.cli import temporal_server
+
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = temporal_server.command(settings.state_dir / "temporal.db", port=args.temporal_port,
+                                      ui_port=args.ui_port, namespace=settings.temporal_namespace,
+                                      headless=args.headless)
+        log.info("starting %s", " ".join(cmd))
+        os.execv(cmd[0], cmd)
+    if args.command == "api":
+        return _run_api(settings, args.ready_file)
+    if args.command == "workflow-worker":
+        from tinkerflow.workers import workflow_worker
+
+        return _run_async(workflow_worker.serve, settings, args.ready_file)
+    if args.command == "jax-worker":
+        from tinkerflow.workers import jax_worker
+
+        return _run_async(jax_worker.serve, settings, args.ready_file, worker_id=args.worker_id)
+    return 2
+
+
+def _run_async(serve, settings: Settings, ready_file: str | None, **kwargs) -> int:
+    async def go() -> None:
+        ready, stop = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def mark_ready() -> None:
+            await ready.wait()
+            if ready_file:
+                Path(ready_file).touch()
+
+        marker = asyncio.create_task(mark_ready())
+        await serve(settings, ready=ready, stop=stop, **kwargs)
+        marker.cancel()
+
+    asyncio.run(go())
+    return 0
+
+
+def _run_api(settings: Settings, ready_file: str | None) -> int:
+    import uvicorn
+
+    from tinkerflow.api.app import create_app
+
+    app = create_app(settings)  # readiness: /api/v1/healthz answers once the app's start-up has finished
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                access_log=settings.log_level.upper() == "DEBUG")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""`tinkerflow up`: the whole stack on one machine, each part its own process, stopped together.
+
+Parts start in dependency order (Temporal, workflow worker, JAX worker, API); a spinner shows each until it is ready.
+Children get the resolved settings through TINKERFLOW_* environment variables, so `up` and the single-part commands
+share one code path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from tinkerflow.cli import temporal_server
+from tinkerflow.common.settings import Settings
+
+console = Console(stderr=True)
+READY_TIMEOUT_S = {"temporal": 60, "workflow-worker": 120, "jax-worker": 900, "api": 120}
+
+
+@dataclass
+class Part:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "TINKERFLOW_STATE_DIR": str(settings.state_dir),
+        "TINKERFLOW_TEMPORAL_ADDRESS": settings.temporal_address,
+        "TINKERFLOW_TEMPORAL_NAMESPACE": settings.temporal_namespace,
+        "TINKERFLOW_STORE_URL": settings.resolved_store_url,
+        "TINKERFLOW_HOST": settings.host,
+        "TINKERFLOW_PORT": str(settings.port),
+        "TINKERFLOW_BASE_MODEL": settings.base_model,
+        "TINKERFLOW_POOL": settings.pool,
+        "TINKERFLOW_MAX_LORA_ADAPTERS": str(settings.max_lora_adapters),
+        "TINKERFLOW_MAX_LORA_RANK": str(settings.max_lora_rank),
+        "TINKERFLOW_API_KEYS": ",".join(settings.api_keys),
+        "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
+        "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
+        "TINKERFLOW_LOG_LEVEL": settings.log_level,
+        "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
+    })
+    return env
+
+
+class Stack:
+    def __init__(self, settings: Settings, args: argparse.Namespace):
+        self.settings = settings
+        self.args = args
+        self.parts: list[Part] = []
+        self.logs = settings.state_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.ready_dir = Path(tempfile.mkdtemp(prefix="tinkerflow-ready-"))
+
+    def start(self, name: str, cmd: list[str]) -> Part:
+        log_path = self.logs / f"{name}.log"
+        out = open(log_path, "ab")
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
+                                start_new_session=True)
+        part = Part(name, proc, log_path)
+        self.parts.append(part)
+        return part
+
+    def start_tinkerflow(self, name: str, *extra: str) -> Part:
+        ready = self.ready_dir / name
+        return self.start(name, [sys.executable, "-m", "tinkerflow.cli.main", name, "--ready-file", str(ready),
+                                 *extra])
+
+    def wait_ready(self, part: Part, check) -> None:
+        t0 = time.monotonic()
+        with console.status(f"starting {part.name} …"):
+            while not check():
+                if part.proc.poll() is not None:
+                    tail = part.log_path.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{part.name} exited with {part.proc.returncode}; its log "
+                                       f"({part.log_path}) ends with:\n{tail}")
+                if time.monotonic() - t0 > READY_TIMEOUT_S[part.name]:
+                    raise RuntimeError(f"{part.name} not ready after {READY_TIMEOUT_S[part.name]} s; see {part.log_path}")
+                time.sleep(0.1)
+        console.print(f"[green]✓[/green] {part.name} ready ({time.monotonic() - t0:.1f} s) · log {part.log_path}")
+
+    def stop(self) -> None:
+        for part in reversed(self.parts):
+            if part.proc.poll() is None:
+                os.killpg(part.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for part in reversed(self.parts):
+            try:
+                part.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(part.proc.pid, signal.SIGKILL)
+                part.proc.wait()
+
+
+def _port_open(address: str) -> bool:
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _api_ready(base_url: str, api_key: str) -> bool:
+    """Ready = the API answers and already sees the JAX worker's model."""
+    try:
+        caps = httpx.get(f"{base_url}/api/v1/get_server_capabilities", timeout=2, headers={"X-API-Key": api_key})
+        return caps.status_code == 200 and bool(caps.json().get("supported_models"))
+    except httpx.HTTPError:
+        return False
+
+
+def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(settings, args)
+    stopping = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stopping["signal"] = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        own_temporal = args.temporal_address is None and "TINKERFLOW_TEMPORAL_ADDRESS" not in os.environ
+        if own_temporal:
+            address = f"127.0.0.1:{args.temporal_port}"
+            settings = _replace_address(settings, address)
+            stack.settings = settings
+            if _port_open(address):
+                raise RuntimeError(f"port {args.temporal_port} is busy: another Temporal (or `tinkerflow up`) is "
+                                   "running; stop it, pick --temporal-port, or pass --temporal-address to use it")
+            part = stack.start("temporal", temporal_server.command(
+                settings.state_dir / "temporal.db", port=args.temporal_port, ui_port=args.ui_port,
+                namespace=settings.temporal_namespace, headless=args.headless))
+            stack.wait_ready(part, lambda: _port_open(address))
+        for name in ("workflow-worker", "jax-worker"):
+            part = stack.start_tinkerflow(name)
+            stack.wait_ready(part, lambda n=name: (stack.ready_dir / n).exists())
+        base_url = f"http://{settings.host}:{settings.port}"
+        part = stack.start_tinkerflow("api")
+        api_key = settings.api_keys[0] if settings.api_keys else "tml-local"
+        stack.wait_ready(part, lambda: _api_ready(base_url, api_key))
+        console.print(f"[bold]Tinker API[/bold]   {base_url}   (TINKER_BASE_URL={base_url})")
+        if own_temporal and not args.headless:
+            console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{args.ui_port}/namespaces/"
+                          f"{settings.temporal_namespace}/workflows")
+        if then:
+            env = dict(os.environ, TINKER_BASE_URL=base_url)
+            env.setdefault("TINKER_API_KEY", api_key)
+            console.print(f"running: {' '.join(then)}")
+            return subprocess.call(then, env=env)
+        console.print("press Ctrl-C to stop")
+        while all(p.proc.poll() is None for p in stack.parts):
+            time.sleep(0.5)
+        dead = [p for p in stack.parts if p.proc.poll() is not None]
+        console.print(f"[red]{dead[0].name} exited ({dead[0].proc.returncode}); stopping. See {dead[0].log_path}")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 1
+    finally:
+        with console.status("stopping …"):
+            stack.stop()
+        console.print("stopped")
+
+
+def _replace_address(settings: Settings, address: str) -> Settings:
+    import dataclasses
+
+    return dataclasses.replace(settings, temporal_address=address)

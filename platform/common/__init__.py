@@ -1,0 +1,1 @@
+"""Pieces every tinkerflow process shares: settings, the claim-check store, logging."""

@@ -1,0 +1,79 @@
+"""Settings shared by every process kind, from flags and `TINKERFLOW_*` environment variables.
+
+One frozen dataclass so a process's whole configuration is visible in one place and can be logged at start-up.
+Flags win over the environment, the environment wins over the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "TINKERFLOW_"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def default_state_dir() -> Path:
+    return Path(_env("STATE_DIR", str(Path.cwd() / ".tinkerflow"))).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: Path = field(default_factory=default_state_dir)
+    temporal_address: str = field(default_factory=lambda: _env("TEMPORAL_ADDRESS", "127.0.0.1:7233"))
+    temporal_namespace: str = field(default_factory=lambda: _env("TEMPORAL_NAMESPACE", "default"))
+    # Where request bodies and results live while their future is open (DESIGN §3). file:// or gs://.
+    store_url: str = field(default_factory=lambda: _env("STORE_URL", ""))
+    host: str = field(default_factory=lambda: _env("HOST", "127.0.0.1"))
+    port: int = field(default_factory=lambda: int(_env("PORT", "8000")))
+    base_model: str = field(default_factory=lambda: _env("BASE_MODEL", ""))
+    pool: str = field(default_factory=lambda: _env("POOL", "default"))
+    max_lora_adapters: int = field(default_factory=lambda: int(_env("MAX_LORA_ADAPTERS", "8")))
+    max_lora_rank: int = field(default_factory=lambda: int(_env("MAX_LORA_RANK", "32")))
+    # Comma-separated; empty means the API is open (with a warning at start-up).
+    api_keys: tuple[str, ...] = field(
+        default_factory=lambda: tuple(k for k in _env("API_KEYS", "").split(",") if k.strip())
+    )
+    session_timeout_s: float = field(default_factory=lambda: float(_env("SESSION_TIMEOUT_S", "120")))
+    # How long retrieve_future holds a poll before answering try_again (the SDK times out at 45 s).
+    long_poll_s: float = field(default_factory=lambda: float(_env("LONG_POLL_S", "25")))
+    log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO"))
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or (self.state_dir / "store").as_uri()
+
+    @property
+    def models_dir(self) -> Path:
+        return self.state_dir / "models"
+
+    def with_args(self, args: argparse.Namespace) -> "Settings":
+        """Overlay the flags a user actually gave (argparse leaves the others as None)."""
+        changes = {}
+        for f in dataclasses.fields(self):
+            value = getattr(args, f.name, None)
+            if value is None:
+                continue
+            if f.name == "state_dir":
+                value = Path(value).expanduser().resolve()
+            if f.name == "api_keys":
+                value = tuple(k for part in value for k in part.split(",") if k.strip())
+            changes[f.name] = value
+        return dataclasses.replace(self, **changes)
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("common (each also read from TINKERFLOW_<NAME> in the environment)")
+    g.add_argument("--state-dir", help="directory for the Temporal database, models and the local store "
+                   "(env TINKERFLOW_STATE_DIR; default ./.tinkerflow)")
+    g.add_argument("--temporal-address", help="host:port of the Temporal frontend (default 127.0.0.1:7233)")
+    g.add_argument("--temporal-namespace", help="Temporal namespace (default 'default')")
+    g.add_argument("--store-url", help="claim-check store root: file:///path or gs://bucket/prefix "
+                   "(default <state-dir>/store)")
+    g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")

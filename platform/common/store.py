@@ -1,0 +1,63 @@
+"""The claim-check store (DESIGN §3): tensors and results live here, Temporal history carries only a `BlobRef`.
+
+fsspec makes the same code write a local directory (`file:///…`) or a bucket (`gs://bucket/prefix` through gcsfs).
+Objects are content-addressed by kind and a fresh name; the ref records size and sha256 so a reader can tell a
+truncated or swapped object from the one the workflow recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+
+import fsspec
+
+from tinkerflow.workflows.messages import BlobRef
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class ClaimCheckStore:
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    def _uri(self, path: str) -> str:
+        protocol = self.fs.protocol[0] if isinstance(self.fs.protocol, (tuple, list)) else self.fs.protocol
+        return path if protocol == "file" else f"{protocol}://{path}"
+
+    def put(self, data: bytes, kind: str) -> BlobRef:
+        """Write `data` once under `<root>/<kind>/<uuid>` and return its reference."""
+        path = f"{self.root}/{kind}/{uuid.uuid4().hex}"
+        tmp = path + ".partial"
+        self.fs.makedirs(f"{self.root}/{kind}", exist_ok=True)
+        with self.fs.open(tmp, "wb") as f:
+            f.write(data)
+        # Rename so a reader never sees a half-written object (on GCS the upload itself is atomic).
+        self.fs.mv(tmp, path)
+        return BlobRef(uri=self._uri(path), size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def get(self, ref: BlobRef) -> bytes:
+        try:
+            with fsspec.open(ref.uri if "://" in ref.uri else "file://" + ref.uri, "rb") as f:
+                data = f.read()
+        except FileNotFoundError as e:
+            raise StoreError(f"claim-check object {ref.uri} is gone (collected or never written)") from e
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise StoreError(f"claim-check object {ref.uri} does not match its reference (size/hash)")
+        return data
+
+    def delete(self, ref: BlobRef) -> None:
+        try:
+            fs, path = fsspec.core.url_to_fs(ref.uri)
+            fs.rm(path)
+        except FileNotFoundError:
+            pass
+        except Exception:  # collection is best effort; an orphan costs disk, never correctness
+            log.warning("could not delete claim-check object %s", ref.uri, exc_info=True)

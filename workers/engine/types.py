@@ -1,0 +1,101 @@
+"""The engine's boundary: plain numpy-in, numpy-out types the activities convert to and from wire formats.
+
+Nothing here knows about Temporal, HTTP or protobuf; nothing outside the engine knows about jax. Shapes follow the
+Tinker convention: a datum's `tokens` has N entries and every loss input has leading dimension N (position i of the
+input predicts `target_tokens[i]`; the caller already shifted by one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+
+class InputError(ValueError):
+    """A problem with what the user sent (bad token id, wrong shape, unknown loss...).
+
+    Reported to the SDK as a failed future with category `user`; it never touches adapter state.
+    """
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    """torch.optim.AdamW semantics (bias correction, decoupled weight decay); grad_clip_norm 0 means no clipping."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass
+class Datum:
+    tokens: np.ndarray  # int32 [N]
+    inputs: dict[str, np.ndarray]  # e.g. target_tokens int64 [N], weights float32 [N], advantages, logprobs
+
+
+@dataclass
+class ForwardBackwardInput:
+    slot: int
+    data: list[Datum]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str] = field(default_factory=dict)
+    forward_only: bool = False
+
+
+@dataclass
+class ForwardBackwardResult:
+    outputs: list[dict[str, np.ndarray]]  # one dict per datum; always has "logprobs" shaped like target_tokens
+    metrics: dict[str, float]  # keys are "<name>:<reduction>", always includes "loss:sum"
+
+
+@dataclass
+class SampleInput:
+    prompt: np.ndarray  # int32 [P]
+    num_samples: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int | None = None
+    # None: stop at EOS. []: never stop. Otherwise stop on any of these token ids or strings.
+    stop_token_ids: list[int] | None = None
+    stop_strings: list[str] = field(default_factory=list)
+    include_prompt_logprobs: bool = False
+    snapshot: str | None = None  # sampler snapshot key; None samples the base model
+
+
+@dataclass
+class SampledSequence:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: Literal["stop", "length"]
+
+
+@dataclass
+class SampleResult:
+    sequences: list[SampledSequence]
+    prompt_logprobs: list[float | None] | None = None  # None at position 0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    arch: str  # "qwen3" | "llama"
+    vocab_size: int
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    num_layers: int
+    hidden_size: int

@@ -1,0 +1,83 @@
+"""The JAX worker process: loads one base model into the engine and takes `run_batch` activities on its own queue.
+
+At start it registers with the Coordinator of its base model (signal-with-start), which then routes to this
+worker's task queue the work for the adapters it placed here. Activities run one at a time in a single thread:
+the engine holds device state and is not re-entrant, and JAX already uses every core for one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+import uuid
+
+from temporalio.client import WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.worker import Worker
+
+from tinkerflow.common.models import resolve_base_model
+from tinkerflow.common.settings import Settings
+from tinkerflow.common.store import ClaimCheckStore
+from tinkerflow.common.temporal import connect
+from tinkerflow.workflows import names
+from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
+from tinkerflow.workflows.messages import ModelCard, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+
+def stable_worker_id(settings: Settings) -> str:
+    """Same id across restarts of one worker on one host, so the coordinator can tell a restart from a new worker."""
+    return os.environ.get("TINKERFLOW_WORKER_ID") or f"{socket.gethostname()}-{settings.pool}-0"
+
+
+async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
+                worker_id: str | None = None) -> None:
+    from tinkerflow.activities.engine_activities import EngineActivities
+    from tinkerflow.workers.engine.engine import Engine
+
+    name, local_path = resolve_base_model(settings)
+    client = await connect(settings)
+    engine = await asyncio.to_thread(
+        Engine.load, local_path, max_lora_adapters=settings.max_lora_adapters, max_lora_rank=settings.max_lora_rank)
+    card = ModelCard(name=name, arch=engine.info.arch, local_path=str(engine.model_path),
+                     vocab_size=engine.info.vocab_size, max_context=engine.info.max_position_embeddings)
+    worker_id = worker_id or stable_worker_id(settings)
+    queue = names.worker_task_queue(name, settings.pool, worker_id)
+    activities = EngineActivities(engine, ClaimCheckStore(settings.resolved_store_url))
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+    worker = Worker(client, task_queue=queue, activities=[activities.run_batch], activity_executor=executor,
+                    max_concurrent_activities=1)
+    async with worker:
+        info = WorkerInfo(worker_id=worker_id, task_queue=queue, max_adapters=settings.max_lora_adapters,
+                          max_rank=settings.max_lora_rank, card=card)
+        await register(client, settings, info)
+        log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
+        if ready is not None:
+            ready.set()
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def register(client, settings: Settings, info: WorkerInfo) -> WorkflowHandle:
+    card = info.card
+    return await client.start_workflow(
+        Coordinator.run,
+        CoordinatorState(base_model=card.name, pool=settings.pool),
+        id=names.coordinator_workflow_id(card.name, settings.pool),
+        task_queue=names.WORKFLOW_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        start_signal="register_worker",
+        start_signal_args=[info],
+        memo={"model": {"name": card.name, "arch": card.arch, "local_path": card.local_path,
+                        "vocab_size": card.vocab_size, "max_context": card.max_context}},
+        search_attributes=None,
+        static_summary=f"batching for {card.name} on pool {settings.pool}",
+    )
+
+
+def new_worker_id() -> str:
+    return uuid.uuid4().hex[:8]

@@ -1,0 +1,282 @@
+"""Coordinator: the batching brain for one base model on one pool of JAX workers (DESIGN §2).
+
+Requester workflows (training runs, sample requests, sessions) `submit` WorkItems by signal. The coordinator places
+adapters on workers (slot allocation), and while a worker is busy it queues that worker's work; the moment the worker
+is free it dispatches everything queued for it as ONE activity on the worker's own task queue. Under load that is
+natural batching (forward/backward of many runs in one pass, many sample calls in one decode batch) at no added
+latency for a lone user. Each requester gets its share of the batch result back as a `deliver` signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkerInfo, WorkItem, WorkResult
+
+MAX_BATCH_ITEMS = 64
+CONTINUE_AS_NEW_EVENTS = 8_000
+
+KIND_LABELS = {
+    "forward_backward": "fwd/bwd",
+    "optim_step": "optim",
+    "sample": "sample",
+    "snapshot": "snapshot",
+    "create_adapter": "create adapter",
+    "free_adapter": "free adapter",
+    "drop_snapshots": "drop snapshots",
+}
+
+
+@dataclass
+class WorkerSlots:
+    info: WorkerInfo
+    slots: dict[str, str] = field(default_factory=dict)  # str(slot) -> model_id (string keys: history is JSON)
+
+
+@dataclass
+class CoordinatorState:
+    base_model: str
+    pool: str
+    workers: dict[str, WorkerSlots] = field(default_factory=dict)  # task queue -> worker
+    placements: dict[str, list] = field(default_factory=dict)  # model_id -> [task queue, slot]
+    snapshots: dict[str, str] = field(default_factory=dict)  # snapshot key -> task queue
+    pending: list[WorkItem] = field(default_factory=list)
+    dispatched_batches: int = 0
+
+
+@workflow.defn(name="Coordinator")
+class Coordinator:
+    @workflow.init
+    def __init__(self, state: CoordinatorState) -> None:
+        self.s = state
+        self._busy: set[str] = set()
+        self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
+
+    @workflow.run
+    async def run(self, state: CoordinatorState) -> None:
+        while True:
+            await workflow.wait_condition(lambda: self._ready_queues() or self._should_continue_as_new())
+            for queue in self._ready_queues():
+                items = self._take_for(queue)
+                if items:
+                    self._busy.add(queue)
+                    asyncio.ensure_future(self._dispatch(queue, items))
+            if self._should_continue_as_new() and not self._busy:
+                await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._signals_in_flight)
+                workflow.continue_as_new(self.s)
+
+    def _should_continue_as_new(self) -> bool:
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() > CONTINUE_AS_NEW_EVENTS
+
+    # --- messages ------------------------------------------------------------------------------------------------
+
+    @workflow.signal
+    def register_worker(self, info: WorkerInfo) -> None:
+        previous = self.s.workers.get(info.task_queue)
+        if previous is not None:
+            # A restarted worker lost its in-memory adapters and snapshots: forget what we had placed there so the
+            # runs that lived on it get a clear error instead of silently training a fresh adapter.
+            for model_id in previous.slots.values():
+                self.s.placements.pop(model_id, None)
+            self.s.snapshots = {k: q for k, q in self.s.snapshots.items() if q != info.task_queue}
+            workflow.logger.warning("worker %s re-registered; its adapters were lost", info.worker_id)
+        self.s.workers[info.task_queue] = WorkerSlots(info=info)
+        self._set_details()
+
+    @workflow.signal
+    def submit(self, item: WorkItem) -> None:
+        self.s.pending.append(item)
+
+    @workflow.query
+    def describe(self) -> dict:
+        return {
+            "base_model": self.s.base_model,
+            "pool": self.s.pool,
+            "workers": {
+                q: {"worker_id": w.info.worker_id, "slots_used": len(w.slots), "max_adapters": w.info.max_adapters,
+                    "busy": q in self._busy}
+                for q, w in self.s.workers.items()
+            },
+            "placements": dict(self.s.placements),
+            "snapshots": len(self.s.snapshots),
+            "pending": len(self.s.pending),
+            "dispatched_batches": self.s.dispatched_batches,
+        }
+
+    # --- routing -------------------------------------------------------------------------------------------------
+
+    def _ready_queues(self) -> list[str]:
+        if not self.s.pending:
+            return []
+        return [q for q in self.s.workers if q not in self._busy]
+
+    def _take_for(self, queue: str) -> list[WorkItem]:
+        """Route pending items; return (with slots filled in) the ones for `queue`, answer unroutable ones now."""
+        taken: list[WorkItem] = []
+        keep: list[WorkItem] = []
+        for item in self.s.pending:
+            if len(taken) >= MAX_BATCH_ITEMS:
+                keep.append(item)
+                continue
+            try:
+                target, routed = self._route(item)
+            except ApplicationError as e:
+                self._answer(WorkResult(key=item.key, outcome=Outcome.failed(e.message, "user")), item.requester)
+                continue
+            if target is None:
+                keep.append(item)  # waits for a worker to register
+            elif target == queue:
+                taken.append(routed)
+            else:
+                keep.append(item)
+        self.s.pending = keep
+        return taken
+
+    def _route(self, item: WorkItem) -> tuple[str | None, WorkItem]:
+        if item.kind == "create_adapter":
+            if item.model_id in self.s.placements:
+                queue, slot = self.s.placements[item.model_id]
+                return queue, _with_slot(item, slot)
+            queue, slot = self._allocate(item.model_id)
+            if queue is None:
+                return None, item
+            return queue, _with_slot(item, slot)
+        if item.kind in ("forward_backward", "optim_step", "snapshot", "free_adapter"):
+            placed = self.s.placements.get(item.model_id)
+            if placed is None:
+                if item.kind == "free_adapter":
+                    raise ApplicationError(f"{item.model_id} holds no adapter slot")
+                raise ApplicationError(
+                    f"training run {item.model_id} has no adapter on any worker of {self.s.base_model} "
+                    "(it was released, or its JAX worker restarted); create a new training client or load a checkpoint"
+                )
+            queue, slot = placed
+            if item.kind == "snapshot":
+                self.s.snapshots[item.params["key"]] = queue
+            return queue, _with_slot(item, slot)
+        if item.kind == "sample":
+            key = item.params.get("snapshot") or ""
+            if key:
+                queue = self.s.snapshots.get(key)
+                if queue is None:
+                    raise ApplicationError(f"sampler weights {key!r} are not loaded on any worker (expired or never saved)")
+                return queue, item
+            return self._least_busy(), item
+        if item.kind == "drop_snapshots":
+            prefix = item.params["prefix"]
+            holders = {q for k, q in self.s.snapshots.items() if k.startswith(prefix)}
+            for k in [k for k in self.s.snapshots if k.startswith(prefix)]:
+                del self.s.snapshots[k]
+            if not holders:
+                raise ApplicationError(f"no snapshots with prefix {prefix}")
+            return sorted(holders)[0], item
+        raise ApplicationError(f"unknown work kind {item.kind!r}")
+
+    def _allocate(self, model_id: str) -> tuple[str | None, int]:
+        if not self.s.workers:
+            return None, -1
+        candidates = sorted(
+            (len(w.slots), q) for q, w in self.s.workers.items() if len(w.slots) < w.info.max_adapters
+        )
+        if not candidates:
+            total = sum(w.info.max_adapters for w in self.s.workers.values())
+            raise ApplicationError(
+                f"no free LoRA adapter slot for base model {self.s.base_model}: all {total} are in use; "
+                "finish an idle session or start the JAX worker with a larger --max-lora-adapters"
+            )
+        queue = candidates[0][1]
+        worker = self.s.workers[queue]
+        slot = next(i for i in range(worker.info.max_adapters) if str(i) not in worker.slots)
+        worker.slots[str(slot)] = model_id
+        self.s.placements[model_id] = [queue, slot]
+        self._set_details()
+        return queue, slot
+
+    def _least_busy(self) -> str | None:
+        idle = [q for q in self.s.workers if q not in self._busy]
+        pool = idle or list(self.s.workers)
+        return sorted(pool)[0] if pool else None
+
+    # --- dispatch ------------------------------------------------------------------------------------------------
+
+    async def _dispatch(self, queue: str, items: list[WorkItem]) -> None:
+        self.s.dispatched_batches += 1
+        try:
+            result: BatchResult = await workflow.execute_activity(
+                "run_batch",
+                Batch(items=items),
+                result_type=BatchResult,
+                task_queue=queue,
+                start_to_close_timeout=timedelta(minutes=30),
+                schedule_to_start_timeout=timedelta(minutes=5),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["InputError"]),
+                summary=_summarise(items),
+            )
+            results = result.results
+        except ActivityError as e:
+            cause = e.cause.message if e.cause is not None and hasattr(e.cause, "message") else str(e)
+            workflow.logger.error("batch on %s failed: %s", queue, cause)
+            results = [
+                WorkResult(key=i.key, outcome=Outcome.failed(f"the JAX worker failed this batch: {cause}", "server"))
+                for i in items
+            ]
+        finally:
+            self._busy.discard(queue)
+        by_key = {r.key: r for r in results}
+        for item in items:
+            r = by_key.get(item.key) or WorkResult(item.key, Outcome.failed("the JAX worker returned no result", "server"))
+            self._after(item, r)
+            self._answer(r, item.requester)
+
+    def _after(self, item: WorkItem, result: WorkResult) -> None:
+        """Bookkeeping that depends on how the engine answered."""
+        if item.kind == "free_adapter" or (item.kind == "create_adapter" and not result.outcome.ok):
+            placed = self.s.placements.pop(item.model_id, None)
+            if placed is not None and placed[0] in self.s.workers:
+                self.s.workers[placed[0]].slots.pop(str(placed[1]), None)
+            self._set_details()
+        if item.kind == "snapshot" and not result.outcome.ok:
+            self.s.snapshots.pop(item.params["key"], None)
+
+    def _answer(self, result: WorkResult, requester: str) -> None:
+        self._signals_in_flight += 1
+        asyncio.ensure_future(self._signal(requester, result))
+
+    async def _signal(self, workflow_id: str, result: WorkResult) -> None:
+        try:
+            await workflow.get_external_workflow_handle(workflow_id).signal("deliver", result)
+        except Exception as e:  # the requester may have ended (timed-out session); nobody is waiting then
+            workflow.logger.info("could not deliver %s to %s: %s", result.key, workflow_id, e)
+        finally:
+            self._signals_in_flight -= 1
+
+    def _set_details(self) -> None:
+        used = sum(len(w.slots) for w in self.s.workers.values())
+        total = sum(w.info.max_adapters for w in self.s.workers.values())
+        workflow.set_current_details(
+            f"{self.s.base_model} · {len(self.s.workers)} worker(s) · adapter slots {used}/{total} in use"
+        )
+
+
+def _with_slot(item: WorkItem, slot: int) -> WorkItem:
+    return WorkItem(
+        key=item.key, requester=item.requester, kind=item.kind, model_id=item.model_id, session_id=item.session_id,
+        payload=item.payload, params=item.params, slot=slot,
+    )
+
+
+def _summarise(items: list[WorkItem]) -> str:
+    counts: dict[str, int] = {}
+    for i in items:
+        counts[i.kind] = counts.get(i.kind, 0) + 1
+    runs = len({i.model_id for i in items if i.model_id})
+    parts = [f"{KIND_LABELS.get(k, k)} ×{n}" for k, n in counts.items()]
+    return " · ".join(parts) + (f" · {runs} run(s)" if runs else "")

@@ -1,0 +1,195 @@
+"""The frozen dataclasses Temporal carries between the API, the workflows and the JAX worker's activities.
+
+Only small control fields travel inline; request bodies and results travel as `BlobRef`s into the claim-check
+store (DESIGN §3). Keep every field JSON-friendly (str, int, float, bool, dict, list, other dataclasses here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    uri: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What a JAX worker serves, as the API reports it to the SDK."""
+
+    name: str  # the base_model string clients send (HF id or local path)
+    arch: str
+    local_path: str  # resolved directory holding config, weights and tokenizer
+    vocab_size: int
+    max_context: int
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The answer a future resolves to: a JSON result, a protobuf result in the store, or an error."""
+
+    json: dict[str, Any] | None = None
+    blob: BlobRef | None = None
+    error: str = ""
+    category: str = ""  # "user" | "server" when error is set
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @staticmethod
+    def failed(message: str, category: str = "user") -> "Outcome":
+        return Outcome(error=message, category=category)
+
+
+# --- sessions -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionStart:
+    session_id: str
+    owner: str  # hash of the API key that created it ("" when the API is open)
+    tags: list[str] = field(default_factory=list)
+    user_metadata: dict[str, Any] = field(default_factory=dict)
+    sdk_version: str = ""
+    heartbeat_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class SamplerInfo:
+    sampler_id: str
+    base_model: str
+    model_path: str = ""  # tinker:// path it was created from, if any
+    snapshot: str = ""  # engine snapshot key ("" samples the base model)
+    source_model_id: str = ""
+    pool: str = "default"
+
+
+@dataclass(frozen=True)
+class SamplerRequest:
+    seq: int
+    base_model: str
+    model_path: str = ""
+    pool: str = "default"
+
+
+@dataclass(frozen=True)
+class SampleStart:
+    sampler: SamplerInfo
+    payload: BlobRef
+
+
+@dataclass
+class SessionState:
+    session_id: str
+    owner: str
+    status: str = "active"  # active | finished | timed_out
+    reason: str = ""
+    training_run_ids: list[str] = field(default_factory=list)
+    samplers: dict[str, SamplerInfo] = field(default_factory=dict)
+    user_metadata: dict[str, Any] = field(default_factory=dict)
+    heartbeats: int = 0
+
+
+# --- training runs ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStart:
+    model_id: str
+    session_id: str
+    owner: str
+    base_model: str
+    lora: LoraSpec
+    pool: str = "default"
+    user_metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainingOp:
+    """One SDK request on a training client. `seq_id` orders it; `body_hash` tells a retry from a conflicting reuse."""
+
+    seq_id: int
+    kind: str  # forward_backward | optim_step | save_weights_for_sampler
+    body_hash: str
+    payload: BlobRef | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Answered:
+    body_hash: str
+    outcome: Outcome
+
+
+@dataclass
+class RunState:
+    """Everything a person wants to see about a run, and everything continue-as-new must carry."""
+
+    start: RunStart
+    next_seq: int = 1
+    step: int = 0
+    fwdbwd_count: int = 0
+    tokens_seen: int = 0
+    last_loss: float | None = None
+    status: str = "starting"  # starting | ready | failed | closed
+    error: str = ""
+    # str(seq_id) -> first answer of recent ops, so a retried seq_id gets the first answer even after
+    # continue-as-new (Temporal's own update-id dedupe is per run). String keys: history is JSON.
+    answered: dict[str, "Answered"] = field(default_factory=dict)
+    sampler_count: int = 0
+
+
+# --- the coordinator and the JAX worker ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: str
+    task_queue: str
+    max_adapters: int
+    max_rank: int
+    card: ModelCard
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """A unit of engine work a requester workflow hands the coordinator; the answer comes back as a signal."""
+
+    key: str  # unique: "<requester workflow id>#<n>"
+    requester: str  # workflow id to signal the WorkResult to
+    kind: str  # create_adapter | free_adapter | forward_backward | optim_step | snapshot | drop_snapshots | sample
+    model_id: str = ""
+    session_id: str = ""
+    payload: BlobRef | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    slot: int = -1  # filled in by the coordinator before dispatch
+
+
+@dataclass(frozen=True)
+class WorkResult:
+    key: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Batch:
+    items: list[WorkItem]
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    results: list[WorkResult]
