@@ -1,0 +1,358 @@
+"""A deterministic tiny Qwen3 checkpoint, laid out exactly as Hugging Face lays one out.
+
+`make_tiny_model(out_dir)` writes ``config.json``, ``generation_config.json``, ``model.safetensors`` and a
+tokenizer (``tokenizer.json``, ``tokenizer_config.json``) that ``transformers.AutoModelForCausalLM`` and
+``AutoTokenizer`` load with ``from_pretrained(out_dir)`` fully offline, with no missing or unexpected keys. Tests,
+CI and the acceptance scripts (``acceptance/pig_latin.py``, ``acceptance/rl_loop.py``) use it as a stand-in for
+Qwen3-0.6B: same architecture and file layout, a few hundred kilobytes of weights, built in about a second.
+
+Why the weights are drawn with std 0.25 and not HF's ``initializer_range`` of 0.02 (DESIGN.md section 8): with std
+0.02 on a hidden-128 model the embedding rows are tiny, so the logits are nearly flat (capped near 2.5): greedy
+decoding repeats one token for ever, sampling is close to uniform over the vocabulary, and an RL loop cannot move
+it (in ``rl_loop.py`` the reachable reward is bounded by the unembedding geometry, about 0.007). With std ~0.25
+the logits have a real spread (std over the vocabulary of a few nats), greedy decoding wanders, and parity,
+sampling and RL tests can both fail and succeed: ``rl_loop.py`` goes from ~0.02 to ~1.0 mean reward within 5-8
+steps on a reference server. Norm weights are 1.0, as HF initialises them.
+
+The tokenizer is a byte-level BPE like Qwen's (same pre-tokenizer regex, ByteLevel decoder, so any text
+round-trips), trained locally and deterministically on ``data/english.txt`` (plain English prose bundled with the
+package) to 2045 tokens, followed by Qwen's special tokens ``<|endoftext|>`` (eos, pad, and bos in the config,
+as Qwen3 does), ``<|im_start|>`` and ``<|im_end|>``: 2048 ids in all, equal to the model's ``vocab_size``.
+
+The output is byte-identical across runs with the same ``seed``/``init_std`` (and the same installed
+``tokenizers``/``transformers``). The directory is built next to ``out_dir`` and renamed into place, so a crash
+never leaves half a model; a ``tinkerflow_tiny.json`` marker records the parameters, and calling again on a
+directory that already holds the same model returns at once without rewriting anything.
+
+    python -m tinkerflow.workers.engine.tiny_model OUT_DIR [--seed N] [--init-std X]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the files written change for the same parameters, so old directories are rebuilt.
+FORMAT_VERSION = 1
+MARKER = "tinkerflow_tiny.json"
+DATA_FILE = pathlib.Path(__file__).resolve().parent / "data" / "english.txt"
+
+EOS_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")  # Qwen's order: appended after the BPE vocabulary
+
+#: The model's shape. vocab_size counts the special tokens; the BPE is trained to vocab_size - len(SPECIAL_TOKENS).
+SHAPE: dict[str, Any] = {
+    "vocab_size": 2048,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 384,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+}
+
+# Qwen2/Qwen3's pre-tokenizer split (digits one at a time, words with their leading space or punctuation mark).
+QWEN_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# ChatML, as Qwen uses it (no system-prompt or tool logic: enough for renderers that apply a chat template).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def _data_sha256() -> str:
+    return hashlib.sha256(DATA_FILE.read_bytes()).hexdigest()
+
+
+def _marker_params(seed: int, init_std: float) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "seed": int(seed),
+        "init_std": float(init_std),
+        "shape": dict(SHAPE),
+        "special_tokens": list(SPECIAL_TOKENS),
+        "english_txt_sha256": _data_sha256(),
+    }
+
+
+def _is_complete(path: pathlib.Path, params: dict[str, Any]) -> bool:
+    """True when `path` holds a finished tiny model made with exactly `params`."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker == params and all((path / name).is_file() for name in REQUIRED_FILES)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The parts
+
+
+def build_tokenizer(vocab_size: int = SHAPE["vocab_size"]):
+    """Train the byte-level BPE on the bundled English text; returns a `tokenizers.Tokenizer` of `vocab_size` ids."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    bpe_size = vocab_size - len(SPECIAL_TOKENS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=bpe_size,
+        min_frequency=0,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text round-trips
+        special_tokens=[],
+    )
+    # One string, not lines: pre-tokens such as "\n\n" must be seen whole to be learned.
+    tok.train_from_iterator([DATA_FILE.read_text(encoding="utf-8")], trainer=trainer)
+    if tok.get_vocab_size() != bpe_size:
+        raise RuntimeError(
+            f"BPE training reached {tok.get_vocab_size()} tokens, wanted {bpe_size}: {DATA_FILE} is too small"
+        )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    assert tok.get_vocab_size() == vocab_size
+    return tok
+
+
+def config_dict(eos_token_id: int) -> dict[str, Any]:
+    """config.json as transformers 5 writes it for Qwen3ForCausalLM (plus top-level rope_theta/torch_dtype, as
+    transformers 4 and the published Qwen3 checkpoints write them, so readers of either layout find them)."""
+    import transformers
+
+    s = SHAPE
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": eos_token_id,
+        "dtype": "float32",
+        "eos_token_id": eos_token_id,
+        "head_dim": s["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": s["hidden_size"],
+        "initializer_range": 0.02,
+        "intermediate_size": s["intermediate_size"],
+        "layer_types": ["full_attention"] * s["num_hidden_layers"],
+        "max_position_embeddings": s["max_position_embeddings"],
+        "max_window_layers": s["num_hidden_layers"],
+        "model_type": "qwen3",
+        "num_attention_heads": s["num_attention_heads"],
+        "num_hidden_layers": s["num_hidden_layers"],
+        "num_key_value_heads": s["num_key_value_heads"],
+        "pad_token_id": None,
+        "rms_norm_eps": s["rms_norm_eps"],
+        "rope_parameters": {"rope_theta": s["rope_theta"], "rope_type": "default"},
+        "rope_theta": s["rope_theta"],
+        "sliding_window": None,
+        "tie_word_embeddings": s["tie_word_embeddings"],
+        "torch_dtype": "float32",
+        "transformers_version": transformers.__version__,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": s["vocab_size"],
+    }
+
+
+def generation_config_dict(eos_token_id: int) -> dict[str, Any]:
+    """generation_config.json like Qwen3-0.6B-Base's (greedy by default; eos = pad = <|endoftext|>)."""
+    import transformers
+
+    return {
+        "bos_token_id": eos_token_id,
+        "do_sample": False,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": eos_token_id,
+        "transformers_version": transformers.__version__,
+    }
+
+
+def parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """HF parameter names and shapes of the tiny Qwen3, in the (fixed) order the weights are drawn."""
+    s = SHAPE
+    h, hd, inter = s["hidden_size"], s["head_dim"], s["intermediate_size"]
+    q, kv = s["num_attention_heads"] * hd, s["num_key_value_heads"] * hd
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (s["vocab_size"], h))]
+    for i in range(s["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        shapes += [
+            (f"{p}.input_layernorm.weight", (h,)),
+            (f"{p}.self_attn.q_proj.weight", (q, h)),
+            (f"{p}.self_attn.k_proj.weight", (kv, h)),
+            (f"{p}.self_attn.v_proj.weight", (kv, h)),
+            (f"{p}.self_attn.o_proj.weight", (h, q)),
+            (f"{p}.self_attn.q_norm.weight", (hd,)),
+            (f"{p}.self_attn.k_norm.weight", (hd,)),
+            (f"{p}.post_attention_layernorm.weight", (h,)),
+            (f"{p}.mlp.gate_proj.weight", (inter, h)),
+            (f"{p}.mlp.up_proj.weight", (inter, h)),
+            (f"{p}.mlp.down_proj.weight", (h, inter)),
+        ]
+    shapes.append(("model.norm.weight", (h,)))
+    if not s["tie_word_embeddings"]:
+        shapes.append(("lm_head.weight", (s["vocab_size"], h)))
+    return shapes
+
+
+def make_weights(seed: int = 0, init_std: float = 0.25, progress: bool = False) -> dict[str, np.ndarray]:
+    """float32 weights: matrices ~ N(0, init_std) from `np.random.default_rng(seed)` in `parameter_shapes()` order,
+    norm weights 1.0."""
+    rng = np.random.default_rng(seed)
+    shapes = parameter_shapes()
+    weights: dict[str, np.ndarray] = {}
+    for name, shape in _progress(shapes, progress, "tiny model weights"):
+        if name.endswith("norm.weight"):
+            weights[name] = np.ones(shape, dtype=np.float32)
+        else:
+            weights[name] = rng.normal(0.0, init_std, size=shape).astype(np.float32)
+    return weights
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def _progress(items, enabled: bool, desc: str):
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, leave=False)
+
+
+def _write_json(path: pathlib.Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _finish_tree(path: pathlib.Path) -> None:
+    """Give the files ordinary permissions (mkdtemp makes 0700, safetensors 0600) and flush them to disk."""
+    path.chmod(0o755)
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            p.chmod(0o644)
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    with contextlib.suppress(OSError):  # directories cannot be fsync'd on every platform
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_model(tmp: pathlib.Path, seed: int, init_std: float, params: dict[str, Any], progress: bool) -> None:
+    from safetensors.numpy import save_file
+    from transformers import PreTrainedTokenizerFast
+
+    tok = build_tokenizer(SHAPE["vocab_size"])
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        model_max_length=SHAPE["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE,
+    )
+    hf_tok.save_pretrained(str(tmp))
+
+    _write_json(tmp / "config.json", config_dict(eos_id))
+    _write_json(tmp / "generation_config.json", generation_config_dict(eos_id))
+    save_file(make_weights(seed, init_std, progress), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(tmp / MARKER, params)  # last: its presence means the rest is there
+    _finish_tree(tmp)
+
+
+def _atomic_install(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    """Move the finished `tmp` to `out`, replacing an empty directory or an older tiny model there."""
+    if out.exists():
+        if out.is_dir() and not any(out.iterdir()):
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        elif out.is_dir() and (out / MARKER).exists():
+            trash = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / out.name)  # out is now absent; a racing builder may take its place first
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            raise FileExistsError(f"{out} exists and does not hold a tinkerflow tiny model; refusing to replace it")
+    os.rename(tmp, out)  # fails (rather than merges) if someone else created a non-empty `out` meanwhile
+
+
+def make_tiny_model(
+    out_dir: str | os.PathLike, *, seed: int = 0, init_std: float = 0.25, progress: bool = False
+) -> pathlib.Path:
+    """Write (or find) the tiny Qwen3 checkpoint in `out_dir` and return its path.
+
+    Deterministic: the same `seed` and `init_std` give byte-identical files. If `out_dir` already holds a complete
+    tiny model made with the same parameters it is returned untouched; one made with other parameters is replaced;
+    any other non-empty directory raises `FileExistsError`.
+    """
+    out = pathlib.Path(out_dir).expanduser().absolute()
+    params = _marker_params(seed, init_std)
+    if _is_complete(out, params):
+        logger.debug("tiny model already present at %s", out)
+        return out
+
+    t0 = time.perf_counter()
+    logger.info("building tiny Qwen3 model (seed=%d, init_std=%g) at %s", seed, init_std, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_model(tmp, seed, init_std, params, progress)
+        try:
+            _atomic_install(tmp, out)
+        except OSError:
+            if _is_complete(out, params):  # another process finished the same model first
+                logger.debug("tiny model at %s was written concurrently; keeping that one", out)
+                return out
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("tiny model written to %s in %.2fs", out, time.perf_counter() - t0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write the deterministic tiny Qwen3 checkpoint used by tests.")
+    parser.add_argument("out_dir")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-std", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    print(make_tiny_model(args.out_dir, seed=args.seed, init_std=args.init_std, progress=sys.stderr.isatty()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
