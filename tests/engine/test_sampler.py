@@ -1,0 +1,184 @@
+"""Sampling: KV cache == full forward, sampler logprobs == trainer logprobs, seeds, stops, snapshots, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tinkerflow.workers.engine.loader import load_model
+from tinkerflow.workers.engine.lora import LoraRouting
+from tinkerflow.workers.engine.model import empty_cache
+from tinkerflow.workers.engine.types import (
+    AdamConfig, Datum, ForwardBackwardInput, InputError, LoraConfig, SampleInput,
+)  # fmt: skip
+
+PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
+
+
+def trainer_logprobs(engine, slot, prompt, completion):
+    full = np.concatenate([prompt, completion]).astype(np.int32)
+    req = ForwardBackwardInput(slot=slot, data=[Datum(tokens=full[:-1], inputs={"target_tokens": full[1:]})],
+                               loss_fn="cross_entropy", forward_only=True)  # fmt: skip
+    [res] = engine.forward_backward([req])
+    return res.outputs[0]["logprobs"]
+
+
+def test_kv_cache_decode_equals_full_forward(qwen3_dir):
+    loaded = load_model(str(qwen3_dir), max_adapters=1, max_rank=1, progress=False)
+    routing = LoraRouting(adapter=jnp.zeros((2,), jnp.int32), scale=jnp.zeros((2,), jnp.float32))
+
+    @jax.jit
+    def full(tokens):
+        model = nnx.merge(loaded.graphdef, loaded.lora, loaded.base)
+        return model(tokens, jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape), routing)
+
+    @jax.jit
+    def step(tokens, positions, cache):
+        model = nnx.merge(loaded.graphdef, loaded.lora, loaded.base)
+        h, cache = model.hidden(tokens, positions, routing, cache)
+        return model.logits(h, routing), cache
+
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 300, (2, 12)), jnp.int32)
+    cache = empty_cache(loaded.config, 2, 16)
+    logits, cache = step(tokens[:, :5], jnp.broadcast_to(jnp.arange(5), (2, 5)), cache)
+    steps = [logits]
+    for t in range(5, 12):
+        logits, cache = step(tokens[:, t : t + 1], jnp.full((2, 1), t), cache)
+        steps.append(logits)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full(tokens), atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture
+def trained_snapshot(engine, rng):
+    """Slot 0 trained for a step (so LoRA B is non-zero), snapshotted as 'snap'."""
+    engine.create_adapter(0, LoraConfig(rank=4, seed=3))
+    toks = rng.integers(1, 300, 12).astype(np.int32)
+    engine.forward_backward([ForwardBackwardInput(slot=0, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})],
+                                                  loss_fn="cross_entropy")])  # fmt: skip
+    engine.optim_step(0, AdamConfig(learning_rate=0.05))
+    engine.snapshot(0, "snap")
+    yield "snap"
+    engine.drop_snapshot("snap")
+
+
+def test_sampler_logprobs_equal_trainer_logprobs(engine, trained_snapshot):
+    reqs = [
+        SampleInput(prompt=PROMPT, num_samples=2, max_tokens=12, seed=1, snapshot=trained_snapshot,
+                    stop_token_ids=[], include_prompt_logprobs=True),
+        SampleInput(prompt=PROMPT[:4], max_tokens=9, seed=2, stop_token_ids=[]),  # base model, other length
+    ]  # fmt: skip
+    snap_res, base_res = engine.sample(reqs)
+    for seq in snap_res.sequences:
+        assert len(seq.tokens) == 12 and seq.stop_reason == "length"
+        ref = trainer_logprobs(engine, 0, PROMPT, np.array(seq.tokens))
+        np.testing.assert_allclose(seq.logprobs, ref[len(PROMPT) - 1 :], atol=1e-4)
+        assert snap_res.prompt_logprobs[0] is None
+        np.testing.assert_allclose(snap_res.prompt_logprobs[1:], ref[: len(PROMPT) - 1], atol=1e-4)
+    # The base model is a slot whose adapter is all zero.
+    engine.create_adapter(1, LoraConfig(rank=1, seed=0, train_attn=False, train_mlp=False, train_unembed=False))
+    [seq] = base_res.sequences
+    ref = trainer_logprobs(engine, 1, PROMPT[:4], np.array(seq.tokens))
+    np.testing.assert_allclose(seq.logprobs, ref[3:], atol=1e-4)
+
+
+def test_greedy_is_deterministic_and_top_k_1_is_greedy(engine):
+    greedy = dict(prompt=PROMPT, max_tokens=10, temperature=0.0, stop_token_ids=[])
+    a, b, c = engine.sample([SampleInput(**greedy), SampleInput(**greedy, num_samples=2),
+                             SampleInput(**{**greedy, "temperature": 1.0}, top_k=1, seed=5)])  # fmt: skip
+    tokens = a.sequences[0].tokens
+    assert [s.tokens for s in b.sequences] == [tokens, tokens] and c.sequences[0].tokens == tokens
+    assert len(set(tokens)) > 1, "fixture too degenerate: greedy decoding repeats one token"
+
+
+def test_seeds(engine):
+    def run(seed, n=2):
+        [res] = engine.sample([SampleInput(prompt=PROMPT, num_samples=n, max_tokens=10, seed=seed, stop_token_ids=[])])
+        return [s.tokens for s in res.sequences]
+
+    first = run(7)
+    assert run(7) == first
+    assert first[0] != first[1], "samples of one request must differ"
+    assert run(8) != first
+    assert run(None) != run(None)
+    # Batch composition does not change a seeded request's samples.
+    res = engine.sample([SampleInput(prompt=PROMPT[:3], max_tokens=4, seed=1),
+                         SampleInput(prompt=PROMPT, num_samples=2, max_tokens=10, seed=7, stop_token_ids=[])])  # fmt: skip
+    assert [s.tokens for s in res[1].sequences] == first
+
+
+def _greedy(engine, **kw):
+    [res] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=12, temperature=0.0, **kw)])
+    return res.sequences[0]
+
+
+def test_stop_rules(engine):
+    never = _greedy(engine, stop_token_ids=[])
+    assert len(never.tokens) == 12 and never.stop_reason == "length"
+    target = never.tokens[4]
+    first = never.tokens.index(target)
+
+    by_id = _greedy(engine, stop_token_ids=[target])
+    assert by_id.tokens == never.tokens[: first + 1] and by_id.stop_reason == "stop"
+
+    saved = engine.info
+    engine.info = dataclasses.replace(saved, eos_token_ids=(target,))
+    try:
+        by_eos = _greedy(engine)  # stop_token_ids=None: stop at EOS
+    finally:
+        engine.info = saved
+    assert by_eos.tokens == by_id.tokens and by_eos.stop_reason == "stop"
+
+    text = engine.tokenizer.decode(never.tokens)
+    cut = next(k for k in range(1, 13) if engine.tokenizer.decode(never.tokens[:k]).strip())
+    piece = engine.tokenizer.decode(never.tokens[:cut])[-1:]
+    assert piece and piece in text
+    by_string = _greedy(engine, stop_token_ids=[], stop_strings=[piece])
+    expected = next(k for k in range(1, 13) if piece in engine.tokenizer.decode(never.tokens[:k]))
+    assert by_string.tokens == never.tokens[:expected] and by_string.stop_reason == "stop"
+
+
+def test_max_tokens_is_clamped_to_the_context(engine):
+    long_prompt = np.resize(PROMPT, engine.info.max_position_embeddings - 3)
+    [res] = engine.sample([SampleInput(prompt=long_prompt, max_tokens=50, stop_token_ids=[], seed=0)])
+    assert len(res.sequences[0].tokens) == 3 and res.sequences[0].stop_reason == "length"
+
+
+def test_snapshot_is_immutable(engine, trained_snapshot):
+    req = SampleInput(prompt=PROMPT, max_tokens=8, temperature=0.0, stop_token_ids=[], snapshot=trained_snapshot)
+    [before] = engine.sample([req])
+    engine.create_adapter(0, LoraConfig(rank=4, seed=99))  # re-initialise the source slot
+    [after] = engine.sample([req])
+    assert after.sequences[0].tokens == before.sequences[0].tokens
+    np.testing.assert_array_equal(after.sequences[0].logprobs, before.sequences[0].logprobs)
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (dict(prompt=np.array([1, 300])), "token id 300"),
+        (dict(prompt=np.array([], np.int32)), "prompt is empty"),
+        (dict(prompt=np.resize(PROMPT, 256)), "max_position_embeddings=256"),
+        (dict(prompt=PROMPT, snapshot="nope"), "unknown sampler snapshot 'nope'"),
+        (dict(prompt=PROMPT, top_p=0.0), "top_p"),
+        (dict(prompt=PROMPT, temperature=-1.0), "temperature"),
+    ],
+)
+def test_bad_sample_request_fails_alone(engine, bad, message):
+    good = SampleInput(prompt=PROMPT, max_tokens=6, temperature=0.0, stop_token_ids=[])
+    [ref] = engine.sample([good])
+    bad_res, good_res = engine.sample([SampleInput(**bad), good])
+    assert isinstance(bad_res, InputError) and message in str(bad_res), str(bad_res)
+    assert good_res.sequences[0].tokens == ref.sequences[0].tokens
+
+
+def test_top_p_and_top_k_restrict_the_support(engine):
+    [greedy] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=6, temperature=0.0, stop_token_ids=[])])
+    [tiny_p] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=6, top_p=1e-6, seed=3, stop_token_ids=[])])
+    assert tiny_p.sequences[0].tokens == greedy.sequences[0].tokens
+    [top3] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=1, top_k=3, num_samples=16, seed=4)])
+    assert len({s.tokens[0] for s in top3.sequences}) <= 3

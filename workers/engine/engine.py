@@ -1,0 +1,415 @@
+"""The engine: one base model, `max_lora_adapters` trainable LoRA slots, immutable sampler snapshots.
+
+Called from one thread at a time (the JAX worker runs one activity at a time). Every batched call validates each
+request on its own; a bad request yields an InputError in its place and never touches adapter state.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import ModelConfig, round_up_pow2, round_up_seq_len
+from .jit_cache import AotCache
+from .loader import eos_token_ids, load_model, resolve_model_path
+from .lora import LORA_ALPHA, LoraRouting, init_a, is_a_leaf, module_kind
+from .optimizer import AdamHparams, OptState, SlotShape, adamw_slot_step
+from .sampler import DecodeState, RowParams, decode, first_stop_string_end, prefill, seed_words
+from .train import Row, StepFunctions, run_rows
+from .types import (
+    AdamConfig,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    InputError,
+    LoraConfig,
+    ModelInfo,
+    SampledSequence,
+    SampleInput,
+    SampleResult,
+)
+from .validation import check_sample, forward_backward_rows
+
+log = logging.getLogger(__name__)
+
+# Tokens per micro-batch (rows x padded length); gradients are sums, so this only bounds activation memory.
+DEFAULT_MICRO_BATCH_TOKENS = 16384
+# Decode steps between host checks of stop strings (only when some row has stop strings).
+STOP_STRING_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    lora: Any  # LoRA state without the adapter axis
+    scale: float
+
+
+class Engine:
+    def __init__(
+        self,
+        model_path: str,
+        loaded: Any,
+        tokenizer: Any,
+        info: ModelInfo,
+        *,
+        max_lora_adapters: int,
+        max_lora_rank: int,
+        micro_batch_tokens: int,
+    ):
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self.info = info
+        self.config: ModelConfig = loaded.config
+        self.max_lora_adapters = max_lora_adapters
+        self.max_lora_rank = max_lora_rank
+        self.micro_batch_tokens = micro_batch_tokens
+        self._graphdef = loaded.graphdef
+        self._base = loaded.base
+        self._lora = loaded.lora
+        self._grads = jax.tree.map(jnp.zeros_like, self._lora)
+        self._opt = OptState.zeros_like(self._lora)
+        self._slots: dict[int, LoraConfig] = {}
+        self._snapshots: dict[str, Snapshot] = {}
+        self._steps = StepFunctions(self._graphdef)
+        self._prefill = AotCache("prefill", partial(prefill, self._graphdef))
+        self._decode = AotCache("decode", partial(decode, self._graphdef), donate=("state",))
+        self._stack_cache: tuple[tuple, Any] | None = None
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls,
+        model_path: str,
+        *,
+        max_lora_adapters: int = 8,
+        max_lora_rank: int = 32,
+        progress: bool = True,
+        micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+    ) -> "Engine":
+        from transformers import AutoTokenizer
+
+        t0 = time.perf_counter()
+        path = resolve_model_path(model_path)
+        loaded = load_model(path, max_adapters=max_lora_adapters, max_rank=max_lora_rank, progress=progress)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        cfg = loaded.config
+        info = ModelInfo(
+            arch=cfg.arch,
+            vocab_size=cfg.vocab_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            eos_token_ids=eos_token_ids(path, loaded.hf_config, tokenizer),
+            num_layers=cfg.num_layers,
+            hidden_size=cfg.hidden_size,
+        )
+        log.info(
+            "loaded %s (%s, %d layers, vocab %d) with %d LoRA slots of rank <= %d in %.1fs",
+            path, cfg.arch, cfg.num_layers, cfg.vocab_size, max_lora_adapters, max_lora_rank, time.perf_counter() - t0,
+        )  # fmt: skip
+        return cls(
+            path,
+            loaded,
+            tokenizer,
+            info,
+            max_lora_adapters=max_lora_adapters,
+            max_lora_rank=max_lora_rank,
+            micro_batch_tokens=micro_batch_tokens,
+        )
+
+    # ------------------------------------------------------------------ adapters
+
+    def _check_slot(self, slot: int, *, allocated: bool = True) -> None:
+        if not (isinstance(slot, (int, np.integer)) and 0 <= slot < self.max_lora_adapters):
+            raise InputError(f"adapter slot {slot} out of range [0, {self.max_lora_adapters})")
+        if allocated and slot not in self._slots:
+            raise InputError(f"adapter slot {slot} is not allocated")
+
+    def _scale(self, slot: int) -> float:
+        return LORA_ALPHA / self._slots[slot].rank
+
+    def create_adapter(self, slot: int, config: LoraConfig) -> None:
+        self._check_slot(slot, allocated=False)
+        if not (1 <= config.rank <= self.max_lora_rank):
+            raise InputError(f"LoRA rank {config.rank} must be in [1, {self.max_lora_rank}] (max_lora_rank)")
+        rng = np.random.default_rng(config.seed if config.seed is not None else secrets.randbits(63))
+        trained = {"attn": config.train_attn, "mlp": config.train_mlp, "unembed": config.train_unembed}
+
+        def init(path, leaf):
+            # A random (PEFT's kaiming-uniform) in trained groups, B zero: the fresh adapter equals the base model.
+            if is_a_leaf(path) and trained[module_kind(path)]:
+                _, in_features, max_rank = leaf.shape
+                return leaf.at[slot].set(init_a(rng, in_features, config.rank, max_rank))
+            return leaf.at[slot].set(0.0)
+
+        self._lora = jax.tree_util.tree_map_with_path(init, self._lora)
+        self._zero_training_state(slot)
+        self._slots[slot] = config
+
+    def free_adapter(self, slot: int) -> None:
+        self._check_slot(slot, allocated=False)
+        self._lora = jax.tree.map(lambda x: x.at[slot].set(0.0), self._lora)
+        self._zero_training_state(slot)
+        self._slots.pop(slot, None)
+
+    def _zero_training_state(self, slot: int) -> None:
+        zero = lambda tree: jax.tree.map(lambda x: x.at[slot].set(0.0), tree)  # noqa: E731
+        self._grads = zero(self._grads)
+        self._opt = OptState(mu=zero(self._opt.mu), nu=zero(self._opt.nu), count=self._opt.count.at[slot].set(0))
+
+    def snapshot(self, slot: int, key: str) -> None:
+        self._check_slot(slot)
+        # Indexing copies, so later training of the slot cannot change the snapshot.
+        lora = jax.tree.map(lambda x: x[slot], self._lora)
+        self._snapshots[key] = Snapshot(lora=lora, scale=self._scale(slot))
+        self._stack_cache = None
+
+    def drop_snapshot(self, key: str) -> None:
+        self._snapshots.pop(key, None)
+        self._stack_cache = None
+
+    def adapter_weights(self, slot: int) -> dict[str, np.ndarray]:
+        """The slot's LoRA A [in, rank] / B [rank, out] by module path (e.g. "layers.0.mlp.up_proj.lora_a"),
+        trimmed to its rank; for export and tests."""
+        return self._named_slot(self._lora, slot)
+
+    def accumulated_grads(self, slot: int) -> dict[str, np.ndarray]:
+        """Gradients accumulated for the slot since its last optim_step, named and trimmed like adapter_weights."""
+        return self._named_slot(self._grads, slot)
+
+    def set_adapter_weights(self, slot: int, weights: dict[str, np.ndarray]) -> None:
+        """Overwrite an allocated slot's LoRA weights (names and rank-trimmed shapes as in adapter_weights)."""
+        self._check_slot(slot)
+        rank = self._slots[slot].rank
+        current = self._named_slot(self._lora, slot)
+        unknown = sorted(set(weights) - set(current))
+        if unknown:
+            raise InputError(f"unknown LoRA weights {unknown[:3]}")
+        for name, value in weights.items():
+            if np.shape(value) != current[name].shape:
+                raise InputError(f"{name}: shape {np.shape(value)} != {current[name].shape} (rank {rank})")
+
+        def put(path, leaf):
+            value = weights.get(_leaf_name(path))
+            if value is None:
+                return leaf
+            full = np.zeros(leaf.shape[1:], np.float32)
+            if is_a_leaf(path):
+                full[:, :rank] = value
+            else:
+                full[:rank] = value
+            return leaf.at[slot].set(full)
+
+        self._lora = jax.tree_util.tree_map_with_path(put, self._lora)
+
+    def _named_slot(self, tree: Any, slot: int) -> dict[str, np.ndarray]:
+        self._check_slot(slot)
+        rank = self._slots[slot].rank
+        out = {}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            arr = np.asarray(leaf[slot])
+            out[_leaf_name(path)] = arr[:, :rank] if is_a_leaf(path) else arr[:rank]
+        return out
+
+    # ------------------------------------------------------------------ training
+
+    def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
+        results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
+        rows: list[Row] = []
+        spans: dict[int, tuple[int, int]] = {}
+        for r, req in enumerate(requests):
+            try:
+                self._check_slot(req.slot)
+                new = forward_backward_rows(
+                    req, slot_scale=self._scale(req.slot), vocab=self.info.vocab_size,
+                    max_len=self.info.max_position_embeddings,
+                )  # fmt: skip
+            except InputError as e:
+                results[r] = e
+                continue
+            spans[r] = (len(rows), len(rows) + len(new))
+            rows.extend(new)
+        if rows:
+            t0 = time.perf_counter()
+            self._grads, outputs = run_rows(self._steps, self._lora, self._base, self._grads, rows, self.micro_batch_tokens)
+            log.debug("forward_backward: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
+            for r, (lo, hi) in spans.items():
+                per_datum = []
+                total = 0.0
+                for i in range(lo, hi):
+                    o = outputs[i]
+                    shape_1d = requests[r].data[i - lo].inputs["target_tokens"]
+                    lp = o.target_logprobs if np.ndim(shape_1d) == 2 else o.target_logprobs[:, 0]
+                    per_datum.append({"logprobs": lp.astype(np.float32), "elementwise_loss": o.token_loss.astype(np.float32)})
+                    total += float(np.sum(o.token_loss, dtype=np.float64))
+                results[r] = ForwardBackwardResult(outputs=per_datum, metrics={"loss:sum": total})
+        return results  # type: ignore[return-value]
+
+    def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]:
+        self._check_slot(slot)
+        values = (adam.learning_rate, adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.grad_clip_norm)
+        if not all(np.isfinite(v) for v in values) or adam.learning_rate < 0 or adam.eps < 0:
+            raise InputError(f"invalid AdamConfig {adam}")
+        if not (0 <= adam.beta1 < 1 and 0 <= adam.beta2 < 1):
+            raise InputError(f"AdamConfig betas must be in [0, 1), got beta1={adam.beta1} beta2={adam.beta2}")
+        cfg = self._slots[slot]
+        hp = AdamHparams(*(jnp.float32(v) for v in values))
+        shape = SlotShape(
+            rank=jnp.int32(cfg.rank),
+            trained=jnp.asarray([cfg.train_attn, cfg.train_mlp, cfg.train_unembed], jnp.float32),
+        )
+        self._lora, self._grads, self._opt, grad_norm = adamw_slot_step(
+            self._lora, self._grads, self._opt, jnp.int32(slot), hp, shape
+        )
+        return {
+            "grad_norm": float(grad_norm),
+            "learning_rate": float(adam.learning_rate),
+            "step": float(self._opt.count[slot]),
+        }
+
+    # ------------------------------------------------------------------ sampling
+
+    def _lora_stack(self, keys: tuple[str, ...]) -> Any:
+        """LoRA state with an adapter axis [1 + len(keys) padded to a power of two]; index 0 is the zero adapter."""
+        if self._stack_cache is not None and self._stack_cache[0] == keys:
+            return self._stack_cache[1]
+        size = round_up_pow2(len(keys) + 1)
+        snaps = [self._snapshots[k].lora for k in keys]
+
+        def stack(slot_leaf, *leaves):
+            zero = jnp.zeros(slot_leaf.shape[1:], slot_leaf.dtype)
+            return jnp.stack([zero, *leaves] + [zero] * (size - 1 - len(leaves)))
+
+        stacked = jax.tree.map(stack, self._lora, *snaps)
+        self._stack_cache = (keys, stacked)
+        return stacked
+
+    def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
+        results: list[SampleResult | InputError | None] = [None] * len(requests)
+        max_len = self.info.max_position_embeddings
+        valid: list[tuple[int, np.ndarray]] = []
+        for r, req in enumerate(requests):
+            try:
+                prompt = check_sample(req, vocab=self.info.vocab_size, max_len=max_len, snapshots=set(self._snapshots))
+            except InputError as e:
+                results[r] = e
+                continue
+            valid.append((r, prompt))
+        if not valid:
+            return results  # type: ignore[return-value]
+
+        keys = tuple(dict.fromkeys(requests[r].snapshot for r, _ in valid if requests[r].snapshot is not None))
+        stack_index = {k: i + 1 for i, k in enumerate(keys)}
+        rows: list[tuple[int, int, np.ndarray]] = [(r, j, p) for r, p in valid for j in range(requests[r].num_samples)]
+        n = len(rows)
+        b = round_up_pow2(n)
+        plen = round_up_seq_len(max(len(p) for _, _, p in rows))
+        max_tokens = [min(requests[r].max_tokens, max_len - len(p)) for r, _, p in rows]
+        max_new = round_up_seq_len(max(max_tokens))
+        stop_lists = [
+            list(self.info.eos_token_ids) if requests[r].stop_token_ids is None else list(requests[r].stop_token_ids)
+            for r, _, _ in rows
+        ]
+        m = round_up_pow2(max(1, *(len(s) for s in stop_lists)), minimum=4)
+
+        prompt = np.zeros((b, plen), np.int32)
+        prompt_len = np.ones((b,), np.int32)
+        adapter = np.zeros((b,), np.int32)
+        scale = np.zeros((b,), np.float32)
+        temp, top_p = np.ones((b,), np.float32), np.ones((b,), np.float32)
+        top_k, sample_index, row_max = np.full((b,), -1, np.int32), np.zeros((b,), np.int32), np.ones((b,), np.int32)
+        seeds = np.zeros((b, 2), np.uint32)
+        stop_ids = np.full((b, m), -1, np.int32)
+        request_seed = {r: (requests[r].seed if requests[r].seed is not None else secrets.randbits(64)) for r, _ in valid}
+        for i, (r, j, p) in enumerate(rows):
+            req = requests[r]
+            prompt[i, : len(p)] = p
+            prompt_len[i] = len(p)
+            if req.snapshot is not None:
+                adapter[i] = stack_index[req.snapshot]
+                scale[i] = self._snapshots[req.snapshot].scale
+            temp[i], top_k[i], top_p[i] = req.temperature, req.top_k, req.top_p
+            seeds[i] = seed_words(int(request_seed[r]))
+            sample_index[i] = j
+            row_max[i] = max_tokens[i]
+            stop_ids[i, : len(stop_lists[i])] = stop_lists[i]
+        # Padding rows are born done (max_tokens 1) and sample the zero adapter.
+        filtering = any(requests[r].top_k > 0 or requests[r].top_p < 1 for r, _ in valid)
+        want_prompt_lp = any(requests[r].include_prompt_logprobs for r, _ in valid)
+
+        lora = self._lora_stack(keys)
+        routing = LoraRouting(adapter=jnp.asarray(adapter), scale=jnp.asarray(scale))
+        params = RowParams(
+            temperature=jnp.asarray(temp), top_k=jnp.asarray(top_k), top_p=jnp.asarray(top_p),
+            seed=jnp.asarray(seeds), sample_index=jnp.asarray(sample_index), max_tokens=jnp.asarray(row_max),
+            stop_ids=jnp.asarray(stop_ids),
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        state, prompt_lp = self._prefill(
+            f"rows={b} prompt={plen} cache={plen + max_new}",
+            lora, self._base, jnp.asarray(prompt), jnp.asarray(prompt_len), routing, params,
+            cache_len=plen + max_new, max_new=max_new, filtering=filtering, prompt_logprobs=want_prompt_lp,
+        )  # fmt: skip
+        state = self._decode_all(state, rows, requests, lora, routing, params, filtering, b, plen, max_new, m)
+        log.debug("sample: %d rows, %d new tokens max, in %.3fs", n, max_new, time.perf_counter() - t0)
+
+        tokens, logprobs = np.asarray(state.tokens), np.asarray(state.logprobs)
+        n_gen, hit = np.asarray(state.n_gen), np.asarray(state.hit_stop_id)
+        cut = self._string_cuts
+        prompt_lp_host = np.asarray(prompt_lp) if prompt_lp is not None else None
+        for r, _ in valid:
+            results[r] = SampleResult(sequences=[])
+        for i, (r, _, p) in enumerate(rows):
+            k = int(n_gen[i])
+            reason = "stop" if hit[i] else "length"
+            if i in cut and cut[i] <= k:
+                k, reason = cut[i], "stop"
+            res = results[r]
+            res.sequences.append(
+                SampledSequence(tokens=tokens[i, :k].tolist(), logprobs=logprobs[i, :k].tolist(), stop_reason=reason)
+            )
+            if requests[r].include_prompt_logprobs and res.prompt_logprobs is None:
+                res.prompt_logprobs = [None] + prompt_lp_host[i, : len(p) - 1].tolist()
+        return results  # type: ignore[return-value]
+
+    def _decode_all(self, state: DecodeState, rows, requests, lora, routing, params, filtering, b, plen, max_new, m):
+        """Decode until every row is done; with stop strings, in chunks so finished rows can be cut on the host."""
+        self._string_cuts: dict[int, int] = {}
+        string_rows = [i for i, (r, _, _) in enumerate(rows) if requests[r].stop_strings]
+        label = f"rows={b} cache={plen + max_new}"
+        checked = {i: 0 for i in string_rows}
+        while True:
+            if string_rows:
+                self._cut_stop_strings(state, rows, requests, string_rows, checked)
+                if self._string_cuts:
+                    done = np.asarray(state.done).copy()
+                    done[list(self._string_cuts)] = True
+                    state = DecodeState(**{**vars(state), "done": jnp.asarray(done)})
+            if bool(np.all(np.asarray(state.done))):
+                return state
+            steps = STOP_STRING_CHUNK if string_rows else max_new
+            state = self._decode(label, lora, self._base, routing, params, state, jnp.int32(steps), filtering=filtering)
+
+    def _cut_stop_strings(self, state, rows, requests, string_rows, checked) -> None:
+        tokens, n_gen = np.asarray(state.tokens), np.asarray(state.n_gen)
+        for i in string_rows:
+            if i in self._string_cuts or checked[i] >= n_gen[i]:
+                continue
+            r = rows[i][0]
+            seq = tokens[i, : n_gen[i]].tolist()
+            # Decode the whole sequence: a stop string may span tokens of earlier chunks.
+            k = first_stop_string_end(self.tokenizer, seq, requests[r].stop_strings, 0)
+            if k is not None:
+                self._string_cuts[i] = k
+            checked[i] = int(n_gen[i])
+
+
+def _leaf_name(path: tuple) -> str:
+    keys = [getattr(k, "key", getattr(k, "name", k)) for k in path]
+    return ".".join(str(k) for k in keys if k != "value")

@@ -1,0 +1,45 @@
+"""Ahead-of-time compilation per bucket shape, so every compile is timed and logged once (at INFO)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import Any, Callable, Hashable
+
+import jax
+
+log = logging.getLogger(__name__)
+
+
+def _shape_key(args: tuple) -> Hashable:
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x)))) for x in leaves)
+
+
+class AotCache:
+    """Compiles `fn` once per (static kwargs, argument shapes and dtypes) and reuses the executable.
+
+    `donate` names arguments whose buffers the step may reuse (gradient accumulators, decode state).
+    """
+
+    def __init__(self, name: str, fn: Callable, donate: tuple[str, ...] = ()):
+        self.name = name
+        self._fn = fn
+        self._donate = donate
+        self._compiled: dict[Hashable, Callable] = {}
+        self.compile_seconds: dict[str, float] = {}
+
+    def __call__(self, label: str, *args: Any, **static: Any) -> Any:
+        key = (_shape_key(args), tuple(sorted(static.items())))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            t0 = time.perf_counter()
+            jitted = jax.jit(partial(self._fn, **static), donate_argnames=self._donate)
+            compiled = jitted.lower(*args).compile()
+            seconds = time.perf_counter() - t0
+            desc = f"{label} {static}" if static else label
+            self.compile_seconds[desc] = seconds
+            self._compiled[key] = compiled
+            log.info("compiled %s for %s in %.2fs", self.name, desc, seconds)
+        return compiled(*args)

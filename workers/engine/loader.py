@@ -1,0 +1,165 @@
+"""Load a Hugging Face checkpoint directory (config.json + safetensors, possibly sharded) into NNX state.
+
+The model is built abstractly (`nnx.eval_shape`), so no random weights are materialised, and each safetensors
+tensor is placed straight into its state slot. LoRA state starts all zero (every slot == base model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from safetensors import safe_open
+
+from .config import ModelConfig
+from .model import CausalLM
+
+log = logging.getLogger(__name__)
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$|^model\.layers\.(\d+)\.(\w+layernorm)\.weight$")
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    hf_config: dict[str, Any]
+    graphdef: nnx.GraphDef
+    lora: nnx.State  # LoRAParam leaves, adapter axis first
+    base: nnx.State  # frozen Param leaves
+
+
+def resolve_model_path(model_path: str) -> str:
+    """A local directory as is; otherwise an HF hub id that must already be in the local HF cache (no network)."""
+    if os.path.isdir(model_path):
+        return os.path.abspath(model_path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(model_path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any miss is reported the same way
+        raise FileNotFoundError(
+            f"model {model_path!r} is neither a local directory nor in the local Hugging Face cache: {e}"
+        ) from e
+
+
+def _state_path(name: str, config: ModelConfig) -> tuple[tuple, bool] | None:
+    """HF tensor name -> (NNX state path, transpose?) or None for tensors we do not use."""
+    if name == "model.embed_tokens.weight":
+        return ("embed_tokens", "weight"), False
+    if name == "model.norm.weight":
+        return ("norm", "weight"), False
+    if name == "lm_head.weight":
+        # Tied checkpoints sometimes still carry a copy; the embedding is the source of truth then.
+        return (None if config.tie_word_embeddings else (("lm_head", "kernel"), True))
+    m = _LAYER.match(name)
+    if m is None:
+        return None
+    if m.group(1) is not None:
+        layer, block, leaf = int(m.group(1)), m.group(2), m.group(3)
+        if leaf.endswith("_norm"):
+            return ("layers", layer, block, leaf, "weight"), False
+        return ("layers", layer, block, leaf, "kernel"), True
+    return ("layers", int(m.group(4)), m.group(5), "weight"), False
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / f for f in sorted(set(weight_map.values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    return files
+
+
+def _set(tree: dict, path: tuple, value: Any) -> Any:
+    node = tree
+    for key in path[:-1]:
+        node = node[key]
+    old = node[path[-1]]
+    node[path[-1]] = value
+    return old
+
+
+def load_model(model_dir: str, *, max_adapters: int, max_rank: int, progress: bool = True) -> LoadedModel:
+    path = Path(model_dir)
+    hf_config = json.loads((path / "config.json").read_text())
+    config = ModelConfig.from_hf(hf_config)
+    abstract = nnx.eval_shape(lambda: CausalLM(config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0)))
+    graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
+    pure = nnx.to_pure_dict(base)
+    missing = {p for p, _ in _flat_paths(pure)}
+
+    files = _shard_files(path)
+    total = 0
+    for f in files:
+        with safe_open(f, framework="flax") as st:
+            total += len(st.keys())
+    bar = _progress(total, f"loading {path.name}", enabled=progress)
+    skipped = []
+    for f in files:
+        with safe_open(f, framework="flax") as st:
+            for name in st.keys():
+                target = _state_path(name, config)
+                bar.update(1)
+                if target is None:
+                    skipped.append(name)
+                    continue
+                state_path, transpose = target
+                tensor = st.get_tensor(name).astype(jnp.float32)
+                if transpose:
+                    tensor = tensor.T
+                expected = _set(pure, state_path, tensor)
+                if tuple(expected.shape) != tuple(tensor.shape):
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {expected.shape}")
+                missing.discard(state_path)
+    bar.close()
+    if skipped:
+        log.info("ignored %d checkpoint tensors (e.g. %s)", len(skipped), skipped[0])
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(map(str, missing))[:3]}")
+    nnx.replace_by_pure_dict(base, pure)
+    lora = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), lora)
+    return LoadedModel(config=config, hf_config=hf_config, graphdef=graphdef, lora=lora, base=base)
+
+
+def _flat_paths(tree: dict, prefix: tuple = ()):
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            yield from _flat_paths(v, prefix + (k,))
+        else:
+            yield prefix + (k,), v
+
+
+def _progress(total: int, desc: str, *, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tensor", disable=not enabled)
+
+
+def eos_token_ids(model_dir: str, hf_config: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
+    """EOS ids from generation_config.json, config.json and the tokenizer, in that order, without repeats."""
+    found: list[int] = []
+
+    def add(value: Any) -> None:
+        if value is None:
+            return
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if int(v) not in found:
+                found.append(int(v))
+
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.exists():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    add(hf_config.get("eos_token_id"))
+    add(getattr(tokenizer, "eos_token_id", None))
+    return tuple(found)

@@ -1,0 +1,85 @@
+"""Multi-LoRA linear layers: one frozen base kernel plus `max_adapters` LoRA slots, routed per example.
+
+LoRA tensors are `nnx.LoRAParam` (so `nnx.split(model, nnx.LoRAParam, nnx.Param)` separates what is trained from what
+is frozen by type, not by name) and carry the adapter axis first: A [S, in, R], B [S, R, out]. Each example gathers
+its own slot, so the backward pass scatters an example's gradient into its slot only; an adapter's gradients cannot
+depend on another adapter's examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# PEFT's default; scaling = LORA_ALPHA / rank.
+LORA_ALPHA = 32.0
+
+ModuleKind = Literal["attn", "mlp", "unembed"]
+_KIND_BY_NAME: dict[str, ModuleKind] = {
+    "q_proj": "attn",
+    "k_proj": "attn",
+    "v_proj": "attn",
+    "o_proj": "attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+    "lm_head": "unembed",
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclass
+class LoraRouting:
+    """Which LoRA slot each example uses and that slot's alpha/rank scaling (zero scale == base model)."""
+
+    adapter: jax.Array  # int32 [B]
+    scale: jax.Array  # float32 [B]
+
+
+def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting) -> jax.Array:
+    """scale_b * (x_b @ A[slot_b]) @ B[slot_b] for x [B, T, in]."""
+    a_rows = a[routing.adapter]  # [B, in, R]
+    b_rows = b[routing.adapter]  # [B, R, out]
+    h = jnp.einsum("bti,bir->btr", x, a_rows)
+    return jnp.einsum("btr,bro->bto", h, b_rows) * routing.scale[:, None, None]
+
+
+class LoRALinear(nnx.Module):
+    """y = x @ W + scale * (x @ A[slot]) @ B[slot]; W stored [in, out] (HF's weight transposed), no bias."""
+
+    def __init__(self, in_features: int, out_features: int, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(jnp.zeros((in_features, out_features), jnp.float32))
+        self.lora_a = nnx.LoRAParam(jnp.zeros((max_adapters, in_features, max_rank), jnp.float32))
+        self.lora_b = nnx.LoRAParam(jnp.zeros((max_adapters, max_rank, out_features), jnp.float32))
+
+    def __call__(self, x: jax.Array, routing: LoraRouting) -> jax.Array:
+        return x @ self.kernel[...] + lora_delta(x, self.lora_a[...], self.lora_b[...], routing)
+
+
+def module_kind(path: tuple) -> ModuleKind:
+    """The train_attn/train_mlp/train_unembed group of a LoRA leaf, from its state path."""
+    for key in reversed(path):
+        name = getattr(key, "key", getattr(key, "name", key))
+        if name in _KIND_BY_NAME:
+            return _KIND_BY_NAME[name]
+    raise ValueError(f"LoRA parameter at {path} is not under a known target module")
+
+
+def is_a_leaf(path: tuple) -> bool:
+    return any(getattr(k, "key", getattr(k, "name", k)) == "lora_a" for k in path)
+
+
+def init_a(rng: np.random.Generator, in_features: int, rank: int, max_rank: int) -> np.ndarray:
+    """PEFT's A init: kaiming_uniform(a=sqrt(5)) on the [rank, in] weight, i.e. U(-1/sqrt(in), 1/sqrt(in)).
+
+    Returned as [in, max_rank] with the columns beyond `rank` exactly zero.
+    """
+    bound = 1.0 / np.sqrt(in_features)
+    out = np.zeros((in_features, max_rank), np.float32)
+    out[:, :rank] = rng.uniform(-bound, bound, size=(in_features, rank)).astype(np.float32)
+    return out

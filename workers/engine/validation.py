@@ -1,0 +1,163 @@
+"""Per-request input checks: a bad request becomes an InputError naming the field and value, and nothing it
+carries ever reaches a device (one tenant's out-of-range token cannot NaN-poison another's batch)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .losses import LOSS_CONFIG_DEFAULTS, LOSS_ID, LOSS_NAMES, LOSS_OPTIONAL_INPUTS, LOSS_REQUIRED_INPUTS
+from .train import Row
+from .types import Datum, ForwardBackwardInput, InputError, SampleInput
+
+
+def _int_array(value: Any, what: str, vocab: int) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        if arr.dtype.kind == "f" and arr.size and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        elif arr.size:
+            raise InputError(f"{what} must be integer token ids, got dtype {arr.dtype}")
+        else:
+            arr = arr.astype(np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab):
+        bad = int(arr[(arr < 0) | (arr >= vocab)].flat[0])
+        raise InputError(f"{what} contains token id {bad} outside [0, {vocab})")
+    return arr.astype(np.int32)
+
+
+def _float_array(value: Any, what: str) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise InputError(f"{what} contains non-finite values")
+    return arr.astype(np.float32)
+
+
+def loss_config(loss_fn: str, config: dict[str, Any]) -> dict[str, float]:
+    if loss_fn not in LOSS_ID:
+        raise InputError(f"unknown loss_fn {loss_fn!r}; supported: {', '.join(LOSS_NAMES)}")
+    defaults = LOSS_CONFIG_DEFAULTS[loss_fn]
+    unknown = sorted(set(config or {}) - set(defaults))
+    if unknown:
+        allowed = ", ".join(defaults) or "none"
+        raise InputError(f"{loss_fn} does not take loss_fn_config {unknown}; accepted keys: {allowed}")
+    out = dict(defaults)
+    for key, value in (config or {}).items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"loss_fn_config[{key!r}] must be a number, got {value!r}") from None
+        if not math.isfinite(out[key]):
+            raise InputError(f"loss_fn_config[{key!r}] must be finite, got {value!r}")
+    return out
+
+
+def datum_row(
+    i: int, d: Datum, loss_fn: str, cfg: dict[str, float], *, vocab: int, max_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens [N], targets [N, K], weights [N, K], sampler logprobs [N], advantages [N]) or InputError."""
+    tokens = _int_array(d.tokens, f"datum {i}: model_input", vocab).reshape(-1)
+    n = len(tokens)
+    if n == 0:
+        raise InputError(f"datum {i}: model_input is empty")
+    if n > max_len:
+        raise InputError(f"datum {i}: model_input has {n} tokens, more than max_position_embeddings={max_len}")
+    inputs = d.inputs or {}
+    for name in LOSS_REQUIRED_INPUTS[loss_fn]:
+        if name not in inputs:
+            raise InputError(f"datum {i}: {loss_fn} needs loss_fn_inputs[{name!r}]")
+
+    def check_len(name: str, arr: np.ndarray) -> None:
+        if arr.ndim == 0 or arr.shape[0] != n:
+            got = "a scalar" if arr.ndim == 0 else f"{arr.shape[0]} entries"
+            raise InputError(f"datum {i}: {name} has {got} but model_input has {n} tokens")
+
+    targets = _int_array(inputs["target_tokens"], f"datum {i}: target_tokens", vocab)
+    check_len("target_tokens", targets)
+    if targets.ndim == 2 and loss_fn != "cross_entropy":
+        raise InputError(f"datum {i}: {loss_fn} needs target_tokens of shape [N], got {list(targets.shape)}")
+    if targets.ndim not in (1, 2) or (targets.ndim == 2 and targets.shape[1] == 0):
+        raise InputError(f"datum {i}: target_tokens must be [N] or [N, K], got shape {list(targets.shape)}")
+    targets2 = targets.reshape(n, -1)
+
+    if "weights" in inputs and "weights" in LOSS_OPTIONAL_INPUTS.get(loss_fn, ()):
+        weights = _float_array(inputs["weights"], f"datum {i}: weights")
+        if weights.shape != targets.shape:
+            raise InputError(
+                f"datum {i}: weights has shape {list(weights.shape)} but target_tokens has {list(targets.shape)}"
+            )
+        weights = weights.reshape(n, -1)
+    else:
+        weights = np.ones(targets2.shape, np.float32)
+
+    vectors = {}
+    for name in ("logprobs", "advantages"):
+        if name in LOSS_REQUIRED_INPUTS[loss_fn]:
+            arr = _float_array(inputs[name], f"datum {i}: {name}")
+            check_len(name, arr)
+            if arr.ndim != 1:
+                raise InputError(f"datum {i}: {name} must have shape [N], got {list(arr.shape)}")
+            vectors[name] = arr
+        else:
+            vectors[name] = np.zeros((n,), np.float32)
+    return tokens, targets2, weights, vectors["logprobs"], vectors["advantages"]
+
+
+def forward_backward_rows(
+    req: ForwardBackwardInput, *, slot_scale: float, vocab: int, max_len: int
+) -> list[Row]:
+    cfg = loss_config(req.loss_fn, req.loss_fn_config)
+    if not req.data:
+        raise InputError("forward_backward needs at least one datum")
+    rows = []
+    for i, d in enumerate(req.data):
+        tokens, targets, weights, old_lp, adv = datum_row(i, d, req.loss_fn, cfg, vocab=vocab, max_len=max_len)
+        if req.loss_fn != "cross_entropy":
+            weights = np.zeros_like(weights)  # only cross_entropy reads weights; keep its branch inert
+        rows.append(
+            Row(
+                tokens=tokens,
+                targets=targets,
+                weights=weights,
+                sampler_logprobs=old_lp,
+                advantages=adv,
+                loss_id=LOSS_ID[req.loss_fn],
+                clip_low=cfg.get("clip_low_threshold", 0.0),
+                clip_high=cfg.get("clip_high_threshold", 0.0),
+                beta=cfg.get("beta", 0.0),
+                slot=req.slot,
+                scale=slot_scale,
+                train=not req.forward_only,
+            )
+        )
+    return rows
+
+
+def check_sample(req: SampleInput, *, vocab: int, max_len: int, snapshots: set[str]) -> np.ndarray:
+    """Validate one sample request; returns the prompt as int32 [P]."""
+    prompt = _int_array(req.prompt, "prompt", vocab).reshape(-1)
+    if len(prompt) == 0:
+        raise InputError("prompt is empty")
+    if len(prompt) >= max_len:
+        raise InputError(
+            f"prompt has {len(prompt)} tokens; max_position_embeddings={max_len} leaves no room to sample"
+        )
+    if req.num_samples < 1:
+        raise InputError(f"num_samples must be >= 1, got {req.num_samples}")
+    if req.max_tokens < 1:
+        raise InputError(f"max_tokens must be >= 1, got {req.max_tokens}")
+    if not (math.isfinite(req.temperature) and req.temperature >= 0):
+        raise InputError(f"temperature must be a finite number >= 0, got {req.temperature}")
+    if not (0 < req.top_p <= 1):
+        raise InputError(f"top_p must be in (0, 1], got {req.top_p}")
+    if req.top_k == 0 or req.top_k < -1:
+        raise InputError(f"top_k must be -1 (off) or >= 1, got {req.top_k}")
+    if req.stop_token_ids is not None:
+        _int_array(np.asarray(req.stop_token_ids, dtype=np.int64), "stop_token_ids", vocab)
+    if any(not isinstance(s, str) or not s for s in req.stop_strings):
+        raise InputError(f"stop_strings must be non-empty strings, got {req.stop_strings!r}")
+    if req.snapshot is not None and req.snapshot not in snapshots:
+        raise InputError(f"unknown sampler snapshot {req.snapshot!r}")
+    return prompt
