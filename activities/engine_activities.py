@@ -4,10 +4,15 @@ Consecutive forward_backward items run as ONE engine call (one pass over many ad
 sample items as one decode batch. Inputs and results cross through the claim-check store; only refs come back.
 A batch Temporal retries after a transient failure does not re-apply work this process already did: answers are
 remembered by item key.
+
+Each answer is also signalled straight to the workflow that asked (`deliver`), the moment its group is done:
+that saves the requester a coordinator workflow task and a second signal hop (~15 ms per op on a small machine).
+The coordinator still sees the whole batch result for its bookkeeping and delivers only what failed here.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections import OrderedDict
 from itertools import groupby
@@ -25,15 +30,19 @@ GROUPED_KINDS = {"forward_backward", "sample"}
 
 
 class EngineActivities:
-    def __init__(self, engine, store: ClaimCheckStore):
+    def __init__(self, engine, store: ClaimCheckStore, deliver=None):
         self.engine = engine
         self.store = store
+        # callable(requester workflow id, WorkResult) -> concurrent.futures.Future of the signal, or None
+        self.deliver = deliver
         self._answers: OrderedDict[str, Outcome] = OrderedDict()
         self._snapshots: set[str] = set()
+        self._delivered: set[str] = set()
 
     @activity.defn(name="run_batch")
     def run_batch(self, batch: Batch) -> BatchResult:
         todo = [i for i in batch.items if i.key not in self._answers]
+        sent: dict[str, concurrent.futures.Future] = {}
         for kind, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
             group = list(group)
             activity.heartbeat(f"{group[0].kind} ×{len(group)}")
@@ -44,12 +53,23 @@ class EngineActivities:
                 outcomes = [Outcome.failed(f"engine error in {group[0].kind}: {e}", "server")] * len(group)
             for item, outcome in zip(group, outcomes):
                 self._remember(item.key, outcome)
-        return BatchResult(results=[WorkResult(key=i.key, outcome=self._answers[i.key]) for i in batch.items])
+                if self.deliver is not None:
+                    sent[item.key] = self.deliver(item.requester, WorkResult(item.key, outcome))
+        for key, future in sent.items():  # only a confirmed delivery lets the coordinator skip its own
+            try:
+                future.result(timeout=10)
+                self._delivered.add(key)
+            except Exception as e:
+                log.info("early delivery of %s failed (%s); the coordinator will deliver it", key, e)
+        return BatchResult(results=[
+            WorkResult(key=i.key, outcome=self._answers[i.key], delivered=i.key in self._delivered)
+            for i in batch.items])
 
     def _remember(self, key: str, outcome: Outcome) -> None:
         self._answers[key] = outcome
         while len(self._answers) > REMEMBERED_ANSWERS:
-            self._answers.popitem(last=False)
+            old, _ = self._answers.popitem(last=False)
+            self._delivered.discard(old)
 
     def _run_group(self, kind: str, items: list[WorkItem]) -> list[Outcome]:
         if kind == "forward_backward":

@@ -47,7 +47,13 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
                      vocab_size=engine.info.vocab_size, max_context=engine.info.max_position_embeddings)
     worker_id = worker_id or stable_worker_id(settings)
     queue = names.worker_task_queue(name, settings.pool, worker_id)
-    activities = EngineActivities(engine, ClaimCheckStore(settings.resolved_store_url))
+    loop = asyncio.get_running_loop()
+
+    def deliver(requester: str, result) -> concurrent.futures.Future:
+        # Called from the engine thread: hand the signal to this process's event loop, do not wait for it here.
+        return asyncio.run_coroutine_threadsafe(client.get_workflow_handle(requester).signal("deliver", result), loop)
+
+    activities = EngineActivities(engine, ClaimCheckStore(settings.resolved_store_url), deliver=deliver)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
     worker = Worker(client, task_queue=queue, activities=[activities.run_batch], activity_executor=executor,
                     max_concurrent_activities=1)

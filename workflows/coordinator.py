@@ -234,7 +234,8 @@ class Coordinator:
         for item in items:
             r = by_key.get(item.key) or WorkResult(item.key, Outcome.failed("the JAX worker returned no result", "server"))
             self._after(item, r)
-            self._answer(r, item.requester)
+            if not r.delivered:
+                self._answer(r, item.requester)
 
     def _after(self, item: WorkItem, result: WorkResult) -> None:
         """Bookkeeping that depends on how the engine answered."""

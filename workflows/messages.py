@@ -183,7 +183,7 @@ class WorkItem:
 class WorkResult:
     key: str
     outcome: Outcome
-
+    delivered: bool = False  # the JAX worker already signalled it to the requester
 
 @dataclass(frozen=True)
 class Batch:

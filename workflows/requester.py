@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
 
 from tinkerflow.workflows.messages import BlobRef, Outcome, WorkItem, WorkResult
 
-# Longer than the coordinator's activity timeout × attempts: reaching it means the coordinator lost the item.
-ANSWER_TIMEOUT = timedelta(hours=2)
 
 
 class CoordinatorCalls:
@@ -18,10 +15,12 @@ class CoordinatorCalls:
 
     def __init__(self) -> None:
         self._answers: dict[str, Outcome] = {}
+        self._waiting: set[str] = set()
         self._counter = 0
 
     def on_deliver(self, result: WorkResult) -> None:
-        self._answers[result.key] = result.outcome
+        if result.key in self._waiting:  # late duplicates (a retried delivery) are dropped
+            self._answers[result.key] = result.outcome
 
     async def call(
         self,
@@ -41,15 +40,19 @@ class CoordinatorCalls:
             key=key, requester=info.workflow_id, kind=kind, model_id=model_id, session_id=session_id,
             payload=payload, params=params or {},
         )
+        if wait:
+            # Before the submit: the answer may arrive in the same activation that completes the signal.
+            self._waiting.add(key)
         try:
             await workflow.get_external_workflow_handle(coordinator_id).signal("submit", item)
         except Exception as e:
+            self._waiting.discard(key)
             return Outcome.failed(f"no coordinator {coordinator_id!r} is running: is a JAX worker serving it? ({e})",
                                   "user")
         if not wait:
             return Outcome()
-        try:
-            await workflow.wait_condition(lambda: key in self._answers, timeout=ANSWER_TIMEOUT)
-        except TimeoutError:
-            return Outcome.failed(f"no answer from {coordinator_id} within {ANSWER_TIMEOUT}", "server")
+        # No timer here: a timer per op costs a command and a workflow task. The coordinator answers every item it
+        # accepted (its activity has timeouts and a retry limit, and a failed batch is answered as failed).
+        await workflow.wait_condition(lambda: key in self._answers)
+        self._waiting.discard(key)
         return self._answers.pop(key)

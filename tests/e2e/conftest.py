@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+
+from tinkerflow.cli.launch import RunningStack, launch
+
+API_KEY = "tml-e2e-key"
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> RunningStack:
+    s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def service_client(stack):
+    import tinker
+
+    return tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
+
+
+@pytest.fixture(scope="session")
+def base_model(stack) -> str:
+    return stack.served_model()
+
+
+@pytest.fixture(scope="session")
+def training_client(service_client, base_model):
+    return service_client.create_lora_training_client(base_model=base_model, rank=8).result()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    stack = getattr(item, "funcargs", {}).get("stack")
+    if report.failed and stack is not None:
+        report.sections.append(("tinkerflow logs", stack.logs()))

@@ -1,0 +1,80 @@
+"""Our encoders against the SDK's own decoders, and the SDK's own encoder against our decoder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
+
+from tinkerflow.activities import wire
+from tinkerflow.workers.engine.types import ForwardBackwardResult, InputError, SampledSequence, SampleResult
+
+
+def _request(data, loss_fn="cross_entropy", config=None) -> bytes:
+    req = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn, loss_fn_config=config),
+        model_id="s:train:0", seq_id=3)
+    return forward_backward_request_to_proto(req).SerializeToString()
+
+
+def test_forward_backward_request_decodes_tokens_inputs_and_config():
+    datum = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
+                        loss_fn_inputs=dict(target_tokens=[6, 7, 8], weights=[0.0, 1.0, 0.5]))
+    msg = wire.parse_forward_backward(_request([datum], "ppo", {"clip_low_threshold": 0.7, "mode": "x"}))
+    inp = wire.forward_backward_input(msg, slot=2)
+    assert inp.slot == 2 and inp.loss_fn == "ppo" and not inp.forward_only
+    assert inp.data[0].tokens.tolist() == [5, 6, 7] and inp.data[0].tokens.dtype == np.int32
+    assert inp.data[0].inputs["target_tokens"].tolist() == [6, 7, 8]
+    np.testing.assert_array_equal(inp.data[0].inputs["weights"], np.array([0.0, 1.0, 0.5], np.float32))
+    assert inp.loss_fn_config == {"clip_low_threshold": 0.7, "mode": "x"}
+
+
+def test_sparse_csr_inputs_are_densified():
+    targets = types.TensorData(data=[3, 9], dtype="int64", shape=[2, 3], sparse_crow_indices=[0, 1, 2],
+                               sparse_col_indices=[0, 2])
+    datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": targets})
+    inp = wire.forward_backward_input(wire.parse_forward_backward(_request([datum])), slot=0)
+    assert inp.data[0].inputs["target_tokens"].tolist() == [[3, 0, 0], [0, 0, 9]]
+
+
+def test_forward_backward_output_roundtrips_through_the_sdk_decoder():
+    outputs = [{"logprobs": np.array([-1.0, -2.0], np.float32), "elementwise_loss": np.array([1.0, 2.0], np.float32)},
+               {"logprobs": np.array([-0.5], np.float32), "elementwise_loss": np.array([0.5], np.float32)}]
+    decoded = deserialize_forward_backward_output(
+        wire.forward_backward_output(ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": 3.5})))
+    assert decoded.metrics == {"loss:sum": 3.5}
+    assert [o["logprobs"].tolist() for o in decoded.loss_fn_outputs] == [[-1.0, -2.0], [-0.5]]
+    assert decoded.loss_fn_outputs[1]["elementwise_loss"].tolist() == [0.5]
+
+
+def test_sample_output_roundtrips_through_the_sdk_decoder():
+    result = SampleResult(sequences=[SampledSequence([4, 5], [-0.25, -0.5], "stop"),
+                                     SampledSequence([6], [-1.0], "length")], prompt_logprobs=[None, -2.0])
+    decoded = deserialize_sample_response(wire.sample_output(result))
+    assert [s.tokens for s in decoded.sequences] == [[4, 5], [6]]
+    assert [s.stop_reason for s in decoded.sequences] == ["stop", "length"]
+    assert decoded.sequences[0].logprobs == [-0.25, -0.5]
+    assert decoded.prompt_logprobs == [None, -2.0]
+
+
+@pytest.mark.parametrize("stop,ids,strings", [(None, None, []), ([], [], []), ("\n", [], ["\n"]),
+                                              (["a", "b"], [], ["a", "b"]), ([7, 8], [7, 8], [])])
+def test_sample_request_stop_forms(stop, ids, strings):
+    body = {"num_samples": 2, "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
+            "sampling_params": {"max_tokens": 5, "temperature": 0.0, "top_k": -1, "top_p": 1.0, "stop": stop},
+            "sampling_session_id": "s:sample:0", "seq_id": 0, "type": "sample"}
+    inp = wire.sample_input(json.dumps(body).encode(), snapshot="s:sample:0")
+    assert inp.stop_token_ids == ids and inp.stop_strings == strings
+    assert inp.num_samples == 2 and inp.max_tokens == 5 and inp.snapshot == "s:sample:0"
+
+
+def test_image_chunks_are_a_user_error():
+    msg = wire.parse_forward_backward(_request([types.Datum(
+        model_input=types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)]),
+        loss_fn_inputs=dict(target_tokens=[1, 2, 3, 4]))]))
+    with pytest.raises(InputError, match="image chunks are not supported"):
+        wire.forward_backward_input(msg, slot=0)

