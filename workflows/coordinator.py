@@ -107,6 +107,7 @@ class Coordinator:
             "placements": dict(self.s.placements),
             "snapshots": len(self.s.snapshots),
             "pending": len(self.s.pending),
+            "pending_samples": sum(1 for i in self.s.pending if i.kind == "sample"),
             "dispatched_batches": self.s.dispatched_batches,
         }
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 from temporalio.client import WorkflowUpdateStage
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -23,6 +25,7 @@ from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 from tinkerflow.workflows.session import SessionWorkflow
 
 router = APIRouter(prefix="/api/v1")
+log = logging.getLogger(__name__)
 
 
 def parse_tinker_path(path: str) -> tuple[str, str, str]:
@@ -89,13 +92,19 @@ async def get_sampler(sampler_id: str, svc: Services = Depends(services), _: str
     return out
 
 
-@router.post("/asample")
-async def asample(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+@router.post("/asample", response_model=None)
+async def asample(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict | JSONResponse:
     raw = await _json(request)
     req = SampleRequest.model_validate(raw)
     if not req.sampling_session_id:
         raise http_error(400, "asample needs a sampling_session_id (create one with create_sampling_session)")
     info = await resolve_sampler(svc, req.sampling_session_id)
+    coordinator = names.coordinator_workflow_id(info.base_model, info.pool)
+    queued = await svc.queued_samples(coordinator)
+    if queued >= svc.settings.max_queued_samples:
+        log.warning("asample: %d samples queued for %s; answering 429", queued, info.base_model)
+        return JSONResponse(status_code=429, headers={"Retry-After": "1"}, content={
+            "detail": f"sampling queue for {info.base_model} is full ({queued} waiting); retry shortly"})
     body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
     body_hash = hashlib.sha256(body).hexdigest()
     ref = svc.store.put(body, "requests")

@@ -20,6 +20,7 @@ from tinkerflow.workflows.messages import ModelCard, SamplerInfo
 
 log = logging.getLogger(__name__)
 REGISTRY_TTL_S = 2.0
+QUEUE_DEPTH_TTL_S = 0.25
 
 
 class ModelRegistry:
@@ -58,6 +59,21 @@ class Services:
     store: ClaimCheckStore
     registry: ModelRegistry
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
+    _depths: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    async def queued_samples(self, coordinator_id: str) -> int:
+        """Samples waiting in a coordinator's queue, from its query, refreshed at most every QUEUE_DEPTH_TTL_S."""
+        now = time.monotonic()
+        cached = self._depths.get(coordinator_id)
+        if cached is None or now - cached[0] > QUEUE_DEPTH_TTL_S:
+            try:
+                described = await self.client.get_workflow_handle(coordinator_id).query("describe")
+                depth = int(described.get("pending_samples", 0))
+            except Exception as e:  # no answer is no reason to refuse work; the coordinator queues it anyway
+                log.debug("queue depth of %s unknown: %s", coordinator_id, e)
+                depth = 0
+            cached = self._depths[coordinator_id] = (now, depth)
+        return cached[1]
 
     def owner_of(self, api_key: str | None) -> str:
         if not self.settings.api_keys or not api_key:

@@ -43,6 +43,8 @@ def _api_flags(p: argparse.ArgumentParser) -> None:
                         "none means any key is accepted, with a warning")
     p.add_argument("--session-timeout-s", type=float, help="end a session after this long without a heartbeat "
                    "(default 120)")
+    p.add_argument("--max-queued-samples", type=int, help="answer asample with HTTP 429 (the SDK backs off and "
+                   "retries) while this many samples are queued for one base model (default 1024)")
 
 
 def _temporal_flags(p: argparse.ArgumentParser) -> None:

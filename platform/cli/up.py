@@ -50,6 +50,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_API_KEYS": ",".join(settings.api_keys),
         "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
         "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
+        "TINKERFLOW_MAX_QUEUED_SAMPLES": str(settings.max_queued_samples),
         "TINKERFLOW_LOG_LEVEL": settings.log_level,
         "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
     })

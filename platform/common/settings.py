@@ -41,6 +41,8 @@ class Settings:
         default_factory=lambda: tuple(k for k in _env("API_KEYS", "").split(",") if k.strip())
     )
     session_timeout_s: float = field(default_factory=lambda: float(_env("SESSION_TIMEOUT_S", "120")))
+    # asample answers 429 (the SDK backs off and resubmits) while this many samples wait in a coordinator's queue.
+    max_queued_samples: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLES", "1024")))
     # How long retrieve_future holds a poll before answering try_again (the SDK times out at 45 s).
     long_poll_s: float = field(default_factory=lambda: float(_env("LONG_POLL_S", "25")))
     log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO"))
