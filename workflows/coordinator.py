@@ -57,19 +57,27 @@ class Coordinator:
         self.s = state
         self._busy: set[str] = set()
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
+        # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).
+        # The loop wakes only on a change: routing that finds nothing to do must not spin (a workflow that loops
+        # without yielding is killed by the deadlock detector and takes the whole base model down with it).
+        self._changed = True
 
     @workflow.run
     async def run(self, state: CoordinatorState) -> None:
         while True:
-            await workflow.wait_condition(lambda: self._ready_queues() or self._should_continue_as_new())
+            await workflow.wait_condition(lambda: self._changed)
+            self._changed = False
+            if self._should_continue_as_new():
+                # Drain: dispatch nothing new; once no batch is in flight, carry the queue into a fresh run.
+                if self._busy:
+                    continue
+                await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._signals_in_flight)
+                workflow.continue_as_new(self.s)
             for queue in self._ready_queues():
                 items = self._take_for(queue)
                 if items:
                     self._busy.add(queue)
                     asyncio.ensure_future(self._dispatch(queue, items))
-            if self._should_continue_as_new() and not self._busy:
-                await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._signals_in_flight)
-                workflow.continue_as_new(self.s)
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
@@ -88,11 +96,13 @@ class Coordinator:
             self.s.snapshots = {k: q for k, q in self.s.snapshots.items() if q != info.task_queue}
             workflow.logger.warning("worker %s re-registered; its adapters were lost", info.worker_id)
         self.s.workers[info.task_queue] = WorkerSlots(info=info)
+        self._changed = True
         self._set_details()
 
     @workflow.signal
     def submit(self, item: WorkItem) -> None:
         self.s.pending.append(item)
+        self._changed = True
 
     @workflow.query
     def describe(self) -> dict:
@@ -231,6 +241,7 @@ class Coordinator:
             ]
         finally:
             self._busy.discard(queue)
+            self._changed = True
         by_key = {r.key: r for r in results}
         for item in items:
             r = by_key.get(item.key) or WorkResult(item.key, Outcome.failed("the JAX worker returned no result", "server"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest, SessionStart, SessionState, WorkResult
@@ -105,7 +106,7 @@ class SessionWorkflow:
     @register_sampler.validator
     def _validate_register(self, req: SamplerRequest) -> None:
         if self.s.status != "active" or self._finish:
-            raise ValueError(f"session {self.s.session_id} is {self.s.status}")
+            raise ApplicationError(f"session {self.s.session_id} is {self.s.status}", type="SessionEnded")
 
     @workflow.update
     async def resolve_sampler(self, sampler_id: str) -> SamplerInfo:
@@ -113,7 +114,10 @@ class SessionWorkflow:
         try:
             await workflow.wait_condition(lambda: sampler_id in self.s.samplers, timeout=RESOLVE_TIMEOUT)
         except TimeoutError:
-            raise ValueError(f"unknown sampling session {sampler_id}") from None
+            # An ApplicationError fails this update; any other exception would fail the workflow task and wedge
+            # the whole session (heartbeats, finish, clean-up) until a code change.
+            raise ApplicationError(f"unknown sampling session {sampler_id}", type="UnknownSampler",
+                                   non_retryable=True) from None
         return self.s.samplers[sampler_id]
 
     @workflow.query

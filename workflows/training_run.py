@@ -28,6 +28,7 @@ class TrainingRunWorkflow:
         self._calls = CoordinatorCalls()
         self._closing = ""
         self._running_seq: int | None = None
+        self._in_flight: dict[int, str] = {}  # seq_id -> body hash of ops accepted but not yet answered
         self._published: tuple[str, int] | None = None
         self._coordinator = names.coordinator_workflow_id(start.base_model, start.pool)
 
@@ -81,12 +82,25 @@ class TrainingRunWorkflow:
     async def op(self, op: TrainingOp) -> Outcome:
         if str(op.seq_id) in self.s.answered:
             return self.s.answered[str(op.seq_id)].outcome
-        await workflow.wait_condition(lambda: self.s.next_seq == op.seq_id and self._running_seq is None)
-        self._running_seq = op.seq_id
+        # Two updates validated in one activation both pass the validator before either handler runs: the second
+        # one with a different body is caught here.
+        if self._in_flight.get(op.seq_id, op.body_hash) != op.body_hash:
+            raise ApplicationError(f"seq_id {op.seq_id} was already used for a different request on "
+                                   f"{self.s.start.model_id}", type="SeqConflict")
+        self._in_flight[op.seq_id] = op.body_hash
         try:
-            outcome = await self._execute(op)
+            await workflow.wait_condition(
+                lambda: bool(self._closing) or (self.s.next_seq == op.seq_id and self._running_seq is None))
+            if not (self.s.next_seq == op.seq_id and self._running_seq is None):  # closed while waiting its turn
+                return Outcome.failed(f"training run {self.s.start.model_id} closed before seq_id {op.seq_id} "
+                                      f"ran: {self._closing}")
+            self._running_seq = op.seq_id
+            try:
+                outcome = await self._execute(op)
+            finally:
+                self._running_seq = None
         finally:
-            self._running_seq = None
+            self._in_flight.pop(op.seq_id, None)
         self.s.answered[str(op.seq_id)] = Answered(op.body_hash, outcome)
         for old in sorted(self.s.answered, key=int)[:-ANSWERED_KEPT]:
             del self.s.answered[old]
@@ -101,6 +115,10 @@ class TrainingRunWorkflow:
         if self._closing:
             raise ApplicationError(f"training run {model_id} is closed: {self._closing}", type="RunClosed")
         first = self.s.answered.get(str(op.seq_id))
+        in_flight = self._in_flight.get(op.seq_id)
+        if in_flight is not None and in_flight != op.body_hash:
+            raise ApplicationError(f"seq_id {op.seq_id} is in flight with a different request on {model_id}",
+                                   type="SeqConflict")
         if first is not None and first.body_hash != op.body_hash:
             raise ApplicationError(f"seq_id {op.seq_id} was already used for a different request on {model_id}",
                                    type="SeqConflict")

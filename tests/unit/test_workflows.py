@@ -10,7 +10,6 @@ import asyncio
 import time
 
 import pytest
-from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -30,7 +29,6 @@ from wf_harness import (
     workflow_worker,
 )
 from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import Coordinator
 from tinkerflow.workflows.messages import (
     Batch,
     BatchResult,
@@ -86,7 +84,7 @@ async def test_ops_submitted_out_of_order_run_in_seq_order(tinker: Tinker) -> No
         "create_adapter", "forward_backward", "forward_backward", "forward_backward", "optim_step"]
 
 
-# --- 2. retries --------------------------------------------------------------------------------------------------------
+# --- 2. retries -------------------------------------------------------------------------------------------------------
 
 
 async def test_retried_op_executes_once_and_returns_the_first_answer(tinker: Tinker) -> None:
@@ -114,7 +112,7 @@ async def test_retried_op_executes_once_and_returns_the_first_answer(tinker: Tin
     assert (state.fwdbwd_count, state.tokens_seen, state.next_seq) == (1, 3, 2)
 
 
-# --- 3. conflicts --------------------------------------------------------------------------------------------------------
+# --- 3. conflicts -----------------------------------------------------------------------------------------------------
 
 
 async def test_reused_seq_id_with_a_different_body_is_rejected(tinker: Tinker) -> None:
@@ -141,7 +139,7 @@ async def test_reused_seq_id_with_a_different_body_is_rejected(tinker: Tinker) -
     assert fwd_seqs(tinker.engine, model_id) == [1, 2]
 
 
-# --- 4. batching ----------------------------------------------------------------------------------------------------------
+# --- 4. batching ------------------------------------------------------------------------------------------------------
 
 
 async def test_forward_backward_of_two_runs_share_one_batch_while_the_engine_is_busy(tinker: Tinker) -> None:
@@ -176,7 +174,7 @@ async def _pending_is(tinker: Tinker, n: int) -> bool:
     return (await tinker.describe_coordinator())["pending"] == n
 
 
-# --- 5. slot allocation --------------------------------------------------------------------------------------------------
+# --- 5. slot allocation -----------------------------------------------------------------------------------------------
 
 
 async def test_slots_run_out_with_a_clear_error_and_close_frees_one(tinker_factory) -> None:
@@ -231,7 +229,7 @@ async def _session_has_runs(session, model_ids: list[str]) -> bool:
     return state.training_run_ids == model_ids
 
 
-# --- 6. sessions ------------------------------------------------------------------------------------------------------------
+# --- 6. sessions ------------------------------------------------------------------------------------------------------
 
 
 async def test_session_without_heartbeats_times_out_and_closes_its_runs(tinker: Tinker) -> None:
@@ -273,7 +271,7 @@ async def test_heartbeats_keep_a_session_open_and_finish_ends_it(tinker: Tinker)
     await tinker.engine.wait_for(lambda: [i.model_id for i in tinker.engine.of_kind("free_adapter")] == [a_id])
 
 
-# --- 7. sampling ----------------------------------------------------------------------------------------------------------------
+# --- 7. sampling ------------------------------------------------------------------------------------------------------
 
 
 async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None:
@@ -348,7 +346,7 @@ async def _snapshots_are(tinker: Tinker, n: int) -> bool:
     return (await tinker.describe_coordinator())["snapshots"] == n
 
 
-# --- 8. errors ---------------------------------------------------------------------------------------------------------------------
+# --- 8. errors --------------------------------------------------------------------------------------------------------
 
 
 async def test_reject_op_fails_its_own_future_and_the_next_seq_still_runs(tinker: Tinker) -> None:
@@ -413,7 +411,7 @@ async def test_a_restarted_worker_lost_its_adapters(tinker: Tinker) -> None:
     assert tinker.engine.of_kind("free_adapter") == []
 
 
-# --- 9. continue-as-new --------------------------------------------------------------------------------------------------------
+# --- 9. continue-as-new -----------------------------------------------------------------------------------------------
 
 
 async def test_continue_as_new_keeps_coordinator_and_run_state() -> None:

