@@ -13,7 +13,10 @@ The coordinator still sees the whole batch result for its bookkeeping and delive
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
 import logging
+import threading
 from collections import OrderedDict
 from itertools import groupby
 
@@ -27,6 +30,31 @@ from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem,
 log = logging.getLogger(__name__)
 REMEMBERED_ANSWERS = 4096
 GROUPED_KINDS = {"forward_backward", "sample"}
+# Heartbeats tell Temporal a long batch is alive; a 5 ms optimizer step needs none (each one is an RPC).
+HEARTBEAT_EVERY_S = 5.0
+
+
+@contextlib.contextmanager
+def _heartbeats(every_s: float):
+    """Heartbeat from a side thread while the engine works, so one long engine call still proves the worker alive.
+
+    The thread runs in a copy of this activity's context, which is what `activity.heartbeat` looks up.
+    """
+    progress = ["starting"]
+    done = threading.Event()
+    context = contextvars.copy_context()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            activity.heartbeat(progress[0])
+
+    thread = threading.Thread(target=context.run, args=(beat,), daemon=True, name="heartbeat")
+    thread.start()
+    try:
+        yield progress
+    finally:
+        done.set()
+        thread.join()
 
 
 class EngineActivities:
@@ -43,18 +71,8 @@ class EngineActivities:
     def run_batch(self, batch: Batch) -> BatchResult:
         todo = [i for i in batch.items if i.key not in self._answers]
         sent: dict[str, concurrent.futures.Future] = {}
-        for kind, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
-            group = list(group)
-            activity.heartbeat(f"{group[0].kind} ×{len(group)}")
-            try:
-                outcomes = self._run_group(group[0].kind, group)
-            except Exception as e:  # an engine bug must not take the other requests of the batch with it
-                log.exception("engine failed on %s ×%d", group[0].kind, len(group))
-                outcomes = [Outcome.failed(f"engine error in {group[0].kind}: {e}", "server")] * len(group)
-            for item, outcome in zip(group, outcomes):
-                self._remember(item.key, outcome)
-                if self.deliver is not None:
-                    sent[item.key] = self.deliver(item.requester, WorkResult(item.key, outcome))
+        with _heartbeats(HEARTBEAT_EVERY_S) as progress:
+            self._run_items(todo, sent, progress)
         for key, future in sent.items():  # only a confirmed delivery lets the coordinator skip its own
             try:
                 future.result(timeout=10)
@@ -64,6 +82,20 @@ class EngineActivities:
         return BatchResult(results=[
             WorkResult(key=i.key, outcome=self._answers[i.key], delivered=i.key in self._delivered)
             for i in batch.items])
+
+    def _run_items(self, todo: list[WorkItem], sent: dict, progress: list[str]) -> None:
+        for kind, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
+            group = list(group)
+            progress[0] = f"{group[0].kind} ×{len(group)}"
+            try:
+                outcomes = self._run_group(group[0].kind, group)
+            except Exception as e:  # an engine bug must not take the other requests of the batch with it
+                log.exception("engine failed on %s ×%d", group[0].kind, len(group))
+                outcomes = [Outcome.failed(f"engine error in {group[0].kind}: {e}", "server")] * len(group)
+            for item, outcome in zip(group, outcomes):
+                self._remember(item.key, outcome)
+                if self.deliver is not None:
+                    sent[item.key] = self.deliver(item.requester, WorkResult(item.key, outcome))
 
     def _remember(self, key: str, outcome: Outcome) -> None:
         self._answers[key] = outcome
