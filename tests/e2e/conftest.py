@@ -2,6 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+import os
+import subprocess
+import sys
+
+from tests.conftest import ACCEPTANCE
 from tinkerflow.cli.launch import RunningStack, launch
 
 API_KEY = "tml-e2e-key"
@@ -29,6 +34,18 @@ def base_model(stack) -> str:
 @pytest.fixture(scope="session")
 def training_client(service_client, base_model):
     return service_client.create_lora_training_client(base_model=base_model, rank=8).result()
+
+
+def run_acceptance_script(stack: RunningStack, name: str, timeout_s: float) -> None:
+    """Run ../shared/acceptance/<name> unchanged against the stack; it must exit 0 and print OK last."""
+    script = ACCEPTANCE / name
+    if not script.exists():
+        pytest.skip(f"{script} not present (shared/ is not beside the repo)")
+    env = dict(os.environ, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0")
+    run = subprocess.run([sys.executable, str(script), stack.base_url], env=env, capture_output=True, text=True,
+                         timeout=timeout_s)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "OK"
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 
 import pytest
 from temporalio.client import Client
 
-from tests.conftest import ACCEPTANCE
+from tests.e2e.conftest import run_acceptance_script
 
 pytestmark = pytest.mark.e2e
 
 
 def test_pig_latin_acceptance_script(stack):
-    script = ACCEPTANCE / "pig_latin.py"
-    if not script.exists():
-        pytest.skip(f"{script} not present (shared/ is not beside the repo)")
-    env = dict(os.environ, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0")
-    run = subprocess.run([sys.executable, str(script), stack.base_url], env=env, capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip().splitlines()[-1] == "OK"
+    run_acceptance_script(stack, "pig_latin.py", timeout_s=900)
 
 
 def test_session_and_run_are_findable_by_readable_ids(stack, service_client, training_client):

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tinker
 from tinker import types
 
-from tests.conftest import ACCEPTANCE
+from tests.e2e.conftest import run_acceptance_script
 
 pytestmark = pytest.mark.e2e
 
@@ -31,14 +27,7 @@ def test_200_concurrent_asample_calls_from_several_clients_all_complete(stack, b
 
 
 def test_rl_loop_acceptance_script(stack):
-    script = ACCEPTANCE / "rl_loop.py"
-    if not script.exists():
-        pytest.skip(f"{script} not present (shared/ is not beside the repo)")
-    env = dict(os.environ, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0")
-    run = subprocess.run([sys.executable, str(script), stack.base_url], env=env, capture_output=True, text=True,
-                         timeout=1200)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip().splitlines()[-1] == "OK"
+    run_acceptance_script(stack, "rl_loop.py", timeout_s=1200)
 
 
 def test_full_sampling_queue_answers_429_and_the_sdk_retries_until_all_complete(tmp_path):
