@@ -23,6 +23,7 @@ from .loader import eos_token_ids, load_model, resolve_model_path
 from .lora import LORA_ALPHA, LoraRouting, init_a, is_a_leaf, module_kind
 from .optimizer import AdamHparams, OptState, SlotShape, adamw_slot_step
 from .sampler import DecodeState, RowParams, decode, first_stop_string_end, prefill, seed_words
+from .sharding import Mesh, MeshConfig, Placement, as_mesh
 from .train import Row, StepFunctions, run_rows
 from .types import (
     AdamConfig,
@@ -71,15 +72,44 @@ class Engine:
         self.max_lora_rank = max_lora_rank
         self.micro_batch_tokens = micro_batch_tokens
         self._graphdef = loaded.graphdef
+        self._placement: Placement = loaded.placement or Placement(as_mesh(MeshConfig(fsdp=1, tp=1)), loaded.config)
+        self.mesh = self._placement.mesh
         self._base = loaded.base
-        self._lora = loaded.lora
-        self._grads = jax.tree.map(jnp.zeros_like, self._lora)
-        self._opt = OptState.zeros_like(self._lora)
+        self._lora = self._put_lora(loaded.lora)
+        self.dtype = _base_dtype(self._base)
+        self._grads = self._put_lora(jax.tree.map(jnp.zeros_like, self._lora))
+        self._opt = self._put_opt(OptState.zeros_like(self._lora))
         self._slots: dict[int, LoraConfig] = {}
         self._snapshots: dict[str, Snapshot] = {}
-        self._steps = StepFunctions(self._graphdef)
-        self._prefill = AotCache("prefill", partial(prefill, self._graphdef))
-        self._decode = AotCache("decode", partial(decode, self._graphdef), donate=("state",))
+        self._steps = StepFunctions(self._graphdef, self._placement)
+        self._prefill = AotCache("prefill", partial(prefill, self._graphdef, self._placement))
+        self._decode = AotCache("decode", partial(decode, self._graphdef, self._placement), donate=("state",))
+        placement = self._placement
+
+        # Slot writes as one jitted update of the whole tree (one compile, in place), keeping every sharding.
+        def write_slot(tree, slot, values):
+            return placement.constrain_params(jax.tree.map(lambda x, v: x.at[slot].set(v.astype(x.dtype)), tree, values))
+
+        def zero_slot(tree, slot):
+            # Any pytree whose leaves carry the adapter axis first (LoRA-shaped trees, OptState with its counts).
+            out = jax.tree.map(lambda x: x.at[slot].set(jnp.zeros((), x.dtype)), tree)
+            if isinstance(out, OptState):
+                return OptState(mu=placement.constrain_params(out.mu), nu=placement.constrain_params(out.nu),
+                                count=jax.lax.with_sharding_constraint(out.count, placement.replicated))  # fmt: skip
+            return placement.constrain_params(out)
+
+        self._write_slot = jax.jit(write_slot, donate_argnums=0)
+        self._take_slot = jax.jit(lambda tree, slot: jax.tree.map(lambda x: x[slot], tree))
+
+        def stack(snaps, like, size):
+            def one(slot_leaf, *leaves):
+                zero = jnp.zeros(slot_leaf.shape[1:], slot_leaf.dtype)
+                return jnp.stack([zero, *leaves] + [zero] * (size - 1 - len(leaves)))
+
+            return placement.constrain_params(jax.tree.map(one, like, *snaps))
+
+        self._stack = jax.jit(stack, static_argnums=2)
+        self._zero_slot = jax.jit(zero_slot, donate_argnums=0)
         self._stack_cache: tuple[tuple, Any] | None = None
 
     # ------------------------------------------------------------------ loading
@@ -93,12 +123,23 @@ class Engine:
         max_lora_rank: int = 32,
         progress: bool = True,
         micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+        mesh: Mesh | MeshConfig | None = None,
+        gradient_checkpointing: bool = False,
+        dtype: Any = None,
     ) -> "Engine":
+        """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
+        device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
+        LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
+        decoder layer in the backward pass instead of keeping its activations."""
         from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
         path = resolve_model_path(model_path)
-        loaded = load_model(path, max_adapters=max_lora_adapters, max_rank=max_lora_rank, progress=progress)
+        loaded = load_model(
+            path, max_adapters=max_lora_adapters, max_rank=max_lora_rank, progress=progress,
+            dtype=_weight_dtype(dtype), mesh=as_mesh(mesh),
+            remat=gradient_checkpointing,
+        )  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(path)
         cfg = loaded.config
         info = ModelInfo(
@@ -109,9 +150,12 @@ class Engine:
             num_layers=cfg.num_layers,
             hidden_size=cfg.hidden_size,
         )
+        mesh_shape = dict(loaded.placement.mesh.shape)
         log.info(
-            "loaded %s (%s, %d layers, vocab %d) with %d LoRA slots of rank <= %d in %.1fs",
-            path, cfg.arch, cfg.num_layers, cfg.vocab_size, max_lora_adapters, max_lora_rank, time.perf_counter() - t0,
+            "loaded %s (%s, %d layers, vocab %d, %s weights, mesh %s%s) with %d LoRA slots of rank <= %d in %.1fs",
+            path, cfg.arch, cfg.num_layers, cfg.vocab_size, _base_dtype(loaded.base), mesh_shape,
+            ", gradient checkpointing" if gradient_checkpointing else "", max_lora_adapters, max_lora_rank,
+            time.perf_counter() - t0,
         )  # fmt: skip
         return cls(
             path,
@@ -145,28 +189,37 @@ class Engine:
             # A random (PEFT's kaiming-uniform) in trained groups, B zero: the fresh adapter equals the base model.
             if is_a_leaf(path) and trained[module_kind(path)]:
                 _, in_features, max_rank = leaf.shape
-                return leaf.at[slot].set(init_a(rng, in_features, config.rank, max_rank))
-            return leaf.at[slot].set(0.0)
+                return init_a(rng, in_features, config.rank, max_rank)
+            return np.zeros(leaf.shape[1:], np.float32)
 
-        self._lora = jax.tree_util.tree_map_with_path(init, self._lora)
+        values = jax.tree_util.tree_map_with_path(init, self._lora)
+        self._lora = self._write_slot(self._lora, np.int32(slot), values)
         self._zero_training_state(slot)
         self._slots[slot] = config
 
     def free_adapter(self, slot: int) -> None:
         self._check_slot(slot, allocated=False)
-        self._lora = jax.tree.map(lambda x: x.at[slot].set(0.0), self._lora)
+        self._lora = self._zero_slot(self._lora, np.int32(slot))
         self._zero_training_state(slot)
         self._slots.pop(slot, None)
 
     def _zero_training_state(self, slot: int) -> None:
-        zero = lambda tree: jax.tree.map(lambda x: x.at[slot].set(0.0), tree)  # noqa: E731
-        self._grads = zero(self._grads)
-        self._opt = OptState(mu=zero(self._opt.mu), nu=zero(self._opt.nu), count=self._opt.count.at[slot].set(0))
+        self._grads = self._zero_slot(self._grads, np.int32(slot))
+        self._opt = self._zero_slot(self._opt, np.int32(slot))
+
+    def _put_lora(self, tree: Any) -> Any:
+        """LoRA-shaped state (weights, gradients, moments) on its shardings; a no-op when already there."""
+        return self._placement.put_params(tree)
+
+    def _put_opt(self, opt: OptState) -> OptState:
+        return OptState(
+            mu=self._put_lora(opt.mu), nu=self._put_lora(opt.nu), count=self._placement.put_replicated(opt.count)
+        )
 
     def snapshot(self, slot: int, key: str) -> None:
         self._check_slot(slot)
         # Indexing copies, so later training of the slot cannot change the snapshot.
-        lora = jax.tree.map(lambda x: x[slot], self._lora)
+        lora = self._take_slot(self._lora, np.int32(slot))
         self._snapshots[key] = Snapshot(lora=lora, scale=self._scale(slot))
         self._stack_cache = None
 
@@ -195,25 +248,30 @@ class Engine:
             if np.shape(value) != current[name].shape:
                 raise InputError(f"{name}: shape {np.shape(value)} != {current[name].shape} (rank {rank})")
 
+        current_full = {
+            _leaf_name(p): np.asarray(x)
+            for p, x in jax.tree_util.tree_flatten_with_path(self._take_slot(self._lora, np.int32(slot)))[0]
+        }
+
         def put(path, leaf):
             value = weights.get(_leaf_name(path))
             if value is None:
-                return leaf
+                return current_full[_leaf_name(path)]
             full = np.zeros(leaf.shape[1:], np.float32)
             if is_a_leaf(path):
                 full[:, :rank] = value
             else:
                 full[:rank] = value
-            return leaf.at[slot].set(full)
+            return full
 
-        self._lora = jax.tree_util.tree_map_with_path(put, self._lora)
+        self._lora = self._write_slot(self._lora, np.int32(slot), jax.tree_util.tree_map_with_path(put, self._lora))
 
     def _named_slot(self, tree: Any, slot: int) -> dict[str, np.ndarray]:
         self._check_slot(slot)
         rank = self._slots[slot].rank
         out = {}
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            arr = np.asarray(leaf[slot])
+        for path, leaf in jax.tree_util.tree_flatten_with_path(self._take_slot(tree, np.int32(slot)))[0]:
+            arr = np.asarray(leaf)
             out[_leaf_name(path)] = arr[:, :rank] if is_a_leaf(path) else arr[:rank]
         return out
 
@@ -264,9 +322,8 @@ class Engine:
             rank=jnp.int32(cfg.rank),
             trained=jnp.asarray([cfg.train_attn, cfg.train_mlp, cfg.train_unembed], jnp.float32),
         )
-        self._lora, self._grads, self._opt, grad_norm = adamw_slot_step(
-            self._lora, self._grads, self._opt, jnp.int32(slot), hp, shape
-        )
+        lora, grads, opt, grad_norm = adamw_slot_step(self._lora, self._grads, self._opt, jnp.int32(slot), hp, shape)
+        self._lora, self._grads, self._opt = self._put_lora(lora), self._put_lora(grads), self._put_opt(opt)
         return {
             "grad_norm": float(grad_norm),
             "learning_rate": float(adam.learning_rate),
@@ -280,13 +337,8 @@ class Engine:
         if self._stack_cache is not None and self._stack_cache[0] == keys:
             return self._stack_cache[1]
         size = round_up_pow2(len(keys) + 1)
-        snaps = [self._snapshots[k].lora for k in keys]
-
-        def stack(slot_leaf, *leaves):
-            zero = jnp.zeros(slot_leaf.shape[1:], slot_leaf.dtype)
-            return jnp.stack([zero, *leaves] + [zero] * (size - 1 - len(leaves)))
-
-        stacked = jax.tree.map(stack, self._lora, *snaps)
+        snaps = tuple(self._snapshots[k].lora for k in keys)
+        stacked = self._stack(snaps, self._lora, size)
         self._stack_cache = (keys, stacked)
         return stacked
 
@@ -308,7 +360,7 @@ class Engine:
         stack_index = {k: i + 1 for i, k in enumerate(keys)}
         rows: list[tuple[int, int, np.ndarray]] = [(r, j, p) for r, p in valid for j in range(requests[r].num_samples)]
         n = len(rows)
-        b = round_up_pow2(n)
+        b = self._placement.round_rows(round_up_pow2(n))
         plen = round_up_seq_len(max(len(p) for _, _, p in rows))
         max_tokens = [min(requests[r].max_tokens, max_len - len(p)) for r, _, p in rows]
         max_new = round_up_seq_len(max(max_tokens))
@@ -344,16 +396,16 @@ class Engine:
         want_prompt_lp = any(requests[r].include_prompt_logprobs for r, _ in valid)
 
         lora = self._lora_stack(keys)
-        routing = LoraRouting(adapter=jnp.asarray(adapter), scale=jnp.asarray(scale))
-        params = RowParams(
-            temperature=jnp.asarray(temp), top_k=jnp.asarray(top_k), top_p=jnp.asarray(top_p),
-            seed=jnp.asarray(seeds), sample_index=jnp.asarray(sample_index), max_tokens=jnp.asarray(row_max),
-            stop_ids=jnp.asarray(stop_ids),
-        )  # fmt: skip
+        put = self._placement.put_batch
+        routing = put(LoraRouting(adapter=adapter, scale=scale))
+        params = put(RowParams(
+            temperature=temp, top_k=top_k, top_p=top_p, seed=seeds, sample_index=sample_index, max_tokens=row_max,
+            stop_ids=stop_ids,
+        ))  # fmt: skip
         t0 = time.perf_counter()
         state, prompt_lp = self._prefill(
             f"rows={b} prompt={plen} cache={plen + max_new}",
-            lora, self._base, jnp.asarray(prompt), jnp.asarray(prompt_len), routing, params,
+            lora, self._base, put(prompt), put(prompt_len), routing, params,
             cache_len=plen + max_new, max_new=max_new, filtering=filtering, prompt_logprobs=want_prompt_lp,
         )  # fmt: skip
         state = self._decode_all(state, rows, requests, lora, routing, params, filtering, b, plen, max_new, m)
@@ -390,7 +442,7 @@ class Engine:
                 if self._string_cuts:
                     done = np.asarray(state.done).copy()
                     done[list(self._string_cuts)] = True
-                    state = DecodeState(**{**vars(state), "done": jnp.asarray(done)})
+                    state = DecodeState(**{**vars(state), "done": self._placement.put_batch(done)})
             if bool(np.all(np.asarray(state.done))):
                 return state
             steps = STOP_STRING_CHUNK if string_rows else max_new
@@ -408,6 +460,28 @@ class Engine:
             if k is not None:
                 self._string_cuts[i] = k
             checked[i] = int(n_gen[i])
+
+
+def default_dtype() -> Any:
+    """float32 on CPU (faster there than bf16, and exact parity); bfloat16 weights on GPU/TPU."""
+    return jnp.dtype(jnp.float32) if jax.default_backend() == "cpu" else jnp.dtype(jnp.bfloat16)
+
+
+def _weight_dtype(dtype: Any) -> Any:
+    if dtype is None:
+        return default_dtype()
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise ValueError(f"dtype {dtype} is not supported for base weights (float32, bfloat16 or float16)")
+    return dtype
+
+
+def _base_dtype(base: Any) -> Any:
+    """The dtype of the base matrices, read off the embedding (norms are always float32)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(base)[0]:
+        if "embed_tokens" in _leaf_name(path):
+            return leaf.dtype
+    raise ValueError("base state has no embed_tokens")
 
 
 def _leaf_name(path: tuple) -> str:

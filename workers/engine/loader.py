@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,11 @@ from safetensors import safe_open
 
 from .config import ModelConfig
 from .model import CausalLM
+
+from .sharding import Placement
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,7 @@ class LoadedModel:
     graphdef: nnx.GraphDef
     lora: nnx.State  # LoRAParam leaves, adapter axis first
     base: nnx.State  # frozen Param leaves
+    placement: Placement | None = None  # shardings on the mesh, when loaded onto one
 
 
 def resolve_model_path(model_path: str) -> str:
@@ -81,6 +87,13 @@ def _shard_files(path: Path) -> list[Path]:
     return files
 
 
+def _get(tree: dict, path: tuple) -> Any:
+    node = tree
+    for key in path:
+        node = node[key]
+    return node
+
+
 def _set(tree: dict, path: tuple, value: Any) -> Any:
     node = tree
     for key in path[:-1]:
@@ -90,11 +103,33 @@ def _set(tree: dict, path: tuple, value: Any) -> Any:
     return old
 
 
-def load_model(model_dir: str, *, max_adapters: int, max_rank: int, progress: bool = True) -> LoadedModel:
+def load_model(
+    model_dir: str,
+    *,
+    max_adapters: int,
+    max_rank: int,
+    progress: bool = True,
+    dtype: Any = jnp.float32,
+    mesh: "Mesh | None" = None,
+    remat: bool = False,
+) -> LoadedModel:
+    """Read the checkpoint into base state (matrices in `dtype`, norms float32) and zero float32 LoRA state.
+
+    With a `mesh`, the model's shape is checked against it first (ValueError naming the value that does not divide),
+    every tensor goes straight to its sharding as it is read, and the hidden states between layers are pinned to
+    the fsdp batch layout; `LoadedModel.placement` then holds the shardings.
+    """
     path = Path(model_dir)
     hf_config = json.loads((path / "config.json").read_text())
     config = ModelConfig.from_hf(hf_config)
-    abstract = nnx.eval_shape(lambda: CausalLM(config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0)))
+    placement = Placement(mesh, config) if mesh is not None else None
+    act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
+    abstract = nnx.eval_shape(
+        lambda: CausalLM(
+            config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0), param_dtype=dtype, remat=remat,
+            act_sharding=act_sharding,
+        )
+    )  # fmt: skip
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
     missing = {p for p, _ in _flat_paths(pure)}
@@ -115,12 +150,18 @@ def load_model(model_dir: str, *, max_adapters: int, max_rank: int, progress: bo
                     skipped.append(name)
                     continue
                 state_path, transpose = target
-                tensor = st.get_tensor(name).astype(jnp.float32)
+                tensor = st.get_tensor(name)
+                expected = _get(pure, state_path)
+                if tuple(expected.shape[::-1] if transpose else expected.shape) != tuple(tensor.shape):
+                    shape = tuple(tensor.shape[::-1]) if transpose else tuple(tensor.shape)
+                    raise ValueError(f"{name}: checkpoint shape {shape} != model shape {expected.shape}")
+                # Matrices in the model's dtype, norms (1-D) float32, as the abstract model declares them.
+                tensor = tensor.astype(expected.dtype)
                 if transpose:
                     tensor = tensor.T
-                expected = _set(pure, state_path, tensor)
-                if tuple(expected.shape) != tuple(tensor.shape):
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {expected.shape}")
+                if placement is not None:
+                    tensor = jax.device_put(tensor, placement.sharding_of(state_path, tensor.shape))
+                _set(pure, state_path, tensor)
                 missing.discard(state_path)
     bar.close()
     if skipped:
@@ -128,8 +169,12 @@ def load_model(model_dir: str, *, max_adapters: int, max_rank: int, progress: bo
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(map(str, missing))[:3]}")
     nnx.replace_by_pure_dict(base, pure)
-    lora = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), lora)
-    return LoadedModel(config=config, hf_config=hf_config, graphdef=graphdef, lora=lora, base=base)
+    if placement is None:
+        lora = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), lora)
+    else:
+        shardings = placement.param_shardings(lora)
+        lora = jax.tree.map(lambda s, sh: jnp.zeros(s.shape, s.dtype, device=sh), lora, shardings)
+    return LoadedModel(config=config, hf_config=hf_config, graphdef=graphdef, lora=lora, base=base, placement=placement)
 
 
 def _flat_paths(tree: dict, prefix: tuple = ()):

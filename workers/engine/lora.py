@@ -52,13 +52,18 @@ def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting) -
 class LoRALinear(nnx.Module):
     """y = x @ W + scale * (x @ A[slot]) @ B[slot]; W stored [in, out] (HF's weight transposed), no bias."""
 
-    def __init__(self, in_features: int, out_features: int, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs):
-        self.kernel = nnx.Param(jnp.zeros((in_features, out_features), jnp.float32))
+    def __init__(
+        self, in_features: int, out_features: int, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
+        param_dtype=jnp.float32,
+    ):  # fmt: skip
+        # The base kernel in param_dtype (bf16 on accelerators); LoRA A/B always float32.
+        self.kernel = nnx.Param(jnp.zeros((in_features, out_features), param_dtype))
         self.lora_a = nnx.LoRAParam(jnp.zeros((max_adapters, in_features, max_rank), jnp.float32))
         self.lora_b = nnx.LoRAParam(jnp.zeros((max_adapters, max_rank, out_features), jnp.float32))
 
     def __call__(self, x: jax.Array, routing: LoraRouting) -> jax.Array:
-        return x @ self.kernel[...] + lora_delta(x, self.lora_a[...], self.lora_b[...], routing)
+        base = jnp.matmul(x.astype(self.kernel[...].dtype), self.kernel[...], preferred_element_type=jnp.float32)
+        return base + lora_delta(x, self.lora_a[...], self.lora_b[...], routing)
 
 
 def module_kind(path: tuple) -> ModuleKind:

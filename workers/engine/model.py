@@ -1,8 +1,12 @@
 """Dense decoder-only causal LM (Qwen3, Llama 3) in Flax NNX, with multi-LoRA on every linear and an optional KV cache.
 
 Attribute names mirror the Hugging Face module tree (`layers[i].self_attn.q_proj`, `mlp.gate_proj`, ...) so the
-loader maps safetensors names onto NNX state paths mechanically. Everything is float32: on CPU it is faster than
-bf16, and parity with transformers is asserted at 1e-4.
+loader maps safetensors names onto NNX state paths mechanically.
+
+Dtypes: base matrices (linear kernels, the embedding) are stored in `param_dtype` (float32 on CPU, where it is
+faster than bf16 and parity with transformers is asserted at 1e-4; bfloat16 on accelerators). Every matmul casts its
+activation to the weight's dtype and accumulates in float32 (`preferred_element_type`); the residual stream, norms,
+rope, softmax, LoRA parameters and logits stay float32, so with float32 weights nothing is ever cast.
 """
 
 from __future__ import annotations
@@ -24,9 +28,20 @@ class LayerCache(NamedTuple):
     v: jax.Array
 
 
-def empty_cache(config: ModelConfig, batch: int, length: int) -> list[LayerCache]:
+def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32, sharding=None) -> list[LayerCache]:
+    """Zero keys/values; `dtype` is the model's compute dtype (its param_dtype), in which attention reads them."""
     shape = (batch, length, config.num_kv_heads, config.head_dim)
-    return [LayerCache(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(config.num_layers)]
+    zeros = lambda: jnp.zeros(shape, dtype, device=sharding)  # noqa: E731
+    return [LayerCache(zeros(), zeros()) for _ in range(config.num_layers)]
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x @ w with x cast to w's dtype and float32 accumulation/output (a no-op cast for float32 weights)."""
+    return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def _constrain(x: jax.Array, sharding) -> jax.Array:
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
 class RMSNorm(nnx.Module):
@@ -53,10 +68,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
         self.config = config
         h, hd = config.hidden_size, config.head_dim
-        lora = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs)
+        lora = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.q_proj = LoRALinear(h, config.num_heads * hd, **lora)
         self.k_proj = LoRALinear(h, config.num_kv_heads * hd, **lora)
         self.v_proj = LoRALinear(h, config.num_kv_heads * hd, **lora)
@@ -81,6 +96,10 @@ class Attention(nnx.Module):
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # Attention runs in the weights' dtype with float32 accumulation; the cache holds k/v in that same dtype,
+        # so cached decoding sees exactly the values a full forward does.
+        cd = self.q_proj.kernel[...].dtype
+        q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
 
         if cache is None:
             key_positions = positions
@@ -94,18 +113,20 @@ class Attention(nnx.Module):
 
         groups = c.num_heads // c.num_kv_heads
         q = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * (c.head_dim**-0.5)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (c.head_dim**-0.5)
         visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S]
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(scores.dtype).min)
         probs = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, c.num_heads * c.head_dim)
+        probs = probs.astype(cd)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+        out = out.reshape(b, t, c.num_heads * c.head_dim)
         return self.o_proj(out, routing), cache
 
 
 class MLP(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
         h, i = config.hidden_size, config.intermediate_size
-        lora = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs)
+        lora = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.gate_proj = LoRALinear(h, i, **lora)
         self.up_proj = LoRALinear(h, i, **lora)
         self.down_proj = LoRALinear(i, h, **lora)
@@ -115,8 +136,8 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs):
-        kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs)
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, **kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -130,36 +151,73 @@ class DecoderLayer(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    def __init__(self, vocab_size: int, hidden_size: int):
-        self.weight = nnx.Param(jnp.zeros((vocab_size, hidden_size), jnp.float32))
+    def __init__(self, vocab_size: int, hidden_size: int, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.zeros((vocab_size, hidden_size), param_dtype))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        return jnp.take(self.weight[...], tokens, axis=0)
+        return jnp.take(self.weight[...], tokens, axis=0).astype(jnp.float32)
 
 
 class LMHead(nnx.Module):
     """Unembedding with LoRA (train_unembed); reuses the embedding matrix when the checkpoint ties them."""
 
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int):
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, param_dtype=jnp.float32):
         if not config.tie_word_embeddings:
-            self.kernel = nnx.Param(jnp.zeros((config.hidden_size, config.vocab_size), jnp.float32))
+            self.kernel = nnx.Param(jnp.zeros((config.hidden_size, config.vocab_size), param_dtype))
         self.lora_a = nnx.LoRAParam(jnp.zeros((max_adapters, config.hidden_size, max_rank), jnp.float32))
         self.lora_b = nnx.LoRAParam(jnp.zeros((max_adapters, max_rank, config.vocab_size), jnp.float32))
         self.tied = config.tie_word_embeddings
 
     def __call__(self, h: jax.Array, embedding: Embedding, routing: LoraRouting) -> jax.Array:
-        base = h @ embedding.weight[...].T if self.tied else h @ self.kernel[...]
+        base = matmul(h, embedding.weight[...].T) if self.tied else matmul(h, self.kernel[...])
         return base + lora_delta(h, self.lora_a[...], self.lora_b[...], routing)
 
 
+def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing):
+    return layer(x, positions, rope, routing, None)[0]
+
+
+def _remat_layer(layer: DecoderLayer, x, positions, rope, routing):
+    """Gradient checkpointing: keep only the layer's input; recompute the layer in the backward pass.
+
+    A pure `jax.checkpoint` over the layer's split state (the layer is already a traced value inside the step's
+    grad, which `nnx.remat` would try to update in place)."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, positions, rope, routing):
+        return _layer_no_cache(nnx.merge(graphdef, state), x, positions, rope, routing)
+
+    return jax.checkpoint(run)(state, x, positions, rope, routing)
+
+
 class CausalLM(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs):
+    """The decoder. `remat` (gradient checkpointing) and `act_sharding` (the [B, T, H] hidden-state sharding
+    between layers) are static settings, fixed when the engine builds the model."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        max_adapters: int,
+        max_rank: int,
+        rngs: nnx.Rngs,
+        param_dtype=jnp.float32,
+        remat: bool = False,
+        act_sharding=None,
+    ):
         self.config = config
-        kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs)
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.remat = remat
+        self.act_sharding = act_sharding
+        kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, param_dtype)
         self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = LMHead(config, max_adapters=max_adapters, max_rank=max_rank)
+        self.lm_head = LMHead(config, max_adapters=max_adapters, max_rank=max_rank, param_dtype=param_dtype)
+
+    @property
+    def dtype(self):
+        """The compute dtype of matmuls and of the KV cache (the base weights' dtype)."""
+        return self.embed_tokens.weight[...].dtype
 
     def hidden(
         self,
@@ -170,12 +228,17 @@ class CausalLM(nnx.Module):
     ) -> tuple[jax.Array, list[LayerCache] | None]:
         """Final-norm hidden states [B, T, H] (and the updated cache when one is given)."""
         rope = rope_tables(self.config, positions)
-        x = self.embed_tokens(tokens)
+        x = _constrain(self.embed_tokens(tokens), self.act_sharding)
         new_cache = [] if cache is not None else None
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, rope, routing, None if cache is None else cache[i])
-            if new_cache is not None:
+            if cache is None and self.remat:
+                x = _remat_layer(layer, x, positions, rope, routing)
+            elif cache is None:
+                x = _layer_no_cache(layer, x, positions, rope, routing)
+            else:
+                x, layer_cache = layer(x, positions, rope, routing, cache[i])
                 new_cache.append(layer_cache)
+            x = _constrain(x, self.act_sharding)
         return self.norm(x), new_cache
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:

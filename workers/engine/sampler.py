@@ -20,6 +20,7 @@ from flax import nnx
 
 from .lora import LoraRouting
 from .model import LayerCache, empty_cache
+from .sharding import Placement
 
 
 @jax.tree_util.register_dataclass
@@ -82,8 +83,18 @@ def _is_stop(token: jax.Array, p: RowParams) -> jax.Array:
     return jnp.any(token[:, None] == p.stop_ids, axis=-1)
 
 
+def constrain_state(state: DecodeState, placement: Placement) -> DecodeState:
+    """Pin the decode state to its layout (cache rows on fsdp and kv heads on tp, the rest rows on fsdp), so every
+    compiled decode chunk takes and returns the same shardings."""
+    cache_sharding = placement.cache_sharding()
+    cache = [LayerCache(*(jax.lax.with_sharding_constraint(x, cache_sharding) for x in c)) for c in state.cache]
+    rest = placement.constrain_batch({k: v for k, v in vars(state).items() if k != "cache"})
+    return DecodeState(cache=cache, **rest)
+
+
 def prefill(
     graphdef: nnx.GraphDef,
+    placement: Placement,
     lora: Any,
     base: Any,
     prompt: jax.Array,  # int32 [B, P]
@@ -99,7 +110,7 @@ def prefill(
     model = nnx.merge(graphdef, lora, base)
     b, plen = prompt.shape
     positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (b, plen))
-    cache = empty_cache(model.config, b, cache_len)
+    cache = empty_cache(model.config, b, cache_len, model.dtype, placement.cache_sharding())
     h, cache = model.hidden(prompt, positions, routing, cache)
     last = jnp.take_along_axis(h, (prompt_len - 1)[:, None, None], axis=1)  # [B, 1, H]
     logits = model.logits(last, routing)[:, 0]
@@ -119,11 +130,13 @@ def prefill(
     if prompt_logprobs:
         full = jax.nn.log_softmax(model.logits(h, routing), axis=-1)
         prompt_lp = jnp.take_along_axis(full[:, :-1], prompt[:, 1:, None], axis=-1)[..., 0]  # [B, P-1]
-    return state, prompt_lp
+        prompt_lp = placement.constrain_batch(prompt_lp)
+    return constrain_state(state, placement), prompt_lp
 
 
 def decode(
     graphdef: nnx.GraphDef,
+    placement: Placement,
     lora: Any,
     base: Any,
     routing: LoraRouting,
@@ -163,7 +176,7 @@ def decode(
         return (i < steps) & ~jnp.all(s.done)
 
     _, state = jax.lax.while_loop(more, step, (jnp.int32(0), state))
-    return state
+    return constrain_state(state, placement)
 
 
 def seed_words(seed: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from .config import round_up_pow2, round_up_seq_len
 from .jit_cache import AotCache
 from .lora import LoraRouting
 from .losses import LossInputs, token_losses
+from .sharding import Placement
 
 
 @jax.tree_util.register_dataclass
@@ -121,17 +122,24 @@ def _forward(graphdef: nnx.GraphDef, lora: Any, base: Any, batch: TrainBatch):
 
 
 class StepFunctions:
-    """The forward and forward+backward steps, compiled ahead of time once per (batch, seq, k) bucket."""
+    """The forward and forward+backward steps, compiled ahead of time once per (batch, seq, k) bucket.
 
-    def __init__(self, graphdef: nnx.GraphDef):
+    Inputs arrive placed (parameters by their shardings, the batch on fsdp); outputs are pinned to the same
+    layouts, so the donated accumulator keeps its sharding from call to call.
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, placement: Placement):
+        self.placement = placement
+
         def grad_step(lora, base, acc, batch):
             grad_fn = jax.value_and_grad(lambda l: _forward(graphdef, l, base, batch), has_aux=True)
             (_, (target_lp, per_token)), grads = grad_fn(lora)
-            return jax.tree.map(jnp.add, acc, grads), target_lp, per_token
+            acc = placement.constrain_params(jax.tree.map(jnp.add, acc, grads))
+            return acc, *placement.constrain_batch((target_lp, per_token))
 
         def forward_step(lora, base, batch):
             _, (target_lp, per_token) = _forward(graphdef, lora, base, batch)
-            return target_lp, per_token
+            return placement.constrain_batch((target_lp, per_token))
 
         self.grad_step = AotCache("train step", grad_step, donate=("acc",))
         self.forward_step = AotCache("forward step", forward_step)
@@ -155,8 +163,8 @@ def run_rows(
     outputs: list[RowOutput | None] = [None] * len(rows)
     k = max(r.targets.shape[1] for r in rows)
     for idx, batch_rows, seq in plan_micro_batches(rows, token_budget):
-        batch = pack([rows[i] for i in idx], batch_rows, seq, k)
-        batch = jax.tree.map(jnp.asarray, batch)
+        batch = pack([rows[i] for i in idx], steps.placement.round_rows(batch_rows), seq, k)
+        batch = steps.placement.put_batch(batch)
         if any(rows[i].train for i in idx):
             acc, target_lp, per_token = steps.grad(lora, base, acc, batch)
         else:

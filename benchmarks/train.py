@@ -1,0 +1,294 @@
+"""Training throughput: forward_backward tokens/s and optim_step ms of the JAX engine, against a bare jitted JAX
+step doing the same math. Prints one JSON line per figure.
+
+    python -m benchmarks.train [--shape tiny|qwen3-0.6b|qwen3-8b] [--steps N] [--with-sdk]
+
+Shapes: `tiny` is the embedded tiny Qwen3 (make_tiny_model); `qwen3-0.6b` and `qwen3-8b` are random-weight
+checkpoints with Qwen3-0.6B's / Qwen3-8B's exact shapes, written in the Hugging Face layout to a temporary directory
+(float32 on CPU, bfloat16 on accelerators, as the engine stores them). Without --shape: tiny and qwen3-0.6b, plus
+qwen3-8b on a GPU. The batch is 4 rows x 128 tokens of random ids, one LoRA adapter of rank 32 on every module.
+
+The bare baseline is the same model forward (the engine's NNX modules and LoRA) + cross-entropy + gradient w.r.t.
+the LoRA parameters under one jax.jit, fed device-resident arrays: no validation, no bucketing, no accumulator, no
+host transfer of logprobs. `engine_vs_bare_ratio` = engine tokens/s / bare tokens/s. Compile times are reported
+in their own figure, never inside timed steps. MFU (GPU/TPU only) uses the usual 6 * N * tokens / s convention with
+N the base model's matmul parameters (LoRA's own FLOPs and attention's T^2 term left out), over the chip's dense
+bf16 peak.
+
+With --with-sdk each shape is also measured through the Tinker SDK against `tinkerflow up` serving that checkpoint
+(HTTP -> Temporal -> JAX worker), after the in-process engine is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import emit, stats  # noqa: E402
+
+RANK = 32
+ROWS, SEQ = 4, 128
+
+SHAPES = {
+    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
+}  # fmt: skip
+
+# Dense bf16 peak FLOP/s by device kind (substring match).
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+              "TPU v6": 918e12, "TPU v4": 275e12}  # fmt: skip
+
+
+def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
+    """A Qwen3 checkpoint with random weights (std 0.02), one safetensors file per layer plus an index."""
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0, "max_position_embeddings": 40960, "attention_bias": False,
+        "torch_dtype": dtype, "bos_token_id": 0, "eos_token_id": 0, **shape,
+    }  # fmt: skip
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, out / name)
+    np_dtype = np.float32 if dtype == "float32" else __import__("ml_dtypes").bfloat16
+    rng = np.random.default_rng(0)
+    h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    q, kv, hd = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
+
+    def normal(*dims):
+        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np_dtype)
+
+    def ones(n):
+        return np.ones(n, np_dtype)
+
+    weight_map = {}
+
+    def save(tensors: dict, filename: str):
+        save_file(tensors, str(out / filename), metadata={"format": "pt"})
+        weight_map.update({k: filename for k in tensors})
+
+    top = {"model.embed_tokens.weight": normal(v, h), "model.norm.weight": ones(h)}
+    if not shape["tie_word_embeddings"]:
+        top["lm_head.weight"] = normal(v, h)
+    save(top, "model-embed.safetensors")
+    del top
+    for layer in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        save({
+            p + "self_attn.q_proj.weight": normal(q * hd, h), p + "self_attn.k_proj.weight": normal(kv * hd, h),
+            p + "self_attn.v_proj.weight": normal(kv * hd, h), p + "self_attn.o_proj.weight": normal(h, q * hd),
+            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
+            p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
+            p + "mlp.down_proj.weight": normal(h, i),
+            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
+        }, f"model-layer{layer:03d}.safetensors")  # fmt: skip
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return out
+
+
+def matmul_params(shape: dict) -> int:
+    """Base parameters that take part in matmuls: every layer's linears plus the unembedding."""
+    h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    q, kv, hd = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
+    per_layer = h * q * hd * 2 + h * kv * hd * 2 + 3 * h * i
+    return shape["num_hidden_layers"] * per_layer + v * h
+
+
+def batch(vocab: int, rows: int = ROWS, seq: int = SEQ, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab, seq + 1).astype(np.int32) for _ in range(rows)]
+
+
+def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int, mfu_params: int | None) -> dict:
+    from tinkerflow.workers.engine.engine import Engine
+    from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
+
+    t0 = time.perf_counter()
+    engine = Engine.load(str(model_dir), max_lora_adapters=4, max_lora_rank=RANK, progress=False)
+    load_s = time.perf_counter() - t0
+    engine.create_adapter(0, LoraConfig(rank=RANK, seed=0))
+    data = [Datum(tokens=s[:-1], inputs={"target_tokens": s[1:]}) for s in seqs]
+    request = ForwardBackwardInput(slot=0, data=data, loss_fn="cross_entropy")
+    tokens = sum(len(d.tokens) for d in data)
+    common = dict(shape=label, rows=len(seqs), seq=len(data[0].tokens), lora_rank=RANK, dtype=str(engine.dtype))
+
+    def fb():
+        [res] = engine.forward_backward([request])
+        return res
+
+    adam = AdamConfig(learning_rate=1e-4)
+    t0 = time.perf_counter()
+    fb()  # compiles the step for this bucket
+    first_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.optim_step(0, adam)
+    first_opt_s = time.perf_counter() - t0
+    compile_s = sum(engine._steps.grad_step.compile_seconds.values())
+    emit(figure="compile_s", path="engine", **common, train_step_compile_s=round(compile_s, 2),
+         first_forward_backward_s=round(first_s, 2), first_optim_step_s=round(first_opt_s, 2),
+         load_s=round(load_s, 2))  # fmt: skip
+
+    fb_ms, opt_ms = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fb()
+        fb_ms.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        engine.optim_step(0, adam)
+        opt_ms.append((time.perf_counter() - t0) * 1000)
+    engine_tps = tokens / (float(np.median(fb_ms)) / 1000)
+
+    bare_ms, bare_compile_s = bare_step_ms(engine, seqs, steps)
+    bare_tps = tokens / (float(np.median(bare_ms)) / 1000)
+    extra = {}
+    if mfu_params is not None:
+        extra = mfu(mfu_params, engine_tps)
+    emit(figure="forward_backward_tokens_per_s", path="engine", **common, tokens_per_s=round(engine_tps, 1),
+         **stats(fb_ms), **extra)  # fmt: skip
+    emit(figure="forward_backward_tokens_per_s", path="bare_jax", **common, tokens_per_s=round(bare_tps, 1),
+         **stats(bare_ms), compile_s=round(bare_compile_s, 2), **(mfu(mfu_params, bare_tps) if mfu_params else {}))
+    emit(figure="engine_vs_bare_ratio", **common, ratio=round(engine_tps / bare_tps, 3))
+    emit(figure="optim_step_ms", path="engine", **common, **stats(opt_ms))
+    del engine
+    gc.collect()
+    return {"tokens_per_s": engine_tps}
+
+
+def bare_step_ms(engine, seqs: list[np.ndarray], steps: int) -> tuple[list[float], float]:
+    """The same forward + LoRA + cross-entropy + LoRA gradient as one jitted function on device-resident inputs."""
+    from flax import nnx
+
+    from tinkerflow.workers.engine.lora import LoraRouting
+
+    graphdef, base, lora = engine._graphdef, engine._base, engine._lora
+    tokens = jnp.asarray(np.stack([s[:-1] for s in seqs]))
+    targets = jnp.asarray(np.stack([s[1:] for s in seqs]))
+    b, t = tokens.shape
+    routing = LoraRouting(adapter=jnp.zeros((b,), jnp.int32), scale=jnp.full((b,), 1.0, jnp.float32))
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+
+    @jax.jit
+    def step(lora, base, tokens, targets):
+        def loss(lora):
+            model = nnx.merge(graphdef, lora, base)
+            logp = jax.nn.log_softmax(model(tokens, positions, routing), axis=-1)
+            return -jnp.sum(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+        return jax.value_and_grad(loss)(lora)
+
+    t0 = time.perf_counter()
+    compiled = step.lower(lora, base, tokens, targets).compile()
+    compile_s = time.perf_counter() - t0
+    jax.block_until_ready(compiled(lora, base, tokens, targets))  # warm-up
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(lora, base, tokens, targets))
+        out.append((time.perf_counter() - t0) * 1000)
+    return out, compile_s
+
+
+def mfu(params: int, tokens_per_s: float) -> dict:
+    kind = jax.devices()[0].device_kind
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
+    flops = 6 * params * tokens_per_s
+    return {"model_tflops_per_s": round(flops / 1e12, 2), "mfu": round(flops / peak, 4) if peak else None,
+            "flops_convention": "6 * N_base_matmul_params * tokens/s (forward+backward through the frozen base; "
+                                "LoRA and attention T^2 FLOPs excluded)", "peak_flops": peak}  # fmt: skip
+
+
+def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int) -> None:
+    import tinker
+    from tinker import types
+
+    from tinkerflow.cli.launch import launch
+
+    api_key = "tml-bench-key"
+    with tempfile.TemporaryDirectory(prefix="tinkerflow-bench-") as d:
+        stack = launch(Path(d) / "state", api_key=api_key, extra=["--base-model", str(model_dir)])
+        try:
+            service = tinker.ServiceClient(base_url=stack.base_url, api_key=api_key)
+            base_model = service.get_server_capabilities().supported_models[0].model_name
+            training = service.create_lora_training_client(base_model=base_model, rank=RANK).result()
+            data = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1].tolist()),
+                                loss_fn_inputs=dict(target_tokens=s[1:].tolist())) for s in seqs]  # fmt: skip
+            adam = types.AdamParams(learning_rate=1e-4)
+            tokens = sum(len(s) - 1 for s in seqs)
+            t0 = time.perf_counter()
+            training.forward_backward(data, "cross_entropy").result()
+            training.optim_step(adam).result()
+            first_s = time.perf_counter() - t0
+            fb_ms, opt_ms = [], []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                training.forward_backward(data, "cross_entropy").result()
+                fb_ms.append((time.perf_counter() - t0) * 1000)
+                t0 = time.perf_counter()
+                training.optim_step(adam).result()
+                opt_ms.append((time.perf_counter() - t0) * 1000)
+        finally:
+            stack.stop()
+    common = dict(shape=label, rows=len(seqs), seq=len(seqs[0]) - 1, lora_rank=RANK)
+    emit(figure="compile_s", path="sdk", **common, first_forward_backward_and_optim_s=round(first_s, 2))
+    emit(figure="forward_backward_tokens_per_s", path="sdk", **common,
+         tokens_per_s=round(tokens / (float(np.median(fb_ms)) / 1000), 1), **stats(fb_ms))  # fmt: skip
+    emit(figure="optim_step_ms", path="sdk", **common, **stats(opt_ms))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=["tiny", *SHAPES], action="append",
+                        help="repeatable; default: tiny and qwen3-0.6b (+ qwen3-8b on GPU)")
+    parser.add_argument("--steps", type=int, help="timed steps after one warm-up (default 20 tiny, 3 larger)")
+    parser.add_argument("--with-sdk", action="store_true", help="also measure through the SDK against tinkerflow up")
+    parser.add_argument("--workdir", help="where to write checkpoints (default: a temporary directory)")
+    args = parser.parse_args()
+
+    accelerator = jax.default_backend() != "cpu"
+    shapes = args.shape or (["tiny", "qwen3-0.6b"] + (["qwen3-8b"] if jax.default_backend() == "gpu" else []))
+    from tinkerflow.workers.engine.tiny_model import make_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="tinkerflow-train-bench-", dir=args.workdir) as work:
+        work = Path(work)
+        tiny = make_tiny_model(work / "tiny")
+        for label in shapes:
+            if label == "tiny":
+                model_dir, params = tiny, None
+                vocab = json.loads((tiny / "config.json").read_text())["vocab_size"]
+                steps = args.steps or 20
+            else:
+                t0 = time.perf_counter()
+                model_dir = write_random_checkpoint(
+                    work / label, SHAPES[label], "bfloat16" if accelerator else "float32", tiny
+                )
+                emit(figure="checkpoint_write_s", shape=label, seconds=round(time.perf_counter() - t0, 1))
+                params, vocab = matmul_params(SHAPES[label]), SHAPES[label]["vocab_size"]
+                steps = args.steps or 3
+            seqs = batch(vocab)
+            engine_figures(model_dir, label, seqs, steps, params if accelerator else None)
+            if args.with_sdk:
+                sdk_figures(model_dir, label, seqs, steps)
+            if label != "tiny":
+                shutil.rmtree(model_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

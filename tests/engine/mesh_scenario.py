@@ -1,0 +1,123 @@
+"""One training + sampling scenario run on several meshes in a fresh process with N CPU devices.
+
+JAX fixes its device count when the backend starts, so the sharding tests run this file in a subprocess:
+
+    python tests/engine/mesh_scenario.py MODEL_DIR OUT.npz --devices 2 --meshes 1x1,2x1,1x2 [--options ...]
+
+Each mesh ("FSDPxTP") gets its own engine on the same checkpoint; the arrays it produced are saved under
+"<mesh>/<name>" in OUT.npz for the test to compare. `--expect-error FSDPxTP` instead loads on that mesh and prints
+the ValueError (exit 3 when none was raised).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# As the test session's engine (conftest), so a scenario run in-process there is directly comparable.
+MAX_ADAPTERS, MAX_RANK = 4, 8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("out", nargs="?")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--meshes", default="1x1,2x1,1x2")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--expect-error", help="FSDPxTP: first check that loading on this mesh raises ValueError")
+    parser.add_argument("--quick", action="store_true", help="skip the forward-only pass and the seeded samples")
+    args = parser.parse_args()
+
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    assert len(jax.devices()) == args.devices, jax.devices()
+
+    from tinkerflow.workers.engine.engine import Engine
+    from tinkerflow.workers.engine.sharding import MeshConfig
+
+    if args.expect_error:
+        model_dir, mesh = args.expect_error.split(":")
+        fsdp, tp = map(int, mesh.split("x"))
+        try:
+            Engine.load(model_dir, max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False,
+                        mesh=MeshConfig(fsdp=fsdp, tp=tp))  # fmt: skip
+        except ValueError as e:
+            print(f"ValueError: {e}", flush=True)
+        else:
+            sys.exit(3)
+
+    import numpy as np
+
+    results: dict[str, np.ndarray] = {}
+    for spec in args.meshes.split(","):
+        fsdp, tp = map(int, spec.split("x"))
+        engine = Engine.load(
+            args.model_dir, max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False,
+            mesh=MeshConfig(fsdp=fsdp, tp=tp), gradient_checkpointing=args.gradient_checkpointing,
+        )  # fmt: skip
+        assert engine.mesh.shape == {"fsdp": fsdp, "tp": tp}, engine.mesh.shape
+        for name, arr in run(engine, quick=args.quick).items():
+            results[f"{spec}/{name}"] = arr
+    np.savez(args.out, **results)
+
+
+def run(engine, quick: bool = False) -> dict:
+    """Two adapters in one batch, a step, forward again, then greedy and seeded sampling of a snapshot.
+
+    Uses slots 0 and 1 and the snapshot key "mesh-scenario" (dropped at the end)."""
+    import numpy as np
+
+    from tinkerflow.workers.engine.types import (
+        AdamConfig, Datum, ForwardBackwardInput, LoraConfig, SampleInput,
+    )  # fmt: skip
+
+    rng = np.random.default_rng(0)
+    engine.create_adapter(0, LoraConfig(rank=4, seed=1))
+    engine.create_adapter(1, LoraConfig(rank=2, seed=2))
+
+    def ce(slot, lengths, forward_only=False):
+        data = []
+        for n in lengths:
+            s = rng.integers(1, 300, n + 1).astype(np.int32)
+            data.append(Datum(tokens=s[:-1], inputs={"target_tokens": s[1:]}))
+        return ForwardBackwardInput(slot=slot, data=data, loss_fn="cross_entropy", forward_only=forward_only)
+
+    out = {}
+    reqs = [ce(0, [11, 7]), ce(1, [9])]  # three rows: the row bucket (4) splits on fsdp=2
+    res = engine.forward_backward(reqs)
+    out["fb_loss"] = np.array([r.metrics["loss:sum"] for r in res])
+    out["fb_logprobs"] = np.concatenate([o["logprobs"] for r in res for o in r.outputs])
+    for slot in (0, 1):
+        for k, v in engine.accumulated_grads(slot).items():
+            out[f"grad{slot}/{k}"] = v
+    out["grad_norm"] = np.array([engine.optim_step(0, AdamConfig(learning_rate=1e-2, weight_decay=0.1))["grad_norm"]])
+    for k, v in engine.adapter_weights(0).items():
+        out[f"weights0/{k}"] = v
+    if not quick:
+        [after] = engine.forward_backward([ce(0, [13], forward_only=True)])
+        out["after_logprobs"] = after.outputs[0]["logprobs"]
+    engine.snapshot(0, "mesh-scenario")
+    prompt = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
+    requests = [SampleInput(prompt=prompt, max_tokens=8, temperature=0.0, stop_token_ids=[], snapshot="mesh-scenario",
+                            include_prompt_logprobs=True)]  # fmt: skip
+    if not quick:
+        requests.append(SampleInput(prompt=prompt[:4], num_samples=2, max_tokens=6, seed=3, stop_token_ids=[]))
+    results = engine.sample(requests)
+    engine.drop_snapshot("mesh-scenario")
+    greedy = results[0]
+    out["greedy_tokens"] = np.array(greedy.sequences[0].tokens)
+    out["greedy_logprobs"] = np.array(greedy.sequences[0].logprobs)
+    out["prompt_logprobs"] = np.array(greedy.prompt_logprobs[1:])
+    if not quick:
+        out["seeded_tokens"] = np.array([s.tokens for s in results[1].sequences])
+        out["seeded_logprobs"] = np.array([s.logprobs for s in results[1].sequences])
+    return out
+
+
+if __name__ == "__main__":
+    main()

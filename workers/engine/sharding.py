@@ -1,0 +1,153 @@
+"""The device mesh (`fsdp` x `tp`) and where every array of the engine lives on it.
+
+One `MeshConfig` says how many devices go on each axis. Parameters are placed by their role:
+
+* column-parallel linears (q/k/v/gate/up, kernel [in, out]): out on `tp`, in on `fsdp`;
+* row-parallel linears (o/down): in on `tp`, out on `fsdp`;
+* LoRA A [S, in, R] / B [S, R, out] follow their base kernel's in / out sharding, the adapter axis unsharded;
+* the embedding [V, H]: vocab on `tp`, hidden on `fsdp` (the tied unembedding then gives vocab-parallel logits);
+  an untied lm_head kernel [H, V] likewise; norms are replicated.
+
+Batches (every array whose leading dimension is the batch) are sharded on `fsdp`; row buckets are rounded up to a
+multiple of the fsdp size, and padding rows carry no weight. A model whose shape does not divide the mesh (heads,
+kv heads or intermediate size by tp; hidden size by fsdp) is refused at load with a ValueError naming the value.
+On one device every sharding is trivial and nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from .config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+FSDP, TP = "fsdp", "tp"
+_COLUMN = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+_ROW = {"o_proj", "down_proj"}
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Devices per mesh axis; None for fsdp means "every device not used by tp"."""
+
+    fsdp: int | None = None
+    tp: int = 1
+
+    def build(self, devices: list | None = None) -> Mesh:
+        devices = list(jax.devices() if devices is None else devices)
+        if self.tp < 1 or (self.fsdp is not None and self.fsdp < 1):
+            raise ValueError(f"mesh axes must be >= 1, got fsdp={self.fsdp} tp={self.tp}")
+        fsdp = self.fsdp if self.fsdp is not None else len(devices) // self.tp
+        if fsdp < 1 or fsdp * self.tp > len(devices):
+            raise ValueError(f"mesh fsdp={fsdp} x tp={self.tp} needs {max(fsdp, 1) * self.tp} devices, have {len(devices)}")
+        return jax.make_mesh(
+            (fsdp, self.tp), (FSDP, TP), axis_types=(AxisType.Auto, AxisType.Auto), devices=devices[: fsdp * self.tp]
+        )
+
+
+def as_mesh(mesh: Mesh | MeshConfig | None) -> Mesh:
+    """A Mesh from a Mesh, a MeshConfig, or None (all local devices on fsdp, tp=1)."""
+    if isinstance(mesh, Mesh):
+        if set(mesh.axis_names) != {FSDP, TP}:
+            raise ValueError(f"mesh axes must be ({FSDP!r}, {TP!r}), got {mesh.axis_names}")
+        return mesh
+    return (mesh or MeshConfig()).build()
+
+
+def check_divisible(config: ModelConfig, mesh: Mesh) -> None:
+    """Refuse shapes the mesh cannot split evenly, naming the offending value."""
+    fsdp, tp = mesh.shape[FSDP], mesh.shape[TP]
+    checks = [
+        ("num_attention_heads", config.num_heads, "tp", tp),
+        ("num_key_value_heads", config.num_kv_heads, "tp", tp),
+        ("intermediate_size", config.intermediate_size, "tp", tp),
+        ("hidden_size", config.hidden_size, "fsdp", fsdp),
+    ]
+    for name, value, axis, size in checks:
+        if value % size:
+            raise ValueError(f"{name}={value} is not divisible by the mesh's {axis}={size}")
+
+
+def _name(key: Any) -> Any:
+    return getattr(key, "key", getattr(key, "name", key))
+
+
+def param_spec(path: tuple, shape: tuple[int, ...], config: ModelConfig, mesh: Mesh) -> P:
+    """The PartitionSpec of one base (Param) or LoRA (LoRAParam) leaf, from its state path."""
+    names = [_name(k) for k in path if _name(k) != "value"]
+    leaf, owner = names[-1], names[-2] if len(names) > 1 else None
+    tp = mesh.shape[TP]
+    vocab_axis = TP if config.vocab_size % tp == 0 else None
+    if owner in _COLUMN or owner in _ROW:
+        in_axis, out_axis = (FSDP, TP) if owner in _COLUMN else (TP, FSDP)
+    elif owner == "lm_head":
+        in_axis, out_axis = FSDP, vocab_axis
+    elif owner == "embed_tokens":
+        return P(vocab_axis, FSDP)
+    else:  # norms
+        return P(*([None] * len(shape)))
+    if leaf == "kernel":
+        return P(in_axis, out_axis)
+    if leaf == "lora_a":  # [S, in, R]
+        return P(None, in_axis, None)
+    if leaf == "lora_b":  # [S, R, out]
+        return P(None, None, out_axis)
+    raise ValueError(f"no sharding rule for {'.'.join(map(str, names))}")
+
+
+class Placement:
+    """Shardings of the engine's arrays on one mesh, and helpers to put trees there."""
+
+    def __init__(self, mesh: Mesh, config: ModelConfig):
+        check_divisible(config, mesh)
+        self.mesh = mesh
+        self.config = config
+        self.fsdp = mesh.shape[FSDP]
+        self.tp = mesh.shape[TP]
+        self.replicated = NamedSharding(mesh, P())
+        if config.vocab_size % self.tp:
+            log.info("vocab_size=%d is not divisible by tp=%d: the vocabulary axis stays replicated",
+                     config.vocab_size, self.tp)  # fmt: skip
+
+    def sharding_of(self, path: tuple, shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(self.mesh, param_spec(path, shape, self.config, self.mesh))
+
+    def param_shardings(self, tree: Any) -> Any:
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: NamedSharding(self.mesh, param_spec(path, x.shape, self.config, self.mesh)), tree
+        )
+
+    def put_params(self, tree: Any) -> Any:
+        return jax.device_put(tree, self.param_shardings(tree))
+
+    def batch_sharding(self, ndim: int) -> NamedSharding:
+        return NamedSharding(self.mesh, P(FSDP, *([None] * (ndim - 1))))
+
+    def put_batch(self, tree: Any) -> Any:
+        """Every leaf's leading dimension is the batch: shard it on fsdp."""
+        return jax.device_put(tree, jax.tree.map(lambda x: self.batch_sharding(np.ndim(x)), tree))
+
+    def constrain_batch(self, tree: Any) -> Any:
+        """Inside jit: pin batch-leading arrays to the fsdp-sharded layout."""
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.batch_sharding(x.ndim)), tree)
+
+    def cache_sharding(self) -> NamedSharding:
+        """KV cache [B, S, kv_heads, head_dim]: rows on fsdp, heads on tp."""
+        return NamedSharding(self.mesh, P(FSDP, None, TP, None))
+
+    def constrain_params(self, tree: Any) -> Any:
+        return jax.tree.map(jax.lax.with_sharding_constraint, tree, self.param_shardings(tree))
+
+    def put_replicated(self, tree: Any) -> Any:
+        return jax.device_put(tree, self.replicated)
+
+    def round_rows(self, n: int) -> int:
+        """A row count rounded up to a multiple of the fsdp size (so the batch splits evenly)."""
+        return -(-n // self.fsdp) * self.fsdp
