@@ -132,7 +132,7 @@ class EngineActivities:
             self._snapshots.add(p["key"])
             return Outcome(json={})
         if item.kind == "drop_snapshots":
-            keys = sorted(k for k in self._snapshots if k.startswith(p["prefix"]))
+            keys = sorted(p["keys"] if "keys" in p else (k for k in self._snapshots if k.startswith(p["prefix"])))
             for key in keys:
                 self.engine.drop_snapshot(key)
                 self._snapshots.discard(key)

@@ -21,6 +21,9 @@ from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkerInf
 
 MAX_BATCH_ITEMS = 64
 CONTINUE_AS_NEW_EVENTS = 8_000
+# An ephemeral sampler snapshot (save_weights_and_get_sampling_client) is collected once a newer one of the same run
+# exists and it has not been sampled for this long: RL loops make one per step, and none is reused for long.
+EPHEMERAL_SNAPSHOT_IDLE_S = 120.0
 
 KIND_LABELS = {
     "forward_backward": "fwd/bwd",
@@ -46,6 +49,8 @@ class CoordinatorState:
     workers: dict[str, WorkerSlots] = field(default_factory=dict)  # task queue -> worker
     placements: dict[str, list] = field(default_factory=dict)  # model_id -> [task queue, slot]
     snapshots: dict[str, str] = field(default_factory=dict)  # snapshot key -> task queue
+    snapshot_runs: dict[str, str] = field(default_factory=dict)  # ephemeral snapshot key -> model_id it came from
+    snapshot_used: dict[str, float] = field(default_factory=dict)  # snapshot key -> last time routed (epoch s)
     pending: list[WorkItem] = field(default_factory=list)
     dispatched_batches: int = 0
 
@@ -103,6 +108,12 @@ class Coordinator:
     def submit(self, item: WorkItem) -> None:
         self.s.pending.append(item)
         self._changed = True
+
+    @workflow.signal
+    def deliver(self, result: WorkResult) -> None:
+        """Answers to work the coordinator queued for itself (snapshot collection); nothing waits for them."""
+        if not result.outcome.ok:
+            workflow.logger.warning("housekeeping %s failed: %s", result.key, result.outcome.error)
 
     @workflow.query
     def describe(self) -> dict:
@@ -170,25 +181,57 @@ class Coordinator:
                 )
             queue, slot = placed
             if item.kind == "snapshot":
-                self.s.snapshots[item.params["key"]] = queue
+                key = item.params["key"]
+                self._collect_ephemeral_snapshots(item.model_id, newest=key)
+                self.s.snapshots[key] = queue
+                self.s.snapshot_used[key] = workflow.now().timestamp()
+                if ":sample:" in key:
+                    self.s.snapshot_runs[key] = item.model_id
             return queue, _with_slot(item, slot)
         if item.kind == "sample":
             key = item.params.get("snapshot") or ""
             if key:
                 queue = self.s.snapshots.get(key)
                 if queue is None:
-                    raise ApplicationError(f"sampler weights {key!r} are not loaded on any worker (expired or never saved)")
+                    raise ApplicationError(
+                        f"sampler weights {key!r} are not loaded on any worker (collected after "
+                        f"{EPHEMERAL_SNAPSHOT_IDLE_S:g}s unused once a newer snapshot existed, expired, or never saved); "
+                        "save new sampler weights")
+                self.s.snapshot_used[key] = workflow.now().timestamp()
                 return queue, item
             return self._least_busy(), item
+        if item.kind == "drop_snapshots" and "keys" in item.params:  # our own collection, for one worker's queue
+            if item.params["queue"] not in self.s.workers:
+                raise ApplicationError("the worker holding these snapshots is gone (and its snapshots with it)")
+            return item.params["queue"], item
         if item.kind == "drop_snapshots":
             prefix = item.params["prefix"]
             holders = {q for k, q in self.s.snapshots.items() if k.startswith(prefix)}
             for k in [k for k in self.s.snapshots if k.startswith(prefix)]:
-                del self.s.snapshots[k]
+                self._forget_snapshot(k)
             if not holders:
                 raise ApplicationError(f"no snapshots with prefix {prefix}")
             return sorted(holders)[0], item
         raise ApplicationError(f"unknown work kind {item.kind!r}")
+
+    def _collect_ephemeral_snapshots(self, model_id: str, newest: str) -> None:
+        """Queue drops for this run's older ephemeral snapshots that nobody sampled recently."""
+        now = workflow.now().timestamp()
+        stale: dict[str, list[str]] = {}
+        for key, run in self.s.snapshot_runs.items():
+            if run == model_id and key != newest and now - self.s.snapshot_used.get(key, 0.0) > EPHEMERAL_SNAPSHOT_IDLE_S:
+                stale.setdefault(self.s.snapshots[key], []).append(key)
+        for queue, keys in stale.items():
+            for key in keys:
+                self._forget_snapshot(key)
+            self.s.pending.append(WorkItem(
+                key=f"gc-{keys[0]}", requester=workflow.info().workflow_id, kind="drop_snapshots",
+                params={"keys": keys, "queue": queue}))
+
+    def _forget_snapshot(self, key: str) -> None:
+        self.s.snapshots.pop(key, None)
+        self.s.snapshot_runs.pop(key, None)
+        self.s.snapshot_used.pop(key, None)
 
     def _allocate(self, model_id: str) -> tuple[str | None, int]:
         if not self.s.workers:

@@ -12,6 +12,7 @@ import logging
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
@@ -23,6 +24,8 @@ from tinkerflow.workflows.messages import Outcome
 
 router = APIRouter(prefix="/api/v1")
 log = logging.getLogger(__name__)
+# Failures workflows raise because of what the client sent (everything else is the server's problem).
+USER_ERROR_TYPES = {"SeqConflict", "RunClosed", "UnknownSampler", "SessionEnded"}
 
 
 async def _outcome(svc: Services, ref: request_ids.UpdateRef | request_ids.WorkflowRef) -> Outcome:
@@ -46,7 +49,8 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), _
         return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
     except (WorkflowUpdateFailedError, WorkflowFailureError) as e:
         cause = e.cause
-        return JSONResponse({"error": getattr(cause, "message", None) or str(cause or e), "category": "server"})
+        category = "user" if isinstance(cause, ApplicationError) and cause.type in USER_ERROR_TYPES else "server"
+        return JSONResponse({"error": getattr(cause, "message", None) or str(cause or e), "category": category})
     except Exception as e:
         if is_not_found(e):
             raise http_error(404, f"unknown request_id {request_id!r}") from None

@@ -30,7 +30,7 @@ from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from wf_harness import ALL_WORKFLOWS, Tinker, local_temporal, tinker_world
+from wf_harness import ALL_WORKFLOWS, Tinker, body_hash, local_temporal, tinker_world
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,3 +133,33 @@ async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(mon
             await session.signal(SessionWorkflow.heartbeat)
             finished, state = await outcome_within(session.query(SessionWorkflow.describe))
             assert finished and isinstance(state, SessionState) and state.status == "active"
+
+
+async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> None:
+    """An RL loop makes one sampler snapshot per step; the coordinator must not keep them all on the worker."""
+    import tinkerflow.workflows.coordinator as coordinator_module
+    from tinkerflow.workflows.messages import TrainingOp
+
+    monkeypatch.setattr(coordinator_module, "EPHEMERAL_SNAPSHOT_IDLE_S", 1.0)
+    async with local_temporal() as env:
+        worker = Worker(env.client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=ALL_WORKFLOWS,
+                        workflow_runner=UnsandboxedWorkflowRunner())
+        async with worker, tinker_world(env.client) as tinker:
+            sid, _ = await tinker.start_session()
+            _, run = await tinker.ready_run(sid, 1)
+
+            async def save(seq: int) -> None:
+                outcome = await tinker.op(run, TrainingOp(
+                    seq_id=seq, kind="save_weights_for_sampler", body_hash=body_hash("save", seq),
+                    params={"path": None, "sampling_session_seq_id": seq}))
+                assert outcome.ok, outcome.error
+
+            await save(1)
+            await save(2)  # snapshot 1 is not idle yet: both stay
+            assert tinker.engine.of_kind("drop_snapshots") == []
+            await asyncio.sleep(1.5)
+            await save(3)  # now 1 and 2 are idle and older than 3
+            await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 1)
+            dropped = tinker.engine.of_kind("drop_snapshots")[0].params["keys"]
+            assert sorted(dropped) == [names.sampler_id_for(sid, 1), names.sampler_id_for(sid, 2)]
+            assert (await tinker.describe_coordinator())["snapshots"] == 1
