@@ -166,6 +166,11 @@ async def _submit(svc: Services, model_id: str, op: TrainingOp) -> dict:
     try:
         update = await handle.start_update(TrainingRunWorkflow.op, op, id=f"seq-{op.seq_id}-{op.body_hash[:16]}",
                                            wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+        # A validator rejection does not raise here: the handle comes back with its failure already known
+        # (temporalio keeps it in `_known_outcome`). Surface it now, as the HTTP error it is (409 for a reused seq_id).
+        known = getattr(update, "_known_outcome", None)
+        if known is not None and known.HasField("failure"):
+            await update.result()
     except Exception as e:
         raise from_temporal(e, f"training run {model_id!r}") from None
     rid = request_ids.encode(request_ids.UpdateRef(update.workflow_id, update.workflow_run_id or "", update.id))
