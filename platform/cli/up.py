@@ -58,9 +58,8 @@ def child_env(settings: Settings) -> dict[str, str]:
 
 
 class Stack:
-    def __init__(self, settings: Settings, args: argparse.Namespace):
+    def __init__(self, settings: Settings):
         self.settings = settings
-        self.args = args
         self.parts: list[Part] = []
         self.logs = settings.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -68,6 +67,7 @@ class Stack:
 
     def start(self, name: str, cmd: list[str]) -> Part:
         log_path = self.logs / f"{name}.log"
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         out = open(log_path, "ab")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
                                 start_new_session=True)
@@ -92,6 +92,46 @@ class Stack:
                     raise RuntimeError(f"{part.name} not ready after {READY_TIMEOUT_S[part.name]} s; see {part.log_path}")
                 time.sleep(0.1)
         console.print(f"[green]✓[/green] {part.name} ready ({time.monotonic() - t0:.1f} s) · log {part.log_path}")
+
+    # --- the parts, each started in its own process and awaited until ready -------------------------------------
+
+    def start_temporal(self, port: int, ui_port: int, headless: bool) -> Part:
+        address = f"127.0.0.1:{port}"
+        if _port_open(address):
+            raise RuntimeError(f"port {port} is busy: another Temporal (or `tinkerflow up`) is running; stop it, "
+                               "pick --temporal-port, or pass --temporal-address to use it")
+        part = self.start("temporal", temporal_server.command(
+            self.settings.state_dir / "temporal.db", port=port, ui_port=ui_port,
+            namespace=self.settings.temporal_namespace, headless=headless))
+        self.wait_ready(part, lambda: _port_open(address))
+        return part
+
+    def start_worker(self, name: str) -> Part:
+        """`workflow-worker` or `jax-worker`: ready when the process touches its ready file."""
+        (self.ready_dir / name).unlink(missing_ok=True)
+        part = self.start_tinkerflow(name)
+        self.wait_ready(part, lambda: (self.ready_dir / name).exists())
+        return part
+
+    def start_api(self) -> Part:
+        part = self.start_tinkerflow("api")
+        self.wait_ready(part, lambda: _api_ready(self.base_url, self.api_key))
+        return part
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.port}"
+
+    @property
+    def api_key(self) -> str:
+        return self.settings.api_keys[0] if self.settings.api_keys else "tml-local"
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill one part (its whole process group) and forget it: for fault-injection tests."""
+        for part in [p for p in self.parts if p.name == name]:
+            os.killpg(part.proc.pid, sig)
+            part.proc.wait()
+            self.parts.remove(part)
 
     def stop(self) -> None:
         for part in reversed(self.parts):
@@ -128,7 +168,7 @@ def _api_ready(base_url: str, api_key: str) -> bool:
 
 def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    stack = Stack(settings, args)
+    stack = Stack(settings)
     stopping = {"signal": None}
 
     def on_signal(signum, _frame):
@@ -139,23 +179,13 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
     try:
         own_temporal = args.temporal_address is None and "TINKERFLOW_TEMPORAL_ADDRESS" not in os.environ
         if own_temporal:
-            address = f"127.0.0.1:{args.temporal_port}"
-            settings = _replace_address(settings, address)
+            settings = _replace_address(settings, f"127.0.0.1:{args.temporal_port}")
             stack.settings = settings
-            if _port_open(address):
-                raise RuntimeError(f"port {args.temporal_port} is busy: another Temporal (or `tinkerflow up`) is "
-                                   "running; stop it, pick --temporal-port, or pass --temporal-address to use it")
-            part = stack.start("temporal", temporal_server.command(
-                settings.state_dir / "temporal.db", port=args.temporal_port, ui_port=args.ui_port,
-                namespace=settings.temporal_namespace, headless=args.headless))
-            stack.wait_ready(part, lambda: _port_open(address))
-        for name in ("workflow-worker", "jax-worker"):
-            part = stack.start_tinkerflow(name)
-            stack.wait_ready(part, lambda n=name: (stack.ready_dir / n).exists())
-        base_url = f"http://{settings.host}:{settings.port}"
-        part = stack.start_tinkerflow("api")
-        api_key = settings.api_keys[0] if settings.api_keys else "tml-local"
-        stack.wait_ready(part, lambda: _api_ready(base_url, api_key))
+            stack.start_temporal(args.temporal_port, args.ui_port, args.headless)
+        stack.start_worker("workflow-worker")
+        stack.start_worker("jax-worker")
+        stack.start_api()
+        base_url, api_key = stack.base_url, stack.api_key
         console.print(f"[bold]Tinker API[/bold]   {base_url}   (TINKER_BASE_URL={base_url})")
         if own_temporal and not args.headless:
             console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{args.ui_port}/namespaces/"
