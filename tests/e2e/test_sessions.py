@@ -1,0 +1,65 @@
+"""Slots are finite and sessions are leased: a full server says so clearly, and an abandoned session gives its
+slots back after the heartbeat timeout (DESIGN §6)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import tinker
+
+from tinkerflow.cli.launch import launch
+
+pytestmark = pytest.mark.e2e
+
+
+def _raw_session(http: httpx.Client) -> str:
+    """A session that never heartbeats (the SDK would, every 10 s): what a crashed client leaves behind."""
+    return http.post("/api/v1/create_session", json={"tags": ["abandoned"], "user_metadata": {}, "sdk_version": "0.38.0",
+                                                     "type": "create_session"}).json()["session_id"]
+
+
+def _create(http: httpx.Client, session_id: str, n: int, base_model: str) -> dict:
+    created = http.post("/api/v1/create_model", json={
+        "session_id": session_id, "model_seq_id": n, "base_model": base_model, "lora_config": {"rank": 4},
+        "type": "create_model"}).json()
+    for _ in range(40):
+        r = http.post("/api/v1/retrieve_future", json={"request_id": created["request_id"],
+                                                       "allow_metadata_only": False}, timeout=60).json()
+        if r.get("type") != "try_again":
+            return r
+    raise AssertionError("create_model never answered")
+
+
+def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(tmp_path):
+    stack = launch(tmp_path / "state", api_key="tml-slots", extra=["--max-lora-adapters", "2",
+                                                                   "--session-timeout-s", "6"])
+    try:
+        http = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": stack.api_key})
+        model = stack.served_model()
+        abandoned = _raw_session(http)
+        assert _create(http, abandoned, 0, model)["model_id"] == f"{abandoned}:train:0"
+        assert _create(http, abandoned, 1, model)["model_id"] == f"{abandoned}:train:1"
+
+        service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
+        t0 = time.monotonic()
+        with pytest.raises(tinker.RequestFailedError, match="no free LoRA adapter slot"):
+            service.create_lora_training_client(base_model=model, rank=4).result(timeout=60)
+        assert time.monotonic() - t0 < 30  # an answer, not a hang
+
+        # No heartbeats for 6 s: the session ends, closes its runs, and their slots serve the next client.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                training = service.create_lora_training_client(base_model=model, rank=4).result(timeout=60)
+                break
+            except tinker.RequestFailedError:
+                assert time.monotonic() < deadline, "the abandoned session never gave its slots back"
+                time.sleep(1)
+        assert time.monotonic() - t0 >= 5
+        r = http.post("/api/v1/session_heartbeat", json={"session_id": abandoned, "type": "session_heartbeat"})
+        assert r.status_code == 410 and r.json()["detail"]
+        assert training.get_info().model_data.model_name == model
+    finally:
+        stack.stop()
