@@ -76,6 +76,7 @@ class SamplerInfo:
     snapshot: str = ""  # engine snapshot key ("" samples the base model)
     source_model_id: str = ""
     pool: str = "default"
+    owner: str = ""  # the session owner's key hash; only that tenant may sample it
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class TrainingOp:
     body_hash: str
     payload: BlobRef | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    owner: str = ""  # the caller's key hash; must be the run's owner
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ class SessionWorkflow:
         if sampler_id not in self.s.samplers:
             self.s.samplers[sampler_id] = SamplerInfo(
                 sampler_id=sampler_id, base_model=req.base_model, model_path=req.model_path,
-                snapshot=req.model_path, pool=req.pool,
+                snapshot=req.model_path, pool=req.pool, owner=self.s.owner,
             )
             self._publish()
         return self.s.samplers[sampler_id]

@@ -112,6 +112,9 @@ class TrainingRunWorkflow:
     def _validate_op(self, op: TrainingOp) -> None:
         # Rejections here never enter history; the API turns them into HTTP errors (409 for a reused seq_id).
         model_id = self.s.start.model_id
+        if op.owner != self.s.start.owner:
+            # Same answer as for a run that does not exist: another tenant learns nothing about it.
+            raise ApplicationError(f"training run {model_id} does not exist", type="NotOwner")
         if self._closing:
             raise ApplicationError(f"training run {model_id} is closed: {self._closing}", type="RunClosed")
         first = self.s.answered.get(str(op.seq_id))
@@ -187,7 +190,7 @@ class TrainingRunWorkflow:
         self.s.sampler_count += 1
         if sampler_id:
             info = SamplerInfo(sampler_id=sampler_id, base_model=start.base_model, snapshot=key,
-                               source_model_id=start.model_id)
+                               source_model_id=start.model_id, pool=start.pool, owner=start.owner)
             await self._tell_session("sampler_created", info)
             return Outcome(json={"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
         return Outcome(json={"path": key, "type": "save_weights_for_sampler"})

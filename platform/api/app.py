@@ -30,8 +30,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             log.debug("search attributes: %s", e)
         app.state.services = Services(settings=settings, client=temporal,
                                       store=ClaimCheckStore(settings.resolved_store_url),
-                                      registry=ModelRegistry(temporal))
-        if not settings.api_keys:
+                                      registry=ModelRegistry(temporal), api_keys=settings.accepted_api_keys())
+        if not app.state.services.api_keys:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
         yield
 

@@ -19,7 +19,7 @@ def owner(request: Request) -> str:
     case-insensitive) and return the caller's owner id."""
     svc: Services = request.app.state.services
     key = request.headers.get("x-api-key")
-    allowed = svc.settings.api_keys
+    allowed = svc.api_keys
     if allowed:
         if not key:
             raise http_error(401, "missing X-API-Key header; set TINKER_API_KEY to one of the server's keys")

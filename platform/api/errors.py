@@ -25,5 +25,7 @@ def from_temporal(e: Exception, what: str) -> HTTPException:
         message = getattr(cause, "message", None) or str(cause or e)
         if isinstance(cause, ApplicationError) and cause.type == "SeqConflict":
             return http_error(409, message)
+        if isinstance(cause, ApplicationError) and cause.type == "NotOwner":
+            return http_error(404, message)
         return http_error(400, message)
     return http_error(503, f"Temporal could not serve the request on {what}: {e}")

@@ -17,7 +17,7 @@ from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.routes_service import _json
-from tinkerflow.api.routes_training import _run_state
+from tinkerflow.api.routes_training import run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SampleStart, SamplerInfo, SamplerRequest
@@ -40,13 +40,14 @@ def parse_tinker_path(path: str) -> tuple[str, str, str]:
 
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request, svc: Services = Depends(services),
-                                  _: str = Depends(owner)) -> dict:
+                                  who: str = Depends(owner)) -> dict:
     req = CreateSamplingSessionRequest.model_validate(await _json(request))
+    await session_of_caller(svc, req.session_id, who)
     if req.model_path:
         model_id, kind, _name = parse_tinker_path(req.model_path)
         if kind != "sampler_weights":
             raise http_error(400, f"model_path {req.model_path!r}: sampling needs a sampler_weights path, got {kind}")
-        base_model = (await _run_state(svc, model_id)).start.base_model
+        base_model = (await run_of_caller(svc, model_id, who)).start.base_model
     elif req.base_model:
         card = await svc.registry.get(req.base_model)
         if card is None:
@@ -65,7 +66,15 @@ async def create_sampling_session(request: Request, svc: Services = Depends(serv
     return {"sampling_session_id": info.sampler_id, "type": "create_sampling_session"}
 
 
-async def resolve_sampler(svc: Services, sampler_id: str) -> SamplerInfo:
+async def resolve_sampler(svc: Services, sampler_id: str, who: str) -> SamplerInfo:
+    """The sampler, or 404 when it does not exist or belongs to another tenant (the same answer for both)."""
+    info = await _resolve_sampler(svc, sampler_id)
+    if info.owner != who:
+        raise http_error(404, f"sampling session {sampler_id!r} does not exist or has ended")
+    return info
+
+
+async def _resolve_sampler(svc: Services, sampler_id: str) -> SamplerInfo:
     cached = svc.samplers.get(sampler_id)
     if cached is not None:
         return cached
@@ -84,8 +93,8 @@ async def resolve_sampler(svc: Services, sampler_id: str) -> SamplerInfo:
 
 
 @router.get("/samplers/{sampler_id}")
-async def get_sampler(sampler_id: str, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
-    info = await resolve_sampler(svc, sampler_id)
+async def get_sampler(sampler_id: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    info = await resolve_sampler(svc, sampler_id, who)
     out = {"sampler_id": info.sampler_id, "base_model": info.base_model}
     if info.model_path:
         out["model_path"] = info.model_path
@@ -93,12 +102,13 @@ async def get_sampler(sampler_id: str, svc: Services = Depends(services), _: str
 
 
 @router.post("/asample", response_model=None)
-async def asample(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict | JSONResponse:
+async def asample(request: Request, svc: Services = Depends(services),
+                  who: str = Depends(owner)) -> dict | JSONResponse:
     raw = await _json(request)
     req = SampleRequest.model_validate(raw)
     if not req.sampling_session_id:
         raise http_error(400, "asample needs a sampling_session_id (create one with create_sampling_session)")
-    info = await resolve_sampler(svc, req.sampling_session_id)
+    info = await resolve_sampler(svc, req.sampling_session_id, who)
     coordinator = names.coordinator_workflow_id(info.base_model, info.pool)
     queued = await svc.queued_samples(coordinator)
     if queued >= svc.settings.max_queued_samples:

@@ -80,8 +80,13 @@ async def heartbeat(request: Request, svc: Services = Depends(services), _: str 
 
 
 @router.post("/sessions/{session_id}/finish")
-async def finish(session_id: str, request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+async def finish(session_id: str, request: Request, svc: Services = Depends(services),
+                 who: str = Depends(owner)) -> dict:
+    from tinkerflow.api.routes_training import session_of_caller  # routes_training imports this module
+
     body = await _json(request)
+    # Queries answer on closed workflows too: a finished session passes, another tenant's or an unknown one is 404.
+    await session_of_caller(svc, session_id, who)
     reason = (body.get("reason") or {}).get("type", "success")
     detail = body.get("detail")
     try:

@@ -7,6 +7,7 @@ in as a `reject` op: it must consume its seq_id (contract §4.5), and it fails i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -25,7 +26,8 @@ from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.routes_service import _json
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState, TrainingOp
+from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState, SessionState, TrainingOp
+from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 router = APIRouter(prefix="/api/v1")
@@ -51,6 +53,7 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
     rank = lora.rank if lora else 32
     if rank < 1 or rank > svc.settings.max_lora_rank:
         raise http_error(400, f"LoRA rank {rank} is outside 1..{svc.settings.max_lora_rank} (the server's --max-lora-rank)")
+    await session_of_caller(svc, req.session_id, who)
     model_id = names.model_id_for(req.session_id, req.model_seq_id)
     spec = LoraSpec(rank=rank, seed=lora.seed if lora else None,
                     train_attn=lora.train_attn if lora else True, train_mlp=lora.train_mlp if lora else True,
@@ -78,9 +81,9 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
 
 
 @router.post("/get_info")
-async def get_info(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+async def get_info(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     model_id = (await _json(request)).get("model_id", "")
-    state = await _run_state(svc, model_id)
+    state = await run_of_caller(svc, model_id, who)
     card = await svc.registry.get(state.start.base_model)
     base = state.start.base_model
     return {
@@ -92,17 +95,34 @@ async def get_info(request: Request, svc: Services = Depends(services), _: str =
     }
 
 
-async def _run_state(svc: Services, model_id: str) -> RunState:
+async def run_of_caller(svc: Services, model_id: str, who: str) -> RunState:
+    """The run's state, or 404 when it does not exist or belongs to another tenant (the same answer for both)."""
     if not model_id:
         raise http_error(400, "model_id is required")
     try:
-        return await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(TrainingRunWorkflow.describe)
+        state = await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(
+            TrainingRunWorkflow.describe)
     except Exception as e:
         raise from_temporal(e, f"training run {model_id!r}") from None
+    if state.start.owner != who:
+        raise http_error(404, f"training run {model_id!r} does not exist or has ended")
+    return state
+
+
+async def session_of_caller(svc: Services, session_id: str, who: str) -> SessionState:
+    """The session's state, or 404 when it does not exist or belongs to another tenant."""
+    try:
+        state = await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).query(
+            SessionWorkflow.describe)
+    except Exception as e:
+        raise from_temporal(e, f"session {session_id!r}") from None
+    if state.owner != who:
+        raise http_error(404, f"session {session_id!r} does not exist or has ended")
+    return state
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+async def forward_backward(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     body = await request.body()
     if "zstd" in request.headers.get("content-encoding", "").lower():
         try:
@@ -117,11 +137,11 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
     ref = svc.store.put(body, "requests")
     op = TrainingOp(seq_id=msg.seq_id, kind="forward_backward", body_hash=_hash(body), payload=ref)
-    return await _submit(svc, msg.model_id, op)
+    return await _submit(svc, msg.model_id, op, who)
 
 
 @router.post("/optim_step")
-async def optim_step(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+async def optim_step(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     raw = await _json(request)
     req = OptimStepRequest.model_validate(raw)
     params = req.optim_params
@@ -131,29 +151,29 @@ async def optim_step(request: Request, svc: Services = Depends(services), _: str
             "weight_decay": params.weight_decay, "grad_clip_norm": params.grad_clip_norm})
     else:
         op = _reject(req.seq_id or 0, raw, f"optimizer {type(params).__name__} is not supported; use AdamParams")
-    return await _submit(svc, req.model_id, op)
+    return await _submit(svc, req.model_id, op, who)
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, svc: Services = Depends(services),
-                                   _: str = Depends(owner)) -> dict:
+                                   who: str = Depends(owner)) -> dict:
     raw = await _json(request)
     req = SaveWeightsForSamplerRequest.model_validate(raw)
     op = TrainingOp(seq_id=req.seq_id or 0, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
                     params={"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id,
                             "kind": req.kind})
-    return await _submit(svc, req.model_id, op)
+    return await _submit(svc, req.model_id, op, who)
 
 
 @router.post("/save_weights")
 @router.post("/save_weights_external")
 @router.post("/load_weights")
-async def not_yet(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+async def not_yet(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     raw = await _json(request)
     what = request.url.path.rsplit("/", 1)[-1]
     message = f"{what} is not supported by this server yet (training-state checkpoints are on the roadmap)"
     if raw.get("model_id") and raw.get("seq_id") is not None:
-        return await _submit(svc, raw["model_id"], _reject(int(raw["seq_id"]), raw, message))
+        return await _submit(svc, raw["model_id"], _reject(int(raw["seq_id"]), raw, message), who)
     raise http_error(400, message)
 
 
@@ -161,7 +181,9 @@ def _reject(seq_id: int, raw: dict[str, Any], message: str) -> TrainingOp:
     return TrainingOp(seq_id=seq_id, kind="reject", body_hash=_hash(_canonical(raw)), params={"error": message})
 
 
-async def _submit(svc: Services, model_id: str, op: TrainingOp) -> dict:
+async def _submit(svc: Services, model_id: str, op: TrainingOp, who: str) -> dict:
+    # The run's update validator checks the owner: no extra round trip per op for tenant isolation.
+    op = dataclasses.replace(op, owner=who)
     handle = svc.client.get_workflow_handle(names.run_workflow_id(model_id))
     try:
         update = await handle.start_update(TrainingRunWorkflow.op, op, id=f"seq-{op.seq_id}-{op.body_hash[:16]}",

@@ -58,6 +58,7 @@ class Services:
     client: Client
     store: ClaimCheckStore
     registry: ModelRegistry
+    api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
     _depths: dict[str, tuple[float, int]] = field(default_factory=dict)
 
@@ -76,6 +77,6 @@ class Services:
         return cached[1]
 
     def owner_of(self, api_key: str | None) -> str:
-        if not self.settings.api_keys or not api_key:
+        if not self.api_keys or not api_key:
             return ""
         return hashlib.sha256(api_key.encode()).hexdigest()[:16]

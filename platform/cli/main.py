@@ -41,6 +41,7 @@ def _api_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", dest="api_keys", action="append",
                    help="accepted API key, repeatable or comma-separated (env TINKERFLOW_API_KEYS); "
                         "none means any key is accepted, with a warning")
+    p.add_argument("--api-keys-file", help="file of accepted API keys, one per line (env TINKERFLOW_API_KEYS_FILE)")
     p.add_argument("--session-timeout-s", type=float, help="end a session after this long without a heartbeat "
                    "(default 120)")
     p.add_argument("--max-queued-samples", type=int, help="answer asample with HTTP 429 (the SDK backs off and "

@@ -48,6 +48,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_MAX_LORA_ADAPTERS": str(settings.max_lora_adapters),
         "TINKERFLOW_MAX_LORA_RANK": str(settings.max_lora_rank),
         "TINKERFLOW_API_KEYS": ",".join(settings.api_keys),
+        "TINKERFLOW_API_KEYS_FILE": settings.api_keys_file,
         "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
         "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
         "TINKERFLOW_MAX_QUEUED_SAMPLES": str(settings.max_queued_samples),
@@ -124,7 +125,8 @@ class Stack:
 
     @property
     def api_key(self) -> str:
-        return self.settings.api_keys[0] if self.settings.api_keys else "tml-local"
+        keys = self.settings.accepted_api_keys()
+        return keys[0] if keys else "tml-local"
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill one part (its whole process group) and forget it: for fault-injection tests."""

@@ -40,6 +40,8 @@ class Settings:
     api_keys: tuple[str, ...] = field(
         default_factory=lambda: tuple(k for k in _env("API_KEYS", "").split(",") if k.strip())
     )
+    # One key per line ('#' comments allowed); merged with api_keys. Read once when the API starts.
+    api_keys_file: str = field(default_factory=lambda: _env("API_KEYS_FILE", ""))
     session_timeout_s: float = field(default_factory=lambda: float(_env("SESSION_TIMEOUT_S", "120")))
     # asample answers 429 (the SDK backs off and resubmits) while this many samples wait in a coordinator's queue.
     max_queued_samples: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLES", "1024")))
@@ -50,6 +52,15 @@ class Settings:
     @property
     def resolved_store_url(self) -> str:
         return self.store_url or (self.state_dir / "store").as_uri()
+
+    def accepted_api_keys(self) -> tuple[str, ...]:
+        keys = list(self.api_keys)
+        if self.api_keys_file:
+            for line in Path(self.api_keys_file).expanduser().read_text().splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    keys.append(line)
+        return tuple(dict.fromkeys(keys))
 
     @property
     def models_dir(self) -> Path:
