@@ -3,5 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test,parity
+# checkov checks infra/ offline; it gets its own venv because its pins would downgrade packages of ours.
+if [ ! -x .venv-checkov/bin/checkov ]; then
+  "${PYTHON:-python3}" -m venv .venv-checkov
+  .venv-checkov/bin/python -m pip install --quiet "checkov==3.3.30"
+fi
+export CHECKOV="$PWD/.venv-checkov/bin/checkov"
 export HF_HUB_OFFLINE=1 TINKER_TELEMETRY=0
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
