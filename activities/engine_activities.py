@@ -17,12 +17,14 @@ import contextlib
 import contextvars
 import logging
 import threading
+import time
 from collections import OrderedDict
 from itertools import groupby
 
 from temporalio import activity
 
 from tinkerflow.activities import wire
+from tinkerflow.common import metrics
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import AdamConfig, InputError, LoraConfig
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkResult
@@ -57,6 +59,17 @@ def _heartbeats(every_s: float):
         thread.join()
 
 
+def _observe(kind: str, n: int, outcomes: list[Outcome], seconds: float) -> None:
+    metrics.ENGINE_OP_SECONDS.labels(kind).observe(seconds)
+    metrics.BATCH_ITEMS.labels(kind).observe(n)
+    tokens = sum(int((o.json or {}).get("tokens", 0)) for o in outcomes if o.ok)
+    if tokens:
+        metrics.ENGINE_TOKENS.labels(kind).inc(tokens)
+        metrics.ENGINE_TOKENS_PER_S.labels(kind).set(tokens / max(seconds, 1e-9))
+    if kind in ("create_adapter", "free_adapter"):
+        metrics.ADAPTER_SLOTS_USED.inc(sum(1 for o in outcomes if o.ok) * (1 if kind == "create_adapter" else -1))
+
+
 class EngineActivities:
     def __init__(self, engine, store: ClaimCheckStore, deliver=None):
         self.engine = engine
@@ -87,11 +100,13 @@ class EngineActivities:
         for kind, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
             group = list(group)
             progress[0] = f"{group[0].kind} ×{len(group)}"
+            started = time.perf_counter()
             try:
                 outcomes = self._run_group(group[0].kind, group)
             except Exception as e:  # an engine bug must not take the other requests of the batch with it
                 log.exception("engine failed on %s ×%d", group[0].kind, len(group))
                 outcomes = [Outcome.failed(f"engine error in {group[0].kind}: {e}", "server")] * len(group)
+            _observe(group[0].kind, len(group), outcomes, time.perf_counter() - started)
             for item, outcome in zip(group, outcomes):
                 self._remember(item.key, outcome)
                 if self.deliver is not None:
@@ -173,5 +188,6 @@ class EngineActivities:
             if isinstance(res, Exception):
                 outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
             else:
-                outcomes[n] = Outcome(blob=self.store.put(wire.sample_output(res), "results"))
+                generated = sum(len(s.tokens) for s in res.sequences)
+                outcomes[n] = Outcome(blob=self.store.put(wire.sample_output(res), "results"), json={"tokens": generated})
         return outcomes

@@ -14,10 +14,12 @@ import os
 import socket
 import uuid
 
+import prometheus_client
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from tinkerflow.common import metrics
 from tinkerflow.common.models import resolve_base_model
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
@@ -39,6 +41,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.workers.engine.engine import Engine
 
+    if settings.metrics_port:
+        prometheus_client.start_http_server(settings.metrics_port, addr=settings.host)
+        log.info("Prometheus metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+    metrics.ADAPTER_SLOTS_TOTAL.set(settings.max_lora_adapters)
     name, local_path = resolve_base_model(settings)
     client = await connect(settings)
     engine = await asyncio.to_thread(

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from temporalio.client import Client
 
 from tinkerflow.api import routes_futures, routes_sampling, routes_service, routes_training
 from tinkerflow.api.services import ModelRegistry, Services
+from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
@@ -39,6 +42,20 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                   lifespan=lifespan)
     for module in (routes_service, routes_training, routes_sampling, routes_futures):
         app.include_router(module.router)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        name = getattr(route, "path", "unmatched")  # the template, e.g. /api/v1/samplers/{sampler_id}
+        API_REQUESTS.labels(name, str(response.status_code)).inc()
+        API_LATENCY.labels(name).observe(time.perf_counter() - started)
+        return response
 
     # Every error carries a JSON body: the SDK treats an empty 400 as a proxy glitch and retries it.
     @app.exception_handler(ValidationError)

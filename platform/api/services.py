@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from temporalio.client import Client
 
+from tinkerflow.common.metrics import SAMPLING_QUEUE
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workflows.messages import ModelCard, SamplerInfo
@@ -74,6 +75,7 @@ class Services:
                 log.debug("queue depth of %s unknown: %s", coordinator_id, e)
                 depth = 0
             cached = self._depths[coordinator_id] = (now, depth)
+            SAMPLING_QUEUE.labels(coordinator_id.split("/", 1)[-1].rsplit("/", 1)[0]).set(depth)
         return cached[1]
 
     def owner_of(self, api_key: str | None) -> str:

@@ -33,6 +33,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-lora-adapters", type=int, help="LoRA adapter slots on the JAX worker (default 8)")
     p.add_argument("--max-lora-rank", type=int, help="largest LoRA rank a client may ask for (default 32)")
     p.add_argument("--pool", help="name of the worker pool this base model runs on (default 'default')")
+    p.add_argument("--metrics-port", type=int, help="serve the JAX worker's Prometheus /metrics on this port "
+                   "(default 0: off; the API always serves /metrics on its own port)")
 
 
 def _api_flags(p: argparse.ArgumentParser) -> None:
@@ -94,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = Settings().with_args(args)
-    setup_logging(settings.log_level, args.command)
+    setup_logging(settings.log_level, args.command, settings.log_format)
     if args.command == "make-tiny-model":
         from tinkerflow.workers.engine.tiny_model import make_tiny_model
 

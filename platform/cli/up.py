@@ -32,6 +32,7 @@ class Part:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    kind: str = ""  # the command it runs ("jax-worker" for every JAX worker), which sets its ready timeout
 
 
 def child_env(settings: Settings) -> dict[str, str]:
@@ -53,6 +54,8 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
         "TINKERFLOW_MAX_QUEUED_SAMPLES": str(settings.max_queued_samples),
         "TINKERFLOW_LOG_LEVEL": settings.log_level,
+        "TINKERFLOW_LOG_FORMAT": settings.log_format,
+        "TINKERFLOW_METRICS_PORT": str(settings.metrics_port),
         "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
     })
     return env
@@ -66,20 +69,21 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.ready_dir = Path(tempfile.mkdtemp(prefix="tinkerflow-ready-"))
 
-    def start(self, name: str, cmd: list[str]) -> Part:
+    def start(self, name: str, cmd: list[str], kind: str = "") -> Part:
         log_path = self.logs / f"{name}.log"
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         out = open(log_path, "ab")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
                                 start_new_session=True)
-        part = Part(name, proc, log_path)
+        part = Part(name, proc, log_path, kind or name)
         self.parts.append(part)
         return part
 
-    def start_tinkerflow(self, name: str, *extra: str) -> Part:
+    def start_tinkerflow(self, command: str, *extra: str, name: str | None = None) -> Part:
+        name = name or command
         ready = self.ready_dir / name
-        return self.start(name, [sys.executable, "-m", "tinkerflow.cli.main", name, "--ready-file", str(ready),
-                                 *extra])
+        return self.start(name, [sys.executable, "-m", "tinkerflow.cli.main", command, "--ready-file", str(ready),
+                                 *extra], kind=command)
 
     def wait_ready(self, part: Part, check) -> None:
         t0 = time.monotonic()
@@ -89,8 +93,8 @@ class Stack:
                     tail = part.log_path.read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"{part.name} exited with {part.proc.returncode}; its log "
                                        f"({part.log_path}) ends with:\n{tail}")
-                if time.monotonic() - t0 > READY_TIMEOUT_S[part.name]:
-                    raise RuntimeError(f"{part.name} not ready after {READY_TIMEOUT_S[part.name]} s; see {part.log_path}")
+                if time.monotonic() - t0 > READY_TIMEOUT_S[part.kind]:
+                    raise RuntimeError(f"{part.name} not ready after {READY_TIMEOUT_S[part.kind]} s; see {part.log_path}")
                 time.sleep(0.1)
         console.print(f"[green]✓[/green] {part.name} ready ({time.monotonic() - t0:.1f} s) · log {part.log_path}")
 
@@ -107,10 +111,11 @@ class Stack:
         self.wait_ready(part, lambda: _port_open(address))
         return part
 
-    def start_worker(self, name: str) -> Part:
-        """`workflow-worker` or `jax-worker`: ready when the process touches its ready file."""
+    def start_worker(self, command: str, *extra: str, name: str | None = None) -> Part:
+        """`workflow-worker` or `jax-worker` (`name` tells two of a kind apart): ready when it touches its ready file."""
+        name = name or command
         (self.ready_dir / name).unlink(missing_ok=True)
-        part = self.start_tinkerflow(name)
+        part = self.start_tinkerflow(command, *extra, name=name)
         self.wait_ready(part, lambda: (self.ready_dir / name).exists())
         return part
 

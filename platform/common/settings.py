@@ -48,6 +48,9 @@ class Settings:
     # How long retrieve_future holds a poll before answering try_again (the SDK times out at 45 s).
     long_poll_s: float = field(default_factory=lambda: float(_env("LONG_POLL_S", "25")))
     log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO"))
+    log_format: str = field(default_factory=lambda: _env("LOG_FORMAT", "text"))  # text | json
+    # Port of the JAX worker's Prometheus /metrics (0: off). The API serves /metrics on its own port.
+    metrics_port: int = field(default_factory=lambda: int(_env("METRICS_PORT", "0")))
 
     @property
     def resolved_store_url(self) -> str:
@@ -90,3 +93,5 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--store-url", help="claim-check store root: file:///path or gs://bucket/prefix "
                    "(default <state-dir>/store)")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")
+    g.add_argument("--log-format", choices=["text", "json"], help="text for people, json (one object per line) "
+                   "for log pipelines (default text)")
