@@ -35,6 +35,8 @@ def sdk_figures(base_url: str, stack, repeats: int) -> tuple[dict, str]:
     model = service.create_lora_training_client(base_model=stack_model(base_url), rank=8).result()
     tokenizer = model.get_tokenizer()
     sampler = model.save_weights_and_get_sampling_client()
+    if not isinstance(sampler, tinker.SamplingClient):  # newer SDKs hand back a future of the client
+        sampler = sampler.result()
     params = types.SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, stop=[])
 
     def single() -> int:
@@ -75,6 +77,20 @@ def _compiles(log_path) -> int:
     return len(re.findall(r"jit_cache: compiled ", log_path.read_text(errors="replace")))
 
 
+_XLA_COMPILES = [0]
+
+
+def _count_xla_compiles() -> None:
+    """Count every XLA compile in this process (AotCache programs, jitted helpers and eager ops alike)."""
+    import jax
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            _XLA_COMPILES[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+
+
 def engine_figures(model_dir: str, repeats: int) -> dict:
     from transformers import AutoTokenizer
 
@@ -94,16 +110,19 @@ def engine_figures(model_dir: str, repeats: int) -> dict:
             len(v._compiled) for obj in vars(engine).values() for v in getattr(obj, "__dict__", {}).values()
             if hasattr(v, "_compiled"))
 
+    _count_xla_compiles()
+
     out = {}
     for name, (n, k) in (("single_1x1", (1, 1)), ("concurrent_64x4", (64, 4))):
         run(n, k)
-        before = compiled()
+        before, xla_before = compiled(), _XLA_COMPILES[0]
         tokens, t0 = 0, time.perf_counter()
         for _ in range(repeats):
             tokens += run(n, k)
         seconds = time.perf_counter() - t0
         out[name] = {"tokens_per_s": round(tokens / seconds, 1), "tokens": tokens, "seconds": round(seconds, 3),
-                     "compilations_during_timed_part": compiled() - before}
+                     "compilations_during_timed_part": compiled() - before,
+                     "xla_compilations_during_timed_part": _XLA_COMPILES[0] - xla_before}
     return out
 
 

@@ -16,7 +16,8 @@ N the base model's matmul parameters (LoRA's own FLOPs and attention's T^2 term 
 bf16 peak.
 
 With --with-sdk each shape is also measured through the Tinker SDK against `tinkerflow up` serving that checkpoint
-(HTTP -> Temporal -> JAX worker), after the in-process engine is released.
+(HTTP -> Temporal -> JAX worker), after the in-process engine is released; `sdk_vs_engine` then sets the SDK's
+forward_backward tokens/s and optim_step ms beside the engine-alone ones (ratio and per-step overhead).
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: i
     emit(figure="optim_step_ms", path="engine", **common, **stats(opt_ms))
     del engine
     gc.collect()
-    return {"tokens_per_s": engine_tps}
+    return {"tokens_per_s": engine_tps, "optim_step_ms": float(np.median(opt_ms))}
 
 
 def bare_step_ms(engine, seqs: list[np.ndarray], steps: int) -> tuple[list[float], float]:
@@ -215,7 +216,9 @@ def mfu(params: int, tokens_per_s: float) -> dict:
                                 "LoRA and attention T^2 FLOPs excluded)", "peak_flops": peak}  # fmt: skip
 
 
-def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int) -> None:
+def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int, engine: dict) -> None:
+    """The same batch and step through the SDK; `engine` (from engine_figures) gives the in-process figures to
+    set the SDK's beside."""
     import tinker
     from tinker import types
 
@@ -226,7 +229,7 @@ def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int)
         stack = launch(Path(d) / "state", api_key=api_key, extra=["--base-model", str(model_dir)])
         try:
             service = tinker.ServiceClient(base_url=stack.base_url, api_key=api_key)
-            base_model = service.get_server_capabilities().supported_models[0].model_name
+            base_model = stack.served_model()
             training = service.create_lora_training_client(base_model=base_model, rank=RANK).result()
             data = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1].tolist()),
                                 loss_fn_inputs=dict(target_tokens=s[1:].tolist())) for s in seqs]  # fmt: skip
@@ -251,6 +254,11 @@ def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int)
     emit(figure="forward_backward_tokens_per_s", path="sdk", **common,
          tokens_per_s=round(tokens / (float(np.median(fb_ms)) / 1000), 1), **stats(fb_ms))  # fmt: skip
     emit(figure="optim_step_ms", path="sdk", **common, **stats(opt_ms))
+    sdk_tps, sdk_opt = tokens / (float(np.median(fb_ms)) / 1000), float(np.median(opt_ms))
+    emit(figure="sdk_vs_engine", **common, engine_tokens_per_s=round(engine["tokens_per_s"], 1),
+         sdk_tokens_per_s=round(sdk_tps, 1), tokens_per_s_ratio=round(sdk_tps / engine["tokens_per_s"], 3),
+         engine_optim_step_ms=round(engine["optim_step_ms"], 3), sdk_optim_step_ms=round(sdk_opt, 3),
+         optim_step_overhead_ms=round(sdk_opt - engine["optim_step_ms"], 3))  # fmt: skip
 
 
 def main() -> None:
@@ -283,9 +291,9 @@ def main() -> None:
                 params, vocab = matmul_params(SHAPES[label]), SHAPES[label]["vocab_size"]
                 steps = args.steps or 3
             seqs = batch(vocab)
-            engine_figures(model_dir, label, seqs, steps, params if accelerator else None)
+            engine = engine_figures(model_dir, label, seqs, steps, params if accelerator else None)
             if args.with_sdk:
-                sdk_figures(model_dir, label, seqs, steps)
+                sdk_figures(model_dir, label, seqs, steps, engine)
             if label != "tiny":
                 shutil.rmtree(model_dir, ignore_errors=True)
 

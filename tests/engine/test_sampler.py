@@ -1,4 +1,5 @@
-"""Sampling: KV cache == full forward, sampler logprobs == trainer logprobs, seeds, stops, snapshots, validation."""
+"""Sampling: KV cache == full forward, sampler logprobs == trainer logprobs, seeds, stops, snapshots, validation,
+continuous batching (more rows than slots, batch-independent results, no compiles for a steady workload)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ from tinkerflow.workers.engine.types import (
 )  # fmt: skip
 
 PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
+
+
+@pytest.fixture(autouse=True)
+def _small_slot_set(engine):
+    """One slot bucket of 8 rows (not 8, 64, 256): fewer and smaller programs to compile in this module, and
+    requests with more rows than that go through continuous batching."""
+    saved = engine.sample_slots
+    engine.sample_slots = 8
+    yield
+    engine.sample_slots = saved
 
 
 def trainer_logprobs(engine, slot, prompt, completion):
@@ -182,3 +193,89 @@ def test_top_p_and_top_k_restrict_the_support(engine):
     assert tiny_p.sequences[0].tokens == greedy.sequences[0].tokens
     [top3] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=1, top_k=3, num_samples=16, seed=4)])
     assert len({s.tokens[0] for s in top3.sequences}) <= 3
+
+
+def _tokens(res):
+    return [s.tokens for s in res.sequences]
+
+
+def _mixed_requests():
+    rng = np.random.default_rng(11)
+    return [
+        SampleInput(prompt=rng.integers(1, 300, 3 + i % 9).astype(np.int32), num_samples=1 + i % 3,
+                    max_tokens=4 + (7 * i) % 13, seed=100 + i, temperature=[1.0, 0.7, 0.0][i % 3],
+                    top_k=[-1, 5, -1][i % 3], stop_token_ids=[] if i % 2 else None)
+        for i in range(7)
+    ]  # fmt: skip
+
+
+def test_continuous_batching_admits_more_rows_than_slots(engine):
+    reqs = _mixed_requests()
+    alone = [engine.sample([r])[0] for r in reqs]
+    assert engine.sample_slots == 8  # 14 rows through 8 slots: finished rows' slots are refilled
+    together = engine.sample(reqs)
+    assert sum(r.num_samples for r in reqs) > 8
+    for a, b, r in zip(alone, together, reqs):
+        assert len(b.sequences) == r.num_samples
+        assert _tokens(a) == _tokens(b)
+        for sa, sb in zip(a.sequences, b.sequences):
+            assert sa.stop_reason == sb.stop_reason and 1 <= len(sb.tokens) <= r.max_tokens
+            np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=1e-5)
+
+
+def test_seeded_results_do_not_depend_on_batch_composition(engine):
+    probe = SampleInput(prompt=PROMPT, num_samples=3, max_tokens=10, seed=42, top_p=0.9, stop_token_ids=[],
+                        include_prompt_logprobs=True)  # fmt: skip
+    [ref] = engine.sample([probe])
+    for others in (_mixed_requests()[:2], _mixed_requests()):
+        got = engine.sample(others[:1] + [probe] + others[1:])[1]
+        assert _tokens(got) == _tokens(ref)
+        np.testing.assert_allclose(got.prompt_logprobs[1:], ref.prompt_logprobs[1:], atol=1e-5)
+        for a, b in zip(ref.sequences, got.sequences):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def _sampler_compiles(engine) -> int:
+    return engine._sampler.compile_count()
+
+
+def test_a_steady_workload_compiles_nothing_new(engine):
+    def workload(n):
+        return engine.sample([SampleInput(prompt=PROMPT[: 3 + i % 5], num_samples=2, max_tokens=6, seed=i,
+                                          stop_token_ids=[]) for i in range(n)])  # fmt: skip
+
+    engine.sample_slots = 64  # slot buckets 8 and 64
+    workload(1)
+    before = _sampler_compiles(engine)
+    # The same shape family at other batch sizes (other slot buckets), then the first workload again.
+    workload(20)
+    workload(3)
+    first = workload(1)
+    assert _sampler_compiles(engine) == before
+    assert _tokens(workload(1)[0]) == _tokens(first[0])
+    assert _sampler_compiles(engine) == before
+
+
+def test_rows_of_different_snapshots_share_a_batch(engine, trained_snapshot, rng):
+    # A second snapshot with other weights: the batch then stacks two adapters (plus base-model rows).
+    engine.create_adapter(1, LoraConfig(rank=2, seed=8))
+    toks = rng.integers(1, 300, 10).astype(np.int32)
+    engine.forward_backward([ForwardBackwardInput(slot=1, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})],
+                                                  loss_fn="cross_entropy")])  # fmt: skip
+    engine.optim_step(1, AdamConfig(learning_rate=0.05))
+    engine.snapshot(1, "snap2")
+    try:
+        reqs = [SampleInput(prompt=PROMPT, max_tokens=8, num_samples=2, seed=5, snapshot=s, stop_token_ids=[])
+                for s in (trained_snapshot, "snap2", None)]  # fmt: skip
+        alone = [engine.sample([r])[0] for r in reqs]
+        together = engine.sample(reqs)
+        assert len({tuple(a.sequences[0].tokens) for a in alone}) > 1, "snapshots should sample differently"
+        for a, b in zip(alone, together):
+            assert _tokens(a) == _tokens(b)
+            for sa, sb in zip(a.sequences, b.sequences):
+                np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=1e-5)
+        seq = together[1].sequences[0]
+        ref = trainer_logprobs(engine, 1, PROMPT, np.array(seq.tokens))
+        np.testing.assert_allclose(seq.logprobs, ref[len(PROMPT) - 1 :], atol=1e-4)
+    finally:
+        engine.drop_snapshot("snap2")

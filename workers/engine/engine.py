@@ -10,19 +10,17 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import ModelConfig, round_up_pow2, round_up_seq_len
-from .jit_cache import AotCache
+from .config import ModelConfig, round_up_pow2
 from .loader import eos_token_ids, load_model, resolve_model_path
-from .lora import LORA_ALPHA, LoraRouting, init_a, is_a_leaf, module_kind
-from .optimizer import AdamHparams, OptState, SlotShape, adamw_slot_step
-from .sampler import DecodeState, RowParams, decode, first_stop_string_end, prefill, seed_words
+from .lora import LORA_ALPHA, init_a, is_a_leaf, module_kind
+from .optimizer import OptState, adamw_slot_step, pack_hparams
+from .sampler import MIN_STOP_IDS, SampleRow, SlotSampler, seed_words
 from .sharding import Mesh, MeshConfig, Placement, as_mesh
 from .train import Row, StepFunctions, run_rows
 from .types import (
@@ -42,8 +40,6 @@ log = logging.getLogger(__name__)
 
 # Tokens per micro-batch (rows x padded length); gradients are sums, so this only bounds activation memory.
 DEFAULT_MICRO_BATCH_TOKENS = 16384
-# Decode steps between host checks of stop strings (only when some row has stop strings).
-STOP_STRING_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -82,8 +78,7 @@ class Engine:
         self._slots: dict[int, LoraConfig] = {}
         self._snapshots: dict[str, Snapshot] = {}
         self._steps = StepFunctions(self._graphdef, self._placement)
-        self._prefill = AotCache("prefill", partial(prefill, self._graphdef, self._placement))
-        self._decode = AotCache("decode", partial(decode, self._graphdef, self._placement), donate=("state",))
+        self._sampler = SlotSampler(self._graphdef, self._placement, self.config, self.dtype, tokenizer)
         placement = self._placement
 
         # Slot writes as one jitted update of the whole tree (one compile, in place), keeping every sharding.
@@ -104,7 +99,7 @@ class Engine:
         def stack(snaps, like, size):
             def one(slot_leaf, *leaves):
                 zero = jnp.zeros(slot_leaf.shape[1:], slot_leaf.dtype)
-                return jnp.stack([zero, *leaves] + [zero] * (size - 1 - len(leaves)))
+                return jnp.stack([*leaves] + [zero] * (size - len(leaves)))
 
             return placement.constrain_params(jax.tree.map(one, like, *snaps))
 
@@ -317,30 +312,55 @@ class Engine:
         if not (0 <= adam.beta1 < 1 and 0 <= adam.beta2 < 1):
             raise InputError(f"AdamConfig betas must be in [0, 1), got beta1={adam.beta1} beta2={adam.beta2}")
         cfg = self._slots[slot]
-        hp = AdamHparams(*(jnp.float32(v) for v in values))
-        shape = SlotShape(
-            rank=jnp.int32(cfg.rank),
-            trained=jnp.asarray([cfg.train_attn, cfg.train_mlp, cfg.train_unembed], jnp.float32),
+        packed = pack_hparams(values, cfg.rank, (cfg.train_attn, cfg.train_mlp, cfg.train_unembed))
+        # Only the slot's slice is read and written (in place, the state is donated); the outputs keep the
+        # placement's shardings, and the two metrics come back in one small transfer.
+        self._lora, self._grads, self._opt, metrics = adamw_slot_step(
+            self._lora, self._grads, self._opt, np.int32(slot), packed, self._placement
         )
-        lora, grads, opt, grad_norm = adamw_slot_step(self._lora, self._grads, self._opt, jnp.int32(slot), hp, shape)
-        self._lora, self._grads, self._opt = self._put_lora(lora), self._put_lora(grads), self._put_opt(opt)
-        return {
-            "grad_norm": float(grad_norm),
-            "learning_rate": float(adam.learning_rate),
-            "step": float(self._opt.count[slot]),
-        }
+        grad_norm, step = np.asarray(jax.device_get(metrics), np.float64).tolist()
+        return {"grad_norm": grad_norm, "learning_rate": float(adam.learning_rate), "step": step}
 
     # ------------------------------------------------------------------ sampling
 
+    @property
+    def sample_slots(self) -> int:
+        """Decode slots (rows decoded together) at most; smaller row buckets are powers of 8 below it."""
+        return self._sampler.max_slots
+
+    @sample_slots.setter
+    def sample_slots(self, value: int) -> None:
+        self._sampler.max_slots = self._placement.round_rows(int(value))
+
     def _lora_stack(self, keys: tuple[str, ...]) -> Any:
-        """LoRA state with an adapter axis [1 + len(keys) padded to a power of two]; index 0 is the zero adapter."""
+        """The snapshots' LoRA state stacked on a leading axis [len(keys) padded to a power of two, at least 1]."""
         if self._stack_cache is not None and self._stack_cache[0] == keys:
             return self._stack_cache[1]
-        size = round_up_pow2(len(keys) + 1)
+        size = round_up_pow2(len(keys))
         snaps = tuple(self._snapshots[k].lora for k in keys)
         stacked = self._stack(snaps, self._lora, size)
         self._stack_cache = (keys, stacked)
         return stacked
+
+    def warm_up_sampler(
+        self,
+        *,
+        cache_lens: tuple[int, ...] = (128,),
+        prompt_lens: tuple[int, ...] = (16, 32, 64),
+        num_adapters: tuple[int, ...] = (1,),
+        prompt_logprobs: tuple[bool, ...] = (False,),
+    ) -> None:
+        """Compile the sampler's decode chunk and admissions for every slot bucket, ahead of traffic: for each cache
+        length bucket (a power of two >= 128: prompt + max_tokens), prompt bucket (16, 24, 32, 48, 64, ...) and
+        adapter-stack size (distinct snapshots in a batch, a power of two). Default stop lists (<= 8 ids)."""
+        t0 = time.perf_counter()
+        before = self._sampler.compile_count()
+        for n in num_adapters:
+            lora = self._stack((), self._lora, round_up_pow2(n))
+            self._sampler.warm_up(lora, self._base, cache_lens=cache_lens, prompt_lens=prompt_lens,
+                                  stop_width=MIN_STOP_IDS, prompt_logprobs=prompt_logprobs)  # fmt: skip
+        log.info("sampler warm-up: %d programs in %.1fs", self._sampler.compile_count() - before,
+                 time.perf_counter() - t0)  # fmt: skip
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
         results: list[SampleResult | InputError | None] = [None] * len(requests)
@@ -357,109 +377,36 @@ class Engine:
             return results  # type: ignore[return-value]
 
         keys = tuple(dict.fromkeys(requests[r].snapshot for r, _ in valid if requests[r].snapshot is not None))
-        stack_index = {k: i + 1 for i, k in enumerate(keys)}
-        rows: list[tuple[int, int, np.ndarray]] = [(r, j, p) for r, p in valid for j in range(requests[r].num_samples)]
-        n = len(rows)
-        b = self._placement.round_rows(round_up_pow2(n))
-        plen = round_up_seq_len(max(len(p) for _, _, p in rows))
-        max_tokens = [min(requests[r].max_tokens, max_len - len(p)) for r, _, p in rows]
-        max_new = round_up_seq_len(max(max_tokens))
-        stop_lists = [
-            list(self.info.eos_token_ids) if requests[r].stop_token_ids is None else list(requests[r].stop_token_ids)
-            for r, _, _ in rows
-        ]
-        m = round_up_pow2(max(1, *(len(s) for s in stop_lists)), minimum=4)
-
-        prompt = np.zeros((b, plen), np.int32)
-        prompt_len = np.ones((b,), np.int32)
-        adapter = np.zeros((b,), np.int32)
-        scale = np.zeros((b,), np.float32)
-        temp, top_p = np.ones((b,), np.float32), np.ones((b,), np.float32)
-        top_k, sample_index, row_max = np.full((b,), -1, np.int32), np.zeros((b,), np.int32), np.ones((b,), np.int32)
-        seeds = np.zeros((b, 2), np.uint32)
-        stop_ids = np.full((b, m), -1, np.int32)
-        request_seed = {r: (requests[r].seed if requests[r].seed is not None else secrets.randbits(64)) for r, _ in valid}
-        for i, (r, j, p) in enumerate(rows):
+        stack_index = {k: i for i, k in enumerate(keys)}
+        rows: list[SampleRow] = []
+        owner: list[int] = []
+        for r, p in valid:
             req = requests[r]
-            prompt[i, : len(p)] = p
-            prompt_len[i] = len(p)
-            if req.snapshot is not None:
-                adapter[i] = stack_index[req.snapshot]
-                scale[i] = self._snapshots[req.snapshot].scale
-            temp[i], top_k[i], top_p[i] = req.temperature, req.top_k, req.top_p
-            seeds[i] = seed_words(int(request_seed[r]))
-            sample_index[i] = j
-            row_max[i] = max_tokens[i]
-            stop_ids[i, : len(stop_lists[i])] = stop_lists[i]
-        # Padding rows are born done (max_tokens 1) and sample the zero adapter.
-        filtering = any(requests[r].top_k > 0 or requests[r].top_p < 1 for r, _ in valid)
-        want_prompt_lp = any(requests[r].include_prompt_logprobs for r, _ in valid)
+            seed = seed_words(int(req.seed if req.seed is not None else secrets.randbits(64)))
+            stops = list(self.info.eos_token_ids) if req.stop_token_ids is None else list(req.stop_token_ids)
+            snap = self._snapshots[req.snapshot] if req.snapshot is not None else None
+            for j in range(req.num_samples):
+                rows.append(SampleRow(
+                    prompt=p, max_tokens=min(req.max_tokens, max_len - len(p)), temperature=float(req.temperature),
+                    top_k=int(req.top_k), top_p=float(req.top_p), seed=seed, sample_index=j, stop_ids=stops,
+                    adapter=stack_index[req.snapshot] if snap is not None else -1,
+                    scale=snap.scale if snap is not None else 0.0,
+                    prompt_logprobs=bool(req.include_prompt_logprobs) and j == 0,
+                    stop_strings=list(req.stop_strings),
+                ))  # fmt: skip
+                owner.append(r)
 
-        lora = self._lora_stack(keys)
-        put = self._placement.put_batch
-        routing = put(LoraRouting(adapter=adapter, scale=scale))
-        params = put(RowParams(
-            temperature=temp, top_k=top_k, top_p=top_p, seed=seeds, sample_index=sample_index, max_tokens=row_max,
-            stop_ids=stop_ids,
-        ))  # fmt: skip
         t0 = time.perf_counter()
-        state, prompt_lp = self._prefill(
-            f"rows={b} prompt={plen} cache={plen + max_new}",
-            lora, self._base, put(prompt), put(prompt_len), routing, params,
-            cache_len=plen + max_new, max_new=max_new, filtering=filtering, prompt_logprobs=want_prompt_lp,
-        )  # fmt: skip
-        state = self._decode_all(state, rows, requests, lora, routing, params, filtering, b, plen, max_new, m)
-        log.debug("sample: %d rows, %d new tokens max, in %.3fs", n, max_new, time.perf_counter() - t0)
-
-        tokens, logprobs = np.asarray(state.tokens), np.asarray(state.logprobs)
-        n_gen, hit = np.asarray(state.n_gen), np.asarray(state.hit_stop_id)
-        cut = self._string_cuts
-        prompt_lp_host = np.asarray(prompt_lp) if prompt_lp is not None else None
+        outputs = self._sampler.run(rows, self._lora_stack(keys), self._base)
+        log.debug("sample: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
         for r, _ in valid:
             results[r] = SampleResult(sequences=[])
-        for i, (r, _, p) in enumerate(rows):
-            k = int(n_gen[i])
-            reason = "stop" if hit[i] else "length"
-            if i in cut and cut[i] <= k:
-                k, reason = cut[i], "stop"
+        for r, out in zip(owner, outputs):
             res = results[r]
-            res.sequences.append(
-                SampledSequence(tokens=tokens[i, :k].tolist(), logprobs=logprobs[i, :k].tolist(), stop_reason=reason)
-            )
-            if requests[r].include_prompt_logprobs and res.prompt_logprobs is None:
-                res.prompt_logprobs = [None] + prompt_lp_host[i, : len(p) - 1].tolist()
+            res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason))
+            if out.prompt_logprobs is not None:
+                res.prompt_logprobs = [None] + out.prompt_logprobs
         return results  # type: ignore[return-value]
-
-    def _decode_all(self, state: DecodeState, rows, requests, lora, routing, params, filtering, b, plen, max_new, m):
-        """Decode until every row is done; with stop strings, in chunks so finished rows can be cut on the host."""
-        self._string_cuts: dict[int, int] = {}
-        string_rows = [i for i, (r, _, _) in enumerate(rows) if requests[r].stop_strings]
-        label = f"rows={b} cache={plen + max_new}"
-        checked = {i: 0 for i in string_rows}
-        while True:
-            if string_rows:
-                self._cut_stop_strings(state, rows, requests, string_rows, checked)
-                if self._string_cuts:
-                    done = np.asarray(state.done).copy()
-                    done[list(self._string_cuts)] = True
-                    state = DecodeState(**{**vars(state), "done": self._placement.put_batch(done)})
-            if bool(np.all(np.asarray(state.done))):
-                return state
-            steps = STOP_STRING_CHUNK if string_rows else max_new
-            state = self._decode(label, lora, self._base, routing, params, state, jnp.int32(steps), filtering=filtering)
-
-    def _cut_stop_strings(self, state, rows, requests, string_rows, checked) -> None:
-        tokens, n_gen = np.asarray(state.tokens), np.asarray(state.n_gen)
-        for i in string_rows:
-            if i in self._string_cuts or checked[i] >= n_gen[i]:
-                continue
-            r = rows[i][0]
-            seq = tokens[i, : n_gen[i]].tolist()
-            # Decode the whole sequence: a stop string may span tokens of earlier chunks.
-            k = first_stop_string_end(self.tokenizer, seq, requests[r].stop_strings, 0)
-            if k is not None:
-                self._string_cuts[i] = k
-            checked[i] = int(n_gen[i])
 
 
 def default_dtype() -> Any:

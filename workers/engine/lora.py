@@ -41,8 +41,36 @@ class LoraRouting:
     scale: jax.Array  # float32 [B]
 
 
-def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting) -> jax.Array:
+@jax.tree_util.register_dataclass
+@dataclass
+class StackedLoraRouting:
+    """Routing for inference over a small stack of adapters (the sampler's snapshots): every row multiplies by the
+    whole stack with dense matmuls and keeps only its own adapter's part, instead of gathering a per-row copy of
+    A and B ([rows, in, R] per module per step). adapter -1 (or scale 0) is the base model."""
+
+    adapter: jax.Array  # int32 [B]; index into the stack's leading axis, -1 = none
+    scale: jax.Array  # float32 [B]
+
+
+def _stacked_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: StackedLoraRouting) -> jax.Array:
+    n = a.shape[0]
+    keep = routing.adapter[:, None] == jnp.arange(n)[None, :]  # [B, S]
+    scale = routing.scale[:, None, None]
+    if n == 1:  # the common case: one adapter (or none) for the whole batch: two plain matmuls
+        h = jnp.matmul(x, a[0], preferred_element_type=jnp.float32)
+        h = jnp.where(keep[:, :1, None], h * scale, 0.0)
+        return jnp.matmul(h, b[0], preferred_element_type=jnp.float32)
+    h = jnp.einsum("bti,sir->btsr", x, a, preferred_element_type=jnp.float32)
+    h = jnp.where(keep[:, None, :, None], h * scale[..., None], 0.0)  # where, not *: another adapter's inf stays out
+    return jnp.einsum("btsr,sro->bto", h, b, preferred_element_type=jnp.float32)
+
+
+def lora_delta(
+    x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting | StackedLoraRouting
+) -> jax.Array:
     """scale_b * (x_b @ A[slot_b]) @ B[slot_b] for x [B, T, in]."""
+    if isinstance(routing, StackedLoraRouting):
+        return _stacked_delta(x, a, b, routing)
     a_rows = a[routing.adapter]  # [B, in, R]
     b_rows = b[routing.adapter]  # [B, R, out]
     h = jnp.einsum("bti,bir->btr", x, a_rows)

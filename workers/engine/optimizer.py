@@ -1,22 +1,33 @@
 """Per-slot AdamW over the adapter-axis LoRA state, with torch.optim.AdamW semantics.
 
-Moments and the step counter keep the adapter axis; a step slices one slot, runs optax's AdamW on it (bias
-correction, decoupled weight decay lr*wd*p, eps outside the sqrt, exactly torch's update) and writes only that slot
-back, so stepping or decaying one adapter never touches another. Hyper-parameters are traced scalars, so one
-compile serves every learning rate and every slot.
+Moments and the step counter keep the adapter axis; a step slices one slot out of every buffer
+(`lax.dynamic_slice` at a traced slot index), runs optax's AdamW on that slice (bias correction, decoupled weight
+decay lr*wd*p, eps outside the sqrt, exactly torch's update) and writes only that slice back
+(`lax.dynamic_update_slice`), so stepping or decaying one adapter never touches another.
+
+The step is two jitted calls: `adamw_slot_values` only reads (it returns the slot's new weights, moments and
+metrics, all slot-sized), and `write_slot_values` only writes, with the LoRA weights, the gradient accumulator and
+the moments donated, so XLA updates them in place. In one computation XLA fuses the slot reads into the other
+buffers' updates and then copies whole multi-slot buffers to keep their old values alive (the slot's weight update
+reads the moments that the moment update overwrites); split, a step touches one slot's worth of memory.
+Hyper-parameters, the slot, its rank and its trained module groups are traced, so each half compiles once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from .lora import is_a_leaf, module_kind
+
+if TYPE_CHECKING:
+    from .sharding import Placement
 
 _KIND_INDEX = {"attn": 0, "mlp": 1, "unembed": 2}
 
@@ -76,26 +87,80 @@ def clip_by_global_norm_torch(grads: Any, max_norm: jax.Array) -> tuple[Any, jax
     return jax.tree.map(lambda g: g * coef, grads), norm
 
 
-@partial(jax.jit, donate_argnames=("lora", "grads", "opt"))
-def adamw_slot_step(lora: Any, grads: Any, opt: OptState, slot: jax.Array, hp: AdamHparams, shape: SlotShape):
-    """One AdamW step of `slot`; returns (lora, grads with the slot zeroed, opt, grad_norm before clipping)."""
-    take = lambda tree: jax.tree.map(lambda x: x[slot], tree)  # noqa: E731
-    params, g = take(lora), take(grads)
+def take_slot(x: jax.Array, slot: jax.Array) -> jax.Array:
+    """x[slot] for a traced slot: a dynamic_slice of one adapter row (no gather)."""
+    start = (slot,) + (jnp.zeros((), slot.dtype),) * (x.ndim - 1)
+    return jax.lax.dynamic_slice(x, start, (1, *x.shape[1:]))[0]
+
+
+def put_slot(x: jax.Array, slot: jax.Array, value: jax.Array) -> jax.Array:
+    """x.at[slot].set(value) as a dynamic_update_slice, which XLA does in place on a donated buffer."""
+    start = (slot,) + (jnp.zeros((), slot.dtype),) * (x.ndim - 1)
+    return jax.lax.dynamic_update_slice(x, jnp.asarray(value, x.dtype)[None], start)
+
+
+def pack_hparams(values: tuple[float, ...], rank: int, trained: tuple[bool, bool, bool]) -> np.ndarray:
+    """(lr, beta1, beta2, eps, weight_decay, grad_clip_norm), the rank and the three trained flags as one float32
+    vector, so a step's hyper-parameters travel to the device as one small array."""
+    return np.asarray([*values, rank, *trained], np.float32)
+
+
+def unpack_hparams(packed: jax.Array) -> tuple[AdamHparams, SlotShape]:
+    hp = AdamHparams(*(packed[i] for i in range(6)))
+    return hp, SlotShape(rank=packed[6].astype(jnp.int32), trained=packed[7:10])
+
+
+def adamw_slot_math(params: Any, g: Any, mu: Any, nu: Any, count: jax.Array, hp: AdamHparams, shape: SlotShape):
+    """One AdamW step on one slot's slices; returns (params, mu, nu, count, grad_norm before clipping)."""
     masks = slot_masks(params, shape)
     g = jax.tree.map(jnp.multiply, g, masks)
     g, grad_norm = clip_by_global_norm_torch(g, hp.grad_clip_norm)
 
     tx = optax.adamw(hp.learning_rate, b1=hp.beta1, b2=hp.beta2, eps=hp.eps, weight_decay=hp.weight_decay)
-    state = optax.tree_utils.tree_set(tx.init(params), mu=take(opt.mu), nu=take(opt.nu), count=opt.count[slot])
+    state = optax.tree_utils.tree_set(tx.init(params), mu=mu, nu=nu, count=count)
     updates, state = tx.update(g, state, params)
     # Re-mask so out-of-rank columns and untrained groups stay exactly zero whatever the arithmetic did.
     params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
+    get = partial(optax.tree_utils.tree_get, state)
+    return params, get("mu"), get("nu"), get("count"), grad_norm
 
-    put = lambda tree, value: jax.tree.map(lambda x, v: x.at[slot].set(v), tree, value)  # noqa: E731
-    new_opt = OptState(
-        mu=put(opt.mu, optax.tree_utils.tree_get(state, "mu")),
-        nu=put(opt.nu, optax.tree_utils.tree_get(state, "nu")),
-        count=opt.count.at[slot].set(optax.tree_utils.tree_get(state, "count")),
+
+@jax.jit
+def adamw_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, packed: jax.Array):
+    """Read-only half of a step: `slot`'s new weights, mu and nu without the adapter axis, as flat leaf lists in
+    the LoRA tree's order (no pytree nodes to rebuild on the host), its new step count, and metrics float32
+    [grad_norm before clipping, step]. `packed` comes from pack_hparams."""
+    hp, shape = unpack_hparams(packed)
+    take = lambda tree: jax.tree.map(lambda x: take_slot(x, slot), tree)  # noqa: E731
+    params, mu, nu, count, grad_norm = adamw_slot_math(
+        take(lora), take(grads), take(opt.mu), take(opt.nu), take_slot(opt.count, slot), hp, shape
     )
-    grads = jax.tree.map(lambda x: x.at[slot].set(0.0), grads)
-    return put(lora, params), grads, new_opt, grad_norm
+    metrics = jnp.stack([grad_norm.astype(jnp.float32), count.astype(jnp.float32)])
+    return (jax.tree.leaves(params), jax.tree.leaves(mu), jax.tree.leaves(nu)), count, metrics
+
+
+@partial(jax.jit, static_argnames=("placement",), donate_argnames=("lora", "grads", "opt"))
+def write_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, values: tuple[list, list, list],
+                      count: jax.Array, *, placement: "Placement | None" = None):  # fmt: skip
+    """Write-only half: `slot`'s weights, moments (`values` from adamw_slot_values) and step count set and its
+    gradient accumulator zeroed, in place on the donated buffers; with a placement, outputs keep its shardings."""
+
+    def put(tree, leaves):
+        flat, treedef = jax.tree.flatten(tree)
+        return jax.tree.unflatten(treedef, [put_slot(x, slot, v) for x, v in zip(flat, leaves, strict=True)])
+
+    lora, mu, nu = (put(tree, leaves) for tree, leaves in zip((lora, opt.mu, opt.nu), values))
+    grads = jax.tree.map(lambda x: put_slot(x, slot, jnp.zeros(x.shape[1:], x.dtype)), grads)
+    count = put_slot(opt.count, slot, count)
+    if placement is not None:
+        lora, grads, mu, nu = (placement.constrain_params(t) for t in (lora, grads, mu, nu))
+        count = jax.lax.with_sharding_constraint(count, placement.replicated)
+    return lora, grads, OptState(mu=mu, nu=nu, count=count)
+
+
+def adamw_slot_step(lora: Any, grads: Any, opt: OptState, slot: Any, packed: Any, placement: "Placement | None" = None):
+    """One AdamW step of `slot` (lora, grads and opt are donated); returns (lora, grads with the slot zeroed, opt,
+    metrics float32 [grad_norm before clipping, step]) with the metrics still on the device."""
+    values, count, metrics = adamw_slot_values(lora, grads, opt, slot, packed)
+    lora, grads, opt = write_slot_values(lora, grads, opt, slot, values, count, placement=placement)
+    return lora, grads, opt, metrics
