@@ -110,6 +110,11 @@ class Coordinator:
         self._changed = True
 
     @workflow.signal
+    def submit_many(self, items: list[WorkItem]) -> None:
+        self.s.pending.extend(items)
+        self._changed = True
+
+    @workflow.signal
     def deliver(self, result: WorkResult) -> None:
         """Answers to work the coordinator queued for itself (snapshot collection); nothing waits for them."""
         if not result.outcome.ok:

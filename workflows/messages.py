@@ -89,8 +89,10 @@ class SamplerRequest:
 
 @dataclass(frozen=True)
 class SampleStart:
+    """A batch of asample calls on one sampler that arrived together at one API process."""
+
     sampler: SamplerInfo
-    payload: BlobRef
+    payloads: list[BlobRef]
 
 
 @dataclass

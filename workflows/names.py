@@ -32,8 +32,8 @@ def coordinator_workflow_id(base_model: str, pool: str) -> str:
     return f"coordinator/{base_model}/{pool}"
 
 
-def sample_workflow_id(sampler_id: str, seq_id: int, body_hash: str) -> str:
-    return f"sample/{sampler_id}/{seq_id}-{body_hash[:12]}"
+def sample_workflow_id(sampler_id: str, batch_id: str) -> str:
+    return f"sample/{sampler_id}/{batch_id}"
 
 
 def model_id_for(session_id: str, model_seq_id: int) -> str:

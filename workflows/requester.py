@@ -56,3 +56,27 @@ class CoordinatorCalls:
         await workflow.wait_condition(lambda: key in self._answers)
         self._waiting.discard(key)
         return self._answers.pop(key)
+
+    async def call_many(self, coordinator_id: str, kind: str, payloads: list[BlobRef], *, session_id: str = "",
+                        params: dict[str, Any] | None = None) -> list[Outcome]:
+        """Like `call` for many items of one kind, handed over in ONE signal (a batch of sample calls)."""
+        info = workflow.info()
+        keys = []
+        items = []
+        for payload in payloads:
+            self._counter += 1
+            key = f"{info.run_id}-{self._counter}"
+            keys.append(key)
+            self._waiting.add(key)
+            items.append(WorkItem(key=key, requester=info.workflow_id, kind=kind, session_id=session_id,
+                                  payload=payload, params=params or {}))
+        try:
+            await workflow.get_external_workflow_handle(coordinator_id).signal("submit_many", items)
+        except Exception as e:
+            self._waiting.difference_update(keys)
+            failed = Outcome.failed(f"no coordinator {coordinator_id!r} is running: is a JAX worker serving it? ({e})",
+                                    "user")
+            return [failed] * len(keys)
+        await workflow.wait_condition(lambda: all(k in self._answers for k in keys))
+        self._waiting.difference_update(keys)
+        return [self._answers.pop(k) for k in keys]

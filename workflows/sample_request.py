@@ -1,8 +1,10 @@
-"""SampleRequestWorkflow: one short workflow per `asample` call, id `sample/<sampler_id>/<seq_id>-<hash>`.
+"""SampleRequestWorkflow: one short workflow per batch of `asample` calls, id `sample/<sampler_id>/<batch id>`.
 
 RL clients fire hundreds of concurrent samples; funnelling them as updates into one workflow would hit its
-in-flight-update limit (DESIGN §7). A workflow per call scales with Temporal itself; the Coordinator still batches
-them into shared decode passes. Its result outlives it, so the future survives restarts of everything else.
+in-flight-update limit (DESIGN §7). The API coalesces the calls on one sampler that arrive while its previous start
+is in flight into one of these workflows (one start, one signal to the Coordinator, one result), so Temporal work
+per sample shrinks as load grows; the Coordinator batches them into shared decode passes. Its result outlives it,
+so every future survives restarts of everything else.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ class SampleRequestWorkflow:
         self._calls = CoordinatorCalls()
 
     @workflow.run
-    async def run(self, start: SampleStart) -> Outcome:
+    async def run(self, start: SampleStart) -> list[Outcome]:
         sampler = start.sampler
         coordinator = names.coordinator_workflow_id(sampler.base_model, sampler.pool)
-        return await self._calls.call(
-            coordinator, "sample", session_id=names.session_of(sampler.sampler_id), payload=start.payload,
+        workflow.set_current_details(f"{len(start.payloads)} sample call(s) on {sampler.sampler_id}")
+        return await self._calls.call_many(
+            coordinator, "sample", start.payloads, session_id=names.session_of(sampler.sampler_id),
             params={"snapshot": sampler.snapshot, "sampler_id": sampler.sampler_id},
         )
 

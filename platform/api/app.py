@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from tinkerflow.api import routes_futures, routes_sampling, routes_service, routes_training
+from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
 from tinkerflow.common.settings import Settings
@@ -33,7 +34,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             log.debug("search attributes: %s", e)
         app.state.services = Services(settings=settings, client=temporal,
                                       store=ClaimCheckStore(settings.resolved_store_url),
-                                      registry=ModelRegistry(temporal), api_keys=settings.accepted_api_keys())
+                                      registry=ModelRegistry(temporal), api_keys=settings.accepted_api_keys(),
+                                      sample_batcher=SampleBatcher(temporal))
         if not app.state.services.api_keys:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
         yield

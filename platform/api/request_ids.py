@@ -24,6 +24,14 @@ class WorkflowRef:
     workflow_id: str
 
 
+@dataclass(frozen=True)
+class BatchItemRef:
+    """Item `index` of the list a (sample batch) workflow returns."""
+
+    workflow_id: str
+    index: int
+
+
 class BadRequestId(ValueError):
     pass
 
@@ -36,13 +44,15 @@ def _unb64(data: str) -> str:
     return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)).decode()
 
 
-def encode(ref: UpdateRef | WorkflowRef) -> str:
+def encode(ref: UpdateRef | WorkflowRef | BatchItemRef) -> str:
     if isinstance(ref, UpdateRef):
         return "u." + _b64(json.dumps([ref.workflow_id, ref.run_id, ref.update_id]))
+    if isinstance(ref, BatchItemRef):
+        return "b." + _b64(json.dumps([ref.workflow_id, ref.index]))
     return "w." + _b64(ref.workflow_id)
 
 
-def decode(request_id: str) -> UpdateRef | WorkflowRef:
+def decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef:
     try:
         kind, _, payload = request_id.partition(".")
         if kind == "u":
@@ -50,6 +60,9 @@ def decode(request_id: str) -> UpdateRef | WorkflowRef:
             return UpdateRef(str(wf), str(run), str(upd))
         if kind == "w":
             return WorkflowRef(_unb64(payload))
+        if kind == "b":
+            wf, index = json.loads(_unb64(payload))
+            return BatchItemRef(str(wf), int(index))
     except Exception:
         pass
     raise BadRequestId(f"unknown request_id {request_id!r}")

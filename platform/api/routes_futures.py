@@ -28,11 +28,14 @@ log = logging.getLogger(__name__)
 USER_ERROR_TYPES = {"SeqConflict", "RunClosed", "UnknownSampler", "SessionEnded"}
 
 
-async def _outcome(svc: Services, ref: request_ids.UpdateRef | request_ids.WorkflowRef) -> Outcome:
+async def _outcome(svc: Services, ref) -> Outcome:
     if isinstance(ref, request_ids.UpdateRef):
         handle = svc.client.get_workflow_handle(ref.workflow_id, run_id=ref.run_id or None)
         return await handle.get_update_handle(ref.update_id, workflow_run_id=ref.run_id or None,
                                               result_type=Outcome).result()
+    if isinstance(ref, request_ids.BatchItemRef):
+        outcomes = await svc.client.get_workflow_handle(ref.workflow_id, result_type=list[Outcome]).result()
+        return outcomes[ref.index]
     return await svc.client.get_workflow_handle(ref.workflow_id, result_type=Outcome).result()
 
 

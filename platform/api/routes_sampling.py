@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from temporalio.client import WorkflowUpdateStage
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from tinker.types import CreateSamplingSessionRequest, SampleRequest
 
 from tinkerflow.api import request_ids
@@ -20,8 +16,7 @@ from tinkerflow.api.routes_service import _json
 from tinkerflow.api.routes_training import run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import SampleStart, SamplerInfo, SamplerRequest
-from tinkerflow.workflows.sample_request import SampleRequestWorkflow
+from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
 
 router = APIRouter(prefix="/api/v1")
@@ -116,19 +111,13 @@ async def asample(request: Request, svc: Services = Depends(services),
         return JSONResponse(status_code=429, headers={"Retry-After": "1"}, content={
             "detail": f"sampling queue for {info.base_model} is full ({queued} waiting); retry shortly"})
     body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
-    body_hash = hashlib.sha256(body).hexdigest()
     ref = svc.store.put(body, "requests")
-    wf_id = names.sample_workflow_id(info.sampler_id, req.seq_id or 0, body_hash)
     try:
-        await svc.client.start_workflow(
-            SampleRequestWorkflow.run, SampleStart(sampler=info, payload=ref), id=wf_id,
-            task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            # A retry of a finished request must find the first answer, not start a second sample.
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            static_summary=f"sample ×{req.num_samples} from {info.sampler_id}")
-    except WorkflowAlreadyStartedError:
-        svc.store.delete(ref)
+        wf_id, index = await svc.sample_batcher.submit(info, ref)
     except Exception as e:
+        svc.store.delete(ref)
         raise from_temporal(e, f"sampling session {info.sampler_id!r}") from None
-    return {"request_id": request_ids.encode(request_ids.WorkflowRef(wf_id)),
-            "sample_sequence_ids": [f"{wf_id}#{i}" for i in range(req.num_samples)]}
+    # A retried call (same seq_id) may land in another batch and sample again: sampling changes no state, and the
+    # client only ever sees one of the answers.
+    return {"request_id": request_ids.encode(request_ids.BatchItemRef(wf_id, index)),
+            "sample_sequence_ids": [f"{wf_id}#{index}#{i}" for i in range(req.num_samples)]}

@@ -60,6 +60,7 @@ class Services:
     store: ClaimCheckStore
     registry: ModelRegistry
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
+    sample_batcher: "SampleBatcher | None" = None
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
     _depths: dict[str, tuple[float, int]] = field(default_factory=dict)
 

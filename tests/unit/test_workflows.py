@@ -278,11 +278,11 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     sid, _ = await tinker.start_session()
     sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model)
     handle = await tinker.client.start_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=sampler, payload=blob("mem://sample-request/1")),
-        id=names.sample_workflow_id(sampler.sampler_id, 1, body_hash("sample", 1)),
+        SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob("mem://sample-request/1")]),
+        id=names.sample_workflow_id(sampler.sampler_id, body_hash("sample", 1)),
         task_queue=names.WORKFLOW_TASK_QUEUE)
     tinker.started.append(handle)
-    outcome: Outcome = await within(handle.result())
+    [outcome] = await within(handle.result())
 
     [item] = tinker.engine.of_kind("sample")
     assert outcome == tinker.engine.answer(item)
@@ -292,9 +292,9 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     assert item.params == {"snapshot": "", "sampler_id": sampler.sampler_id}
 
     bad = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
-    refused = await within(tinker.client.execute_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=bad, payload=blob("bad:request")),
-        id=names.sample_workflow_id(bad.sampler_id, 1, body_hash("sample", 2)), task_queue=names.WORKFLOW_TASK_QUEUE))
+    [refused] = await within(tinker.client.execute_workflow(
+        SampleRequestWorkflow.run, SampleStart(sampler=bad, payloads=[blob("bad:request")]),
+        id=names.sample_workflow_id(bad.sampler_id, body_hash("sample", 2)), task_queue=names.WORKFLOW_TASK_QUEUE))
     assert not refused.ok and "mock engine refused sample" in refused.error
 
 
@@ -302,9 +302,9 @@ async def test_sample_from_weights_no_worker_holds_fails_fast(tinker: Tinker) ->
     sid, _ = await tinker.start_session()
     sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model,
                           snapshot="tinker://nowhere/sampler_weights/x")
-    outcome: Outcome = await within(tinker.client.execute_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=sampler, payload=blob("mem://r")),
-        id=names.sample_workflow_id(sampler.sampler_id, 1, body_hash("s")), task_queue=names.WORKFLOW_TASK_QUEUE))
+    [outcome] = await within(tinker.client.execute_workflow(
+        SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob("mem://r")]),
+        id=names.sample_workflow_id(sampler.sampler_id, body_hash("s")), task_queue=names.WORKFLOW_TASK_QUEUE))
     assert not outcome.ok and "not loaded on any worker" in outcome.error
     assert tinker.engine.of_kind("sample") == []
 
@@ -321,9 +321,9 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
 
     info: SamplerInfo = await within(session.execute_update(SessionWorkflow.resolve_sampler, sampler_id))
     assert (info.snapshot, info.source_model_id) == (sampler_id, model_id)
-    outcome: Outcome = await within(tinker.client.execute_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=info, payload=blob("mem://r")),
-        id=names.sample_workflow_id(sampler_id, 1, body_hash("s")), task_queue=names.WORKFLOW_TASK_QUEUE))
+    [outcome] = await within(tinker.client.execute_workflow(
+        SampleRequestWorkflow.run, SampleStart(sampler=info, payloads=[blob("mem://r")]),
+        id=names.sample_workflow_id(sampler_id, body_hash("s")), task_queue=names.WORKFLOW_TASK_QUEUE))
     assert outcome.ok and outcome.json["snapshot"] == sampler_id
 
     named = await tinker.op(run, TrainingOp(seq_id=2, kind="save_weights_for_sampler", body_hash=body_hash("named"),

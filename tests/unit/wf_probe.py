@@ -80,8 +80,8 @@ async def continue_as_new_while_busy(tinker: Tinker, spawn) -> dict:
         for _ in range(5):
             n = len(samples)
             samples.append(await tinker.client.start_workflow(
-                SampleRequestWorkflow.run, SampleStart(sampler=sampler, payload=blob(f"mem://s/{n}")),
-                id=names.sample_workflow_id(sampler.sampler_id, n, body_hash("s", n)),
+                SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob(f"mem://s/{n}")]),
+                id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)),
                 task_queue=names.WORKFLOW_TASK_QUEUE))
         await asyncio.sleep(0.2)
         history = (await tinker.coordinator.describe()).history_length
