@@ -12,7 +12,6 @@ import concurrent.futures
 import logging
 import os
 import socket
-import uuid
 
 import prometheus_client
 from temporalio.client import WorkflowHandle
@@ -90,6 +89,3 @@ async def register(client, settings: Settings, info: WorkerInfo) -> WorkflowHand
         static_summary=f"batching for {card.name} on pool {settings.pool}",
     )
 
-
-def new_worker_id() -> str:
-    return uuid.uuid4().hex[:8]

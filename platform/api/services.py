@@ -11,6 +11,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from temporalio.client import Client
 
@@ -18,6 +19,9 @@ from tinkerflow.common.metrics import SAMPLING_QUEUE
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workflows.messages import ModelCard, SamplerInfo
+
+if TYPE_CHECKING:
+    from tinkerflow.api.sample_batches import SampleBatcher
 
 log = logging.getLogger(__name__)
 REGISTRY_TTL_S = 2.0
@@ -60,7 +64,7 @@ class Services:
     store: ClaimCheckStore
     registry: ModelRegistry
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
-    sample_batcher: "SampleBatcher | None" = None
+    sample_batcher: SampleBatcher | None = None
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
     _depths: dict[str, tuple[float, int]] = field(default_factory=dict)
 

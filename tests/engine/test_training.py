@@ -90,7 +90,6 @@ def test_steps_touch_only_their_slot_and_rank(engine, rng):
     engine.create_adapter(0, LoraConfig(rank=2, seed=1, train_mlp=False))
     engine.create_adapter(1, LoraConfig(rank=4, seed=2))
     untouched_before = snapshot_state(engine, 1)
-    slot0_init = engine.adapter_weights(0)
     for _ in range(3):
         engine.forward_backward([ce(0, seqs(rng, 2, 12))])
         metrics = engine.optim_step(0, ADAM)

@@ -7,7 +7,7 @@ import copy
 import pytest
 import yaml
 
-from tests.infra.conftest import K8S, OVERLAYS, by_kind, kubectl, one, pod_specs, render, render_kubectl
+from tests.infra.conftest import K8S, by_kind, kubectl, one, pod_specs, render, render_kubectl
 from tests.infra.kustomize_lite import render as render_lite
 
 kubernetes_validate = pytest.importorskip(

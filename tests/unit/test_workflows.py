@@ -32,7 +32,6 @@ from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import (
     Batch,
     BatchResult,
-    Outcome,
     RunState,
     SamplerInfo,
     SampleStart,
