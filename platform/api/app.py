@@ -52,7 +52,14 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     @app.middleware("http")
     async def observe(request: Request, call_next):
         started = time.perf_counter()
-        response = await call_next(request)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > settings.max_request_bytes:
+            # Refused before the body is read; 413 is not retried by the SDK, so the caller sees this message.
+            response: Response = JSONResponse(status_code=413, content={
+                "detail": f"request body of {int(length):,} bytes is over this server's limit of "
+                          f"{settings.max_request_bytes:,} (--max-request-bytes); send fewer datums per request"})
+        else:
+            response = await call_next(request)
         route = request.scope.get("route")
         name = getattr(route, "path", "unmatched")  # the template, e.g. /api/v1/samplers/{sampler_id}
         API_REQUESTS.labels(name, str(response.status_code)).inc()

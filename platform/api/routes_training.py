@@ -31,7 +31,6 @@ from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 router = APIRouter(prefix="/api/v1")
-MAX_BODY_BYTES = 256 * 1024 * 1024
 
 
 def _hash(data: bytes) -> str:
@@ -126,9 +125,9 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
     body = await request.body()
     if "zstd" in request.headers.get("content-encoding", "").lower():
         try:
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_BODY_BYTES)
+            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=svc.settings.max_request_bytes)
         except zstandard.ZstdError as e:
-            raise http_error(400, f"body is not valid zstd: {e}") from None
+            raise http_error(400, f"body is not valid zstd (or decompresses past --max-request-bytes): {e}") from None
     try:
         msg = parse_forward_backward(body)
     except DecodeError as e:

@@ -46,6 +46,8 @@ def _api_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-keys-file", help="file of accepted API keys, one per line (env TINKERFLOW_API_KEYS_FILE)")
     p.add_argument("--session-timeout-s", type=float, help="end a session after this long without a heartbeat "
                    "(default 120)")
+    p.add_argument("--max-request-bytes", type=int, help="refuse request bodies larger than this with HTTP 413, "
+                   "on the wire and after zstd decompression (default 256 MiB)")
     p.add_argument("--max-queued-samples", type=int, help="answer asample with HTTP 429 (the SDK backs off and "
                    "retries) while this many samples are queued for one base model (default 1024)")
 

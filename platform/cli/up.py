@@ -53,6 +53,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
         "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
         "TINKERFLOW_MAX_QUEUED_SAMPLES": str(settings.max_queued_samples),
+        "TINKERFLOW_MAX_REQUEST_BYTES": str(settings.max_request_bytes),
         "TINKERFLOW_LOG_LEVEL": settings.log_level,
         "TINKERFLOW_LOG_FORMAT": settings.log_format,
         "TINKERFLOW_METRICS_PORT": str(settings.metrics_port),

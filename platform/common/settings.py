@@ -45,6 +45,8 @@ class Settings:
     session_timeout_s: float = field(default_factory=lambda: float(_env("SESSION_TIMEOUT_S", "120")))
     # asample answers 429 (the SDK backs off and resubmits) while this many samples wait in a coordinator's queue.
     max_queued_samples: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLES", "1024")))
+    # Bodies larger than this (on the wire, and after zstd decompression) are refused with HTTP 413.
+    max_request_bytes: int = field(default_factory=lambda: int(_env("MAX_REQUEST_BYTES", str(256 * 1024 * 1024))))
     # How long retrieve_future holds a poll before answering try_again (the SDK times out at 45 s).
     long_poll_s: float = field(default_factory=lambda: float(_env("LONG_POLL_S", "25")))
     log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO"))

@@ -14,7 +14,8 @@ API_KEY = "tml-e2e-key"
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> RunningStack:
-    s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY)
+    # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
+    s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY, extra=["--max-request-bytes", "4000000"])
     yield s
     s.stop()
 
