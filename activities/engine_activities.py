@@ -155,39 +155,41 @@ class EngineActivities:
         return Outcome.failed(f"unknown work kind {item.kind!r}", "server")
 
     def _forward_backward(self, items: list[WorkItem]) -> list[Outcome]:
+        def decode(item: WorkItem):
+            return wire.forward_backward_input(wire.parse_forward_backward(self.store.get(item.payload)), item.slot)
+
+        def encode(inp, res) -> Outcome:
+            tokens = sum(len(d.tokens) for d in inp.data)
+            return Outcome(blob=self.store.put(wire.forward_backward_output(res), "results"),
+                           json={"loss": float(res.metrics.get("loss:sum", 0.0)), "tokens": tokens})
+
+        return self._one_engine_call(items, decode, self.engine.forward_backward, encode)
+
+    def _sample(self, items: list[WorkItem]) -> list[Outcome]:
+        def decode(item: WorkItem):
+            return wire.sample_input(self.store.get(item.payload), item.params.get("snapshot"))
+
+        def encode(_inp, res) -> Outcome:
+            return Outcome(blob=self.store.put(wire.sample_output(res), "results"),
+                           json={"tokens": sum(len(s.tokens) for s in res.sequences)})
+
+        return self._one_engine_call(items, decode, self.engine.sample, encode)
+
+    @staticmethod
+    def _one_engine_call(items: list[WorkItem], decode, run, encode) -> list[Outcome]:
+        """Decode each item (a bad one fails alone), run the rest in ONE engine call, encode each answer."""
         outcomes: list[Outcome | None] = [None] * len(items)
         inputs, positions = [], []
         for n, item in enumerate(items):
             try:
-                msg = wire.parse_forward_backward(self.store.get(item.payload))
-                inputs.append(wire.forward_backward_input(msg, item.slot))
+                inputs.append(decode(item))
                 positions.append(n)
             except InputError as e:
                 outcomes[n] = Outcome.failed(str(e), "user")
-        results = self.engine.forward_backward(inputs) if inputs else []
+        results = run(inputs) if inputs else []
         for n, inp, res in zip(positions, inputs, results):
             if isinstance(res, Exception):
                 outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
-                continue
-            ref = self.store.put(wire.forward_backward_output(res), "results")
-            tokens = sum(len(d.tokens) for d in inp.data)
-            outcomes[n] = Outcome(blob=ref, json={"loss": float(res.metrics.get("loss:sum", 0.0)), "tokens": tokens})
-        return outcomes
-
-    def _sample(self, items: list[WorkItem]) -> list[Outcome]:
-        outcomes: list[Outcome | None] = [None] * len(items)
-        inputs, positions = [], []
-        for n, item in enumerate(items):
-            try:
-                inputs.append(wire.sample_input(self.store.get(item.payload), item.params.get("snapshot")))
-                positions.append(n)
-            except InputError as e:
-                outcomes[n] = Outcome.failed(str(e), "user")
-        results = self.engine.sample(inputs) if inputs else []
-        for n, res in zip(positions, results):
-            if isinstance(res, Exception):
-                outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
             else:
-                generated = sum(len(s.tokens) for s in res.sequences)
-                outcomes[n] = Outcome(blob=self.store.put(wire.sample_output(res), "results"), json={"tokens": generated})
+                outcomes[n] = encode(inp, res)
         return outcomes

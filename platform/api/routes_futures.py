@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import http_error, is_not_found
-from tinkerflow.api.routes_service import _json
+from tinkerflow.api.lookups import json_body
 from tinkerflow.api.services import Services
 from tinkerflow.common.store import StoreError
 from tinkerflow.workflows.messages import Outcome
@@ -41,7 +41,7 @@ async def _outcome(svc: Services, ref) -> Outcome:
 
 @router.post("/retrieve_future")
 async def retrieve_future(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> Response:
-    request_id = (await _json(request)).get("request_id", "")
+    request_id = (await json_body(request)).get("request_id", "")
     try:
         ref = request_ids.decode(request_id)
     except request_ids.BadRequestId as e:

@@ -12,8 +12,7 @@ from tinker.types import CreateSamplingSessionRequest, SampleRequest
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
-from tinkerflow.api.routes_service import _json
-from tinkerflow.api.routes_training import run_of_caller, session_of_caller
+from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest
@@ -36,7 +35,7 @@ def parse_tinker_path(path: str) -> tuple[str, str, str]:
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request, svc: Services = Depends(services),
                                   who: str = Depends(owner)) -> dict:
-    req = CreateSamplingSessionRequest.model_validate(await _json(request))
+    req = CreateSamplingSessionRequest.model_validate(await json_body(request))
     await session_of_caller(svc, req.session_id, who)
     if req.model_path:
         model_id, kind, _name = parse_tinker_path(req.model_path)
@@ -99,7 +98,7 @@ async def get_sampler(sampler_id: str, svc: Services = Depends(services), who: s
 @router.post("/asample", response_model=None)
 async def asample(request: Request, svc: Services = Depends(services),
                   who: str = Depends(owner)) -> dict | JSONResponse:
-    raw = await _json(request)
+    raw = await json_body(request)
     req = SampleRequest.model_validate(raw)
     if not req.sampling_session_id:
         raise http_error(400, "asample needs a sampling_session_id (create one with create_sampling_session)")

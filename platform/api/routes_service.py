@@ -11,6 +11,7 @@ from tinker.types import CreateSessionRequest
 
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error, is_not_found
+from tinkerflow.api.lookups import json_body, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SessionStart
@@ -51,7 +52,7 @@ async def capabilities(svc: Services = Depends(services), _: str = Depends(owner
 
 @router.post("/create_session")
 async def create_session(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
-    req = CreateSessionRequest.model_validate(await _json(request))
+    req = CreateSessionRequest.model_validate(await json_body(request))
     session_id = f"sess-{uuid.uuid4().hex[:12]}"
     start = SessionStart(session_id=session_id, owner=who, tags=list(req.tags), user_metadata=req.user_metadata or {},
                          sdk_version=req.sdk_version, heartbeat_timeout_s=svc.settings.session_timeout_s)
@@ -68,7 +69,7 @@ async def create_session(request: Request, svc: Services = Depends(services), wh
 
 @router.post("/session_heartbeat")
 async def heartbeat(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
-    session_id = (await _json(request)).get("session_id", "")
+    session_id = (await json_body(request)).get("session_id", "")
     try:
         await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(SessionWorkflow.heartbeat)
     except Exception as e:
@@ -82,9 +83,7 @@ async def heartbeat(request: Request, svc: Services = Depends(services), _: str 
 @router.post("/sessions/{session_id}/finish")
 async def finish(session_id: str, request: Request, svc: Services = Depends(services),
                  who: str = Depends(owner)) -> dict:
-    from tinkerflow.api.routes_training import session_of_caller  # routes_training imports this module
-
-    body = await _json(request)
+    body = await json_body(request)
     # Queries answer on closed workflows too: a finished session passes, another tenant's or an unknown one is 404.
     await session_of_caller(svc, session_id, who)
     reason = (body.get("reason") or {}).get("type", "success")
@@ -97,12 +96,3 @@ async def finish(session_id: str, request: Request, svc: Services = Depends(serv
             raise from_temporal(e, f"session {session_id}") from None
     return {}
 
-
-async def _json(request: Request) -> dict:
-    try:
-        body = await request.json()
-    except Exception:
-        raise http_error(400, "request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise http_error(400, "request body must be a JSON object")
-    return body

@@ -23,11 +23,10 @@ from tinkerflow.activities.wire import parse_forward_backward
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
-from tinkerflow.api.routes_service import _json
+from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState, SessionState, TrainingOp
-from tinkerflow.workflows.session import SessionWorkflow
+from tinkerflow.workflows.messages import LoraSpec, RunStart, TrainingOp
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 router = APIRouter(prefix="/api/v1")
@@ -43,7 +42,7 @@ def _canonical(body: dict) -> bytes:
 
 @router.post("/create_model")
 async def create_model(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
-    req = CreateModelRequest.model_validate(await _json(request))
+    req = CreateModelRequest.model_validate(await json_body(request))
     card = await svc.registry.get(req.base_model)
     if card is None:
         served = ", ".join(sorted(await svc.registry.cards())) or "none (is a JAX worker running?)"
@@ -81,7 +80,7 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
 
 @router.post("/get_info")
 async def get_info(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
-    model_id = (await _json(request)).get("model_id", "")
+    model_id = (await json_body(request)).get("model_id", "")
     state = await run_of_caller(svc, model_id, who)
     card = await svc.registry.get(state.start.base_model)
     base = state.start.base_model
@@ -92,32 +91,6 @@ async def get_info(request: Request, svc: Services = Depends(services), who: str
         "model_data": {"arch": card.arch if card else None, "model_name": base,
                        "tokenizer_id": card.local_path if card else base},
     }
-
-
-async def run_of_caller(svc: Services, model_id: str, who: str) -> RunState:
-    """The run's state, or 404 when it does not exist or belongs to another tenant (the same answer for both)."""
-    if not model_id:
-        raise http_error(400, "model_id is required")
-    try:
-        state = await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(
-            TrainingRunWorkflow.describe)
-    except Exception as e:
-        raise from_temporal(e, f"training run {model_id!r}") from None
-    if state.start.owner != who:
-        raise http_error(404, f"training run {model_id!r} does not exist or has ended")
-    return state
-
-
-async def session_of_caller(svc: Services, session_id: str, who: str) -> SessionState:
-    """The session's state, or 404 when it does not exist or belongs to another tenant."""
-    try:
-        state = await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).query(
-            SessionWorkflow.describe)
-    except Exception as e:
-        raise from_temporal(e, f"session {session_id!r}") from None
-    if state.owner != who:
-        raise http_error(404, f"session {session_id!r} does not exist or has ended")
-    return state
 
 
 @router.post("/forward_backward")
@@ -141,7 +114,7 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
 
 @router.post("/optim_step")
 async def optim_step(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
-    raw = await _json(request)
+    raw = await json_body(request)
     req = OptimStepRequest.model_validate(raw)
     params = req.optim_params
     if isinstance(params, AdamParams):
@@ -156,7 +129,7 @@ async def optim_step(request: Request, svc: Services = Depends(services), who: s
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, svc: Services = Depends(services),
                                    who: str = Depends(owner)) -> dict:
-    raw = await _json(request)
+    raw = await json_body(request)
     req = SaveWeightsForSamplerRequest.model_validate(raw)
     op = TrainingOp(seq_id=req.seq_id or 0, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
                     params={"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id,
@@ -168,7 +141,7 @@ async def save_weights_for_sampler(request: Request, svc: Services = Depends(ser
 @router.post("/save_weights_external")
 @router.post("/load_weights")
 async def not_yet(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
-    raw = await _json(request)
+    raw = await json_body(request)
     what = request.url.path.rsplit("/", 1)[-1]
     message = f"{what} is not supported by this server yet (training-state checkpoints are on the roadmap)"
     if raw.get("model_id") and raw.get("seq_id") is not None:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from tinkerflow.cli.up import served_models
 
 
 def free_port() -> int:
@@ -38,8 +38,7 @@ class RunningStack:
         return "\n".join(out)
 
     def served_model(self) -> str:
-        caps = httpx.get(f"{self.base_url}/api/v1/get_server_capabilities", headers={"X-API-Key": self.api_key})
-        return caps.json()["supported_models"][0]["model_name"]
+        return served_models(self.base_url, self.api_key)[0]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -65,13 +64,8 @@ def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: list[str] 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"tinkerflow up exited with {proc.returncode}\n{stack.logs()}")
-        try:
-            r = httpx.get(f"{stack.base_url}/api/v1/get_server_capabilities", headers={"X-API-Key": api_key},
-                          timeout=2)
-            if r.status_code == 200 and r.json()["supported_models"]:
-                return stack
-        except httpx.HTTPError:
-            pass
+        if served_models(stack.base_url, api_key):
+            return stack
         time.sleep(0.3)
     stack.stop()
     raise RuntimeError(f"stack not ready in {timeout_s} s\n{stack.logs()}")

@@ -125,6 +125,9 @@ class Stack:
         self.wait_ready(part, lambda: _api_ready(self.base_url, self.api_key))
         return part
 
+    def served_model(self) -> str:
+        return served_models(self.base_url, self.api_key)[0]
+
     @property
     def base_url(self) -> str:
         return f"http://{self.settings.host}:{self.settings.port}"
@@ -165,13 +168,18 @@ def _port_open(address: str) -> bool:
         return False
 
 
-def _api_ready(base_url: str, api_key: str) -> bool:
-    """Ready = the API answers and already sees the JAX worker's model."""
+def served_models(base_url: str, api_key: str) -> list[str]:
+    """The base models the API serves right now ([] while it is not up or sees no JAX worker yet)."""
     try:
         caps = httpx.get(f"{base_url}/api/v1/get_server_capabilities", timeout=2, headers={"X-API-Key": api_key})
-        return caps.status_code == 200 and bool(caps.json().get("supported_models"))
     except httpx.HTTPError:
-        return False
+        return []
+    return [m["model_name"] for m in caps.json().get("supported_models", [])] if caps.status_code == 200 else []
+
+
+def _api_ready(base_url: str, api_key: str) -> bool:
+    """Ready = the API answers and already sees the JAX worker's model."""
+    return bool(served_models(base_url, api_key))
 
 
 def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int:

@@ -40,17 +40,10 @@ def parts(tmp_path):
 
 def _client(stack: Stack):
     service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
-    training = service.create_lora_training_client(base_model=_model(stack), rank=4).result()
+    training = service.create_lora_training_client(base_model=stack.served_model(), rank=4).result()
     training.forward_backward([DATUM], "cross_entropy").result(timeout=300)  # compiles before any fault
     training.optim_step(ADAM).result(timeout=300)
     return training
-
-
-def _model(stack: Stack) -> str:
-    import httpx
-
-    caps = httpx.get(f"{stack.base_url}/api/v1/get_server_capabilities", headers={"X-API-Key": stack.api_key})
-    return caps.json()["supported_models"][0]["model_name"]
 
 
 def _losses(futures) -> list[float]:

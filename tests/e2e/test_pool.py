@@ -31,8 +31,7 @@ def test_two_workers_share_the_runs_and_expose_metrics(tmp_path):
         stack.start_worker("jax-worker", "--worker-id", "w2", "--metrics-port", str(metrics_2), name="jax-worker-2")
         stack.start_api()
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
-        model = httpx.get(f"{stack.base_url}/api/v1/get_server_capabilities",
-                          headers={"X-API-Key": stack.api_key}).json()["supported_models"][0]["model_name"]
+        model = stack.served_model()
         runs = [service.create_lora_training_client(base_model=model, rank=4).result() for _ in range(2)]
         for run in runs:
             run.forward_backward([DATUM], "cross_entropy").result(timeout=300)

@@ -1,0 +1,48 @@
+"""What several routes look up before acting: the JSON body, and a run or session that must be the caller's."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.services import Services
+from tinkerflow.workflows import names
+from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.session import SessionWorkflow
+from tinkerflow.workflows.training_run import TrainingRunWorkflow
+
+
+async def json_body(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except Exception:
+        raise http_error(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise http_error(400, "request body must be a JSON object")
+    return body
+
+
+async def run_of_caller(svc: Services, model_id: str, who: str) -> RunState:
+    """The run's state, or 404 when it does not exist or belongs to another tenant (the same answer for both)."""
+    if not model_id:
+        raise http_error(400, "model_id is required")
+    try:
+        state = await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(
+            TrainingRunWorkflow.describe)
+    except Exception as e:
+        raise from_temporal(e, f"training run {model_id!r}") from None
+    if state.start.owner != who:
+        raise http_error(404, f"training run {model_id!r} does not exist or has ended")
+    return state
+
+
+async def session_of_caller(svc: Services, session_id: str, who: str) -> SessionState:
+    """The session's state, or 404 when it does not exist or belongs to another tenant."""
+    try:
+        state = await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).query(
+            SessionWorkflow.describe)
+    except Exception as e:
+        raise from_temporal(e, f"session {session_id!r}") from None
+    if state.owner != who:
+        raise http_error(404, f"session {session_id!r} does not exist or has ended")
+    return state
