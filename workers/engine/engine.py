@@ -33,6 +33,7 @@ from .types import (
     SampledSequence,
     SampleInput,
     SampleResult,
+    SlotState,
 )
 from .validation import check_sample, forward_backward_rows
 
@@ -173,10 +174,13 @@ class Engine:
     def _scale(self, slot: int) -> float:
         return LORA_ALPHA / self._slots[slot].rank
 
-    def create_adapter(self, slot: int, config: LoraConfig) -> None:
-        self._check_slot(slot, allocated=False)
+    def _check_rank(self, config: LoraConfig) -> None:
         if not (1 <= config.rank <= self.max_lora_rank):
             raise InputError(f"LoRA rank {config.rank} must be in [1, {self.max_lora_rank}] (max_lora_rank)")
+
+    def create_adapter(self, slot: int, config: LoraConfig) -> None:
+        self._check_slot(slot, allocated=False)
+        self._check_rank(config)
         rng = np.random.default_rng(config.seed if config.seed is not None else secrets.randbits(63))
         trained = {"attn": config.train_attn, "mlp": config.train_mlp, "unembed": config.train_unembed}
 
@@ -218,6 +222,15 @@ class Engine:
         self._snapshots[key] = Snapshot(lora=lora, scale=self._scale(slot))
         self._stack_cache = None
 
+    def load_snapshot(self, key: str, config: LoraConfig, weights: dict[str, np.ndarray]) -> None:
+        """A sampler snapshot from named weights (as adapter_weights; missing ones are zero), no slot involved."""
+        self._check_rank(config)
+        full = self._full_slot(config, weights, "weights")
+        # Through an adapter axis of one, so the snapshot is placed exactly as snapshot() places one.
+        lora = self._take_slot(self._put_lora(jax.tree.map(lambda x: x[None], full)), np.int32(0))
+        self._snapshots[key] = Snapshot(lora=lora, scale=LORA_ALPHA / config.rank)
+        self._stack_cache = None
+
     def drop_snapshot(self, key: str) -> None:
         self._snapshots.pop(key, None)
         self._stack_cache = None
@@ -245,7 +258,8 @@ class Engine:
 
         current_full = {
             _leaf_name(p): np.asarray(x)
-            for p, x in jax.tree_util.tree_flatten_with_path(self._take_slot(self._lora, np.int32(slot)))[0]
+            for p, x in jax.tree_util.tree_flatten_with_path(
+                self._placement.to_host(self._take_slot(self._lora, np.int32(slot))))[0]
         }
 
         def put(path, leaf):
@@ -261,11 +275,75 @@ class Engine:
 
         self._lora = self._write_slot(self._lora, np.int32(slot), jax.tree_util.tree_map_with_path(put, self._lora))
 
+    def export_slot(self, slot: int) -> SlotState:
+        """The slot's config, weights, AdamW moments and step, named and trimmed like adapter_weights."""
+        self._check_slot(slot)
+        return SlotState(
+            config=self._slots[slot],
+            weights=self._named_slot(self._lora, slot),
+            mu=self._named_slot(self._opt.mu, slot),
+            nu=self._named_slot(self._opt.nu, slot),
+            step=int(np.asarray(self._opt.count)[slot]),
+        )
+
+    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None:
+        """(Re)configure `slot` (allocated or not) as `state`: its weights, and its AdamW moments and step when
+        `optimizer` (else zero moments, step 0); the gradient accumulator is zeroed. Missing tensors are zero. Every
+        check runs before anything is written."""
+        self._check_slot(slot, allocated=False)
+        self._check_rank(state.config)
+        weights = self._full_slot(state.config, state.weights, "weights")
+        if optimizer:
+            if not (isinstance(state.step, (int, np.integer)) and 0 <= state.step < 2**31):
+                raise InputError(f"optimizer step {state.step!r} must be an integer in [0, 2**31)")
+            mu, nu = self._full_slot(state.config, state.mu, "mu"), self._full_slot(state.config, state.nu, "nu")
+        self._lora = self._write_slot(self._lora, np.int32(slot), weights)
+        self._zero_training_state(slot)
+        if optimizer:
+            s = np.int32(slot)
+            self._opt = self._put_opt(OptState(
+                mu=self._write_slot(self._opt.mu, s, mu), nu=self._write_slot(self._opt.nu, s, nu),
+                count=self._opt.count.at[slot].set(int(state.step)),
+            ))  # fmt: skip
+        self._slots[slot] = state.config
+
+    def _full_slot(self, config: LoraConfig, named: dict[str, np.ndarray], what: str) -> Any:
+        """Named rank-trimmed tensors as one slot's full LoRA-shaped tree (numpy, no adapter axis), zero beyond the
+        rank and wherever a name is missing; InputError for unknown names, wrong shapes, non-finite values, or
+        non-zero values in a module group the config does not train."""
+        trained = {"attn": config.train_attn, "mlp": config.train_mlp, "unembed": config.train_unembed}
+        rank = config.rank
+        paths = jax.tree_util.tree_flatten_with_path(self._lora)[0]
+        unknown = sorted(set(named) - {_leaf_name(p) for p, _ in paths})
+        if unknown:
+            raise InputError(f"unknown LoRA {what} {unknown[:3]}")
+
+        def full(path, leaf):
+            name, out = _leaf_name(path), np.zeros(leaf.shape[1:], np.float32)
+            if named.get(name) is None:
+                return out
+            value = np.asarray(named[name])
+            expected = (leaf.shape[1], rank) if is_a_leaf(path) else (rank, leaf.shape[2])
+            if value.shape != expected:
+                raise InputError(f"{what} {name}: shape {value.shape} != {expected} for rank {rank}")
+            if not np.all(np.isfinite(value)):
+                raise InputError(f"{what} {name}: non-finite values")
+            if not trained[module_kind(path)] and np.any(value):
+                raise InputError(f"{what} {name}: non-zero, but its {module_kind(path)} group is not trained")
+            if is_a_leaf(path):
+                out[:, :rank] = value
+            else:
+                out[:rank] = value
+            return out
+
+        return jax.tree_util.tree_map_with_path(full, self._lora)
+
     def _named_slot(self, tree: Any, slot: int) -> dict[str, np.ndarray]:
         self._check_slot(slot)
         rank = self._slots[slot].rank
         out = {}
-        for path, leaf in jax.tree_util.tree_flatten_with_path(self._take_slot(tree, np.int32(slot)))[0]:
+        host = self._placement.to_host(self._take_slot(tree, np.int32(slot)))  # one gather, also across hosts
+        for path, leaf in jax.tree_util.tree_flatten_with_path(host)[0]:
             arr = np.asarray(leaf)
             out[_leaf_name(path)] = arr[:, :rank] if is_a_leaf(path) else arr[:rank]
         return out
@@ -318,7 +396,7 @@ class Engine:
         self._lora, self._grads, self._opt, metrics = adamw_slot_step(
             self._lora, self._grads, self._opt, np.int32(slot), packed, self._placement
         )
-        grad_norm, step = np.asarray(jax.device_get(metrics), np.float64).tolist()
+        grad_norm, step = np.asarray(self._placement.to_host(metrics), np.float64).tolist()
         return {"grad_norm": grad_norm, "learning_rate": float(adam.learning_rate), "step": step}
 
     # ------------------------------------------------------------------ sampling

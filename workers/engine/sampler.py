@@ -481,7 +481,7 @@ class SlotSampler:
                     self._ensure_family(lora, base, length, m, plen, plp)
                     slots, release = self._take(b, length, m)
                 slots, prompt_lp = self._admit_call(lora, base, slots, rows, chosen, index, small, plen, plp)
-                host_lp = np.asarray(prompt_lp) if prompt_lp is not None else None
+                host_lp = self.placement.to_host(prompt_lp) if prompt_lp is not None else None
                 for j, (i, s) in enumerate(zip(chosen, index)):
                     occupant[s] = i
                     release[s] = False
@@ -492,7 +492,7 @@ class SlotSampler:
             target = b if not queue else min(b, b - len(occupant) + min(len(queue), small))
             slots = self._decode_call(lora, base, slots, release, steps, target)
             release = np.zeros((b,), bool)
-            done, n_gen, hit, tokens, logprobs = jax.device_get(
+            done, n_gen, hit, tokens, logprobs = self.placement.to_host(
                 (slots.done, slots.n_gen, slots.hit_stop_id, slots.tokens, slots.logprobs))  # fmt: skip
             for s, i in list(occupant.items()):
                 row, k = rows[i], int(n_gen[s])

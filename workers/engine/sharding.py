@@ -112,6 +112,7 @@ class Placement:
         self.fsdp = mesh.shape[FSDP]
         self.tp = mesh.shape[TP]
         self.replicated = NamedSharding(mesh, P())
+        self._gather = None  # to_host's jitted gather, made on first multi-host use
         if config.vocab_size % self.tp:
             log.info("vocab_size=%d is not divisible by tp=%d: the vocabulary axis stays replicated",
                      config.vocab_size, self.tp)  # fmt: skip
@@ -151,3 +152,17 @@ class Placement:
     def round_rows(self, n: int) -> int:
         """A row count rounded up to a multiple of the fsdp size (so the batch splits evenly)."""
         return -(-n // self.fsdp) * self.fsdp
+
+    def to_host(self, tree: Any) -> Any:
+        """`jax.device_get`, also for arrays split across processes (multi-host mesh): those are first gathered by
+        one jitted identity to a replicated layout, which every process of the mesh must run (they all do: the
+        followers replay the same engine calls, multihost.py). With one process this is exactly jax.device_get."""
+        leaves = jax.tree.leaves(tree)
+        if jax.process_count() == 1 or all(
+            not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated for x in leaves
+        ):
+            return jax.device_get(tree)
+        if self._gather is None:
+            self._gather = jax.jit(lambda t: t, out_shardings=self.replicated)
+        # Host values (numpy, python scalars) go through the identity unchanged, as replicated inputs.
+        return jax.device_get(self._gather(tree))

@@ -40,7 +40,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -169,7 +169,7 @@ def run_rows(
             acc, target_lp, per_token = steps.grad(lora, base, acc, batch)
         else:
             target_lp, per_token = steps.forward(lora, base, batch)
-        target_lp, per_token = np.asarray(target_lp), np.asarray(per_token)
+        target_lp, per_token = steps.placement.to_host((target_lp, per_token))  # also split across hosts
         for j, i in enumerate(idx):
             n, kk = rows[i].targets.shape
             outputs[i] = RowOutput(target_logprobs=target_lp[j, :n, :kk], token_loss=per_token[j, :n])

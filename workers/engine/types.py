@@ -30,6 +30,18 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class SlotState:
+    """An adapter slot's whole training state (Engine.export_slot / import_slot): LoRA weights A [in, rank] and
+    B [rank, out] by module name as in Engine.adapter_weights, AdamW's moments (same names and shapes) and its step."""
+
+    config: LoraConfig
+    weights: dict[str, np.ndarray]
+    mu: dict[str, np.ndarray]
+    nu: dict[str, np.ndarray]
+    step: int
+
+
+@dataclass(frozen=True)
 class AdamConfig:
     """torch.optim.AdamW semantics (bias correction, decoupled weight decay); grad_clip_norm 0 means no clipping."""
 
