@@ -22,9 +22,11 @@ from collections import OrderedDict
 from itertools import groupby
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from tinkerflow.activities import wire
+from tinkerflow.activities import checkpoint_io, wire
 from tinkerflow.common import metrics
+from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import AdamConfig, InputError, LoraConfig
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkResult
@@ -71,17 +73,26 @@ def _observe(kind: str, n: int, outcomes: list[Outcome], seconds: float) -> None
 
 
 class EngineActivities:
-    def __init__(self, engine, store: ClaimCheckStore, deliver=None):
+    def __init__(self, engine, store: ClaimCheckStore, deliver=None, checkpoints: CheckpointStore | None = None,
+                 incarnation: str = ""):
         self.engine = engine
+        self.incarnation = incarnation
         self.store = store
+        self.checkpoints = checkpoints
         # callable(requester workflow id, WorkResult) -> concurrent.futures.Future of the signal, or None
         self.deliver = deliver
         self._answers: OrderedDict[str, Outcome] = OrderedDict()
         self._snapshots: set[str] = set()
         self._delivered: set[str] = set()
+        self._load_errors: dict[str, str] = {}  # saved weights a sample batch asked for that failed to load
 
     @activity.defn(name="run_batch")
     def run_batch(self, batch: Batch) -> BatchResult:
+        if batch.incarnation and self.incarnation and batch.incarnation != self.incarnation:
+            # A retry of a batch placed on this worker's previous process: the slots it names are not ours.
+            raise ApplicationError(f"this batch was placed on an earlier process of this JAX worker "
+                                   f"({batch.incarnation[:8]}, now {self.incarnation[:8]}), which died or restarted",
+                                   type="WorkerLost", non_retryable=True)
         todo = [i for i in batch.items if i.key not in self._answers]
         sent: dict[str, concurrent.futures.Future] = {}
         with _heartbeats(HEARTBEAT_EVERY_S) as progress:
@@ -126,7 +137,7 @@ class EngineActivities:
         (item,) = items
         try:
             return [self._single(item)]
-        except InputError as e:
+        except (InputError, CheckpointError) as e:
             return [Outcome.failed(str(e), "user")]
 
     def _single(self, item: WorkItem) -> Outcome:
@@ -146,6 +157,8 @@ class EngineActivities:
             self.engine.snapshot(item.slot, p["key"])
             self._snapshots.add(p["key"])
             return Outcome(json={})
+        if item.kind in ("save_checkpoint", "load_checkpoint", "load_snapshot"):
+            return self._checkpoint_op(item)
         if item.kind == "drop_snapshots":
             keys = sorted(p["keys"] if "keys" in p else (k for k in self._snapshots if k.startswith(p["prefix"])))
             for key in keys:
@@ -153,6 +166,26 @@ class EngineActivities:
                 self._snapshots.discard(key)
             return Outcome(json={"dropped": len(keys)})
         return Outcome.failed(f"unknown work kind {item.kind!r}", "server")
+
+    def _checkpoint_op(self, item: WorkItem) -> Outcome:
+        if self.checkpoints is None:
+            return Outcome.failed("this JAX worker has no checkpoint storage configured (--checkpoint-root)", "server")
+        p = item.params
+        if item.kind == "save_checkpoint":
+            manifest = checkpoint_io.save(self.engine, self.checkpoints, item.slot, p["manifest"],
+                                          overwrite=bool(p.get("overwrite")))
+            return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
+        if item.kind == "load_checkpoint":
+            return Outcome(json=checkpoint_io.load(self.engine, self.checkpoints, item.slot, p["path"],
+                                                   optimizer=bool(p.get("optimizer"))))
+        try:  # load_snapshot: a sample call in this batch names saved weights this worker has not loaded
+            checkpoint_io.load_snapshot(self.engine, self.checkpoints, p["path"])
+            self._snapshots.add(p["path"])
+            self._load_errors.pop(p["path"], None)
+        except (InputError, CheckpointError) as e:
+            self._load_errors[p["path"]] = str(e)
+            raise
+        return Outcome(json={})
 
     def _forward_backward(self, items: list[WorkItem]) -> list[Outcome]:
         def decode(item: WorkItem):
@@ -167,7 +200,10 @@ class EngineActivities:
 
     def _sample(self, items: list[WorkItem]) -> list[Outcome]:
         def decode(item: WorkItem):
-            return wire.sample_input(self.store.get(item.payload), item.params.get("snapshot"))
+            snapshot = item.params.get("snapshot")
+            if snapshot in self._load_errors:
+                raise InputError(f"could not load sampler weights {snapshot}: {self._load_errors[snapshot]}")
+            return wire.sample_input(self.store.get(item.payload), snapshot)
 
         def encode(_inp, res) -> Outcome:
             return Outcome(blob=self.store.put(wire.sample_output(res), "results"),

@@ -3,6 +3,10 @@
 At start it registers with the Coordinator of its base model (signal-with-start), which then routes to this
 worker's task queue the work for the adapters it placed here. Activities run one at a time in a single thread:
 the engine holds device state and is not re-entrant, and JAX already uses every core for one step.
+
+Multi-host (`--num-processes N > 1`, one process per host): every process joins jax.distributed and loads the engine
+on a mesh over all their devices; process 0 alone talks to Temporal, through a `DrivenEngine` that has the others
+replay each engine call (`follow`), so all of them run the same SPMD steps (workers/engine/multihost.py).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import concurrent.futures
 import logging
 import os
 import socket
+import uuid
 
 import prometheus_client
 from temporalio.client import WorkflowHandle
@@ -19,6 +24,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from tinkerflow.common import metrics
+from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.models import resolve_base_model
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
@@ -38,16 +44,25 @@ def stable_worker_id(settings: Settings) -> str:
 async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
                 worker_id: str | None = None) -> None:
     from tinkerflow.activities.engine_activities import EngineActivities
-    from tinkerflow.workers.engine.engine import Engine
 
+    multi_host = settings.num_processes > 1
+    if multi_host:  # before anything touches JAX; every process of the worker runs this
+        from tinkerflow.workers.engine import multihost
+
+        await asyncio.to_thread(multihost.initialize, settings.coordinator_address, settings.num_processes,
+                                settings.process_id)  # fmt: skip
+        if settings.process_id != 0:
+            await follow(settings, ready=ready, stop=stop)
+            return
     if settings.metrics_port:
         prometheus_client.start_http_server(settings.metrics_port, addr=settings.host)
         log.info("Prometheus metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
     metrics.ADAPTER_SLOTS_TOTAL.set(settings.max_lora_adapters)
     name, local_path = resolve_base_model(settings)
     client = await connect(settings)
-    engine = await asyncio.to_thread(
-        Engine.load, local_path, max_lora_adapters=settings.max_lora_adapters, max_lora_rank=settings.max_lora_rank)
+    engine = await asyncio.to_thread(load_engine, settings, local_path)
+    if multi_host:  # every engine call is replayed by the other processes first (multihost.py)
+        engine = multihost.DrivenEngine(engine)
     card = ModelCard(name=name, arch=engine.info.arch, local_path=str(engine.model_path),
                      vocab_size=engine.info.vocab_size, max_context=engine.info.max_position_embeddings)
     worker_id = worker_id or stable_worker_id(settings)
@@ -58,19 +73,57 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
         # Called from the engine thread: hand the signal to this process's event loop, do not wait for it here.
         return asyncio.run_coroutine_threadsafe(client.get_workflow_handle(requester).signal("deliver", result), loop)
 
-    activities = EngineActivities(engine, ClaimCheckStore(settings.resolved_store_url), deliver=deliver)
+    incarnation = uuid.uuid4().hex  # this process; a batch placed for an earlier one is refused (WorkerLost)
+    activities = EngineActivities(engine, ClaimCheckStore(settings.resolved_store_url), deliver=deliver,
+                                  checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
+                                  incarnation=incarnation)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
     worker = Worker(client, task_queue=queue, activities=[activities.run_batch], activity_executor=executor,
                     max_concurrent_activities=1)
     async with worker:
         info = WorkerInfo(worker_id=worker_id, task_queue=queue, max_adapters=settings.max_lora_adapters,
-                          max_rank=settings.max_lora_rank, card=card)
+                          max_rank=settings.max_lora_rank, card=card, incarnation=incarnation)
         await register(client, settings, info)
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
         if ready is not None:
             ready.set()
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     executor.shutdown(wait=False, cancel_futures=True)
+    if multi_host:  # after the call in flight, if any (the driven engine serialises calls)
+        await asyncio.to_thread(engine.stop_followers)
+
+
+def load_engine(settings: Settings, local_path: str):
+    """The engine on the mesh the settings ask for; with several processes the mesh spans all their devices."""
+    from tinkerflow.workers.engine.engine import Engine
+    from tinkerflow.workers.engine.sharding import MeshConfig
+
+    mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp)
+    return Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
+                       max_lora_rank=settings.max_lora_rank, mesh=mesh)  # fmt: skip
+
+
+async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+    """A multi-host worker's process > 0: load the same engine, then replay process 0's engine calls until it says
+    stop (or `stop` is set). Never connects to Temporal."""
+    import threading
+
+    from tinkerflow.workers.engine import multihost
+
+    _, local_path = resolve_base_model(settings)
+    engine = await asyncio.to_thread(load_engine, settings, local_path)
+    log.info("JAX worker process %d of %d following process 0", settings.process_id, settings.num_processes)
+    if ready is not None:
+        ready.set()
+    halt = threading.Event()
+    replay = asyncio.ensure_future(asyncio.to_thread(multihost.follow, engine, None, halt))
+    waits = {replay} | ({asyncio.ensure_future(stop.wait())} if stop is not None else set())
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending - {replay}:
+        task.cancel()
+    if replay not in done:
+        halt.set()  # stopped from here (SIGTERM): the loop notices within one poll
+    await replay
 
 
 async def register(client, settings: Settings, info: WorkerInfo) -> WorkflowHandle:

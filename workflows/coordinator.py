@@ -16,6 +16,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TimeoutError_
 
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkerInfo, WorkItem, WorkResult
 
@@ -33,7 +34,11 @@ KIND_LABELS = {
     "create_adapter": "create adapter",
     "free_adapter": "free adapter",
     "drop_snapshots": "drop snapshots",
+    "save_checkpoint": "save checkpoint",
+    "load_checkpoint": "load checkpoint",
+    "load_snapshot": "load sampler weights",
 }
+SLOT_KINDS = ("forward_backward", "optim_step", "snapshot", "free_adapter", "save_checkpoint", "load_checkpoint")
 
 
 @dataclass
@@ -98,7 +103,8 @@ class Coordinator:
             # runs that lived on it get a clear error instead of silently training a fresh adapter.
             for model_id in previous.slots.values():
                 self.s.placements.pop(model_id, None)
-            self.s.snapshots = {k: q for k, q in self.s.snapshots.items() if q != info.task_queue}
+            for key in [k for k, q in self.s.snapshots.items() if q == info.task_queue]:
+                self._forget_snapshot(key)
             workflow.logger.warning("worker %s re-registered; its adapters were lost", info.worker_id)
         self.s.workers[info.task_queue] = WorkerSlots(info=info)
         self._changed = True
@@ -119,6 +125,18 @@ class Coordinator:
         """Answers to work the coordinator queued for itself (snapshot collection); nothing waits for them."""
         if not result.outcome.ok:
             workflow.logger.warning("housekeeping %s failed: %s", result.key, result.outcome.error)
+
+    @workflow.signal
+    def forget_checkpoint(self, tinker_path: str) -> None:
+        """A checkpoint was deleted or expired: drop it from the memory of the worker that loaded it."""
+        queue = self.s.snapshots.get(tinker_path)
+        if queue is None:
+            return
+        self._forget_snapshot(tinker_path)
+        self.s.pending.append(WorkItem(key=f"forget-{tinker_path}-{workflow.uuid4().hex[:8]}",
+                                       requester=workflow.info().workflow_id, kind="drop_snapshots",
+                                       params={"keys": [tinker_path], "queue": queue}))
+        self._changed = True
 
     @workflow.query
     def describe(self) -> dict:
@@ -155,11 +173,13 @@ class Coordinator:
             try:
                 target, routed = self._route(item)
             except ApplicationError as e:
-                self._answer(WorkResult(key=item.key, outcome=Outcome.failed(e.message, "user")), item.requester)
+                outcome = Outcome(error=e.message, category="user", worker_lost=e.type == "AdapterLost")
+                self._answer(WorkResult(key=item.key, outcome=outcome), item.requester)
                 continue
             if target is None:
                 keep.append(item)  # waits for a worker to register
             elif target == queue:
+                taken.extend(self._loads_for(routed, queue))
                 taken.append(routed)
             else:
                 keep.append(item)
@@ -175,15 +195,14 @@ class Coordinator:
             if queue is None:
                 return None, item
             return queue, _with_slot(item, slot)
-        if item.kind in ("forward_backward", "optim_step", "snapshot", "free_adapter"):
+        if item.kind in SLOT_KINDS:
             placed = self.s.placements.get(item.model_id)
             if placed is None:
                 if item.kind == "free_adapter":
                     raise ApplicationError(f"{item.model_id} holds no adapter slot")
                 raise ApplicationError(
                     f"training run {item.model_id} has no adapter on any worker of {self.s.base_model} "
-                    "(it was released, or its JAX worker restarted); create a new training client or load a checkpoint"
-                )
+                    "(it was released, or its JAX worker died or restarted)", type="AdapterLost")
             queue, slot = placed
             if item.kind == "snapshot":
                 key = item.params["key"]
@@ -197,6 +216,12 @@ class Coordinator:
             key = item.params.get("snapshot") or ""
             if key:
                 queue = self.s.snapshots.get(key)
+                if queue is None and key.startswith("tinker://"):
+                    # Saved sampler (or training) weights not in any worker's memory: the least busy worker loads
+                    # them from storage first, in the same batch (see _loads_for).
+                    queue = self._least_busy()
+                    if queue is None:
+                        return None, item
                 if queue is None:
                     raise ApplicationError(
                         f"sampler weights {key!r} are not loaded on any worker (collected after "
@@ -218,6 +243,16 @@ class Coordinator:
                 raise ApplicationError(f"no snapshots with prefix {prefix}")
             return sorted(holders)[0], item
         raise ApplicationError(f"unknown work kind {item.kind!r}")
+
+    def _loads_for(self, item: WorkItem, queue: str) -> list[WorkItem]:
+        """Work that must run before `item` on `queue`: loading saved weights a sample call names."""
+        key = item.params.get("snapshot") or "" if item.kind == "sample" else ""
+        if not key.startswith("tinker://") or self.s.snapshots.get(key) == queue:
+            return []
+        self.s.snapshots[key] = queue
+        self.s.snapshot_used[key] = workflow.now().timestamp()
+        return [WorkItem(key=f"load-{key}-{workflow.uuid4().hex[:8]}", requester=workflow.info().workflow_id,
+                         kind="load_snapshot", params={"path": key})]
 
     def _collect_ephemeral_snapshots(self, model_id: str, newest: str) -> None:
         """Queue drops for this run's older ephemeral snapshots that nobody sampled recently."""
@@ -267,26 +302,34 @@ class Coordinator:
 
     async def _dispatch(self, queue: str, items: list[WorkItem]) -> None:
         self.s.dispatched_batches += 1
+        incarnation = self.s.workers[queue].info.incarnation if queue in self.s.workers else ""
         try:
             result: BatchResult = await workflow.execute_activity(
                 "run_batch",
-                Batch(items=items),
+                Batch(items=items, incarnation=incarnation),
                 result_type=BatchResult,
                 task_queue=queue,
                 start_to_close_timeout=timedelta(minutes=30),
-                schedule_to_start_timeout=timedelta(minutes=5),
-                heartbeat_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["InputError"]),
+                # A worker is sent one batch at a time, when idle: a batch not picked up within this means it died.
+                schedule_to_start_timeout=timedelta(seconds=30),
+                # The JAX worker heartbeats every 5 s from a side thread, even inside one long engine call.
+                heartbeat_timeout=timedelta(seconds=15),
+                retry_policy=RetryPolicy(maximum_attempts=2, non_retryable_error_types=["InputError", "WorkerLost"]),
                 summary=_summarise(items),
             )
             results = result.results
         except ActivityError as e:
             cause = e.cause.message if e.cause is not None and hasattr(e.cause, "message") else str(e)
-            workflow.logger.error("batch on %s failed: %s", queue, cause)
-            results = [
-                WorkResult(key=i.key, outcome=Outcome.failed(f"the JAX worker failed this batch: {cause}", "server"))
-                for i in items
-            ]
+            lost = isinstance(e.cause, TimeoutError_) or getattr(e.cause, "type", "") == "WorkerLost"
+            workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
+            if lost:
+                self._lose_worker(queue, incarnation)
+                message = (f"the JAX worker on {queue} died or restarted while running this ({cause}); "
+                           "its adapters are restored from their latest snapshot")
+            else:
+                message = f"the JAX worker failed this batch: {cause}"
+            results = [WorkResult(key=i.key, outcome=Outcome(error=message, category="server", worker_lost=lost))
+                       for i in items]
         finally:
             self._busy.discard(queue)
             self._changed = True
@@ -297,6 +340,19 @@ class Coordinator:
             if not r.delivered:
                 self._answer(r, item.requester)
 
+    def _lose_worker(self, queue: str, incarnation: str) -> None:
+        """Forget a dead worker (unless it already came back as a new process): its adapters and snapshots went with
+        it. It registers again when it restarts; the runs that lived there restore themselves (TrainingRun)."""
+        worker = self.s.workers.get(queue)
+        if worker is None or worker.info.incarnation != incarnation:
+            return
+        for model_id in worker.slots.values():
+            self.s.placements.pop(model_id, None)
+        for key in [k for k, q in self.s.snapshots.items() if q == queue]:
+            self._forget_snapshot(key)
+        del self.s.workers[queue]
+        self._set_details()
+
     def _after(self, item: WorkItem, result: WorkResult) -> None:
         """Bookkeeping that depends on how the engine answered."""
         if item.kind == "free_adapter" or (item.kind == "create_adapter" and not result.outcome.ok):
@@ -306,6 +362,8 @@ class Coordinator:
             self._set_details()
         if item.kind == "snapshot" and not result.outcome.ok:
             self.s.snapshots.pop(item.params["key"], None)
+        if item.kind == "load_snapshot" and not result.outcome.ok:
+            self._forget_snapshot(item.params["path"])
 
     def _answer(self, result: WorkResult, requester: str) -> None:
         self._signals_in_flight += 1

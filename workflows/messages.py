@@ -45,6 +45,7 @@ class Outcome:
     blob: BlobRef | None = None
     error: str = ""
     category: str = ""  # "user" | "server" when error is set
+    worker_lost: bool = False  # failed because the JAX worker holding the adapter died or restarted
 
     @property
     def ok(self) -> bool:
@@ -119,6 +120,12 @@ class RunStart:
     lora: LoraSpec
     pool: str = "default"
     user_metadata: dict[str, Any] = field(default_factory=dict)
+    # Create-via-load (contract §3.8): the adapter starts from this checkpoint instead of a fresh init.
+    load_path: str = ""
+    load_optimizer: bool = False
+    # Save an automatic training-state snapshot every this many optim steps (0: never); with the ops logged since,
+    # it restores the adapter exactly on another worker if its JAX worker dies (DESIGN §6).
+    snapshot_every: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,8 @@ class TrainingOp:
     """One SDK request on a training client. `seq_id` orders it; `body_hash` tells a retry from a conflicting reuse."""
 
     seq_id: int
-    kind: str  # forward_backward | optim_step | save_weights_for_sampler
+    kind: str  # forward_backward | optim_step | save_weights | save_weights_for_sampler | save_weights_external
+    #            | load_weights | reject
     body_hash: str
     payload: BlobRef | None = None
     params: dict[str, Any] = field(default_factory=dict)
@@ -155,6 +163,19 @@ class RunState:
     # continue-as-new (Temporal's own update-id dedupe is per run). String keys: history is JSON.
     answered: dict[str, "Answered"] = field(default_factory=dict)
     sampler_count: int = 0
+    last_request_time: str = ""  # RFC3339, for the REST TrainingRun
+    last_checkpoint: str = ""  # tinker:// path of the newest save_state
+    last_sampler_checkpoint: str = ""  # tinker:// path of the newest named sampler weights
+    loaded_from: str = ""  # the last checkpoint loaded into this run
+    lora: LoraSpec | None = None  # set at create (a seed drawn when none was given) and by loads
+    # Recovery (DESIGN §6): the latest automatic snapshot, and the state-changing ops since (refs and params only).
+    auto_snapshot: str = ""
+    since_snapshot: list[dict[str, Any]] = field(default_factory=list)
+    recoveries: int = 0
+
+    @property
+    def lora_spec(self) -> LoraSpec:
+        return self.lora or self.start.lora
 
 
 # --- the coordinator and the JAX worker ---------------------------------------------------------------------------
@@ -167,6 +188,7 @@ class WorkerInfo:
     max_adapters: int
     max_rank: int
     card: ModelCard
+    incarnation: str = ""  # new at every process start: a batch meant for a dead process is refused by its successor
 
 
 @dataclass(frozen=True)
@@ -176,6 +198,7 @@ class WorkItem:
     key: str  # unique: "<requester workflow id>#<n>"
     requester: str  # workflow id to signal the WorkResult to
     kind: str  # create_adapter | free_adapter | forward_backward | optim_step | snapshot | drop_snapshots | sample
+    #            | save_checkpoint | load_checkpoint | load_snapshot
     model_id: str = ""
     session_id: str = ""
     payload: BlobRef | None = None
@@ -192,6 +215,7 @@ class WorkResult:
 @dataclass(frozen=True)
 class Batch:
     items: list[WorkItem]
+    incarnation: str = ""  # the worker process this batch was placed for
 
 
 @dataclass(frozen=True)

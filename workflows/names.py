@@ -12,12 +12,22 @@ SESSION_ID = SearchAttributeKey.for_keyword("TinkerflowSessionId")
 BASE_MODEL = SearchAttributeKey.for_keyword("TinkerflowBaseModel")
 STATUS = SearchAttributeKey.for_keyword("TinkerflowStatus")
 STEP = SearchAttributeKey.for_int("TinkerflowStep")
-SEARCH_ATTRIBUTES = (SESSION_ID, BASE_MODEL, STATUS, STEP)
+# Who owns a session or run (the API key's hash; "open" when the API takes any key): the REST listings filter on it.
+OWNER = SearchAttributeKey.for_keyword("TinkerflowOwner")
+SEARCH_ATTRIBUTES = (SESSION_ID, BASE_MODEL, STATUS, STEP, OWNER)
 
 
 def search_attributes(*pairs: tuple[SearchAttributeKey, Any]) -> TypedSearchAttributes:
     """Search attributes a workflow starts with, e.g. search_attributes((SESSION_ID, "sess-1"))."""
     return TypedSearchAttributes([SearchAttributePair(key, value) for key, value in pairs])
+
+
+def owner_value(owner: str) -> str:
+    return owner or "open"
+
+
+def checkpoint_expiry_workflow_id(tinker_path: str) -> str:
+    return "checkpoint-expiry/" + tinker_path.removeprefix("tinker://")
 
 
 def session_workflow_id(session_id: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -32,6 +33,7 @@ class CoordinatorCalls:
         payload: BlobRef | None = None,
         params: dict[str, Any] | None = None,
         wait: bool = True,
+        timeout: timedelta | None = None,
     ) -> Outcome:
         info = workflow.info()
         self._counter += 1
@@ -51,9 +53,15 @@ class CoordinatorCalls:
                                   "user")
         if not wait:
             return Outcome()
-        # No timer here: a timer per op costs a command and a workflow task. The coordinator answers every item it
-        # accepted (its activity has timeouts and a retry limit, and a failed batch is answered as failed).
-        await workflow.wait_condition(lambda: key in self._answers)
+        # No timer in the common case: a timer per op costs a command and a workflow task. The coordinator answers
+        # every item it routes (its activity has timeouts and a retry limit, a failed batch is answered as failed);
+        # only an item waiting for a worker to exist at all waits unanswered, and callers that expect that (recovery
+        # after a worker died) pass a timeout.
+        try:
+            await workflow.wait_condition(lambda: key in self._answers, timeout=timeout)
+        except TimeoutError:
+            self._waiting.discard(key)
+            return Outcome.failed(f"no JAX worker took {kind} within {timeout}", "server")
         self._waiting.discard(key)
         return self._answers.pop(key)
 

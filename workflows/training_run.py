@@ -8,14 +8,25 @@ continue-as-new. A reused seq_id with a different body is rejected by the valida
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+from datetime import timedelta
+
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.workflow import ParentClosePolicy
 
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import Answered, Outcome, RunStart, RunState, SamplerInfo, TrainingOp, WorkResult
+from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart
+from tinkerflow.workflows.messages import (
+    Answered, BlobRef, LoraSpec, Outcome, RunStart, RunState, SamplerInfo, TrainingOp, WorkResult,
+)
 from tinkerflow.workflows.requester import CoordinatorCalls
 
 ANSWERED_KEPT = 128
+# How long a run whose JAX worker died waits for a live worker to restore its adapter on.
+RECOVERY_WAIT = timedelta(minutes=5)
+RECOVERABLE_KINDS = {"forward_backward", "optim_step", "save_weights", "save_weights_external",
+                     "save_weights_for_sampler", "load_weights"}
 STEP_ATTRIBUTE_EVERY = 10
 CONTINUE_AS_NEW_EVENTS = 6_000
 
@@ -59,13 +70,14 @@ class TrainingRunWorkflow:
     async def create(self) -> Outcome:
         """The create_model future: place an adapter for this run on a worker."""
         if self.s.status == "starting":
-            lora = self.s.start.lora
-            outcome = await self._calls.call(
-                self._coordinator, "create_adapter", model_id=self.s.start.model_id,
-                session_id=self.s.start.session_id,
-                params={"rank": lora.rank, "seed": lora.seed, "train_attn": lora.train_attn,
-                        "train_mlp": lora.train_mlp, "train_unembed": lora.train_unembed},
-            )
+            if self.s.lora_spec.seed is None:
+                # Drawn here (deterministically, into history) so a recovery can re-create the very same init.
+                self.s.lora = replace(self.s.lora_spec, seed=workflow.random().randint(0, 2**31 - 1))
+            outcome = await self._create_adapter()
+            if outcome.ok and self.s.start.load_path:
+                outcome = await self._load(self.s.start.load_path, self.s.start.load_optimizer)
+                if not outcome.ok:  # the slot was placed; give it back
+                    await self._calls.call(self._coordinator, "free_adapter", model_id=self.s.start.model_id)
             if outcome.ok:
                 self.s.status = "ready"
             else:
@@ -76,6 +88,9 @@ class TrainingRunWorkflow:
             self._publish()
         if self.s.status != "ready":
             return Outcome.failed(f"training run {self.s.start.model_id} is {self.s.status}: {self.s.error}")
+        if self.s.start.load_path:
+            return Outcome(json={"model_id": self.s.start.model_id, "path": self.s.start.load_path,
+                                 "type": "load_weights"})
         return Outcome(json={"model_id": self.s.start.model_id, "type": "create_model"})
 
     @workflow.update
@@ -95,6 +110,7 @@ class TrainingRunWorkflow:
                 return Outcome.failed(f"training run {self.s.start.model_id} closed before seq_id {op.seq_id} "
                                       f"ran: {self._closing}")
             self._running_seq = op.seq_id
+            self.s.last_request_time = _rfc3339(workflow.now())
             try:
                 outcome = await self._execute(op)
             finally:
@@ -147,10 +163,22 @@ class TrainingRunWorkflow:
     async def _execute(self, op: TrainingOp) -> Outcome:
         if self.s.status != "ready":
             return Outcome.failed(f"training run {self.s.start.model_id} is {self.s.status}: {self.s.error}")
+        outcome = await self._execute_once(op)
+        if outcome.worker_lost and op.kind in RECOVERABLE_KINDS:
+            problem = await self._recover(outcome.error)
+            if problem:
+                return Outcome.failed(f"{outcome.error}; restoring the adapter failed: {problem}", "server")
+            outcome = await self._execute_once(op)
+        return outcome
+
+    async def _execute_once(self, op: TrainingOp) -> Outcome:
         model_id = self.s.start.model_id
         if op.kind == "forward_backward":
             outcome = await self._calls.call(self._coordinator, "forward_backward", model_id=model_id,
                                              payload=op.payload, params=op.params)
+            if outcome.ok:
+                self._log({"kind": "forward_backward", "payload": asdict(op.payload) if op.payload else None,
+                           "params": dict(op.params)})
             if outcome.ok and outcome.json:
                 self.s.fwdbwd_count += 1
                 self.s.tokens_seen += int(outcome.json.get("tokens", 0))
@@ -162,19 +190,144 @@ class TrainingRunWorkflow:
             outcome = await self._calls.call(self._coordinator, "optim_step", model_id=model_id, params=op.params)
             if outcome.ok:
                 self.s.step += 1
+                self._log({"kind": "optim_step", "params": dict(op.params)})
+                every = self.s.start.snapshot_every
+                if every and self.s.step % every == 0:
+                    await self._auto_snapshot()
             return outcome
         if op.kind == "save_weights_for_sampler":
             return await self._save_for_sampler(op)
+        if op.kind in ("save_weights", "save_weights_external") and not op.params.get("path"):
+            return Outcome.failed(f"{op.kind} needs a checkpoint name")
+        if op.kind == "save_weights":
+            return await self._save(op, "weights", "save_weights")
+        if op.kind == "save_weights_external":
+            return await self._save(op, "external_weights", "save_weights_external")
+        if op.kind == "load_weights" and op.params.get("path"):
+            outcome = await self._load(str(op.params["path"]), bool(op.params.get("optimizer")))
+            return Outcome(json={"model_id": model_id, "path": op.params["path"], "type": "load_weights"}) \
+                if outcome.ok else outcome
         if op.kind == "reject":
             return Outcome.failed(str(op.params.get("error", "rejected")))
         return Outcome.failed(f"unsupported training op {op.kind!r}")
+
+    async def _save(self, op: TrainingOp, segment: str, kind: str) -> Outcome:
+        """save_state (orbax training state) or save_weights_external (PEFT files), written by the JAX worker."""
+        path = f"tinker://{self.s.start.model_id}/{segment}/{op.params['path']}"
+        outcome = await self._write_checkpoint(path, op)
+        if not outcome.ok:
+            return outcome
+        if segment == "weights":
+            self.s.last_checkpoint = path
+        result = {"path": path, "type": kind}
+        if segment == "external_weights":
+            result["size_bytes"] = int((outcome.json or {}).get("size_bytes", 0))
+        return Outcome(json=result)
+
+    async def _write_checkpoint(self, path: str, op: TrainingOp) -> Outcome:
+        start = self.s.start
+        ttl = op.params.get("ttl_seconds")
+        expires_at = _rfc3339(workflow.now() + timedelta(seconds=int(ttl))) if ttl else None
+        manifest = {"tinker_path": path, "owner": start.owner, "base_model": start.base_model,
+                    "lora": asdict(self.s.lora_spec), "step": self.s.step, "expires_at": expires_at,
+                    "user_metadata": dict(op.params.get("user_metadata") or {})}
+        outcome = await self._calls.call(self._coordinator, "save_checkpoint", model_id=start.model_id, params={
+            "path": path, "overwrite": bool(op.params.get("overwrite")), "manifest": manifest})
+        if outcome.ok and "/auto_weights/" not in path:
+            await self._schedule_expiry(path, expires_at)
+        return outcome
+
+    async def _schedule_expiry(self, path: str, expires_at: str | None) -> None:
+        """A durable timer per checkpoint with a TTL; a re-save of the name moves or clears an existing one."""
+        wf_id = names.checkpoint_expiry_workflow_id(path)
+        if expires_at is not None:
+            try:
+                await workflow.start_child_workflow(
+                    CheckpointExpiry.run, ExpiryStart(path, expires_at, self.s.start.base_model, self.s.start.pool),
+                    id=wf_id, parent_close_policy=ParentClosePolicy.ABANDON,
+                    static_summary=f"expires {path} at {expires_at}")
+                return
+            except WorkflowAlreadyStartedError:
+                pass
+        try:
+            await workflow.get_external_workflow_handle(wf_id).signal(CheckpointExpiry.set_expiry, expires_at)
+        except Exception:  # no expiry workflow for this name: nothing to move
+            pass
+
+    async def _load(self, path: str, optimizer: bool) -> Outcome:
+        """Load a checkpoint into this run's slot; its LoRA config becomes the run's (contract §3.8)."""
+        outcome = await self._calls.call(self._coordinator, "load_checkpoint", model_id=self.s.start.model_id,
+                                         params={"path": path, "optimizer": optimizer})
+        if outcome.ok:
+            info = outcome.json or {}
+            self.s.lora = LoraSpec(**info["lora"]) if info.get("lora") else self.s.lora
+            if optimizer:
+                self.s.step = int(info.get("step", self.s.step))
+            self.s.loaded_from = path
+            # The loaded checkpoint is the new base to restore from; what came before no longer matters.
+            self.s.auto_snapshot = ""
+            self.s.since_snapshot = []
+            self._log({"kind": "load_weights", "params": {"path": path, "optimizer": optimizer}})
+        return outcome
+
+    # --- recovery from a dead JAX worker (DESIGN §6) ---------------------------------------------------------------
+
+    async def _create_adapter(self) -> Outcome:
+        lora = self.s.lora_spec
+        return await self._calls.call(
+            self._coordinator, "create_adapter", model_id=self.s.start.model_id, session_id=self.s.start.session_id,
+            params={"rank": lora.rank, "seed": lora.seed, "train_attn": lora.train_attn, "train_mlp": lora.train_mlp,
+                    "train_unembed": lora.train_unembed},
+            timeout=RECOVERY_WAIT if self.s.status == "ready" else None)
+
+    def _log(self, entry: dict) -> None:
+        """Remember a state-changing op since the last automatic snapshot (refs and params: history stays small)."""
+        if self.s.start.snapshot_every:
+            self.s.since_snapshot.append(entry)
+
+    async def _auto_snapshot(self) -> None:
+        path = f"tinker://{self.s.start.model_id}/auto_weights/latest"
+        outcome = await self._write_checkpoint(path, TrainingOp(seq_id=0, kind="auto", body_hash="",
+                                                                params={"overwrite": True}))
+        if outcome.ok:
+            self.s.auto_snapshot, self.s.since_snapshot = path, []
+        else:  # keep the log: recovery then replays from the previous snapshot
+            workflow.logger.warning("automatic snapshot of %s failed: %s", self.s.start.model_id, outcome.error)
+
+    async def _recover(self, why: str) -> str:
+        """Re-place the adapter on a live worker, load the latest automatic snapshot and replay the ops logged since:
+        the exact state the dead worker held. Returns "" on success, else what went wrong."""
+        if not self.s.start.snapshot_every:
+            return "automatic snapshots are off for this run (--auto-snapshot-every 0)"
+        self.s.recoveries += 1
+        workflow.logger.warning("restoring %s (%s): snapshot %s + %d ops", self.s.start.model_id, why,
+                                self.s.auto_snapshot or "none (fresh adapter)", len(self.s.since_snapshot))
+        workflow.set_current_details(f"restoring the adapter on a live JAX worker: {why}")
+        outcome = await self._create_adapter()
+        if outcome.ok and self.s.auto_snapshot:
+            outcome = await self._calls.call(self._coordinator, "load_checkpoint", model_id=self.s.start.model_id,
+                                             params={"path": self.s.auto_snapshot, "optimizer": True})
+        for entry in self.s.since_snapshot:
+            if not outcome.ok:
+                break
+            kind, params = entry["kind"], entry.get("params") or {}
+            if kind == "forward_backward":
+                payload = BlobRef(**entry["payload"]) if entry.get("payload") else None
+                outcome = await self._calls.call(self._coordinator, "forward_backward",
+                                                 model_id=self.s.start.model_id, payload=payload, params=params)
+            elif kind == "load_weights":
+                outcome = await self._calls.call(self._coordinator, "load_checkpoint",
+                                                 model_id=self.s.start.model_id, params=params)
+            else:
+                outcome = await self._calls.call(self._coordinator, kind, model_id=self.s.start.model_id,
+                                                 params=params)
+        self._publish()
+        return "" if outcome.ok else outcome.error
 
     async def _save_for_sampler(self, op: TrainingOp) -> Outcome:
         start = self.s.start
         name = op.params.get("path")
         if name:
-            if "/" in name or not name.strip():
-                return Outcome.failed(f"checkpoint name {name!r} must be non-empty and contain no '/'")
             key = f"tinker://{start.model_id}/sampler_weights/{name}"
             sampler_id = ""
         else:
@@ -183,6 +336,13 @@ class TrainingRunWorkflow:
                 return Outcome.failed("save_weights_for_sampler needs a path or a sampling_session_seq_id")
             sampler_id = names.sampler_id_for(start.session_id, int(seq))
             key = sampler_id
+        if not sampler_id:
+            # Named weights persist as PEFT files (any later sampler, session or worker can load them) ...
+            outcome = await self._write_checkpoint(key, op)
+            if not outcome.ok:
+                return outcome
+            self.s.last_sampler_checkpoint = key
+        # ... and stay loaded as an immutable in-memory snapshot for the samplers that follow right away.
         outcome = await self._calls.call(self._coordinator, "snapshot", model_id=start.model_id,
                                          params={"key": key})
         if not outcome.ok:
@@ -217,3 +377,7 @@ class TrainingRunWorkflow:
             self._published = (s.status, step_mark)
             workflow.upsert_search_attributes([names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])
 
+
+
+def _rfc3339(t) -> str:
+    return t.isoformat().replace("+00:00", "Z")

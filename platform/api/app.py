@@ -13,10 +13,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from tinkerflow.api import routes_futures, routes_sampling, routes_service, routes_training
+from tinkerflow.api import (
+    routes_checkpoints, routes_futures, routes_runs, routes_sampling, routes_service, routes_training,
+)
+from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
+from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
@@ -34,7 +38,9 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             log.debug("search attributes: %s", e)
         app.state.services = Services(settings=settings, client=temporal,
                                       store=ClaimCheckStore(settings.resolved_store_url),
-                                      registry=ModelRegistry(temporal), api_keys=settings.accepted_api_keys(),
+                                      registry=ModelRegistry(temporal),
+                                      checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
+                                      signing_key=signing_key(settings), api_keys=settings.accepted_api_keys(),
                                       sample_batcher=SampleBatcher(temporal))
         if not app.state.services.api_keys:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
@@ -42,7 +48,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
 
     app = FastAPI(title="tinkerflow", description="Tinker-compatible training API on Temporal and JAX",
                   lifespan=lifespan)
-    for module in (routes_service, routes_training, routes_sampling, routes_futures):
+    for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
 
     @app.get("/metrics", include_in_schema=False)

@@ -32,6 +32,15 @@ class BatchItemRef:
     index: int
 
 
+@dataclass(frozen=True)
+class FailedRef:
+    """A future that failed before anything was started (e.g. create-via-load of a checkpoint that does not exist):
+    the error travels in the id itself, so any API process answers it the same way."""
+
+    error: str
+    category: str = "user"
+
+
 class BadRequestId(ValueError):
     pass
 
@@ -44,7 +53,9 @@ def _unb64(data: str) -> str:
     return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)).decode()
 
 
-def encode(ref: UpdateRef | WorkflowRef | BatchItemRef) -> str:
+def encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef) -> str:
+    if isinstance(ref, FailedRef):
+        return "f." + _b64(json.dumps([ref.error, ref.category]))
     if isinstance(ref, UpdateRef):
         return "u." + _b64(json.dumps([ref.workflow_id, ref.run_id, ref.update_id]))
     if isinstance(ref, BatchItemRef):
@@ -52,7 +63,7 @@ def encode(ref: UpdateRef | WorkflowRef | BatchItemRef) -> str:
     return "w." + _b64(ref.workflow_id)
 
 
-def decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef:
+def decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef:
     try:
         kind, _, payload = request_id.partition(".")
         if kind == "u":
@@ -60,6 +71,9 @@ def decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef:
             return UpdateRef(str(wf), str(run), str(upd))
         if kind == "w":
             return WorkflowRef(_unb64(payload))
+        if kind == "f":
+            error, category = json.loads(_unb64(payload))
+            return FailedRef(str(error), str(category))
         if kind == "b":
             wf, index = json.loads(_unb64(payload))
             return BatchItemRef(str(wf), int(index))

@@ -29,6 +29,8 @@ USER_ERROR_TYPES = {"SeqConflict", "RunClosed", "UnknownSampler", "SessionEnded"
 
 
 async def _outcome(svc: Services, ref) -> Outcome:
+    if isinstance(ref, request_ids.FailedRef):
+        return Outcome.failed(ref.error, ref.category)
     if isinstance(ref, request_ids.UpdateRef):
         handle = svc.client.get_workflow_handle(ref.workflow_id, run_id=ref.run_id or None)
         return await handle.get_update_handle(ref.update_id, workflow_run_id=ref.run_id or None,

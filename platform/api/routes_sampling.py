@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -12,8 +13,9 @@ from tinker.types import CreateSamplingSessionRequest, SampleRequest
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
-from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
+from tinkerflow.api.lookups import json_body, session_of_caller
 from tinkerflow.api.services import Services
+from tinkerflow.common.checkpoints import CheckpointError, CheckpointNotFound
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
@@ -22,26 +24,22 @@ router = APIRouter(prefix="/api/v1")
 log = logging.getLogger(__name__)
 
 
-def parse_tinker_path(path: str) -> tuple[str, str, str]:
-    """tinker://<model_id>/<kind>/<name>: exactly three parts, as the SDK's ParsedCheckpointTinkerPath requires."""
-    if not path.startswith("tinker://"):
-        raise http_error(400, f"model_path {path!r} must start with tinker://")
-    parts = path[len("tinker://"):].split("/")
-    if len(parts) != 3 or not all(parts):
-        raise http_error(400, f"model_path {path!r} must look like tinker://<model_id>/sampler_weights/<name>")
-    return parts[0], parts[1], parts[2]
-
-
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request, svc: Services = Depends(services),
                                   who: str = Depends(owner)) -> dict:
     req = CreateSamplingSessionRequest.model_validate(await json_body(request))
     await session_of_caller(svc, req.session_id, who)
     if req.model_path:
-        model_id, kind, _name = parse_tinker_path(req.model_path)
-        if kind != "sampler_weights":
-            raise http_error(400, f"model_path {req.model_path!r}: sampling needs a sampler_weights path, got {kind}")
-        base_model = (await run_of_caller(svc, model_id, who)).start.base_model
+        # Any saved weights of the caller's (or published ones): sampler_weights, weights or external_weights.
+        try:
+            m = await asyncio.to_thread(svc.checkpoints.readable, req.model_path, who)
+        except CheckpointNotFound as e:
+            raise http_error(404, str(e)) from None
+        except CheckpointError as e:
+            raise http_error(400, str(e)) from None
+        base_model = m.base_model
+        if await svc.registry.get(base_model) is None:
+            raise http_error(400, f"{req.model_path} needs base model {base_model}, which no JAX worker serves")
     elif req.base_model:
         card = await svc.registry.get(req.base_model)
         if card is None:

@@ -60,7 +60,8 @@ async def create_session(request: Request, svc: Services = Depends(services), wh
     await svc.client.start_workflow(
         SessionWorkflow.run, args=[start, None], id=names.session_workflow_id(session_id),
         task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active")),
+        search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active"),
+                                                  (names.OWNER, names.owner_value(who))),
         static_summary=f"Tinker session {session_id}" + (f" ({req.display_name})" if req.display_name else "") + tags,
         static_details=f"sdk {req.sdk_version}; user_metadata {json.dumps(req.user_metadata or {})[:500]}",
     )

@@ -1,4 +1,4 @@
-"""Training routes: create_model, get_info, forward_backward, optim_step, sampler saves (contract §3.1-3.8).
+"""Training routes: create_model, get_info, forward_backward, optim_step, saves and loads (contract §3.1-3.8).
 
 Every in-sequence request becomes an Update on its run's workflow carrying its `seq_id`; the answer is a
 request_id naming that update. A request the adapter can already tell is wrong, but which has a seq_id, still goes
@@ -7,6 +7,7 @@ in as a `reject` op: it must consume its seq_id (contract §4.5), and it fails i
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -17,7 +18,10 @@ from fastapi import APIRouter, Depends, Request
 from google.protobuf.message import DecodeError
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
 from temporalio.common import WorkflowIDConflictPolicy
-from tinker.types import AdamParams, CreateModelRequest, OptimStepRequest, SaveWeightsForSamplerRequest
+from tinker.types import (
+    AdamParams, CreateModelRequest, LoadWeightsRequest, OptimStepRequest, SaveWeightsExternalRequest,
+    SaveWeightsForSamplerRequest, SaveWeightsRequest,
+)
 
 from tinkerflow.activities.wire import parse_forward_backward
 from tinkerflow.api import request_ids
@@ -25,6 +29,7 @@ from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
+from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import LoraSpec, RunStart, TrainingOp
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
@@ -57,25 +62,32 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
                     train_attn=lora.train_attn if lora else True, train_mlp=lora.train_mlp if lora else True,
                     train_unembed=lora.train_unembed if lora else True)
     start = RunStart(model_id=model_id, session_id=req.session_id, owner=who, base_model=card.name, lora=spec,
-                     pool=svc.settings.pool, user_metadata=req.user_metadata or {})
+                     pool=svc.settings.pool, user_metadata=req.user_metadata or {},
+                     snapshot_every=svc.settings.auto_snapshot_every)
+    return await _start_run(svc, start, f"LoRA training run {model_id}")
+
+
+async def _start_run(svc: Services, start: RunStart, summary: str) -> dict:
+    """Start the run's workflow and its `create` update in one call; the future is that update."""
+    spec = start.lora
     trained = "+".join(n for n, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp),
                                        ("unembed", spec.train_unembed)) if on)
     start_op = WithStartWorkflowOperation(
-        TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(model_id),
+        TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(start.model_id),
         task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         search_attributes=names.search_attributes(
-            (names.SESSION_ID, req.session_id), (names.BASE_MODEL, card.name), (names.STATUS, "starting"),
-            (names.STEP, 0)),
-        static_summary=f"LoRA training run {model_id} · rank {rank} · {trained} · {card.name}",
+            (names.SESSION_ID, start.session_id), (names.BASE_MODEL, start.base_model), (names.STATUS, "starting"),
+            (names.STEP, 0), (names.OWNER, names.owner_value(start.owner))),
+        static_summary=f"{summary} · rank {spec.rank} · {trained} · {start.base_model}",
     )
     try:
         handle = await svc.client.start_update_with_start_workflow(
             TrainingRunWorkflow.create, start_workflow_operation=start_op, id="create",
             wait_for_stage=WorkflowUpdateStage.ACCEPTED)
     except Exception as e:
-        raise from_temporal(e, f"training run {model_id}") from None
+        raise from_temporal(e, f"training run {start.model_id}") from None
     rid = request_ids.encode(request_ids.UpdateRef(handle.workflow_id, handle.workflow_run_id or "", handle.id))
-    return {"request_id": rid, "model_id": model_id}
+    return {"request_id": rid, "model_id": start.model_id}
 
 
 @router.post("/get_info")
@@ -131,22 +143,91 @@ async def save_weights_for_sampler(request: Request, svc: Services = Depends(ser
                                    who: str = Depends(owner)) -> dict:
     raw = await json_body(request)
     req = SaveWeightsForSamplerRequest.model_validate(raw)
-    op = TrainingOp(seq_id=req.seq_id or 0, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
-                    params={"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id,
-                            "kind": req.kind})
+    params = {"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id, "kind": req.kind,
+              "ttl_seconds": req.ttl_seconds, "user_metadata": req.user_metadata or {}, "overwrite": True}
+    if req.path is not None:  # named: PEFT files under tinker://<model_id>/sampler_weights/<name>
+        op = _checked_save(req.seq_id or 0, "save_weights_for_sampler", raw, params)
+    else:  # ephemeral: an in-memory snapshot behind a new sampling session
+        op = TrainingOp(seq_id=req.seq_id or 0, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
+                        params=params)
     return await _submit(svc, req.model_id, op, who)
 
 
 @router.post("/save_weights")
-@router.post("/save_weights_external")
-@router.post("/load_weights")
-async def not_yet(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+async def save_weights(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    """save_state: adapter weights, Adam moments and step, as tinker://<model_id>/weights/<name>."""
     raw = await json_body(request)
-    what = request.url.path.rsplit("/", 1)[-1]
-    message = f"{what} is not supported by this server yet (training-state checkpoints are on the roadmap)"
-    if raw.get("model_id") and raw.get("seq_id") is not None:
-        return await _submit(svc, raw["model_id"], _reject(int(raw["seq_id"]), raw, message), who)
-    raise http_error(400, message)
+    req = SaveWeightsRequest.model_validate(raw)
+    seq_id = req.seq_id or 0
+    name = req.path if req.path is not None else f"{seq_id:06d}"
+    params = {"path": name, "overwrite": req.overwrite, "ttl_seconds": req.ttl_seconds,
+              "user_metadata": req.user_metadata or {}}
+    return await _submit(svc, req.model_id, _checked_save(seq_id, "save_weights", raw, params), who)
+
+
+@router.post("/save_weights_external")
+async def save_weights_external(request: Request, svc: Services = Depends(services),
+                                who: str = Depends(owner)) -> dict:
+    """PEFT adapter files (adapter_model.safetensors + adapter_config.json) for other serving stacks."""
+    raw = await json_body(request)
+    req = SaveWeightsExternalRequest.model_validate(raw)
+    seq_id = req.seq_id or 0
+    if req.age_encryption_recipients:
+        op = _reject(seq_id, raw, "age encryption of external weights is not supported by this server; "
+                                  "save without age_encryption_recipients")
+    else:
+        op = _checked_save(seq_id, "save_weights_external", raw,
+                           {"path": req.path, "overwrite": True, "ttl_seconds": req.ttl_seconds})
+    return await _submit(svc, req.model_id, op, who)
+
+
+def _checked_save(seq_id: int, kind: str, raw: dict, params: dict) -> TrainingOp:
+    try:
+        check_name(params["path"])
+        check_ttl(params.get("ttl_seconds"))
+    except CheckpointError as e:
+        return _reject(seq_id, raw, str(e))
+    return TrainingOp(seq_id=seq_id, kind=kind, body_hash=_hash(_canonical(raw)), params=params)
+
+
+@router.post("/load_weights")
+async def load_weights(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    """Both modes of contract §3.8: create-via-load (session_id + model_seq_id) and the legacy in-sequence load."""
+    raw = await json_body(request)
+    req = LoadWeightsRequest.model_validate(raw)
+    if req.model_id:
+        seq_id = req.seq_id or 0
+        state = await run_of_caller(svc, req.model_id, who)
+        try:
+            m = await asyncio.to_thread(svc.checkpoints.readable, req.path, who)
+            if m.base_model != state.start.base_model:
+                raise CheckpointError(f"{req.path} was trained on {m.base_model}, this run is on "
+                                      f"{state.start.base_model}")
+        except CheckpointError as e:
+            return await _submit(svc, req.model_id, _reject(seq_id, raw, str(e)), who)
+        op = TrainingOp(seq_id=seq_id, kind="load_weights", body_hash=_hash(_canonical(raw)),
+                        params={"path": req.path, "optimizer": req.optimizer})
+        return await _submit(svc, req.model_id, op, who)
+    if req.session_id is None or req.model_seq_id is None:
+        raise http_error(400, "load_weights needs model_id (load into a run) or session_id + model_seq_id "
+                              "(create a run from a checkpoint)")
+    await session_of_caller(svc, req.session_id, who)
+    model_id = names.model_id_for(req.session_id, req.model_seq_id)
+    try:
+        m = await asyncio.to_thread(svc.checkpoints.readable, req.path, who)
+        if req.base_model and req.base_model != m.base_model:
+            raise CheckpointError(f"{req.path} was trained on {m.base_model}, not {req.base_model}")
+        if await svc.registry.get(m.base_model) is None:
+            raise CheckpointError(f"{req.path} needs base model {m.base_model}, which no JAX worker serves")
+        if req.optimizer_config is not None and getattr(req.optimizer_config, "type", "adamw") != "adamw":
+            raise CheckpointError(f"optimizer {req.optimizer_config} is not supported; use Adam")
+    except CheckpointError as e:
+        return {"request_id": request_ids.encode(request_ids.FailedRef(str(e))), "model_id": model_id}
+    start = RunStart(model_id=model_id, session_id=req.session_id, owner=who, base_model=m.base_model,
+                     lora=LoraSpec(**m.lora), pool=svc.settings.pool, user_metadata=req.user_metadata or {},
+                     load_path=req.path, load_optimizer=req.optimizer,
+                     snapshot_every=svc.settings.auto_snapshot_every)
+    return await _start_run(svc, start, f"LoRA training run {model_id} from {req.path}")
 
 
 def _reject(seq_id: int, raw: dict[str, Any], message: str) -> TrainingOp:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from temporalio.client import Client
 
+from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.metrics import SAMPLING_QUEUE
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
@@ -63,6 +64,8 @@ class Services:
     client: Client
     store: ClaimCheckStore
     registry: ModelRegistry
+    checkpoints: CheckpointStore
+    signing_key: bytes = b""  # signs download URLs (external_weights_urls)
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
     sample_batcher: SampleBatcher | None = None
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache

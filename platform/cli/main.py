@@ -48,6 +48,11 @@ def _api_flags(p: argparse.ArgumentParser) -> None:
                    "(default 120)")
     p.add_argument("--max-request-bytes", type=int, help="refuse request bodies larger than this with HTTP 413, "
                    "on the wire and after zstd decompression (default 256 MiB)")
+    p.add_argument("--auto-snapshot-every", type=int, help="save an automatic snapshot of each run every N optim "
+                   "steps, so a dead JAX worker's runs are restored exactly elsewhere (default 10; 0: off, a dead "
+                   "worker's runs then fail)")
+    p.add_argument("--url-signing-key", help="secret that signs checkpoint download URLs; API replicas must share it "
+                   "(env TINKERFLOW_URL_SIGNING_KEY; default: a random key kept in <state-dir>/url-signing.key)")
     p.add_argument("--max-queued-samples", type=int, help="answer asample with HTTP 429 (the SDK backs off and "
                    "retries) while this many samples are queued for one base model (default 1024)")
 
@@ -81,6 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     jw = sub.add_parser("jax-worker", help="run only a JAX worker serving one base model")
     _model_flags(jw)
     jw.add_argument("--worker-id", help="stable id of this worker (default: <hostname>-<pool>-0)")
+    mh = jw.add_argument_group("multi-host (one process per host; each also read from TINKERFLOW_<NAME>)")
+    mh.add_argument("--coordinator-address", metavar="HOST:PORT", help="jax.distributed coordinator: process 0's "
+                    "host and a free port (env TINKERFLOW_COORDINATOR_ADDRESS)")
+    mh.add_argument("--num-processes", type=int, metavar="N", help="processes (hosts) in the worker; above 1 they "
+                    "join jax.distributed, process 0 takes activities and drives the others (default 1)")
+    mh.add_argument("--process-id", type=int, metavar="I", help="this process's index in [0, N) (default 0)")
+    mh.add_argument("--mesh-fsdp", type=int, metavar="N", help="devices on the mesh's fsdp axis, over all processes "
+                    "(default 0: every device not on tp)")
+    mh.add_argument("--mesh-tp", type=int, metavar="N", help="devices on the mesh's tp (tensor-parallel) axis "
+                    "(default 1)")
 
     api = sub.add_parser("api", help="run only the HTTP API under uvicorn")
     _api_flags(api)

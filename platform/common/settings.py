@@ -54,9 +54,34 @@ class Settings:
     # Port of the JAX worker's Prometheus /metrics (0: off). The API serves /metrics on its own port.
     metrics_port: int = field(default_factory=lambda: int(_env("METRICS_PORT", "0")))
 
+    # Every this many optim steps a run saves an automatic snapshot (adapter + Adam state) to the checkpoint root;
+    # with the ops since (their inputs stay in the claim-check store) a dead JAX worker's runs are restored exactly.
+    auto_snapshot_every: int = field(default_factory=lambda: int(_env("AUTO_SNAPSHOT_EVERY", "10")))
+    # Claim-check objects (request bodies, results) older than this are collected (0: never). Runs replay request
+    # bodies since their last automatic snapshot after a worker dies, so keep this well above a step's duration.
+    store_retention_s: float = field(default_factory=lambda: float(_env("STORE_RETENTION_S", "86400")))
+    # Where checkpoints live (DESIGN §4): file:///path or gs://bucket/prefix. Every process kind needs the same one.
+    checkpoint_root: str = field(default_factory=lambda: _env("CHECKPOINT_ROOT", ""))
+    # Key that signs the download URLs the API hands out (external_weights_urls). API replicas must share it;
+    # empty: a random key kept in <state-dir>/url-signing.key.
+    url_signing_key: str = field(default_factory=lambda: _env("URL_SIGNING_KEY", ""))
+
+    # Multi-host JAX worker (DESIGN §4): num_processes > 1 joins jax.distributed at coordinator_address (host:port
+    # of process 0); process 0 takes activities and drives the others through the same steps.
+    coordinator_address: str = field(default_factory=lambda: _env("COORDINATOR_ADDRESS", ""))
+    num_processes: int = field(default_factory=lambda: int(_env("NUM_PROCESSES", "1")))
+    process_id: int = field(default_factory=lambda: int(_env("PROCESS_ID", "0")))
+    # The JAX worker's device mesh: devices on the fsdp axis (0: every device not on tp) and on the tp axis.
+    mesh_fsdp: int = field(default_factory=lambda: int(_env("MESH_FSDP", "0")))
+    mesh_tp: int = field(default_factory=lambda: int(_env("MESH_TP", "1")))
+
     @property
     def resolved_store_url(self) -> str:
         return self.store_url or (self.state_dir / "store").as_uri()
+
+    @property
+    def resolved_checkpoint_root(self) -> str:
+        return self.checkpoint_root or (self.state_dir / "checkpoints").as_uri()
 
     def accepted_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)
@@ -94,6 +119,10 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temporal-namespace", help="Temporal namespace (default 'default')")
     g.add_argument("--store-url", help="claim-check store root: file:///path or gs://bucket/prefix "
                    "(default <state-dir>/store)")
+    g.add_argument("--store-retention-s", type=float, help="collect claim-check objects older than this "
+                   "(default 86400; 0: never)")
+    g.add_argument("--checkpoint-root", help="checkpoint storage root: file:///path or gs://bucket/prefix "
+                   "(default <state-dir>/checkpoints)")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")
     g.add_argument("--log-format", choices=["text", "json"], help="text for people, json (one object per line) "
                    "for log pipelines (default text)")

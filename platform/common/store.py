@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
+from datetime import datetime
 
 import fsspec
 
@@ -35,12 +37,14 @@ class ClaimCheckStore:
     def put(self, data: bytes, kind: str) -> BlobRef:
         """Write `data` once under `<root>/<kind>/<uuid>` and return its reference."""
         path = f"{self.root}/{kind}/{uuid.uuid4().hex}"
-        tmp = path + ".partial"
         self.fs.makedirs(f"{self.root}/{kind}", exist_ok=True)
-        with self.fs.open(tmp, "wb") as f:
-            f.write(data)
-        # Rename so a reader never sees a half-written object (on GCS the upload itself is atomic).
-        self.fs.mv(tmp, path)
+        if self._uri(path) != path:  # an object store: the upload itself is atomic
+            with self.fs.open(path, "wb") as f:
+                f.write(data)
+        else:  # a local file system: rename, so a reader never sees a half-written object
+            with self.fs.open(path + ".partial", "wb") as f:
+                f.write(data)
+            self.fs.mv(path + ".partial", path)
         return BlobRef(uri=self._uri(path), size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
     def get(self, ref: BlobRef) -> bytes:
@@ -61,3 +65,37 @@ class ClaimCheckStore:
             pass
         except Exception:  # collection is best effort; an orphan costs disk, never correctness
             log.warning("could not delete claim-check object %s", ref.uri, exc_info=True)
+
+    def sweep(self, kind: str, older_than_s: float) -> tuple[int, int]:
+        """Delete objects of `kind` written more than `older_than_s` ago; returns (objects, bytes) removed.
+
+        Answers are read within seconds of being written and request bodies are needed at most until their run's
+        next automatic snapshot, so a retention of hours loses nothing anyone will ask for.
+        """
+        cutoff = time.time() - older_than_s
+        removed = freed = 0
+        try:
+            entries = self.fs.ls(f"{self.root}/{kind}", detail=True)
+        except FileNotFoundError:
+            return 0, 0
+        for entry in entries:
+            written = _written_at(entry)
+            if entry.get("type") == "file" and written is not None and written < cutoff:
+                try:
+                    self.fs.rm(entry["name"])
+                    removed, freed = removed + 1, freed + int(entry.get("size") or 0)
+                except FileNotFoundError:
+                    pass
+        return removed, freed
+
+
+def _written_at(entry: dict) -> float | None:
+    """Epoch seconds an object was written: `mtime` on local disk, `updated`/`timeCreated` (RFC3339) on GCS."""
+    value = entry.get("mtime") or entry.get("updated") or entry.get("timeCreated")
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()

@@ -6,7 +6,9 @@ The parts are started with the same machinery as `tinkerflow up` (one process ea
 from __future__ import annotations
 
 import signal
+import time
 
+import numpy as np
 import pytest
 import tinker
 from tinker import types
@@ -22,10 +24,11 @@ ADAM = types.AdamParams(learning_rate=1e-3)
 
 
 @pytest.fixture
-def parts(tmp_path):
+def parts(tmp_path, request):
     temporal_port = free_port()
     settings = Settings(state_dir=tmp_path / "state", port=free_port(), api_keys=("tml-durable",),
-                        temporal_address=f"127.0.0.1:{temporal_port}")
+                        temporal_address=f"127.0.0.1:{temporal_port}",
+                        auto_snapshot_every=getattr(request, "param", 10))
     stack = Stack(settings)
     stack.temporal_port = temporal_port
     try:
@@ -84,3 +87,74 @@ def test_temporal_restarted_on_its_file_keeps_sessions_runs_and_futures(parts):
     assert _losses([done])[0] == first
     assert len(_losses([training.forward_backward([DATUM], "cross_entropy")])) == 1
     assert training.optim_step(ADAM).result(timeout=300) is not None
+
+
+def test_a_save_cut_short_by_a_killed_jax_worker_leaves_nothing_that_lists_or_loads(parts, monkeypatch):
+    """The worker is held between uploading the payload and committing the manifest (fault injection), then killed.
+    The files it left never list and never load, and the save's future fails instead of hanging."""
+    training = _client(parts)
+    parts.kill("jax-worker")
+    monkeypatch.setenv("TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S", "120")
+    parts.start_worker("jax-worker")
+    training = _client(parts)  # the restarted worker lost the first adapter; a new run on the new worker
+    run, name = training.model_id, "half"
+    path = f"tinker://{run}/weights/{name}"
+    ckpt_dir = parts.settings.state_dir / "checkpoints" / run / "weights" / name
+    pending = training.save_state(name)
+    deadline = time.monotonic() + 120
+    while not (ckpt_dir.exists() and any(p.is_file() for p in ckpt_dir.rglob("*"))):
+        assert time.monotonic() < deadline, parts.logs
+        time.sleep(0.1)
+    parts.kill("jax-worker")
+
+    assert not (ckpt_dir / "checkpoint.json").exists()
+    rest = tinker.ServiceClient(base_url=parts.base_url, api_key=parts.api_key).create_rest_client()
+    assert path not in [c.tinker_path for c in rest.list_checkpoints(run).result().checkpoints]
+    service = tinker.ServiceClient(base_url=parts.base_url, api_key=parts.api_key)
+    with pytest.raises(tinker.RequestFailedError, match="does not exist"):
+        service.create_training_client_from_state(path).result(timeout=120)
+
+    monkeypatch.delenv("TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S")
+    parts.start_worker("jax-worker")
+    # The cut-short save's future does not hang: it fails, saying the adapter went with the worker.
+    with pytest.raises(tinker.RequestFailedError):
+        pending.result(timeout=180)
+    again = _client(parts)  # and saving works again on the restarted worker
+    again_path = again.save_state(name).result(timeout=300).path
+    assert again_path in [c.tinker_path for c in rest.list_checkpoints(again.model_id).result().checkpoints]
+
+
+@pytest.mark.parametrize("parts", [2], indirect=True)  # an automatic snapshot every 2 optim steps
+def test_jax_worker_killed_mid_run_the_run_is_restored_exactly_and_no_future_hangs(parts):
+    """kill -9 the JAX worker with work in flight and start it again: the run's adapter is restored from its latest
+    automatic snapshot plus the ops since, so the losses continue exactly as in a run that never saw a fault; a
+    sample in flight completes or fails with a message, and nothing hangs."""
+    service = tinker.ServiceClient(base_url=parts.base_url, api_key=parts.api_key)
+    model = parts.served_model()
+
+    def steps(training, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            out.append(_losses([training.forward_backward([DATUM], "cross_entropy")])[0])
+            training.optim_step(ADAM).result(timeout=300)
+        return out
+
+    reference = service.create_lora_training_client(base_model=model, rank=4, seed=11).result()
+    expected = steps(reference, 6)
+
+    training = service.create_lora_training_client(base_model=model, rank=4, seed=11).result()
+    before = steps(training, 3)  # snapshot after step 2; step 3's ops are logged since
+    sampler = training.save_weights_and_get_sampling_client()
+    in_flight = [training.forward_backward([DATUM], "cross_entropy"), training.optim_step(ADAM)]
+    sample = sampler.sample(types.ModelInput.from_ints([10, 20]), 1, types.SamplingParams(max_tokens=4))
+    parts.kill("jax-worker")
+    parts.start_worker("jax-worker")
+
+    after = [_losses([in_flight[0]])[0]]
+    in_flight[1].result(timeout=300)
+    after += steps(training, 2)
+    np.testing.assert_allclose(before + after, expected, rtol=1e-5)
+    try:  # its snapshot lived on the dead worker: an answer or a clear failure, never a hang
+        sample.result(timeout=300)
+    except tinker.RequestFailedError as e:
+        assert "worker" in str(e) or "not loaded" in str(e)

@@ -21,15 +21,18 @@ def _raw_session(http: httpx.Client) -> str:
 
 
 def _create(http: httpx.Client, session_id: str, n: int, base_model: str) -> dict:
-    created = http.post("/api/v1/create_model", json={
+    return _await(http, http.post("/api/v1/create_model", json={
         "session_id": session_id, "model_seq_id": n, "base_model": base_model, "lora_config": {"rank": 4},
-        "type": "create_model"}).json()
+        "type": "create_model"}).json()["request_id"])
+
+
+def _await(http: httpx.Client, request_id: str) -> dict:
     for _ in range(40):
-        r = http.post("/api/v1/retrieve_future", json={"request_id": created["request_id"],
-                                                       "allow_metadata_only": False}, timeout=60).json()
+        r = http.post("/api/v1/retrieve_future", json={"request_id": request_id, "allow_metadata_only": False},
+                      timeout=60).json()
         if r.get("type") != "try_again":
             return r
-    raise AssertionError("create_model never answered")
+    raise AssertionError(f"{request_id} never answered")
 
 
 def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(tmp_path):
@@ -39,8 +42,12 @@ def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(
         http = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": stack.api_key})
         model = stack.served_model()
         abandoned = _raw_session(http)
+        created_at = time.monotonic()
         assert _create(http, abandoned, 0, model)["model_id"] == f"{abandoned}:train:0"
         assert _create(http, abandoned, 1, model)["model_id"] == f"{abandoned}:train:1"
+        kept = _await(http, http.post("/api/v1/save_weights", json={
+            "model_id": f"{abandoned}:train:0", "path": "kept", "seq_id": 1, "type": "save_weights"}).json()[
+                "request_id"])["path"]
 
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
         t0 = time.monotonic()
@@ -57,9 +64,13 @@ def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(
             except tinker.RequestFailedError:
                 assert time.monotonic() < deadline, "the abandoned session never gave its slots back"
                 time.sleep(1)
-        assert time.monotonic() - t0 >= 5
+        assert time.monotonic() - created_at >= 5
         r = http.post("/api/v1/session_heartbeat", json={"session_id": abandoned, "type": "session_heartbeat"})
         assert r.status_code == 410 and r.json()["detail"]
         assert training.get_info().model_data.model_name == model
+        # ... and its checkpoints stay: listed, and loadable into the freed slot.
+        rest = service.create_rest_client()
+        assert kept in [c.tinker_path for c in rest.list_checkpoints(f"{abandoned}:train:0").result().checkpoints]
+        assert service.create_training_client_from_state(kept).result(timeout=120).get_info().lora_rank == 4
     finally:
         stack.stop()

@@ -46,6 +46,28 @@ def test_tenants_are_isolated_and_keys_come_from_flags_and_a_file(tmp_path):
                                                                         "detail": None}).status_code == 404
         assert bob.post("/api/v1/client/config", json={"sdk_version": "0.38.0"}).status_code == 200  # bob is valid
 
+        # Checkpoints: private ones are invisible to bob (404, like a missing one); published ones he can read and
+        # load, but only alice can change or delete them (403).
+        path = training.save_state("alice-1").result(timeout=300).path
+        ckpt = f"/api/v1/training_runs/{model_id}/checkpoints/weights/alice-1"
+        assert bob.get(f"/api/v1/training_runs/{model_id}/checkpoints").json()["checkpoints"] == []
+        assert path not in str(bob.get("/api/v1/checkpoints").json())
+        assert bob.post("/api/v1/weights_info", json={"tinker_path": path}).status_code == 404
+        assert bob.delete(ckpt).status_code == 404
+        assert bob.get(f"{ckpt}/external_weights_urls").status_code == 404
+        bob_sdk = tinker.ServiceClient(base_url=stack.base_url, api_key="tml-bob")
+        with pytest.raises(tinker.RequestFailedError, match="does not exist"):
+            bob_sdk.create_training_client_from_state(path).result(timeout=300)
+        alice_rest = alice.create_rest_client()
+        alice_rest.publish_checkpoint_from_tinker_path(path).result()
+        assert bob.post("/api/v1/weights_info", json={"tinker_path": path}).json()["lora_rank"] == 4
+        assert bob_sdk.create_training_client_from_state(path).result(timeout=300).get_info().lora_rank == 4
+        assert bob.delete(ckpt).status_code == 403 and bob.put(f"{ckpt}/ttl", json={"ttl_seconds": 3600}
+                                                               ).status_code == 403
+        assert path in [c.tinker_path for c in alice_rest.list_checkpoints(model_id).result().checkpoints]
+        bobs_runs = [r["training_run_id"] for r in bob.get("/api/v1/training_runs").json()["training_runs"]]
+        assert len(bobs_runs) == 1 and model_id not in bobs_runs  # only the run bob made from the published one
+
         # Alice is untouched: her run is at the step she left it, and she keeps training and sampling.
         out = training.forward_backward([DATUM], "cross_entropy").result(timeout=300)
         assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == 3

@@ -10,13 +10,10 @@ import pytest
 
 from tests.infra.conftest import INFRA, OVERLAYS, by_kind, pod_specs, render
 
-# Consumed by the multi-host JAX worker and the Temporal mTLS client config, both planned (issue 7): the manifests
-# set them already; today's processes ignore them. Remove an entry here when its code lands (and this test will then
-# demand the matching Settings field).
+# Consumed by the Temporal mTLS client config, planned (issue 7): the manifests set them already; today's processes
+# ignore them. Remove an entry here when its code lands (and this test will then demand the matching Settings field).
+# (The multi-host JAX worker's TINKERFLOW_COORDINATOR_ADDRESS, _NUM_PROCESSES and _PROCESS_ID have landed.)
 PLANNED_ENV = {
-    "TINKERFLOW_COORDINATOR_ADDRESS": "multi-host JAX worker (--coordinator-address)",
-    "TINKERFLOW_NUM_PROCESSES": "multi-host JAX worker (--num-processes)",
-    "TINKERFLOW_PROCESS_ID": "multi-host JAX worker (--process-id)",
     "TINKERFLOW_TEMPORAL_TLS_CERT": "Temporal Cloud mTLS client config",
     "TINKERFLOW_TEMPORAL_TLS_KEY": "Temporal Cloud mTLS client config",
 }

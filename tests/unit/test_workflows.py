@@ -297,15 +297,22 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     assert not refused.ok and "mock engine refused sample" in refused.error
 
 
-async def test_sample_from_weights_no_worker_holds_fails_fast(tinker: Tinker) -> None:
+async def test_sample_from_saved_weights_loads_them_first_in_the_same_batch(tinker: Tinker) -> None:
+    """Saved sampler weights no worker holds in memory are loaded (load_snapshot) right before the sample, on the
+    same worker and in the same batch; the next sample of them finds them there and loads nothing."""
     sid, _ = await tinker.start_session()
-    sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model,
-                          snapshot="tinker://nowhere/sampler_weights/x")
-    [outcome] = await within(tinker.client.execute_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob("mem://r")]),
-        id=names.sample_workflow_id(sampler.sampler_id, body_hash("s")), task_queue=names.WORKFLOW_TASK_QUEUE))
-    assert not outcome.ok and "not loaded on any worker" in outcome.error
-    assert tinker.engine.of_kind("sample") == []
+    path = "tinker://elsewhere:train:0/sampler_weights/x"
+    sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model, snapshot=path)
+    for n in range(2):
+        [outcome] = await within(tinker.client.execute_workflow(
+            SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob(f"mem://r{n}")]),
+            id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)), task_queue=names.WORKFLOW_TASK_QUEUE))
+        assert outcome.ok
+    [load] = tinker.engine.of_kind("load_snapshot")
+    assert load.params == {"path": path}
+    first = next(b for b in tinker.engine.batches if any(i.kind == "sample" for i in b.items))
+    assert [i.kind for i in first.items] == ["load_snapshot", "sample"]
+    assert len(tinker.engine.of_kind("sample")) == 2
 
 
 async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) -> None:
@@ -328,9 +335,10 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
     named = await tinker.op(run, TrainingOp(seq_id=2, kind="save_weights_for_sampler", body_hash=body_hash("named"),
                                             params={"path": "ckpt-1"}))
     assert named.json == {"path": f"tinker://{model_id}/sampler_weights/ckpt-1", "type": "save_weights_for_sampler"}
-    bad_name = await tinker.op(run, TrainingOp(seq_id=3, kind="save_weights_for_sampler", body_hash=body_hash("b"),
-                                               params={"path": "a/b"}))
-    assert not bad_name.ok and "contain no '/'" in bad_name.error
+    # Named weights are also written to storage (PEFT files) by the worker holding the adapter.
+    [save] = tinker.engine.of_kind("save_checkpoint")
+    assert save.model_id == model_id and save.params["path"] == f"tinker://{model_id}/sampler_weights/ckpt-1"
+    assert save.params["manifest"]["lora"]["rank"] == 8 and save.params["manifest"]["expires_at"] is None
     assert (await tinker.describe_coordinator())["snapshots"] == 2
 
     # Finishing the session drops its ephemeral sampler weights (the named checkpoint stays).
@@ -359,7 +367,7 @@ async def test_reject_op_fails_its_own_future_and_the_next_seq_still_runs(tinker
     assert (await within(second.result())).ok
     assert fwd_seqs(tinker.engine, model_id) == [2]
 
-    unknown = await tinker.op(run, TrainingOp(seq_id=3, kind="load_weights", body_hash=body_hash("lw")))
+    unknown = await tinker.op(run, TrainingOp(seq_id=3, kind="frobnicate", body_hash=body_hash("lw")))
     assert not unknown.ok and "unsupported training op" in unknown.error
     refused = await tinker.op(run, tinker.fwd(4, bad=True))  # the engine refuses this one
     assert not refused.ok and "mock engine refused forward_backward" in refused.error

@@ -33,6 +33,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tinkerflow.workflows import names
+from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
+from tinkerflow.workflows.janitor import StoreJanitor
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
 from tinkerflow.workflows.messages import (
     Batch,
@@ -53,7 +55,7 @@ from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 TEMPORAL_BINARY = Path(sys.executable).parent / "temporal"
-ALL_WORKFLOWS = [Coordinator, TrainingRunWorkflow, SessionWorkflow, SampleRequestWorkflow]
+ALL_WORKFLOWS = [Coordinator, TrainingRunWorkflow, SessionWorkflow, SampleRequestWorkflow, CheckpointExpiry, StoreJanitor]
 STEP_TIMEOUT = 20.0  # seconds any single wait in a test may take before it counts as a hang
 
 
@@ -126,6 +128,12 @@ class MockEngine:
                            blob=blob(f"mem://sample/{item.key}"))
         if item.kind == "snapshot":
             return Outcome(json={"key": item.params.get("key")})
+        if item.kind == "save_checkpoint":
+            return Outcome(json={"path": item.params["path"], "size_bytes": 1234})
+        if item.kind == "load_checkpoint":  # a checkpoint saved with rank 4, mlp untrained, after 3 steps
+            lora = {"rank": 4, "seed": None, "train_attn": True, "train_mlp": False, "train_unembed": True}
+            return Outcome(json={"lora": lora, "step": 3 if item.params.get("optimizer") else 0,
+                                 "path": item.params["path"]})
         return Outcome(json={})  # free_adapter, drop_snapshots
 
     async def run_batch(self, batch: Batch) -> BatchResult:
@@ -221,10 +229,11 @@ class Tinker:
         self.started.append(handle)
         return session_id, handle
 
-    async def create_run(self, session_id: str, n: int, rank: int = 8) -> tuple[WorkflowHandle, Outcome]:
+    async def create_run(self, session_id: str, n: int, rank: int = 8, **start_fields: Any
+                         ) -> tuple[WorkflowHandle, Outcome]:
         model_id = names.model_id_for(session_id, n)
         start = RunStart(model_id=model_id, session_id=session_id, owner="", base_model=self.base_model,
-                         lora=LoraSpec(rank=rank), pool=self.pool)
+                         lora=LoraSpec(rank=rank), pool=self.pool, **start_fields)
         start_op = WithStartWorkflowOperation(
             TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(model_id),
             task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

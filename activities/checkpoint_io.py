@@ -1,0 +1,79 @@
+"""Checkpoints between the engine and storage: which format each kind uses, staged locally, committed atomically.
+
+    tinker://<run>/weights/<name>           save_state: orbax training state (weights, Adam moments, step)
+    tinker://<run>/sampler_weights/<name>   save_weights_for_sampler(name): PEFT adapter files
+    tinker://<run>/external_weights/<name>  save_weights_external: PEFT adapter files, for other serving stacks
+
+Every payload is written to a local staging directory first and then committed by `CheckpointStore.commit`
+(payload, then manifest), so a JAX worker killed mid-save leaves nothing that lists or loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+from tinkerflow.common.checkpoints import (
+    TRAINING_STATE_SEGMENTS, CheckpointError, CheckpointStore, Manifest, Staging, TinkerPath, now_rfc3339,
+)
+from tinkerflow.workers.engine import checkpoint as formats
+from tinkerflow.workers.engine.types import LoraConfig, SlotState
+
+log = logging.getLogger(__name__)
+# Fault injection for tests: hold a save between its payload upload and its manifest commit for this long.
+PAUSE_ENV = "TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S"
+
+
+def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *, overwrite: bool) -> Manifest:
+    started = time.perf_counter()
+    m = Manifest(**{**manifest, "time": now_rfc3339()})
+    p = m.path
+    state: SlotState = engine.export_slot(slot)
+    m = Manifest(**{**asdict(m), "lora": _lora_dict(state.config)})
+    with Staging() as staging:
+        if p.segment in TRAINING_STATE_SEGMENTS:
+            formats.write_training_state(state, staging, base_model_name_or_path=m.base_model)
+            m = Manifest(**{**asdict(m), "has_optimizer": True, "format": "orbax+peft-config"})
+        else:
+            formats.write_peft(state.config, state.weights, staging, base_model_name_or_path=m.base_model)
+            m = Manifest(**{**asdict(m), "format": "peft"})
+        committed = store.commit(m, staging, overwrite=overwrite,
+                                 pause_before_manifest_s=float(os.environ.get(PAUSE_ENV, "0") or 0))
+    log.info("saved %s (%d bytes) in %.2fs", p, committed.size_bytes, time.perf_counter() - started)
+    return committed
+
+
+def read_state(store: CheckpointStore, path: str) -> tuple[Manifest, SlotState]:
+    """The checkpoint's training state; PEFT kinds come back with zero moments (and has_optimizer False)."""
+    p = TinkerPath.parse(path)
+    with Staging() as staging:
+        m = store.download(p, staging)
+        if p.segment in TRAINING_STATE_SEGMENTS:
+            return m, formats.read_training_state(staging)
+        config, weights = formats.read_peft(staging)
+    zeros = {k: v * 0 for k, v in weights.items()}
+    return m, SlotState(config=config, weights=weights, mu=zeros, nu=dict(zeros), step=0)
+
+
+def load(engine, store: CheckpointStore, slot: int, path: str, *, optimizer: bool) -> dict[str, Any]:
+    m, state = read_state(store, path)
+    if optimizer and not m.has_optimizer:
+        raise CheckpointError(f"{path} holds weights only (no optimizer state); load it without the optimizer, or "
+                              "load a save_state checkpoint (tinker://…/weights/…)")
+    engine.import_slot(slot, state, optimizer=optimizer)
+    log.info("loaded %s into slot %d (optimizer %s)", path, slot, optimizer)
+    return {"lora": _lora_dict(state.config), "step": state.step if optimizer else 0, "path": path}
+
+
+def load_snapshot(engine, store: CheckpointStore, path: str) -> None:
+    _, state = read_state(store, path)
+    engine.load_snapshot(path, state.config, state.weights)
+
+
+def _lora_dict(config: LoraConfig) -> dict[str, Any]:
+    return {"rank": config.rank, "seed": config.seed, "train_attn": config.train_attn,
+            "train_mlp": config.train_mlp, "train_unembed": config.train_unembed}
+

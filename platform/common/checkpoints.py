@@ -1,0 +1,329 @@
+"""Checkpoint storage: where `tinker://<run>/<kind>/<name>` lives, and the manifest that makes it exist.
+
+Layout under the checkpoint root (fsspec: `file:///…` locally, `gs://bucket/prefix` on GKE):
+
+    <root>/<training_run_id>/<segment>/<name>/checkpoint.json     the manifest, written LAST
+    <root>/<training_run_id>/<segment>/<name>/...                 the payload (orbax state or PEFT files)
+
+A checkpoint exists exactly when its manifest does. A writer uploads the payload first and the manifest last, and a
+deleter removes the manifest first, so a save cut short (the JAX worker killed mid-write) leaves files that never
+list and never load; the next save of that name sweeps them. The manifest also carries what the REST surface shows
+(owner, base model, LoRA config, size, publicity, expiry) so listing never opens a payload.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "checkpoint.json"
+SEGMENTS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+# The service's own automatic snapshots (worker-death recovery): training state like `weights`, never listed,
+# never loadable by a client.
+AUTO_SEGMENT = "auto_weights"
+TRAINING_STATE_SEGMENTS = ("weights", AUTO_SEGMENT)
+MIN_TTL_S = 3600
+MAX_TTL_S = 10 * 365 * 24 * 3600
+_NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
+_RUN = re.compile(r"^[A-Za-z0-9._\-]+(:[A-Za-z0-9._\-]+)*$")
+
+
+class CheckpointError(ValueError):
+    """A user-facing problem with a checkpoint path or request (the message says what to do)."""
+
+
+class CheckpointNotFound(CheckpointError):
+    pass
+
+
+@dataclass(frozen=True)
+class TinkerPath:
+    run: str  # training_run_id == model_id
+    segment: str  # weights | sampler_weights | external_weights
+    name: str
+
+    @property
+    def checkpoint_id(self) -> str:
+        return f"{self.segment}/{self.name}"
+
+    @property
+    def checkpoint_type(self) -> str:
+        return SEGMENTS.get(self.segment, "training")
+
+    def __str__(self) -> str:
+        return f"tinker://{self.run}/{self.segment}/{self.name}"
+
+    @staticmethod
+    def parse(path: str) -> "TinkerPath":
+        """`tinker://<run>/<segment>/<name>`, as the SDK's ParsedCheckpointTinkerPath reads it (contract §9)."""
+        if not isinstance(path, str) or not path.startswith("tinker://"):
+            raise CheckpointError(f"{path!r} is not a tinker:// path; expected tinker://<run>/<kind>/<name> "
+                                  "as save_state / save_weights_for_sampler returned it")
+        parts = path[len("tinker://"):].split("/")
+        if len(parts) != 3:
+            raise CheckpointError(f"{path!r} is malformed; expected tinker://<run>/<kind>/<name> "
+                                  "(exactly three parts, the name has no '/')")
+        run, segment, name = parts
+        if segment not in SEGMENTS and segment != AUTO_SEGMENT:
+            raise CheckpointError(f"{path!r}: unknown checkpoint kind {segment!r}; one of {', '.join(SEGMENTS)}")
+        return TinkerPath.of(run, segment, name)
+
+    @staticmethod
+    def of(run: str, segment: str, name: str) -> "TinkerPath":
+        check_name(name)
+        if not _RUN.match(run or "") or run.startswith("."):
+            raise CheckpointError(f"training run id {run!r} is malformed")
+        if segment not in SEGMENTS and segment != AUTO_SEGMENT:
+            raise CheckpointError(f"unknown checkpoint kind {segment!r}; one of {', '.join(SEGMENTS)}")
+        return TinkerPath(run, segment, name)
+
+    @staticmethod
+    def from_checkpoint_id(run: str, checkpoint_id: str) -> "TinkerPath":
+        segment, _, name = checkpoint_id.partition("/")
+        return TinkerPath.of(run, segment, name)
+
+
+def check_name(name: str) -> None:
+    if not name or not _NAME.match(name) or name in (".", ".."):
+        raise CheckpointError(f"checkpoint name {name!r} must be non-empty and use only letters, digits, '.', '_' "
+                              "and '-' (no '/')")
+
+
+def check_ttl(ttl_seconds: int | None) -> None:
+    if ttl_seconds is not None and not (MIN_TTL_S <= int(ttl_seconds) <= MAX_TTL_S):
+        raise CheckpointError(f"ttl_seconds {ttl_seconds} is outside {MIN_TTL_S} (1 hour) .. {MAX_TTL_S} (10 years); "
+                              "pass None for no expiry")
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(s: str | None) -> datetime | None:
+    return datetime.fromisoformat(s.replace("Z", "+00:00")) if s else None
+
+
+def expiry_after(ttl_seconds: int | None, now: datetime | None = None) -> str | None:
+    if ttl_seconds is None:
+        return None
+    return rfc3339((now or datetime.now(UTC)) + timedelta(seconds=int(ttl_seconds)))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    tinker_path: str
+    owner: str  # the API key hash of the run's owner ("" when the API is open)
+    base_model: str
+    lora: dict[str, Any]  # rank, seed, train_attn, train_mlp, train_unembed
+    time: str  # RFC3339, when it was committed
+    step: int = 0
+    has_optimizer: bool = False
+    size_bytes: int = 0
+    files: dict[str, int] = field(default_factory=dict)  # relative path -> bytes
+    public: bool = False
+    expires_at: str | None = None
+    user_metadata: dict[str, str] = field(default_factory=dict)
+    format: str = ""  # "orbax+peft-config" (training) | "peft" (sampler, external)
+
+    @property
+    def path(self) -> TinkerPath:
+        return TinkerPath.parse(self.tinker_path)
+
+    def expired(self, now: datetime | None = None) -> bool:
+        expires = parse_time(self.expires_at)
+        return expires is not None and expires <= (now or datetime.now(UTC))
+
+    def readable_by(self, owner: str) -> bool:
+        return self.public or self.owner == owner
+
+    def as_checkpoint(self) -> dict[str, Any]:
+        """The SDK's `Checkpoint` (types/checkpoint.py)."""
+        p = self.path
+        out: dict[str, Any] = {"checkpoint_id": p.checkpoint_id, "checkpoint_type": p.checkpoint_type,
+                               "time": self.time, "tinker_path": self.tinker_path, "size_bytes": self.size_bytes,
+                               "public": self.public, "expires_at": self.expires_at}
+        if self.user_metadata:
+            out["user_metadata"] = self.user_metadata
+        return out
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+
+    @staticmethod
+    def from_json(data: bytes) -> "Manifest":
+        raw = json.loads(data)
+        known = {f for f in Manifest.__dataclass_fields__}
+        return Manifest(**{k: v for k, v in raw.items() if k in known})
+
+
+class CheckpointStore:
+    """Checkpoints under one fsspec root. Blocking calls: async callers wrap them in `asyncio.to_thread`."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    def dir_of(self, p: TinkerPath) -> str:
+        return f"{self.root}/{p.run}/{p.segment}/{p.name}"
+
+    # --- reading ---------------------------------------------------------------------------------------------------
+
+    def manifest(self, p: TinkerPath, *, include_expired: bool = False) -> Manifest | None:
+        try:
+            with self.fs.open(f"{self.dir_of(p)}/{MANIFEST}", "rb") as f:
+                m = Manifest.from_json(f.read())
+        except FileNotFoundError:
+            return None
+        if m.expired() and not include_expired:
+            return None
+        return m
+
+    def readable(self, path: str, owner: str) -> Manifest:
+        """The manifest of `path` if `owner` may read it; otherwise a CheckpointError that says why.
+
+        Another tenant's private checkpoint gets the same answer as a missing one: nobody learns it exists.
+        """
+        p = TinkerPath.parse(path)
+        m = self.manifest(p, include_expired=True) if p.segment in SEGMENTS else None
+        if m is None or not m.readable_by(owner):
+            raise CheckpointNotFound(f"checkpoint {path} does not exist (never saved, deleted, or not yours)")
+        if m.expired():
+            raise CheckpointNotFound(f"checkpoint {path} expired at {m.expires_at}")
+        return m
+
+    def list(self, run: str | None = None) -> list[Manifest]:
+        """Committed, unexpired checkpoints of one run (or of every run), newest first."""
+        pattern = f"{self.root}/{run or '*'}/*/*/{MANIFEST}"
+        out = []
+        for path in self.fs.glob(pattern):
+            try:
+                with self.fs.open(path, "rb") as f:
+                    m = Manifest.from_json(f.read())
+            except (FileNotFoundError, ValueError, TypeError) as e:  # deleted meanwhile, or not ours
+                log.debug("skipping %s: %s", path, e)
+                continue
+            if not m.expired() and m.path.segment in SEGMENTS:
+                out.append(m)
+        return sorted(out, key=lambda m: (m.time, m.tinker_path), reverse=True)
+
+    def files(self, p: TinkerPath) -> dict[str, int]:
+        """Payload files of a committed checkpoint, relative path -> size (the manifest's record)."""
+        m = self.manifest(p)
+        if m is None:
+            raise CheckpointNotFound(f"checkpoint {p} does not exist")
+        return dict(m.files)
+
+    def open_file(self, p: TinkerPath, relative: str):
+        if relative not in self.files(p):
+            raise CheckpointNotFound(f"{relative} is not a file of {p}")
+        return self.fs.open(f"{self.dir_of(p)}/{relative}", "rb")
+
+    def download(self, p: TinkerPath, local_dir: Path) -> Manifest:
+        """Copy a committed checkpoint's payload into `local_dir` (for orbax and safetensors readers)."""
+        m = self.manifest(p)
+        if m is None:
+            raise CheckpointNotFound(f"checkpoint {p} does not exist (never saved, deleted or expired)")
+        for relative in m.files:
+            target = local_dir / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get(f"{self.dir_of(p)}/{relative}", str(target))
+        return m
+
+    # --- writing ---------------------------------------------------------------------------------------------------
+
+    def commit(self, manifest: Manifest, local_dir: Path, *, overwrite: bool, pause_before_manifest_s: float = 0.0
+               ) -> Manifest:
+        """Upload `local_dir` as the payload of `manifest.tinker_path`, then write the manifest.
+
+        `pause_before_manifest_s` exists for fault-injection tests (TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S): it
+        widens the window in which a killed writer leaves an uncommitted checkpoint behind.
+        """
+        p = manifest.path
+        target = self.dir_of(p)
+        existing = self.manifest(p, include_expired=True)
+        if existing is not None and not existing.expired() and not overwrite:
+            raise CheckpointError(f"checkpoint {p} already exists; pass overwrite=True to replace it")
+        self._remove(target)  # the old checkpoint, an expired one, or the leftovers of an interrupted save
+        files = {str(f.relative_to(local_dir)): f.stat().st_size for f in sorted(local_dir.rglob("*")) if f.is_file()}
+        for relative in files:
+            self.fs.makedirs(os.path.dirname(f"{target}/{relative}"), exist_ok=True)
+            self.fs.put_file(str(local_dir / relative), f"{target}/{relative}")
+        if pause_before_manifest_s > 0:
+            import time
+
+            log.warning("fault injection: pausing %.1fs before committing %s", pause_before_manifest_s, p)
+            time.sleep(pause_before_manifest_s)
+        manifest = replace(manifest, files=files, size_bytes=sum(files.values()))
+        self._write_manifest(p, manifest)
+        return manifest
+
+    def update(self, p: TinkerPath, **changes: Any) -> Manifest:
+        """Change manifest fields of a committed checkpoint (publicity, expiry)."""
+        m = self.manifest(p)
+        if m is None:
+            raise CheckpointNotFound(f"checkpoint {p} does not exist")
+        m = replace(m, **changes)
+        self._write_manifest(p, m)
+        return m
+
+    def delete(self, p: TinkerPath) -> bool:
+        """Remove a checkpoint: the manifest first (it stops existing at once), then its files."""
+        target = self.dir_of(p)
+        existed = self.fs.exists(f"{target}/{MANIFEST}")
+        if existed:
+            self.fs.rm(f"{target}/{MANIFEST}")
+        self._remove(target)
+        return existed
+
+    def _write_manifest(self, p: TinkerPath, m: Manifest) -> None:
+        # A reader sees the old manifest or the new one, never half of one: an object store replaces an object
+        # atomically; a local file system needs a rename.
+        path = f"{self.dir_of(p)}/{MANIFEST}"
+        if not _is_local(self.fs):
+            with self.fs.open(path, "wb") as f:
+                f.write(m.to_json())
+            return
+        tmp = f"{path}.partial"
+        with self.fs.open(tmp, "wb") as f:
+            f.write(m.to_json())
+        self.fs.mv(tmp, path)
+
+    def _remove(self, target: str) -> None:
+        try:
+            if self.fs.exists(target):
+                self.fs.rm(target, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+def _is_local(fs) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+class Staging:
+    """A local scratch directory for one checkpoint's payload, removed afterwards."""
+
+    def __enter__(self) -> Path:
+        self._dir = Path(tempfile.mkdtemp(prefix="tinkerflow-ckpt-"))
+        return self._dir
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def now_rfc3339() -> str:
+    return rfc3339(datetime.now(UTC))
