@@ -53,6 +53,11 @@ output "store_url" {
   value       = "${google_storage_bucket.claim_checks.url}/store"
 }
 
+output "checkpoint_root" {
+  description = "Value for TINKERFLOW_CHECKPOINT_ROOT."
+  value       = "${google_storage_bucket.checkpoints.url}/checkpoints"
+}
+
 output "api_service_account_email" {
   description = "Google service account of the API pods (annotate KSA tinkerflow-api with it)."
   value       = google_service_account.app["api"].email
@@ -114,6 +119,10 @@ output "site_kustomization" {
           op    = "replace"
           path  = "/data/TINKERFLOW_STORE_URL"
           value = "${google_storage_bucket.claim_checks.url}/store"
+          }, {
+          op    = "replace"
+          path  = "/data/TINKERFLOW_CHECKPOINT_ROOT"
+          value = "${google_storage_bucket.checkpoints.url}/checkpoints"
         }])
       }],
       # The cpu overlay's ReadWriteOnce store volume is for one-node dev clusters; with the store in GCS it is not

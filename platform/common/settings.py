@@ -28,6 +28,11 @@ class Settings:
     state_dir: Path = field(default_factory=default_state_dir)
     temporal_address: str = field(default_factory=lambda: _env("TEMPORAL_ADDRESS", "127.0.0.1:7233"))
     temporal_namespace: str = field(default_factory=lambda: _env("TEMPORAL_NAMESPACE", "default"))
+    # mTLS to Temporal Cloud (or any TLS frontend): PEM files of the client certificate and key; a CA bundle only
+    # for a server whose certificate a system CA does not sign. All empty: plain connection (the dev server).
+    temporal_tls_cert: str = field(default_factory=lambda: _env("TEMPORAL_TLS_CERT", ""))
+    temporal_tls_key: str = field(default_factory=lambda: _env("TEMPORAL_TLS_KEY", ""))
+    temporal_tls_ca: str = field(default_factory=lambda: _env("TEMPORAL_TLS_CA", ""))
     # Where request bodies and results live while their future is open (DESIGN §3). file:// or gs://.
     store_url: str = field(default_factory=lambda: _env("STORE_URL", ""))
     host: str = field(default_factory=lambda: _env("HOST", "127.0.0.1"))
@@ -117,6 +122,9 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
                    "(env TINKERFLOW_STATE_DIR; default ./.tinkerflow)")
     g.add_argument("--temporal-address", help="host:port of the Temporal frontend (default 127.0.0.1:7233)")
     g.add_argument("--temporal-namespace", help="Temporal namespace (default 'default')")
+    g.add_argument("--temporal-tls-cert", help="PEM client certificate for mTLS to Temporal (Temporal Cloud)")
+    g.add_argument("--temporal-tls-key", help="PEM private key of --temporal-tls-cert")
+    g.add_argument("--temporal-tls-ca", help="PEM CA bundle of the Temporal frontend (default: system CAs)")
     g.add_argument("--store-url", help="claim-check store root: file:///path or gs://bucket/prefix "
                    "(default <state-dir>/store)")
     g.add_argument("--store-retention-s", type=float, help="collect claim-check objects older than this "

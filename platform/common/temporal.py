@@ -8,7 +8,10 @@ import time
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from pathlib import Path
+
 from temporalio.client import Client
+from temporalio.service import TLSConfig
 from temporalio.common import SearchAttributeIndexedValueType
 
 from tinkerflow.common.settings import Settings
@@ -17,12 +20,27 @@ from tinkerflow.workflows import names
 log = logging.getLogger(__name__)
 
 
+def tls_config(settings: Settings) -> TLSConfig | bool:
+    """mTLS from --temporal-tls-cert/-key (and -ca); False (plain) when none is set."""
+    if not (settings.temporal_tls_cert or settings.temporal_tls_key or settings.temporal_tls_ca):
+        return False
+    if bool(settings.temporal_tls_cert) != bool(settings.temporal_tls_key):
+        raise ValueError("--temporal-tls-cert and --temporal-tls-key go together (both PEM files)")
+
+    def read(path: str) -> bytes | None:
+        return Path(path).expanduser().read_bytes() if path else None
+
+    return TLSConfig(client_cert=read(settings.temporal_tls_cert), client_private_key=read(settings.temporal_tls_key),
+                     server_root_ca_cert=read(settings.temporal_tls_ca))
+
+
 async def connect(settings: Settings, *, wait_s: float = 60.0) -> Client:
     """Connect, retrying while the server starts (a fresh dev server takes a moment to open its port)."""
     deadline = time.monotonic() + wait_s
+    tls = tls_config(settings)
     while True:
         try:
-            return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+            return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace, tls=tls)
         except Exception as e:
             if time.monotonic() > deadline:
                 raise RuntimeError(

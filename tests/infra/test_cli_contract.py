@@ -10,13 +10,9 @@ import pytest
 
 from tests.infra.conftest import INFRA, OVERLAYS, by_kind, pod_specs, render
 
-# Consumed by the Temporal mTLS client config, planned (issue 7): the manifests set them already; today's processes
-# ignore them. Remove an entry here when its code lands (and this test will then demand the matching Settings field).
-# (The multi-host JAX worker's TINKERFLOW_COORDINATOR_ADDRESS, _NUM_PROCESSES and _PROCESS_ID have landed.)
-PLANNED_ENV = {
-    "TINKERFLOW_TEMPORAL_TLS_CERT": "Temporal Cloud mTLS client config",
-    "TINKERFLOW_TEMPORAL_TLS_KEY": "Temporal Cloud mTLS client config",
-}
+# Variables the manifests may set before the code reads them (none today: the multi-host JAX worker's and the
+# Temporal Cloud mTLS variables have landed). An entry here must not be a Settings field.
+PLANNED_ENV: dict[str, str] = {}
 # Read by the JAX worker straight from the environment (workers/jax_worker.py stable_worker_id).
 EXTRA_ENV = {"TINKERFLOW_WORKER_ID"}
 
