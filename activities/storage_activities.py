@@ -6,7 +6,7 @@ import logging
 
 from temporalio import activity
 
-from tinkerflow.common.checkpoints import CheckpointStore, TinkerPath
+from tinkerflow.common.checkpoints import AUTO_SEGMENT, CheckpointStore, TinkerPath
 from tinkerflow.common.store import ClaimCheckStore
 
 log = logging.getLogger(__name__)
@@ -18,6 +18,14 @@ class StorageActivities:
         self.checkpoints = checkpoints
         self.store = store
         self.retention_s = retention_s
+
+    @activity.defn(name="delete_internal_checkpoint")
+    def delete_internal_checkpoint(self, tinker_path: str) -> bool:
+        """A closed run's automatic snapshot (never a user's checkpoint: those are deleted through the API)."""
+        p = TinkerPath.parse(tinker_path)
+        if p.segment != AUTO_SEGMENT:
+            raise ValueError(f"{tinker_path} is not an automatic snapshot")
+        return self.checkpoints.delete(p)
 
     @activity.defn(name="sweep_claim_checks")
     def sweep_claim_checks(self) -> dict[str, int]:

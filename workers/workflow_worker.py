@@ -34,7 +34,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
                                 ClaimCheckStore(settings.resolved_store_url), retention_s=settings.store_retention_s)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="storage")
     worker = Worker(client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=WORKFLOWS,
-                    activities=[storage.delete_expired_checkpoint, storage.sweep_claim_checks],
+                    activities=[storage.delete_expired_checkpoint, storage.delete_internal_checkpoint,
+                                storage.sweep_claim_checks],
                     activity_executor=executor,
                     max_concurrent_workflow_tasks=200)
     log.info("workflow worker polling %s on %s", names.WORKFLOW_TASK_QUEUE, settings.temporal_address)

@@ -55,6 +55,13 @@ class TrainingRunWorkflow:
             workflow.continue_as_new(args=[start, self.s])
         if self.s.status == "ready":
             await self._calls.call(self._coordinator, "free_adapter", model_id=start.model_id)
+        if self.s.auto_snapshot:  # only recovery needed it; the user's own checkpoints stay
+            try:
+                await workflow.execute_activity(
+                    "delete_internal_checkpoint", self.s.auto_snapshot, task_queue=names.WORKFLOW_TASK_QUEUE,
+                    schedule_to_close_timeout=timedelta(minutes=10), summary="delete the automatic snapshot")
+            except Exception as e:
+                workflow.logger.warning("automatic snapshot %s not deleted: %s", self.s.auto_snapshot, e)
         self.s.status = "closed"
         self.s.error = self._closing
         self._publish()

@@ -163,3 +163,17 @@ def test_the_claim_check_sweep_collects_only_old_objects(where, tmp_path, reques
         store.get(old)
     assert store.get(new) == b"new body" and store.get(result) == b"result"
     assert StorageActivities(activities.checkpoints, store, retention_s=0).sweep_claim_checks()["objects"] == 0
+
+
+def test_only_automatic_snapshots_are_deleted_as_internal(tmp_path):
+    store = CheckpointStore((tmp_path / "c").as_uri())
+    auto = f"tinker://{RUN}/auto_weights/latest"
+    store.commit(manifest(auto), payload(tmp_path), overwrite=True)
+    assert store.list(RUN) == []  # never listed ...
+    with pytest.raises(CheckpointNotFound):  # ... nor loadable by a client
+        store.readable(auto, "alice")
+    activities = StorageActivities(store)
+    with pytest.raises(ValueError, match="not an automatic snapshot"):
+        activities.delete_internal_checkpoint(f"tinker://{RUN}/weights/a")
+    assert activities.delete_internal_checkpoint(auto)
+    assert store.manifest(TinkerPath.parse(auto)) is None

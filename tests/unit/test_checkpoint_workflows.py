@@ -137,11 +137,12 @@ async def run_timer(env: WorkflowEnvironment, start: ExpiryStart, *signals: str 
 
     async with Worker(env.client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=[CheckpointExpiry],
                       activities=[delete_expired_checkpoint]):
-        handle = await env.client.start_workflow(
-            CheckpointExpiry.run, start, id=f"checkpoint-expiry/{uuid.uuid4().hex}",
-            task_queue=names.WORKFLOW_TASK_QUEUE)
-        for expires_at in signals:
-            await handle.signal(CheckpointExpiry.set_expiry, expires_at)
+        with env.auto_time_skipping_disabled():  # the signals land before time moves on
+            handle = await env.client.start_workflow(
+                CheckpointExpiry.run, start, id=f"checkpoint-expiry/{uuid.uuid4().hex}",
+                task_queue=names.WORKFLOW_TASK_QUEUE)
+            for expires_at in signals:
+                await handle.signal(CheckpointExpiry.set_expiry, expires_at)
         return await handle.result(), deleted
 
 
@@ -164,6 +165,7 @@ async def test_a_moved_expiry_deletes_at_the_new_time_and_none_keeps_the_files(s
     _, deleted = await run_timer(skipping_env, ExpiryStart("tinker://r:train:0/weights/b", hours_from_now(now, 2)),
                                  later)
     assert deleted == [("tinker://r:train:0/weights/b", later)]
+    now = await skipping_env.get_current_time()
     result, deleted = await run_timer(skipping_env, ExpiryStart("tinker://r:train:0/weights/c",
                                                                 hours_from_now(now, 2)), None)
     assert deleted == [] and result == "expiry removed; the checkpoint is kept"
