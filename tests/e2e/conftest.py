@@ -15,7 +15,9 @@ API_KEY = "tml-e2e-key"
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> RunningStack:
     # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
-    s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY, extra=["--max-request-bytes", "4000000"])
+    # 32 adapter slots: the session's tests open many training clients and leave them to the session's end.
+    s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY,
+               extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32"])
     yield s
     s.stop()
 

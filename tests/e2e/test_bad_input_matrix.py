@@ -58,7 +58,7 @@ def test_unknown_sampler_malformed_path_and_rank_over_the_limit(stack, service_c
         "sampling_params": {"max_tokens": 2}, "sampling_session_id": "sess-nobody:sample:0", "seq_id": 0,
         "type": "sample"})
     assert r.status_code == 404 and r.json()["detail"]
-    with pytest.raises(tinker.BadRequestError, match="tinker://<model_id>/sampler_weights/<name>"):
+    with pytest.raises(tinker.BadRequestError, match="malformed; expected tinker://<run>/<kind>/<name>"):
         service_client.create_sampling_client(model_path="tinker://x").result()
     with pytest.raises(tinker.BadRequestError, match="rank 64 is outside"):
         service_client.create_lora_training_client(base_model=base_model, rank=64).result()

@@ -91,7 +91,8 @@ def test_temporal_restarted_on_its_file_keeps_sessions_runs_and_futures(parts):
 
 def test_a_save_cut_short_by_a_killed_jax_worker_leaves_nothing_that_lists_or_loads(parts, monkeypatch):
     """The worker is held between uploading the payload and committing the manifest (fault injection), then killed.
-    The files it left never list and never load, and the save's future fails instead of hanging."""
+    The files it left never list and never load; once a worker is back the run restores its adapter and the save
+    runs again, whole this time."""
     training = _client(parts)
     parts.kill("jax-worker")
     monkeypatch.setenv("TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S", "120")
@@ -116,12 +117,10 @@ def test_a_save_cut_short_by_a_killed_jax_worker_leaves_nothing_that_lists_or_lo
 
     monkeypatch.delenv("TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S")
     parts.start_worker("jax-worker")
-    # The cut-short save's future does not hang: it fails, saying the adapter went with the worker.
-    with pytest.raises(tinker.RequestFailedError):
-        pending.result(timeout=180)
-    again = _client(parts)  # and saving works again on the restarted worker
-    again_path = again.save_state(name).result(timeout=300).path
-    assert again_path in [c.tinker_path for c in rest.list_checkpoints(again.model_id).result().checkpoints]
+    assert pending.result(timeout=300).path == path
+    assert (ckpt_dir / "checkpoint.json").exists()
+    assert path in [c.tinker_path for c in rest.list_checkpoints(run).result().checkpoints]
+    assert service.create_training_client_from_state(path).result(timeout=120).get_info().lora_rank == 4
 
 
 @pytest.mark.parametrize("parts", [2], indirect=True)  # an automatic snapshot every 2 optim steps
