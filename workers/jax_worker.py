@@ -34,6 +34,7 @@ from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
 
 log = logging.getLogger(__name__)
+REREGISTER_EVERY_S = 30.0
 
 
 def stable_worker_id(settings: Settings) -> str:
@@ -87,7 +88,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
         if ready is not None:
             ready.set()
+        reregister = asyncio.create_task(_keep_registered(client, settings, info))
         await (stop.wait() if stop is not None else asyncio.Event().wait())
+        reregister.cancel()
     executor.shutdown(wait=False, cancel_futures=True)
     if multi_host:  # after the call in flight, if any (the driven engine serialises calls)
         await asyncio.to_thread(engine.stop_followers)
@@ -124,6 +127,17 @@ async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: a
     if replay not in done:
         halt.set()  # stopped from here (SIGTERM): the loop notices within one poll
     await replay
+
+
+async def _keep_registered(client, settings: Settings, info: WorkerInfo) -> None:
+    """Register again now and then: a coordinator that took this worker for dead (a batch timed out while the
+    machine was overloaded) or was reset takes it back; for one that knows it, this is a no-op."""
+    while True:
+        await asyncio.sleep(REREGISTER_EVERY_S)
+        try:
+            await register(client, settings, info)
+        except Exception as e:
+            log.warning("re-registering with the coordinator failed: %s", e)
 
 
 async def register(client, settings: Settings, info: WorkerInfo) -> WorkflowHandle:

@@ -98,6 +98,8 @@ class Coordinator:
     @workflow.signal
     def register_worker(self, info: WorkerInfo) -> None:
         previous = self.s.workers.get(info.task_queue)
+        if previous is not None and previous.info.incarnation == info.incarnation:
+            return  # the periodic re-registration of a live worker
         if previous is not None:
             # A restarted worker lost its in-memory adapters and snapshots: forget what we had placed there so the
             # runs that lived on it get a clear error instead of silently training a fresh adapter.
@@ -314,7 +316,9 @@ class Coordinator:
                 schedule_to_start_timeout=timedelta(seconds=30),
                 # The JAX worker heartbeats every 5 s from a side thread, even inside one long engine call.
                 heartbeat_timeout=timedelta(seconds=15),
-                retry_policy=RetryPolicy(maximum_attempts=2, non_retryable_error_types=["InputError", "WorkerLost"]),
+                # No retries: run_batch answers engine errors itself, so an activity failure means the worker died,
+                # and a retry could only reach its successor, which refuses a batch placed for its predecessor.
+                retry_policy=RetryPolicy(maximum_attempts=1),
                 summary=_summarise(items),
             )
             results = result.results

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
+import numpy as np
 import pytest
 import tinker
 from temporalio.client import Client
@@ -19,7 +21,7 @@ DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
                     loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]))
 
 
-def test_two_workers_share_the_runs_and_expose_metrics(tmp_path):
+def test_two_workers_share_the_runs_expose_metrics_and_take_over_a_dead_ones_runs(tmp_path):
     temporal_port, metrics_1, metrics_2 = free_port(), free_port(), free_port()
     settings = Settings(state_dir=tmp_path / "state", port=free_port(), api_keys=("tml-pool",),
                         temporal_address=f"127.0.0.1:{temporal_port}", max_lora_adapters=2)
@@ -55,5 +57,21 @@ def test_two_workers_share_the_runs_and_expose_metrics(tmp_path):
         api_metrics = httpx.get(f"{stack.base_url}/metrics").text
         assert 'tinkerflow_api_request_seconds_bucket{le="0.005",route="/api/v1/forward_backward"}' in api_metrics
         assert 'tinkerflow_api_requests_total{route="/api/v1/optim_step",status="200"}' in api_metrics
+
+        # kill -9 the worker holding runs[0], for good: its heartbeats stop, the coordinator drops it, and the run
+        # restores its adapter on the survivor (seeded re-creation + the logged step) and answers its futures.
+        queue, _slot = described["placements"][runs[0].model_id]
+        victim = {"w1": "jax-worker-1", "w2": "jax-worker-2"}[described["workers"][queue]["worker_id"]]
+        before = runs[0].forward([DATUM], "cross_entropy").result(timeout=300).metrics["loss:sum"]
+        pending = runs[0].forward_backward([DATUM], "cross_entropy")
+        killed_at = time.monotonic()
+        stack.kill(victim)
+        after = pending.result(timeout=600).metrics["loss:sum"]
+        print(f"\nworker killed -> its run answered again on the survivor in {time.monotonic() - killed_at:.1f} s")
+        np.testing.assert_allclose(after, before, rtol=1e-5)  # the restored adapter is the one that was lost
+        runs[0].optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=300)
+        survivors = asyncio.run(placement())
+        assert list(survivors["workers"]) == [q for q in described["workers"] if q != queue]
+        assert survivors["placements"][runs[0].model_id][0] != queue
     finally:
         stack.stop()

@@ -225,3 +225,13 @@ async def test_the_janitor_sweeps_on_its_interval(skipping_env: WorkflowEnvironm
         await handle.terminate("test over")
     assert len(sweeps) == 4  # at start, then hourly
     assert all(3500 < b - a < 3700 for a, b in zip(sweeps, sweeps[1:]))
+
+
+async def test_a_live_workers_periodic_registration_changes_nothing(tinker: Tinker) -> None:
+    sid, _ = await tinker.start_session()
+    model_id, run = await tinker.ready_run(sid, 1)
+    placed = (await tinker.describe_coordinator())["placements"][model_id]
+    await tinker.coordinator.signal("register_worker", tinker.workers[0])  # same process, same incarnation
+    assert (await tinker.op(run, tinker.fwd(1))).ok
+    assert (await tinker.describe_coordinator())["placements"][model_id] == placed
+    assert [i.kind for i in tinker.engine.items if i.model_id == model_id] == ["create_adapter", "forward_backward"]

@@ -195,6 +195,7 @@ class Tinker:
     base_model: str
     pool: str = "default"
     queues: list[str] = field(default_factory=list)
+    workers: list[WorkerInfo] = field(default_factory=list)
     started: list[WorkflowHandle] = field(default_factory=list)
 
     @property
@@ -203,8 +204,9 @@ class Tinker:
 
     async def register(self, queue: str, max_adapters: int = 4, worker_id: str = "") -> WorkerInfo:
         card = ModelCard(name=self.base_model, arch="mock", local_path="/nonexistent", vocab_size=32, max_context=64)
+        # A new incarnation each time: registering again is what a restarted worker process does.
         info = WorkerInfo(worker_id=worker_id or queue.rsplit("/", 1)[-1], task_queue=queue,
-                          max_adapters=max_adapters, max_rank=32, card=card)
+                          max_adapters=max_adapters, max_rank=32, card=card, incarnation=uuid.uuid4().hex)
         handle = await self.client.start_workflow(
             Coordinator.run, CoordinatorState(base_model=self.base_model, pool=self.pool),
             id=names.coordinator_workflow_id(self.base_model, self.pool), task_queue=names.WORKFLOW_TASK_QUEUE,
@@ -299,7 +301,7 @@ async def tinker_world(client: Client, max_adapters: int = 4) -> AsyncIterator[T
     tinker = Tinker(client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}")
     queue = new_queue()
     async with jax_worker(client, engine, queue):
-        await tinker.register(queue, max_adapters=max_adapters)
+        tinker.workers.append(await tinker.register(queue, max_adapters=max_adapters))
         tinker.queues.append(queue)
         try:
             yield tinker
