@@ -79,9 +79,9 @@ class Services:
             try:
                 described = await self.client.get_workflow_handle(coordinator_id).query("describe")
                 depth = int(described.get("pending_samples", 0))
-            except Exception as e:  # no answer is no reason to refuse work; the coordinator queues it anyway
+            except Exception as e:  # no answer (a busy coordinator): keep the last depth known, else accept the work
                 log.debug("queue depth of %s unknown: %s", coordinator_id, e)
-                depth = 0
+                depth = cached[1] if cached is not None else 0
             cached = self._depths[coordinator_id] = (now, depth)
             SAMPLING_QUEUE.labels(coordinator_id.split("/", 1)[-1].rsplit("/", 1)[0]).set(depth)
         return cached[1]
