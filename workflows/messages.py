@@ -67,6 +67,7 @@ class SessionStart:
     user_metadata: dict[str, Any] = field(default_factory=dict)
     sdk_version: str = ""
     heartbeat_timeout_s: float = 120.0
+    display_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class SessionState:
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)
     user_metadata: dict[str, Any] = field(default_factory=dict)
     heartbeats: int = 0
+    display_name: str = ""
+    project_id: str = ""
 
 
 # --- training runs ---------------------------------------------------------------------------------------------

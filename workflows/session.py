@@ -25,7 +25,7 @@ class SessionWorkflow:
     @workflow.init
     def __init__(self, start: SessionStart, carried: SessionState | None = None) -> None:
         self.s = carried or SessionState(session_id=start.session_id, owner=start.owner,
-                                         user_metadata=dict(start.user_metadata))
+                                         user_metadata=dict(start.user_metadata), display_name=start.display_name)
         self._beat = False
         self._finish: str = ""
         self._calls = CoordinatorCalls()
@@ -76,6 +76,10 @@ class SessionWorkflow:
     @workflow.signal
     def finish(self, reason: str) -> None:
         self._finish = reason or "finished"
+
+    @workflow.signal
+    def set_project(self, project_id: str) -> None:
+        self.s.project_id = project_id
 
     @workflow.signal
     def run_started(self, model_id: str) -> None:

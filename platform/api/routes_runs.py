@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
+from tinker.types import SessionSearchRequest
 
 from tinkerflow.api.deps import owner, services
-from tinkerflow.api.errors import from_temporal
-from tinkerflow.api.lookups import run_of_caller, session_of_caller
+from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import TinkerPath
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import RunState
+from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 router = APIRouter(prefix="/api/v1")
@@ -89,4 +91,100 @@ async def list_sessions(limit: int = Query(20, ge=1, le=1000), offset: int = Que
 async def get_session(session_id: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     s = await session_of_caller(svc, session_id, who)
     return {"training_run_ids": list(s.training_run_ids), "sampler_ids": sorted(s.samplers),
-            "user_metadata": {str(k): str(v) for k, v in s.user_metadata.items()} or None}
+            "user_metadata": _metadata(s), "display_name": s.display_name or None}
+
+
+@router.put("/sessions/{session_id}/project")
+async def assign_project(session_id: str, request: Request, svc: Services = Depends(services),
+                         who: str = Depends(owner)) -> dict:
+    """Projects are labels here (one tenant per API key): recorded on the session, shown by search_sessions."""
+    project_id = (await json_body(request)).get("project_id")
+    if not project_id or not isinstance(project_id, str):
+        raise http_error(400, "project_id is required")
+    await session_of_caller(svc, session_id, who)
+    try:
+        await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(
+            SessionWorkflow.set_project, project_id)
+    except Exception as e:
+        raise from_temporal(e, f"session {session_id}") from None
+    return {}
+
+
+@router.get("/sessions/{session_id}/trace_export")
+async def trace_export(session_id: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    await session_of_caller(svc, session_id, who)
+    return {"status": "failed", "error": "Perfetto trace export is not supported by this server; the session's "
+            f"timeline is its Temporal history (workflow session/{session_id} and its training-run/… workflows)"}
+
+
+@router.post("/sessions/search")
+async def search_sessions(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    """The caller's sessions, newest first, filtered as SessionSearchRequest says; cursor = the last one returned."""
+    req = SessionSearchRequest.model_validate(await json_body(request))
+    if req.owner.type == "user":
+        raise http_error(400, "searching other users' sessions is not supported; search your own (owner 'own')")
+    if req.project_ids is not None:
+        raise http_error(400, "project filters are not supported by this server's session search")
+    query = _owned_query("Session", who)
+    if req.session_id:
+        query += f" AND WorkflowId = '{names.session_workflow_id(req.session_id)}'"
+    after = (req.cursor.last_created_at, req.cursor.last_session_id) if req.cursor else None
+    by_run = _checkpoints_by_run(await asyncio.to_thread(svc.checkpoints.list))
+    found: list[dict[str, Any]] = []
+    async for wf in svc.client.list_workflows(query):
+        session_id = wf.id.removeprefix("session/")
+        created = wf.start_time
+        if after is not None and (created, session_id) >= after:
+            continue
+        s: SessionState = await svc.client.get_workflow_handle(wf.id).query(SessionWorkflow.describe)
+        status = _status(s)
+        if not _matches(req, s, status):
+            continue
+        ckpts = [m for run in s.training_run_ids for m in by_run.get(run, [])]
+        found.append({"session_id": session_id, "created_at": created.isoformat(), "owner": s.owner or "open",
+                      "project_id": s.project_id, "status": status, "checkpoints_count": len(ckpts),
+                      "checkpoint_storage_bytes": sum(m.size_bytes for m in ckpts),
+                      "display_name": s.display_name or None, "user_metadata": _metadata(s)})
+        if len(found) > req.limit:
+            break
+    page = found[:req.limit]
+    more = len(found) > req.limit
+    return {"sessions": page, "next_cursor": {"last_created_at": page[-1]["created_at"],
+                                              "last_session_id": page[-1]["session_id"]} if more else None}
+
+
+def _metadata(s: SessionState) -> dict[str, str] | None:
+    return {str(k): str(v) for k, v in s.user_metadata.items()} or None
+
+
+def _checkpoints_by_run(manifests) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for m in manifests:
+        out.setdefault(m.path.run, []).append(m)
+    return out
+
+
+def _status(s: SessionState) -> dict[str, Any]:
+    """SessionStatus: active, client_finished (the SDK's close reason, as the finish route recorded it), or
+    cancelled (no heartbeat within the timeout)."""
+    if s.status == "active":
+        return {"type": "active"}
+    if s.status == "timed_out":
+        return {"type": "cancelled", "detail": s.reason}
+    reason = s.reason.removeprefix("client finished: ").split(" ", 1)[0]
+    return {"type": "client_finished", "reason": {"type": reason if reason in ("success", "errored", "interrupted")
+                                                  else "success"}, "detail": s.reason}
+
+
+def _matches(req: SessionSearchRequest, s: SessionState, status: dict[str, Any]) -> bool:
+    if any(s.user_metadata.get(k) != v for k, v in req.user_metadata.items()):
+        return False
+    if req.display_name and not all(w.lower() in s.display_name.lower() for w in req.display_name.split()):
+        return False
+    if req.statuses:
+        for q in req.statuses:
+            if q.type == status["type"] and (q.type != "client_finished" or not q.reasons
+                                             or status["reason"]["type"] in q.reasons):
+                return True
+        return False
+    return True

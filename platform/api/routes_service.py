@@ -55,7 +55,8 @@ async def create_session(request: Request, svc: Services = Depends(services), wh
     req = CreateSessionRequest.model_validate(await json_body(request))
     session_id = f"sess-{uuid.uuid4().hex[:12]}"
     start = SessionStart(session_id=session_id, owner=who, tags=list(req.tags), user_metadata=req.user_metadata or {},
-                         sdk_version=req.sdk_version, heartbeat_timeout_s=svc.settings.session_timeout_s)
+                         sdk_version=req.sdk_version, heartbeat_timeout_s=svc.settings.session_timeout_s,
+                         display_name=req.display_name or "")
     tags = f" · tags {', '.join(req.tags)}" if req.tags else ""
     await svc.client.start_workflow(
         SessionWorkflow.run, args=[start, None], id=names.session_workflow_id(session_id),

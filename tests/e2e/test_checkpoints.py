@@ -160,6 +160,14 @@ def test_rest_client_runs_sessions_and_checkpoints(stack, base_model, service_cl
     assert session_id in rest.list_sessions(limit=1000).result().sessions
     session = rest.get_session(session_id).result()
     assert run in session.training_run_ids
+    rest.assign_session_project(session_id, "pig-latin").result()
+    [found] = rest.search_sessions(types.SessionSearchRequest(session_id=session_id)).result().sessions
+    assert (found.session_id, found.project_id, found.status.type) == (session_id, "pig-latin", "active")
+    assert found.checkpoints_count >= 2 and found.checkpoint_storage_bytes > 0
+    finished = types.SessionSearchRequest(statuses=[types.ClientFinishedSessionStatusQuery()])
+    assert session_id not in [s.session_id for s in rest.search_sessions(finished).result().sessions]
+    with pytest.raises(Exception, match="not supported"):
+        rest.export_session_trace(session_id).result()
 
     # Deleting removes the files at once; the path no longer lists, loads or samples.
     ckpt_dir = stack.state_dir / "checkpoints" / run / "weights" / "rest-1"
