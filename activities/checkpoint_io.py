@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any
 
 from tinkerflow.common.checkpoints import (
-    TRAINING_STATE_SEGMENTS, CheckpointError, CheckpointStore, Manifest, Staging, TinkerPath, now_rfc3339,
+    TRAINING_STATE_SEGMENTS, CheckpointError, CheckpointStore, Manifest, scratch_dir, TinkerPath, now_rfc3339,
 )
 from tinkerflow.workers.engine import checkpoint as formats
 from tinkerflow.workers.engine.types import LoraConfig, SlotState
@@ -29,17 +29,16 @@ PAUSE_ENV = "TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S"
 
 def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *, overwrite: bool) -> Manifest:
     started = time.perf_counter()
-    m = Manifest(**{**manifest, "time": now_rfc3339()})
-    p = m.path
     state: SlotState = engine.export_slot(slot)
-    m = Manifest(**{**asdict(m), "lora": _lora_dict(state.config)})
-    with Staging() as staging:
+    m = Manifest(**{**manifest, "time": now_rfc3339(), "lora": _lora_dict(state.config)})
+    p = m.path
+    with scratch_dir() as staging:
         if p.segment in TRAINING_STATE_SEGMENTS:
             formats.write_training_state(state, staging, base_model_name_or_path=m.base_model)
-            m = Manifest(**{**asdict(m), "has_optimizer": True, "format": "orbax+peft-config"})
+            m = replace(m, has_optimizer=True, format="orbax+peft-config")
         else:
             formats.write_peft(state.config, state.weights, staging, base_model_name_or_path=m.base_model)
-            m = Manifest(**{**asdict(m), "format": "peft"})
+            m = replace(m, format="peft")
         committed = store.commit(m, staging, overwrite=overwrite,
                                  pause_before_manifest_s=float(os.environ.get(PAUSE_ENV, "0") or 0))
     log.info("saved %s (%d bytes) in %.2fs", p, committed.size_bytes, time.perf_counter() - started)
@@ -49,7 +48,7 @@ def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *,
 def read_state(store: CheckpointStore, path: str) -> tuple[Manifest, SlotState]:
     """The checkpoint's training state; PEFT kinds come back with zero moments (and has_optimizer False)."""
     p = TinkerPath.parse(path)
-    with Staging() as staging:
+    with scratch_dir() as staging:
         m = store.download(p, staging)
         if p.segment in TRAINING_STATE_SEGMENTS:
             return m, formats.read_training_state(staging)

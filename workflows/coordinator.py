@@ -104,12 +104,9 @@ class Coordinator:
         if previous is not None and previous.info.incarnation == info.incarnation:
             return  # the periodic re-registration of a live worker
         if previous is not None:
-            # A restarted worker lost its in-memory adapters and snapshots: forget what we had placed there so the
-            # runs that lived on it get a clear error instead of silently training a fresh adapter.
-            for model_id in previous.slots.values():
-                self.s.placements.pop(model_id, None)
-            for key in [k for k, q in self.s.snapshots.items() if q == info.task_queue]:
-                self._forget_snapshot(key)
+            # A restarted worker lost its in-memory adapters and snapshots: forget what we had placed there, so the
+            # runs that lived on it restore themselves instead of silently training a fresh adapter.
+            self._drop_worker(info.task_queue)
             workflow.logger.warning("worker %s re-registered; its adapters were lost", info.worker_id)
         self.s.workers[info.task_queue] = WorkerSlots(info=info)
         self._changed = True
@@ -353,12 +350,15 @@ class Coordinator:
         worker = self.s.workers.get(queue)
         if worker is None or worker.info.incarnation != incarnation:
             return
-        for model_id in worker.slots.values():
+        self._drop_worker(queue)
+        self._set_details()
+
+    def _drop_worker(self, queue: str) -> None:
+        """Forget a worker with everything it held: its adapter placements and its sampler snapshots."""
+        for model_id in self.s.workers.pop(queue).slots.values():
             self.s.placements.pop(model_id, None)
         for key in [k for k, q in self.s.snapshots.items() if q == queue]:
             self._forget_snapshot(key)
-        del self.s.workers[queue]
-        self._set_details()
 
     def _after(self, item: WorkItem, result: WorkResult) -> None:
         """Bookkeeping that depends on how the engine answered."""

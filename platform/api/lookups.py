@@ -1,11 +1,15 @@
-"""What several routes look up before acting: the JSON body, and a run or session that must be the caller's."""
+"""What several routes look up before acting: the JSON body, and a run, session or checkpoint that must be the
+caller's."""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import Request
 
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.services import Services
+from tinkerflow.common.checkpoints import CheckpointError, CheckpointNotFound, Manifest
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
@@ -34,6 +38,17 @@ async def run_of_caller(svc: Services, model_id: str, who: str) -> RunState:
     if state.start.owner != who:
         raise http_error(404, f"training run {model_id!r} does not exist or has ended")
     return state
+
+
+async def checkpoint_of_caller(svc: Services, path: str, who: str) -> Manifest:
+    """A checkpoint's manifest, or 404 when it does not exist, expired or is another tenant's private one; 400 when
+    the path is malformed."""
+    try:
+        return await asyncio.to_thread(svc.checkpoints.readable, path, who)
+    except CheckpointNotFound as e:
+        raise http_error(404, str(e)) from None
+    except CheckpointError as e:
+        raise http_error(400, str(e)) from None
 
 
 async def session_of_caller(svc: Services, session_id: str, who: str) -> SessionState:

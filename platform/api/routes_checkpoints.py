@@ -25,10 +25,10 @@ from tinker.types import CopyWeightsRequest
 from tinkerflow.api import signed_urls
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import http_error, is_not_found
-from tinkerflow.api.lookups import json_body
+from tinkerflow.api.lookups import checkpoint_of_caller, json_body
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import (
-    CheckpointError, CheckpointNotFound, Manifest, Staging, TinkerPath, check_ttl, expiry_after, now_rfc3339,
+    CheckpointError, CheckpointNotFound, Manifest, scratch_dir, TinkerPath, check_ttl, expiry_after, now_rfc3339,
 )
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart
@@ -44,17 +44,8 @@ def _path(run: str, checkpoint_id: str) -> TinkerPath:
         raise http_error(400, str(e)) from None
 
 
-async def _readable(svc: Services, p: TinkerPath | str, who: str) -> Manifest:
-    try:
-        return await asyncio.to_thread(svc.checkpoints.readable, str(p), who)
-    except CheckpointNotFound as e:
-        raise http_error(404, str(e)) from None
-    except CheckpointError as e:
-        raise http_error(400, str(e)) from None
-
-
 async def _owned(svc: Services, p: TinkerPath, who: str) -> Manifest:
-    m = await _readable(svc, p, who)
+    m = await checkpoint_of_caller(svc, str(p), who)
     if m.owner != who:  # published checkpoints are readable by all, changeable by their owner only
         raise http_error(403, f"checkpoint {p} is published by another user; only its owner can change it")
     return m
@@ -84,7 +75,7 @@ async def list_user_checkpoints(limit: int = Query(100, ge=1, le=1000), offset: 
 @router.post("/weights_info")
 async def weights_info(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     path = (await json_body(request)).get("tinker_path", "")
-    m = await _readable(svc, path, who)
+    m = await checkpoint_of_caller(svc, path, who)
     return {"base_model": m.base_model, "is_lora": True, "lora_rank": m.lora["rank"],
             "train_attn": m.lora["train_attn"], "train_mlp": m.lora["train_mlp"],
             "train_unembed": m.lora["train_unembed"], "optimizer_config": {"type": "adamw"}}
@@ -139,7 +130,7 @@ async def _set_expiry_timer(svc: Services, path: str, expires_at: str | None, ba
 async def external_weights_urls(run: str, checkpoint_id: str, request: Request, svc: Services = Depends(services),
                                 who: str = Depends(owner)) -> dict:
     p = _path(run, checkpoint_id)
-    m = await _readable(svc, p, who)
+    m = await checkpoint_of_caller(svc, str(p), who)
     expires = signed_urls.expiry()
     urls = {rel: signed_urls.sign(svc.signing_key, str(request.base_url), str(p), rel, expires)
             for rel in sorted(m.files)}
@@ -180,7 +171,7 @@ async def copy_weights(request: Request, svc: Services = Depends(services), who:
     (X-Idempotency-Key) always names the same copy."""
     raw = await json_body(request)
     req = CopyWeightsRequest.model_validate(raw)
-    src = await _readable(svc, req.source_path, who)
+    src = await checkpoint_of_caller(svc, req.source_path, who)
     try:
         check_ttl(req.ttl_seconds)
     except CheckpointError as e:
@@ -202,7 +193,7 @@ async def copy_weights(request: Request, svc: Services = Depends(services), who:
 
 
 def _copy(svc: Services, src: Manifest, dest: TinkerPath, who: str, expires_at: str | None) -> None:
-    with Staging() as staging:
+    with scratch_dir() as staging:
         svc.checkpoints.download(src.path, staging)
         manifest = dataclasses.replace(src, tinker_path=str(dest), owner=who, public=False, time=now_rfc3339(),
                                        expires_at=expires_at)

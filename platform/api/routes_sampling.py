@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
@@ -13,9 +12,8 @@ from tinker.types import CreateSamplingSessionRequest, SampleRequest
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
-from tinkerflow.api.lookups import json_body, session_of_caller
+from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.services import Services
-from tinkerflow.common.checkpoints import CheckpointError, CheckpointNotFound
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
@@ -31,13 +29,7 @@ async def create_sampling_session(request: Request, svc: Services = Depends(serv
     await session_of_caller(svc, req.session_id, who)
     if req.model_path:
         # Any saved weights of the caller's (or published ones): sampler_weights, weights or external_weights.
-        try:
-            m = await asyncio.to_thread(svc.checkpoints.readable, req.model_path, who)
-        except CheckpointNotFound as e:
-            raise http_error(404, str(e)) from None
-        except CheckpointError as e:
-            raise http_error(400, str(e)) from None
-        base_model = m.base_model
+        base_model = (await checkpoint_of_caller(svc, req.model_path, who)).base_model
         if await svc.registry.get(base_model) is None:
             raise http_error(400, f"{req.model_path} needs base model {base_model}, which no JAX worker serves")
     elif req.base_model:

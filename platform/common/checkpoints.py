@@ -17,14 +17,17 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import fsspec
+
+from tinkerflow.common.store import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -289,17 +292,7 @@ class CheckpointStore:
         return existed
 
     def _write_manifest(self, p: TinkerPath, m: Manifest) -> None:
-        # A reader sees the old manifest or the new one, never half of one: an object store replaces an object
-        # atomically; a local file system needs a rename.
-        path = f"{self.dir_of(p)}/{MANIFEST}"
-        if not _is_local(self.fs):
-            with self.fs.open(path, "wb") as f:
-                f.write(m.to_json())
-            return
-        tmp = f"{path}.partial"
-        with self.fs.open(tmp, "wb") as f:
-            f.write(m.to_json())
-        self.fs.mv(tmp, path)
+        write_whole(self.fs, f"{self.dir_of(p)}/{MANIFEST}", m.to_json())  # the old manifest or the new one
 
     def _remove(self, target: str) -> None:
         try:
@@ -309,20 +302,11 @@ class CheckpointStore:
             pass
 
 
-def _is_local(fs) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
-
-
-class Staging:
+@contextmanager
+def scratch_dir() -> Iterator[Path]:
     """A local scratch directory for one checkpoint's payload, removed afterwards."""
-
-    def __enter__(self) -> Path:
-        self._dir = Path(tempfile.mkdtemp(prefix="tinkerflow-ckpt-"))
-        return self._dir
-
-    def __exit__(self, *exc) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="tinkerflow-ckpt-") as d:
+        yield Path(d)
 
 
 def now_rfc3339() -> str:

@@ -24,6 +24,23 @@ class StoreError(RuntimeError):
     pass
 
 
+def is_local(fs) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def write_whole(fs, path: str, data: bytes) -> None:
+    """Write `path` so a reader sees all of `data` or nothing: an object store replaces an object atomically; a
+    local file system needs a rename."""
+    if not is_local(fs):
+        with fs.open(path, "wb") as f:
+            f.write(data)
+        return
+    with fs.open(path + ".partial", "wb") as f:
+        f.write(data)
+    fs.mv(path + ".partial", path)
+
+
 class ClaimCheckStore:
     def __init__(self, url: str):
         self.url = url.rstrip("/")
@@ -38,13 +55,7 @@ class ClaimCheckStore:
         """Write `data` once under `<root>/<kind>/<uuid>` and return its reference."""
         path = f"{self.root}/{kind}/{uuid.uuid4().hex}"
         self.fs.makedirs(f"{self.root}/{kind}", exist_ok=True)
-        if self._uri(path) != path:  # an object store: the upload itself is atomic
-            with self.fs.open(path, "wb") as f:
-                f.write(data)
-        else:  # a local file system: rename, so a reader never sees a half-written object
-            with self.fs.open(path + ".partial", "wb") as f:
-                f.write(data)
-            self.fs.mv(path + ".partial", path)
+        write_whole(self.fs, path, data)
         return BlobRef(uri=self._uri(path), size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
     def get(self, ref: BlobRef) -> bytes:
