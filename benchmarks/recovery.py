@@ -1,0 +1,86 @@
+"""How long a run is stalled when its JAX worker dies (DESIGN §6); one JSON line per figure.
+
+Starts a stack with two JAX workers (each part its own process, as `tinkerflow up` does), trains a run a few steps,
+then `kill -9`s the worker holding it with a forward_backward in flight, and times until that future is answered:
+
+- mode "survivor": the worker stays dead; the run is restored on the other worker (heartbeat timeout + re-place +
+  snapshot load + replay);
+- mode "restart": the worker is started again at once; its new process re-registers and the run is restored on it.
+
+    python -m benchmarks.recovery                  # tiny model, snapshot every 10 steps, 3 steps before the kill
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import emit
+
+
+def measure(mode: str, steps: int, snapshot_every: int) -> dict:
+    import tinker
+    from temporalio.client import Client
+    from tinker import types
+
+    from tinkerflow.cli.launch import free_port
+    from tinkerflow.cli.up import Stack
+    from tinkerflow.common.settings import Settings
+
+    datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))
+    adam = types.AdamParams(learning_rate=1e-3)
+    temporal_port = free_port()
+    settings = Settings(state_dir=Path(tempfile.mkdtemp(prefix="tinkerflow-bench-recovery-")), port=free_port(),
+                        api_keys=("tml-bench",), temporal_address=f"127.0.0.1:{temporal_port}", max_lora_adapters=2,
+                        auto_snapshot_every=snapshot_every)
+    stack = Stack(settings)
+    try:
+        stack.start_temporal(temporal_port, 0, headless=True)
+        stack.start_worker("workflow-worker")
+        for n in (1, 2):
+            stack.start_worker("jax-worker", "--worker-id", f"w{n}", name=f"jax-worker-{n}")
+        stack.start_api()
+        model = stack.served_model()
+        service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
+        training = service.create_lora_training_client(base_model=model, rank=8).result()
+        for _ in range(steps):
+            training.forward_backward([datum], "cross_entropy").result(timeout=600)
+            training.optim_step(adam).result(timeout=600)
+
+        async def describe() -> dict:
+            client = await Client.connect(settings.temporal_address)
+            return await client.get_workflow_handle(f"coordinator/{model}/default").query("describe")
+
+        described = asyncio.run(describe())
+        queue, _slot = described["placements"][training.model_id]
+        worker_id = described["workers"][queue]["worker_id"]
+        pending = training.forward_backward([datum], "cross_entropy")
+        killed = time.perf_counter()
+        stack.kill(f"jax-worker-{worker_id[1:]}")
+        if mode == "restart":
+            stack.start_worker("jax-worker", "--worker-id", worker_id, name=f"jax-worker-{worker_id[1:]}")
+        pending.result(timeout=900)
+        return {"seconds_to_answer": round(time.perf_counter() - killed, 2),
+                "ops_replayed": 2 * (steps % snapshot_every)}
+    finally:
+        stack.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["survivor", "restart"], action="append",
+                        help="which recovery to time (repeatable; default both)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps before the kill (default 3)")
+    parser.add_argument("--snapshot-every", type=int, default=10, help="--auto-snapshot-every (default 10)")
+    args = parser.parse_args()
+    for mode in args.mode or ["survivor", "restart"]:
+        emit(figure="recovery_after_worker_kill", mode=mode, steps_before_kill=args.steps,
+             snapshot_every=args.snapshot_every, **measure(mode, args.steps, args.snapshot_every))
+
+
+if __name__ == "__main__":
+    main()
