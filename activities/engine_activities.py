@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 from tinkerflow.activities import checkpoint_io, wire
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
+from tinkerflow.common.storage_faults import storage_fault
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import AdamConfig, InputError, LoraConfig
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkResult
@@ -34,6 +35,7 @@ from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem,
 log = logging.getLogger(__name__)
 REMEMBERED_ANSWERS = 4096
 GROUPED_KINDS = {"forward_backward", "sample"}
+CHECKPOINT_KINDS = {"save_checkpoint", "load_checkpoint", "load_snapshot"}
 # Heartbeats tell Temporal a long batch is alive; a 5 ms optimizer step needs none (each one is an RPC).
 HEARTBEAT_EVERY_S = 5.0
 
@@ -115,8 +117,19 @@ class EngineActivities:
             try:
                 outcomes = self._run_group(group[0].kind, group)
             except Exception as e:  # an engine bug must not take the other requests of the batch with it
-                log.exception("engine failed on %s ×%d", group[0].kind, len(group))
-                outcomes = [Outcome.failed(f"engine error in {group[0].kind}: {e}", "server")] * len(group)
+                fault = storage_fault(e)
+                if fault:  # the storage, not the engine: say which store and why, not an internal path
+                    which, url = (("checkpoint", self.checkpoints.url)
+                                  if group[0].kind in CHECKPOINT_KINDS and self.checkpoints is not None
+                                  else ("claim-check", self.store.url))
+                    log.error("%s ×%d: the %s store %s refused: %s (%s)", group[0].kind, len(group), which, url,
+                              fault, e)
+                    message = (f"{group[0].kind} failed: the {which} store ({url}) refused it: {fault}. A server-side "
+                               "storage fault: the operator must free or fix that storage")
+                else:
+                    log.exception("engine failed on %s ×%d", group[0].kind, len(group))
+                    message = f"engine error in {group[0].kind}: {e}"
+                outcomes = [Outcome.failed(message, "server")] * len(group)
             _observe(group[0].kind, len(group), outcomes, time.perf_counter() - started)
             for item, outcome in zip(group, outcomes):
                 self._remember(item.key, outcome)
@@ -157,7 +170,7 @@ class EngineActivities:
             self.engine.snapshot(item.slot, p["key"])
             self._snapshots.add(p["key"])
             return Outcome(json={})
-        if item.kind in ("save_checkpoint", "load_checkpoint", "load_snapshot"):
+        if item.kind in CHECKPOINT_KINDS:
             return self._checkpoint_op(item)
         if item.kind == "drop_snapshots":
             keys = sorted(p["keys"] if "keys" in p else (k for k in self._snapshots if k.startswith(p["prefix"])))

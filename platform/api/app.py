@@ -16,6 +16,7 @@ from temporalio.client import Client
 from tinkerflow.api import (
     routes_checkpoints, routes_futures, routes_runs, routes_sampling, routes_service, routes_training,
 )
+from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal, classify
 from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
@@ -51,6 +52,18 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
 
+    @app.get("/api/v1/readyz", include_in_schema=False)
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness (not liveness, that is /api/v1/healthz): 200 only while Temporal and the store both answer."""
+        svc = request.app.state.services
+        down = [u for u in (await check_temporal(svc.client, settings.temporal_address),
+                            await check_store(svc.store)) if u is not None]
+        if down:
+            return JSONResponse(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}, content={
+                "status": "unavailable", "detail": "; ".join(u.message() for u in down),
+                "unavailable": [u.dependency for u in down]})
+        return JSONResponse({"status": "ready", "temporal": "ok", "store": "ok"})
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
@@ -65,7 +78,17 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                 "detail": f"request body of {int(length):,} bytes is over this server's limit of "
                           f"{settings.max_request_bytes:,} (--max-request-bytes); send fewer datums per request"})
         else:
-            response = await call_next(request)
+            try:
+                response = await call_next(request)
+            except Exception as e:
+                down = classify(e, settings.temporal_address, settings.resolved_store_url)
+                if down is None:
+                    raise
+                log.warning("%s %s: %s", request.method, request.url.path, down.message())
+                response = JSONResponse(status_code=503, content=down.body())
+        if response.status_code == 503 and "retry-after" not in response.headers:
+            # The SDK retries 5xx with its own backoff; a person or a proxy reads this.
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
         route = request.scope.get("route")
         name = getattr(route, "path", "unmatched")  # the template, e.g. /api/v1/samplers/{sampler_id}
         API_REQUESTS.labels(name, str(response.status_code)).inc()

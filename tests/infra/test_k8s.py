@@ -145,7 +145,10 @@ def test_api_service_hpa_and_ports_line_up(overlay):
     assert env["TINKERFLOW_HOST"] == "0.0.0.0"
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"http"}
-    assert container["readinessProbe"]["httpGet"]["path"] == "/api/v1/healthz"
+    # readiness checks the dependencies (Temporal, the store); liveness only the process, so an outage never
+    # restarts healthy pods
+    assert container["readinessProbe"]["httpGet"]["path"] == "/api/v1/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/api/v1/healthz"
     assert hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
 
