@@ -216,6 +216,12 @@ class EngineActivities:
             snapshot = item.params.get("snapshot")
             if snapshot in self._load_errors:
                 raise InputError(f"could not load sampler weights {snapshot}: {self._load_errors[snapshot]}")
+            if snapshot and snapshot.startswith("tinker://") and self.checkpoints is not None \
+                    and self.engine.snapshot_evicted(snapshot):
+                try:  # saved weights the snapshot budget pushed out: read them again (ephemeral ones fail clearly)
+                    checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
+                except (InputError, CheckpointError) as e:
+                    raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
             return wire.sample_input(self.store.get(item.payload), snapshot)
 
         def encode(_inp, res) -> Outcome:

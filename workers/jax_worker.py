@@ -103,7 +103,8 @@ def load_engine(settings: Settings, local_path: str):
 
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp)
     return Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
-                       max_lora_rank=settings.max_lora_rank, mesh=mesh)  # fmt: skip
+                       max_lora_rank=settings.max_lora_rank, mesh=mesh,
+                       snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20)  # fmt: skip
 
 
 async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:

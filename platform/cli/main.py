@@ -33,6 +33,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-lora-adapters", type=int, help="LoRA adapter slots on the JAX worker (default 8)")
     p.add_argument("--max-lora-rank", type=int, help="largest LoRA rank a client may ask for (default 32)")
     p.add_argument("--pool", help="name of the worker pool this base model runs on (default 'default')")
+    p.add_argument("--snapshot-budget-mb", type=int, help="device memory for sampler snapshots on the JAX worker; "
+                   "the least recently used are evicted past it (saved weights reload on demand) "
+                   "(default 0: a tenth of the device's memory)")
     p.add_argument("--metrics-port", type=int, help="serve the JAX worker's Prometheus /metrics on this port "
                    "(default 0: off; the API always serves /metrics on its own port)")
 

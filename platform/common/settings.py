@@ -59,6 +59,9 @@ class Settings:
     # Port of the JAX worker's Prometheus /metrics (0: off). The API serves /metrics on its own port.
     metrics_port: int = field(default_factory=lambda: int(_env("METRICS_PORT", "0")))
 
+    # Sampler snapshots a JAX worker keeps in device memory, in MiB (least recently used evicted first; saved
+    # weights reload on demand, an evicted ephemeral snapshot fails its sample clearly). 0: a tenth of the device's.
+    snapshot_budget_mb: int = field(default_factory=lambda: int(_env("SNAPSHOT_BUDGET_MB", "0")))
     # Supervision by `tinkerflow up`: a part that exits unexpectedly is started again after a backoff that doubles
     # from restart_backoff_s up to restart_backoff_max_s; more than crash_loop_restarts restarts of one part within
     # crash_loop_window_s seconds is a crash loop, and `up` stops everything and says which part and where its log is.

@@ -22,6 +22,7 @@ from .lora import LORA_ALPHA, init_a, is_a_leaf, module_kind
 from .optimizer import OptState, adamw_slot_step, pack_hparams
 from .sampler import MIN_STOP_IDS, SampleRow, SlotSampler, seed_words
 from .sharding import Mesh, MeshConfig, Placement, as_mesh
+from .snapshots import SnapshotCache, default_budget_bytes, evicted_message
 from .train import Row, StepFunctions, run_rows
 from .types import (
     AdamConfig,
@@ -60,6 +61,7 @@ class Engine:
         max_lora_adapters: int,
         max_lora_rank: int,
         micro_batch_tokens: int,
+        snapshot_budget_bytes: int = 0,
     ):
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -77,7 +79,9 @@ class Engine:
         self._grads = self._put_lora(jax.tree.map(jnp.zeros_like, self._lora))
         self._opt = self._put_opt(OptState.zeros_like(self._lora))
         self._slots: dict[int, LoraConfig] = {}
-        self._snapshots: dict[str, Snapshot] = {}
+        # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
+        # device's memory.
+        self._snapshots = SnapshotCache(snapshot_budget_bytes or default_budget_bytes())
         self._steps = StepFunctions(self._graphdef, self._placement)
         self._sampler = SlotSampler(self._graphdef, self._placement, self.config, self.dtype, tokenizer)
         placement = self._placement
@@ -122,6 +126,7 @@ class Engine:
         mesh: Mesh | MeshConfig | None = None,
         gradient_checkpointing: bool = False,
         dtype: Any = None,
+        snapshot_budget_bytes: int = 0,
     ) -> "Engine":
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
@@ -161,6 +166,7 @@ class Engine:
             max_lora_adapters=max_lora_adapters,
             max_lora_rank=max_lora_rank,
             micro_batch_tokens=micro_batch_tokens,
+            snapshot_budget_bytes=snapshot_budget_bytes,
         )
 
     # ------------------------------------------------------------------ adapters
@@ -230,6 +236,10 @@ class Engine:
         lora = self._take_slot(self._put_lora(jax.tree.map(lambda x: x[None], full)), np.int32(0))
         self._snapshots[key] = Snapshot(lora=lora, scale=LORA_ALPHA / config.rank)
         self._stack_cache = None
+
+    def snapshot_evicted(self, key: str) -> bool:
+        """True when `key` was a snapshot here and the byte budget pushed it out (saved weights reload on demand)."""
+        return key in self._snapshots.evicted and key not in self._snapshots
 
     def drop_snapshot(self, key: str) -> None:
         self._snapshots.pop(key, None)
@@ -446,6 +456,8 @@ class Engine:
         valid: list[tuple[int, np.ndarray]] = []
         for r, req in enumerate(requests):
             try:
+                if req.snapshot is not None and self.snapshot_evicted(req.snapshot):
+                    raise InputError(evicted_message(req.snapshot, self._snapshots.budget_bytes))
                 prompt = check_sample(req, vocab=self.info.vocab_size, max_len=max_len, snapshots=set(self._snapshots))
             except InputError as e:
                 results[r] = e

@@ -1,0 +1,82 @@
+"""Sampler snapshots held under a byte budget: least recently used first out (DESIGN §4, bounded by construction).
+
+Every `save_weights_and_get_sampling_client` leaves an immutable LoRA snapshot on the worker. The coordinator
+collects a run's older ones after they sit unused, which bounds them in time, not in memory: a client that makes
+snapshots faster than they age out (an RL loop, with an 8B model at rank 32) would fill the accelerator. So the
+engine keeps them in this cache, sized in bytes, and evicts the least recently sampled one when a new one would go
+over. Snapshots of saved weights (keys `tinker://…`) are reloaded from the checkpoint store on their next use; an
+ephemeral one cannot be, and a request naming it fails with a message that says so (never a hang, never garbage).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from typing import Any
+
+import jax
+
+log = logging.getLogger(__name__)
+REMEMBERED_EVICTIONS = 65536  # keys remembered as evicted, for the clear error (bounded too)
+DEFAULT_FRACTION = 0.10  # of device memory, when no budget is given
+
+
+def tree_bytes(tree: Any) -> int:
+    return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(tree))
+
+
+def default_budget_bytes() -> int:
+    """A tenth of the first device's memory (an accelerator's HBM; on CPU, the machine's RAM)."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    limit = (stats or {}).get("bytes_limit")
+    if not limit:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(limit * DEFAULT_FRACTION)
+
+
+def evicted_message(key: str, budget_bytes: int) -> str:
+    return (f"sampler weights {key!r} were evicted from this JAX worker's snapshot memory (budget "
+            f"{budget_bytes / 2**20:,.0f} MiB, --snapshot-budget-mb; least recently used go first) and cannot be "
+            "reloaded: they were never saved under a name. Call save_weights_and_get_sampling_client again, or use "
+            "save_weights_for_sampler(name) for weights that reload on demand")
+
+
+class SnapshotCache(OrderedDict):
+    """key -> Snapshot, in least-recently-used order; inserting past `budget_bytes` evicts from the old end (the
+    newest snapshot always stays, even alone over the budget). Reading a key marks it used."""
+
+    def __init__(self, budget_bytes: int):
+        super().__init__()
+        self.budget_bytes = budget_bytes
+        self.sizes: dict[str, int] = {}
+        self.evicted: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def __setitem__(self, key: str, snapshot: Any) -> None:
+        super().__setitem__(key, snapshot)
+        self.move_to_end(key)
+        self.sizes[key] = tree_bytes(getattr(snapshot, "lora", snapshot))
+        self.evicted.pop(key, None)
+        while self.total_bytes > self.budget_bytes and len(self) > 1:
+            old = next(iter(self))
+            super().pop(old)
+            freed = self.sizes.pop(old)
+            self.evicted[old] = None
+            while len(self.evicted) > REMEMBERED_EVICTIONS:
+                self.evicted.popitem(last=False)
+            log.info("evicted sampler snapshot %s (%d bytes) to stay under %d bytes", old, freed, self.budget_bytes)
+
+    def __getitem__(self, key: str) -> Any:
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.sizes.pop(key, None)
+        self.evicted.pop(key, None)  # dropped on purpose: no longer "evicted"
+        return super().pop(key, *default)
