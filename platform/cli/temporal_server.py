@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from tinkerflow.workflows import names
@@ -43,3 +44,23 @@ def command(db_file: Path, host: str = "127.0.0.1", port: int = 7233, ui_port: i
         cmd += ["--search-attribute", f"{key.name}={key.indexed_value_type.name.title().replace('_', '')}"]
     cmd += ["--headless"] if headless else ["--ui-port", str(ui_port)]
     return cmd
+
+
+MIN_RETENTION_S = 86400.0  # Temporal's floor for a namespace's retention
+
+
+def retention_for(store_retention_s: float) -> timedelta:
+    """Closed workflows kept as long as the claim-check objects their answers point at (and at least a day): a
+    future is answerable until both expire together, and the disk holds one horizon, not two (README, Disk)."""
+    return timedelta(seconds=max(MIN_RETENTION_S, store_retention_s or MIN_RETENTION_S))
+
+
+async def set_retention(address: str, namespace: str, retention: timedelta) -> None:
+    from temporalio.api.namespace.v1 import NamespaceConfig
+    from temporalio.api.workflowservice.v1 import UpdateNamespaceRequest
+    from temporalio.client import Client
+
+    client = await Client.connect(address, namespace=namespace)
+    config = NamespaceConfig()
+    config.workflow_execution_retention_ttl.FromTimedelta(retention)
+    await client.workflow_service.update_namespace(UpdateNamespaceRequest(namespace=namespace, config=config))

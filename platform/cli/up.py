@@ -10,6 +10,7 @@ share one code path.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -266,6 +267,11 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
             settings = _replace_address(settings, f"127.0.0.1:{args.temporal_port}")
             stack.settings = settings
             stack.start_temporal(args.temporal_port, args.ui_port, args.headless)
+            retention = temporal_server.retention_for(settings.store_retention_s)
+            asyncio.run(temporal_server.set_retention(settings.temporal_address, settings.temporal_namespace,
+                                                      retention))
+            console.print(f"closed workflows kept {retention.total_seconds() / 86400:g} day(s), as long as the "
+                          "claim-check store keeps their payloads (--store-retention-s)")
         stack.start_worker("workflow-worker")
         stack.start_worker("jax-worker")
         stack.start_api()
