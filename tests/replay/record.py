@@ -1,0 +1,115 @@
+"""Record the workflow histories of real runs into tests/replay/histories/ (the replay suite's input).
+
+    .venv/bin/python -m tests.replay.record            # a few minutes on a laptop CPU; rewrites the directory
+
+Brings up `tinkerflow up` (tiny model) and drives it with the unmodified SDK through what the workflows do in
+production: training (forward_backward, optim_step), sampling, checkpoints (save_state, a load into a new client,
+sampler weights with a TTL), a JAX worker killed mid-step and restored (recovery), and a session that stops
+heartbeating and times out. Then it writes every workflow execution's history as JSON (the format of
+`temporal workflow show --output json`), one file per execution, named `<WorkflowType>-<n>.json`.
+
+Re-record when a scenario is added, never to make a failing replay pass: a replay failure means the workflow code
+changed in a way running workflows cannot follow (see workflows/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+OUT = HERE / "histories"
+API_KEY = "tml-replay"
+
+
+def drive(stack) -> None:
+    import httpx
+    import tinker
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
+    model = stack.served_model()
+    datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))
+    adam = types.AdamParams(learning_rate=1e-3)
+
+    # training + sampling
+    training = service.create_lora_training_client(base_model=model, rank=4, seed=3).result()
+    for _ in range(3):
+        training.forward_backward([datum], "cross_entropy").result(timeout=600)
+        training.optim_step(adam).result(timeout=600)
+    sampler = training.save_weights_and_get_sampling_client().result()
+    sampler.sample(types.ModelInput.from_ints([10, 20]), 2, types.SamplingParams(max_tokens=4, seed=1)).result(
+        timeout=600)
+
+    # checkpoints: training state saved and loaded into a new client; sampler weights with a TTL
+    state = training.save_state("replay-state").result(timeout=600).path
+    loaded = service.create_training_client_from_state_with_optimizer(state).result(timeout=600)
+    loaded.forward_backward([datum], "cross_entropy").result(timeout=600)
+    weights = training.save_weights_for_sampler("replay-weights", ttl_seconds=3600).result(timeout=600).path
+    service.create_sampling_client(model_path=weights).sample(
+        types.ModelInput.from_ints([10]), 1, types.SamplingParams(max_tokens=2)).result(timeout=600)
+
+    # recovery: the JAX worker dies with a step in flight; `up` restarts it and the run restores itself
+    pending = training.forward_backward([datum], "cross_entropy")
+    old = stack.kill_part("jax-worker")
+    stack.wait_restarted("jax-worker", old)
+    pending.result(timeout=900)
+    training.optim_step(adam).result(timeout=900)
+
+    # session timeout: a session that never heartbeats (what a crashed client leaves behind)
+    # (20 s: the SDK's own sessions heartbeat every 10 s and must outlive it)
+    http = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": stack.api_key}, timeout=60)
+    abandoned = http.post("/api/v1/create_session", json={
+        "tags": ["abandoned"], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"}).json()
+    asyncio.run(_wait_closed(stack.temporal_address, f"session/{abandoned['session_id']}"))
+
+
+async def _wait_closed(address: str, workflow_id: str, timeout_s: float = 180) -> None:
+    """Until the workflow has ended (asking Temporal: a heartbeat probe would keep the session alive)."""
+    from temporalio.client import Client, WorkflowExecutionStatus
+
+    client = await Client.connect(address)
+    deadline = time.monotonic() + timeout_s
+    while (await client.get_workflow_handle(workflow_id).describe()).status == WorkflowExecutionStatus.RUNNING:
+        assert time.monotonic() < deadline, f"{workflow_id} never ended"
+        await asyncio.sleep(1)
+
+
+async def dump(address: str, out: Path) -> list[str]:
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    written, counts = [], {}
+    async for wf in client.list_workflows():
+        history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        counts[wf.workflow_type] = counts.get(wf.workflow_type, 0) + 1
+        name = f"{wf.workflow_type}-{counts[wf.workflow_type]}.json"
+        (out / name).write_text(json.dumps({"workflow_id": wf.id, "history": json.loads(history.to_json())}))
+        written.append(name)
+    return written
+
+
+def main() -> None:
+    from tinkerflow.cli.launch import launch
+
+    state = Path(tempfile.mkdtemp(prefix="tinkerflow-record-")) / "state"
+    stack = launch(state, api_key=API_KEY, extra=["--session-timeout-s", "20", "--auto-snapshot-every", "2",
+                                                  "--restart-backoff-s", "0.5"])
+    try:
+        drive(stack)
+        time.sleep(2)  # let the last workflow tasks land in history
+        shutil.rmtree(OUT, ignore_errors=True)
+        OUT.mkdir(parents=True)
+        for name in asyncio.run(dump(stack.temporal_address, OUT)):
+            print(name, (OUT / name).stat().st_size, "bytes")
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()
