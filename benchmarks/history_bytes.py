@@ -61,7 +61,7 @@ def measure(iterations: int) -> dict:
         for _ in range(iterations):
             training.forward_backward([datum], "cross_entropy").result(timeout=600)
             training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=600)
-            sampler = training.save_weights_and_get_sampling_client()
+            sampler = training.save_weights_and_get_sampling_client().result()
             sampler.sample(types.ModelInput.from_ints([10, 20]), 1, types.SamplingParams(max_tokens=8)).result(
                 timeout=600)
         total, events, executions = asyncio.run(history_bytes(stack.temporal_address))
