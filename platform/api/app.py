@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -56,8 +57,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     async def readyz(request: Request) -> JSONResponse:
         """Readiness (not liveness, that is /api/v1/healthz): 200 only while Temporal and the store both answer."""
         svc = request.app.state.services
-        down = [u for u in (await check_temporal(svc.client, settings.temporal_address),
-                            await check_store(svc.store)) if u is not None]
+        checks = await asyncio.gather(check_temporal(svc.client, settings.temporal_address), check_store(svc.store))
+        down = [u for u in checks if u is not None]
         if down:
             return JSONResponse(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}, content={
                 "status": "unavailable", "detail": "; ".join(u.message() for u in down),
