@@ -9,6 +9,9 @@ server) with a step in flight: every part's recovery is proven at the cost of on
 
 from __future__ import annotations
 
+import os
+
+import httpx
 import numpy as np
 import pytest
 
@@ -24,10 +27,18 @@ def supervised(tmp_path_factory):
     stack.stop()
 
 
-# The greedy sample after the kills doubles the cost (the restarted JAX worker compiles its sampler again), so the
-# default run compares the losses of every step and the slow run the sample as well.
+def test_readiness_is_ok_while_temporal_and_the_store_answer(supervised):
+    r = httpx.get(f"{supervised.base_url}/api/v1/readyz", timeout=10)
+    assert r.status_code == 200 and r.json() == {"status": "ready", "temporal": "ok", "store": "ok"}
+
+
+# The greedy sample after the kills doubles the cost (the restarted JAX worker compiles its sampler again, minutes on
+# a busy CPU), so the default run compares the losses of every step and the slow run (-m slow) the sample as well.
 @pytest.mark.parametrize("sample", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["losses", "and-sample"])
-def test_each_part_killed_mid_loop_is_restarted_and_the_loop_ends_as_a_fault_free_one(supervised, sample):
+def test_each_part_killed_mid_loop_is_restarted_and_the_loop_ends_as_a_fault_free_one(supervised, sample, request):
+    if sample and "slow" not in (request.config.getoption("markexpr") or "") \
+            and os.environ.get("TINKERFLOW_SLOW_TESTS") != "1":
+        pytest.skip("slow: run with -m slow or TINKERFLOW_SLOW_TESTS=1")
     steps = 2 * len(PARTS) + 1
     reference = pig_latin_loop(supervised, steps, sample=sample)
     kill_at = {1 + 2 * i: part for i, part in enumerate(PARTS)}
