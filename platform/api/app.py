@@ -16,6 +16,8 @@ from temporalio.client import Client
 from tinkerflow.api import (
     routes_checkpoints, routes_futures, routes_runs, routes_sampling, routes_service, routes_training,
 )
+from tinkerflow.api.body_limits import BodyLimit
+from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
@@ -47,7 +49,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         yield
 
     app = FastAPI(title="tinkerflow", description="Tinker-compatible training API on Temporal and JAX",
-                  lifespan=lifespan)
+                  lifespan=lifespan, default_response_class=WireJSONResponse)
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
 
@@ -58,19 +60,15 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     @app.middleware("http")
     async def observe(request: Request, call_next):
         started = time.perf_counter()
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > settings.max_request_bytes:
-            # Refused before the body is read; 413 is not retried by the SDK, so the caller sees this message.
-            response: Response = JSONResponse(status_code=413, content={
-                "detail": f"request body of {int(length):,} bytes is over this server's limit of "
-                          f"{settings.max_request_bytes:,} (--max-request-bytes); send fewer datums per request"})
-        else:
-            response = await call_next(request)
+        response = await call_next(request)
         route = request.scope.get("route")
         name = getattr(route, "path", "unmatched")  # the template, e.g. /api/v1/samplers/{sampler_id}
         API_REQUESTS.labels(name, str(response.status_code)).inc()
         API_LATENCY.labels(name).observe(time.perf_counter() - started)
         return response
+
+    # Added last, so outermost: a body over its route's limit is refused before anything reads it.
+    app.add_middleware(BodyLimit, settings=settings)
 
     # Every error carries a JSON body: the SDK treats an empty 400 as a proxy glitch and retries it.
     @app.exception_handler(ValidationError)

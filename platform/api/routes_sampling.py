@@ -90,6 +90,14 @@ async def asample(request: Request, svc: Services = Depends(services),
                   who: str = Depends(owner)) -> dict | JSONResponse:
     raw = await json_body(request)
     req = SampleRequest.model_validate(raw)
+    limits = svc.settings
+    if req.num_samples > limits.max_samples_per_request:
+        raise http_error(400, f"num_samples {req.num_samples} is over this server's limit of "
+                              f"{limits.max_samples_per_request} per request (--max-samples-per-request)")
+    max_tokens = req.sampling_params.max_tokens
+    if max_tokens is not None and max_tokens > limits.max_sample_tokens:
+        raise http_error(400, f"sampling_params.max_tokens {max_tokens} is over this server's limit of "
+                              f"{limits.max_sample_tokens} (--max-sample-tokens)")
     if not req.sampling_session_id:
         raise http_error(400, "asample needs a sampling_session_id (create one with create_sampling_session)")
     info = await resolve_sampler(svc, req.sampling_session_id, who)

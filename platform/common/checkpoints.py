@@ -104,8 +104,15 @@ def check_name(name: str) -> None:
                               "and '-' (no '/')")
 
 
-def check_ttl(ttl_seconds: int | None) -> None:
-    if ttl_seconds is not None and not (MIN_TTL_S <= int(ttl_seconds) <= MAX_TTL_S):
+def check_ttl(ttl_seconds: Any) -> None:
+    """None (no expiry) or a whole number of seconds in range; anything else (a string, NaN, 1e300, a bool) is a
+    CheckpointError naming the field, never a crash further on."""
+    if ttl_seconds is None:
+        return
+    whole = isinstance(ttl_seconds, int) or (isinstance(ttl_seconds, float) and ttl_seconds.is_integer())
+    if isinstance(ttl_seconds, bool) or not whole:
+        raise CheckpointError(f"ttl_seconds must be a whole number of seconds or null, got {ttl_seconds!r}")
+    if not (MIN_TTL_S <= ttl_seconds <= MAX_TTL_S):
         raise CheckpointError(f"ttl_seconds {ttl_seconds} is outside {MIN_TTL_S} (1 hour) .. {MAX_TTL_S} (10 years); "
                               "pass None for no expiry")
 
