@@ -39,6 +39,8 @@ AUTO_SEGMENT = "auto_weights"
 TRAINING_STATE_SEGMENTS = ("weights", AUTO_SEGMENT)
 MIN_TTL_S = 3600
 MAX_TTL_S = 10 * 365 * 24 * 3600
+# Each becomes one directory name in the store; file systems allow 255 bytes.
+MAX_PATH_PART = 200
 _NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
 _RUN = re.compile(r"^[A-Za-z0-9._\-]+(:[A-Za-z0-9._\-]+)*$")
 
@@ -85,6 +87,8 @@ class TinkerPath:
 
     @staticmethod
     def of(run: str, segment: str, name: str) -> "TinkerPath":
+        if len(run) > MAX_PATH_PART or len(name) > MAX_PATH_PART:  # else "File name too long" from the store: a 500
+            raise CheckpointError(f"training run id and checkpoint name are at most {MAX_PATH_PART} characters each")
         check_name(name)
         if not _RUN.match(run or "") or run.startswith("."):
             raise CheckpointError(f"training run id {run!r} is malformed")

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.e2e.conftest import base_model, service_client, stack, training_client  # noqa: F401  (fixtures)
+from tests.e2e.conftest import (  # noqa: F401  (fixtures, and the hook that shows the stack's logs on a failure)
+    base_model, pytest_runtest_makereport, service_client, stack, training_client,
+)
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                                      HealthCheck.data_too_large])

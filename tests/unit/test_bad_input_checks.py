@@ -149,3 +149,14 @@ def test_each_route_has_its_own_body_limit_enforced_before_reading():
     r = client.post("/api/v1/create_session", content=iter([b"x" * 60, b"x" * 60]))
     assert r.status_code == 413
     assert client.post("/api/v1/create_session", content=iter([b"x" * 40, b"x" * 40])).status_code == 200
+
+
+def test_fuzz_regression_a_300_character_run_id_in_a_checkpoint_route_is_a_user_error():
+    """Found by tests/fuzz: PUT /training_runs/<300 chars>/checkpoints/weights/fz/ttl answered 500 (the store's
+    "File name too long")."""
+    from tinkerflow.common.checkpoints import TinkerPath
+
+    with pytest.raises(CheckpointError, match="at most"):
+        TinkerPath.from_checkpoint_id("a" * 300, "weights/fz")
+    with pytest.raises(CheckpointError, match="at most"):
+        TinkerPath.parse(f"tinker://run/weights/{'n' * 300}")
