@@ -153,7 +153,10 @@ class Coordinator:
             "placements": dict(self.s.placements),
             "snapshots": len(self.s.snapshots),
             "pending": len(self.s.pending),
-            "pending_samples": sum(1 for i in self.s.pending if i.kind == "sample"),
+            # Work, not calls: one asample may ask for many samples of many tokens (items without the counts are
+            # one sample of unknown length).
+            "pending_samples": sum(int(i.params.get("samples", 1)) for i in self.s.pending if i.kind == "sample"),
+            "pending_sample_tokens": sum(int(i.params.get("work", 0)) for i in self.s.pending if i.kind == "sample"),
             "dispatched_batches": self.s.dispatched_batches,
         }
 

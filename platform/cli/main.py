@@ -48,6 +48,8 @@ def _api_flags(p: argparse.ArgumentParser) -> None:
                    "(default 120)")
     p.add_argument("--max-request-bytes", type=int, help="refuse request bodies larger than this with HTTP 413, "
                    "on the wire and after zstd decompression (default 256 MiB)")
+    p.add_argument("--max-queued-sample-tokens", type=int, help="answer asample with HTTP 429 while this many tokens "
+                   "of sampling work (samples x (prompt + max_tokens)) are queued for one base model (default 1Mi)")
     p.add_argument("--max-sample-body-bytes", type=int, help="HTTP 413 for an asample body larger than this, "
                    "before it is read (default 16 MiB)")
     p.add_argument("--max-control-body-bytes", type=int, help="HTTP 413 for a body larger than this on every route "

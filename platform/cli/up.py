@@ -60,6 +60,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
         "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
         "TINKERFLOW_MAX_QUEUED_SAMPLES": str(settings.max_queued_samples),
+        "TINKERFLOW_MAX_QUEUED_SAMPLE_TOKENS": str(settings.max_queued_sample_tokens),
         "TINKERFLOW_MAX_REQUEST_BYTES": str(settings.max_request_bytes),
         "TINKERFLOW_MAX_SAMPLE_BODY_BYTES": str(settings.max_sample_body_bytes),
         "TINKERFLOW_MAX_CONTROL_BODY_BYTES": str(settings.max_control_body_bytes),

@@ -50,6 +50,9 @@ class Settings:
     session_timeout_s: float = field(default_factory=lambda: float(_env("SESSION_TIMEOUT_S", "120")))
     # asample answers 429 (the SDK backs off and resubmits) while this many samples wait in a coordinator's queue.
     max_queued_samples: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLES", "1024")))
+    # ... or while this many tokens of sampling work (samples x (prompt + max_tokens)) wait: queues count work.
+    max_queued_sample_tokens: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLE_TOKENS",
+                                                                            str(1 << 20))))
     # Bodies larger than this (on the wire, and after zstd decompression) are refused with HTTP 413.
     max_request_bytes: int = field(default_factory=lambda: int(_env("MAX_REQUEST_BYTES", str(256 * 1024 * 1024))))
     # Body limits of the routes that carry less than forward_backward (see api/body_limits.py): asample (a prompt)

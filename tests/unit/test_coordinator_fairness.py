@@ -61,3 +61,30 @@ async def test_a_big_queue_of_one_tenant_does_not_delay_another_tenants_small_re
 
 async def _pending_is(tinker: Tinker, n: int) -> bool:
     return (await tinker.describe_coordinator())["pending"] == n
+
+
+async def test_the_sampling_queue_counts_samples_and_tokens_not_calls(tinker: Tinker) -> None:
+    sid, _ = await tinker.start_session()
+    _, run = await tinker.ready_run(sid, 1)
+    engine = tinker.engine
+    held = await tinker.submit(run, tinker.fwd(1, hold=True))
+    await engine.wait_for(lambda: any(i.params.get("hold") for i in engine.items))
+
+    sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
+    handle = await tinker.client.start_workflow(
+        SampleRequestWorkflow.run,
+        SampleStart(sampler=sampler, payloads=[blob("mem://w/0"), blob("mem://w/1")], samples=[3, 5],
+                    work=[3 * 10, 5 * 100]),
+        id=names.sample_workflow_id(sampler.sampler_id, body_hash("work")), task_queue=names.WORKFLOW_TASK_QUEUE)
+    tinker.started.append(handle)
+    # Two calls, eight samples, 530 tokens of work: the API's 429 decision reads the last two.
+    described = await eventually(lambda: _described_with_pending(tinker, 2))
+    assert (described["pending_samples"], described["pending_sample_tokens"]) == (8, 530)
+    engine.release.set()
+    assert (await within(held.result())).ok
+    assert all(o.ok for o in await within(handle.result()))
+
+
+async def _described_with_pending(tinker: Tinker, n: int) -> dict | None:
+    described = await tinker.describe_coordinator()
+    return described if described["pending"] == n else None
