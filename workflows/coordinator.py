@@ -18,6 +18,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TimeoutError_
 
+from tinkerflow.workflows.fairness import fair_order, growing
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkerInfo, WorkItem, WorkResult
 
 MAX_BATCH_ITEMS = 64
@@ -178,7 +179,7 @@ class Coordinator:
         source = self.s.pending
         pending = fair_order(source) if workflow.patched("coordinator-fair-order") else source
         queued = len(source)
-        for item in _growing(pending, source, queued):
+        for item in growing(pending, source, queued):
             if len(taken) >= MAX_BATCH_ITEMS:
                 keep.append(item)
                 continue
@@ -400,44 +401,6 @@ class Coordinator:
         workflow.set_current_details(
             f"{self.s.base_model} · {len(self.s.workers)} worker(s) · adapter slots {used}/{total} in use"
         )
-
-
-def _growing(order: list[WorkItem], source: list[WorkItem], queued: int):
-    """Iterate `order`, then whatever routing appended to `source` meanwhile (snapshot collection queues its drops
-    there), as iterating `source` itself would."""
-    i = 0
-    while i < len(order):
-        yield order[i]
-        i += 1
-        if order is not source and len(source) > queued:
-            order.extend(source[queued:])
-            queued = len(source)
-
-
-def tenant_of(item: WorkItem) -> str:
-    """The session an item serves (a run's model_id starts with its session id); the requester when unknown."""
-    if item.session_id:
-        return item.session_id
-    if ":" in item.model_id:
-        return item.model_id.split(":", 1)[0]
-    return item.requester.split("#", 1)[0]
-
-
-def fair_order(items: list[WorkItem]) -> list[WorkItem]:
-    """Round-robin over tenants, each tenant's items in arrival order; tenants in order of their oldest item.
-
-    Order within a tenant is kept, so a run's ops (and a load before its sample) stay in sequence."""
-    queues: dict[str, list[WorkItem]] = {}
-    for item in items:
-        queues.setdefault(tenant_of(item), []).append(item)
-    ordered: list[WorkItem] = []
-    depth = 0
-    while len(ordered) < len(items):
-        for q in queues.values():
-            if depth < len(q):
-                ordered.append(q[depth])
-        depth += 1
-    return ordered
 
 
 def _with_slot(item: WorkItem, slot: int) -> WorkItem:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from wf_harness import Tinker, blob, body_hash, eventually, within
 
 from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import MAX_BATCH_ITEMS, fair_order
+from tinkerflow.workflows.coordinator import MAX_BATCH_ITEMS
+from tinkerflow.workflows.fairness import fair_order
 from tinkerflow.workflows.messages import SampleStart, SamplerInfo, WorkItem
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 
