@@ -273,3 +273,17 @@ def test_far_seq_id_is_refused_and_the_run_goes_on(wire, fuzz_run):
 @pytest.mark.slow
 def test_long_profile_runs_every_fuzz_test_with_more_examples():
     """Marker for the long run: `TINKERFLOW_FUZZ=long bash scripts/test.sh tests/fuzz` (TINKERFLOW_FUZZ_EXAMPLES)."""
+
+
+def test_too_many_datums_fail_through_the_future_and_the_run_goes_on(wire, fuzz_run):
+    """The per-request datum cap is in sequence: the seq_id is consumed and its future says which flag to raise."""
+    msg = _fwd_request(fuzz_run, fuzz_run.next_seq, [10, 20, 30])
+    for _ in range(4096):  # --max-datums-per-request defaults to 4096
+        msg.data.add().CopyFrom(msg.data[0])
+    r = wire.send("POST", "/api/v1/forward_backward", msg.SerializeToString(), "application/x-protobuf")
+    assert r.status_code == 200
+    fuzz_run.next_seq += 1
+    answer = wire.answer_of(r)
+    assert answer["category"] == "user" and "--max-datums-per-request" in answer["error"]
+    fuzz_run.sequenced("/api/v1/optim_step", {"model_id": fuzz_run.model_id, "seq_id": fuzz_run.next_seq,
+                                              "type": "optim_step", "adam_params": ADAM})
