@@ -202,7 +202,10 @@ class EngineActivities:
 
     def _forward_backward(self, items: list[WorkItem]) -> list[Outcome]:
         def decode(item: WorkItem):
-            return wire.forward_backward_input(wire.parse_forward_backward(self.store.get(item.payload)), item.slot)
+            info = self.engine.info
+            bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
+            return wire.forward_backward_input(wire.parse_forward_backward(self.store.get(item.payload)), item.slot,
+                                               bounds)
 
         def encode(inp, res) -> Outcome:
             tokens = sum(len(d.tokens) for d in inp.data)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
@@ -35,11 +36,23 @@ def parse_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
     return msg
 
 
-def _tensor(name: str, t: pb.Tensor, where: str) -> np.ndarray:
+@dataclass(frozen=True)
+class Bounds:
+    """What the served model makes sensible, checked before anything is allocated: a sparse tensor declares its
+    shape, and a shape of [4, 2**40] would otherwise ask for 32 TiB. Rows are positions (at most the context),
+    columns at most the vocabulary (top-k targets, one column per candidate token)."""
+
+    max_rows: int = 1 << 20
+    max_cols: int = 1 << 20
+
+
+def _tensor(name: str, t: pb.Tensor, where: str, bounds: Bounds = Bounds()) -> np.ndarray:
     dtype = _PROTO_DTYPES.get(t.dtype)
     if dtype is None:
         raise InputError(f"{where}: loss_fn_inputs[{name!r}] has unsupported dtype {pb.DType.Name(t.dtype)}")
     shape = tuple(int(s) for s in t.shape)
+    if any(s < 0 for s in shape):
+        raise InputError(f"{where}: loss_fn_inputs[{name!r}] has a negative dimension in shape {list(shape)}")
     try:
         which = t.WhichOneof("encoding")
         if which == "sparse_csr":
@@ -48,6 +61,14 @@ def _tensor(name: str, t: pb.Tensor, where: str) -> np.ndarray:
             col = np.frombuffer(t.sparse_csr.col_indices, dtype=np.int64)
             if len(shape) != 2:
                 raise InputError(f"{where}: sparse loss_fn_inputs[{name!r}] needs a 2-D shape, got {list(shape)}")
+            if shape[0] > bounds.max_rows or shape[1] > bounds.max_cols:
+                raise InputError(
+                    f"{where}: sparse loss_fn_inputs[{name!r}] declares shape {list(shape)}, beyond this model's "
+                    f"context ({bounds.max_rows} rows) or vocabulary ({bounds.max_cols} columns)")
+            if len(crow) != shape[0] + 1 or len(col) != len(values) or (col.size and not (
+                    0 <= int(col.min()) and int(col.max()) < shape[1])):
+                raise InputError(f"{where}: sparse loss_fn_inputs[{name!r}] has crow/col indices that do not fit "
+                                 f"shape {list(shape)}")
             dense = np.full(shape, _PAD_VALUE, dtype=dtype)
             for row in range(shape[0]):
                 lo, hi = int(crow[row]), int(crow[row + 1])
@@ -75,12 +96,13 @@ def _tokens(chunks, where: str) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
 
-def forward_backward_input(msg: pb.ForwardBackwardRequest, slot: int) -> ForwardBackwardInput:
+def forward_backward_input(msg: pb.ForwardBackwardRequest, slot: int, bounds: Bounds = Bounds()
+                           ) -> ForwardBackwardInput:
     data = []
     for i, d in enumerate(msg.data):
         where = f"datum {i}"
         data.append(Datum(tokens=_tokens(d.model_input, where),
-                          inputs={k: _tensor(k, v, where) for k, v in d.loss_fn_inputs.items()}))
+                          inputs={k: _tensor(k, v, where, bounds) for k, v in d.loss_fn_inputs.items()}))
     config: dict[str, float | str] = dict(msg.loss_fn_config)
     for k, v in msg.loss_fn_config_v2.items():  # v2 carries every entry, strings included: prefer it
         config[k] = v.text if v.WhichOneof("value") == "text" else v.number

@@ -18,6 +18,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TimeoutError_
 
+from tinkerflow.workflows.fairness import fair_order, growing
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkerInfo, WorkItem, WorkResult
 
 MAX_BATCH_ITEMS = 64
@@ -153,7 +154,10 @@ class Coordinator:
             "placements": dict(self.s.placements),
             "snapshots": len(self.s.snapshots),
             "pending": len(self.s.pending),
-            "pending_samples": sum(1 for i in self.s.pending if i.kind == "sample"),
+            # Work, not calls: one asample may ask for many samples of many tokens (items without the counts are
+            # one sample of unknown length).
+            "pending_samples": sum(int(i.params.get("samples", 1)) for i in self.s.pending if i.kind == "sample"),
+            "pending_sample_tokens": sum(int(i.params.get("work", 0)) for i in self.s.pending if i.kind == "sample"),
             "dispatched_batches": self.s.dispatched_batches,
         }
 
@@ -168,7 +172,14 @@ class Coordinator:
         """Route pending items; return (with slots filled in) the ones for `queue`, answer unroutable ones now."""
         taken: list[WorkItem] = []
         keep: list[WorkItem] = []
-        for item in self.s.pending:
+        # Fair between tenants: items are considered round-robin over sessions rather than first come, so one
+        # session's long queue cannot fill every batch ahead of another's single item. The bound: with T sessions
+        # waiting, each session's oldest item is in the next batch (T <= MAX_BATCH_ITEMS), and its k-th oldest
+        # within ceil(k * T / MAX_BATCH_ITEMS) batches. Patched: it changes which items a replayed batch held.
+        source = self.s.pending
+        pending = fair_order(source) if workflow.patched("coordinator-fair-order") else source
+        queued = len(source)
+        for item in growing(pending, source, queued):
             if len(taken) >= MAX_BATCH_ITEMS:
                 keep.append(item)
                 continue

@@ -95,6 +95,10 @@ class SampleStart:
 
     sampler: SamplerInfo
     payloads: list[BlobRef]
+    # Per payload: samples asked for, and their work in tokens (samples x (prompt + max_tokens)); the coordinator
+    # counts its queue in these, not in calls. Empty from API processes older than this field.
+    samples: list[int] = field(default_factory=list)
+    work: list[int] = field(default_factory=list)
 
 
 @dataclass

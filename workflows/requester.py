@@ -66,18 +66,20 @@ class CoordinatorCalls:
         return self._answers.pop(key)
 
     async def call_many(self, coordinator_id: str, kind: str, payloads: list[BlobRef], *, session_id: str = "",
-                        params: dict[str, Any] | None = None) -> list[Outcome]:
+                        params: dict[str, Any] | None = None, item_params: list[dict[str, Any]] | None = None
+                        ) -> list[Outcome]:
         """Like `call` for many items of one kind, handed over in ONE signal (a batch of sample calls)."""
         info = workflow.info()
         keys = []
         items = []
-        for payload in payloads:
+        for n, payload in enumerate(payloads):
             self._counter += 1
             key = f"{info.run_id}-{self._counter}"
             keys.append(key)
             self._waiting.add(key)
             items.append(WorkItem(key=key, requester=info.workflow_id, kind=kind, session_id=session_id,
-                                  payload=payload, params=params or {}))
+                                  payload=payload,
+                                  params={**(params or {}), **(item_params[n] if item_params else {})}))
         try:
             await workflow.get_external_workflow_handle(coordinator_id).signal("submit_many", items)
         except Exception as e:

@@ -26,9 +26,12 @@ class SampleRequestWorkflow:
         sampler = start.sampler
         coordinator = names.coordinator_workflow_id(sampler.base_model, sampler.pool)
         workflow.set_current_details(f"{len(start.payloads)} sample call(s) on {sampler.sampler_id}")
+        item_params = None
+        if start.work and workflow.patched("sample-work"):  # patched: the items' params change what is signalled
+            item_params = [{"samples": s, "work": w} for s, w in zip(start.samples, start.work, strict=True)]
         return await self._calls.call_many(
             coordinator, "sample", start.payloads, session_id=names.session_of(sampler.sampler_id),
-            params={"snapshot": sampler.snapshot, "sampler_id": sampler.sampler_id},
+            params={"snapshot": sampler.snapshot, "sampler_id": sampler.sampler_id}, item_params=item_params,
         )
 
     @workflow.signal

@@ -28,6 +28,10 @@ RECOVERY_WAIT = timedelta(minutes=5)
 RECOVERABLE_KINDS = {"forward_backward", "optim_step", "save_weights", "save_weights_external",
                      "save_weights_for_sampler", "load_weights"}
 STEP_ATTRIBUTE_EVERY = 10
+# How far ahead of the run's next seq_id an op may be. The SDK numbers every op of a TrainingClient from one counter
+# and sends its chunks concurrently, so a real client is a few dozen ahead at most; an op far beyond would wait for
+# its gap forever. It is refused at submit (HTTP 400): the run's next seq_id is unchanged, so nothing else waits.
+SEQ_WINDOW = 10_000
 CONTINUE_AS_NEW_EVENTS = 6_000
 
 
@@ -148,6 +152,11 @@ class TrainingRunWorkflow:
         if first is not None and first.body_hash != op.body_hash:
             raise ApplicationError(f"seq_id {op.seq_id} was already used for a different request on {model_id}",
                                    type="SeqConflict")
+        if op.seq_id > self.s.next_seq + SEQ_WINDOW:
+            # A validator change needs no workflow.patched: rejected updates never enter history.
+            raise ApplicationError(
+                f"seq_id {op.seq_id} on {model_id} is more than {SEQ_WINDOW:,} ahead of the run's next "
+                f"({self.s.next_seq}); it would wait for the gap forever", type="SeqTooFar")
         if first is None and op.seq_id < self.s.next_seq:
             raise ApplicationError(
                 f"seq_id {op.seq_id} on {model_id} is older than the answers this run keeps (next is {self.s.next_seq})",

@@ -17,7 +17,9 @@ from temporalio.client import Client
 from tinkerflow.api import (
     routes_checkpoints, routes_futures, routes_runs, routes_sampling, routes_service, routes_training,
 )
+from tinkerflow.api.body_limits import BodyLimit
 from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal, classify
+from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
@@ -49,7 +51,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         yield
 
     app = FastAPI(title="tinkerflow", description="Tinker-compatible training API on Temporal and JAX",
-                  lifespan=lifespan)
+                  lifespan=lifespan, default_response_class=WireJSONResponse)
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
 
@@ -72,21 +74,15 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     @app.middleware("http")
     async def observe(request: Request, call_next):
         started = time.perf_counter()
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > settings.max_request_bytes:
-            # Refused before the body is read; 413 is not retried by the SDK, so the caller sees this message.
-            response: Response = JSONResponse(status_code=413, content={
-                "detail": f"request body of {int(length):,} bytes is over this server's limit of "
-                          f"{settings.max_request_bytes:,} (--max-request-bytes); send fewer datums per request"})
-        else:
-            try:
-                response = await call_next(request)
-            except Exception as e:
-                down = classify(e, settings.temporal_address, settings.resolved_store_url)
-                if down is None:
-                    raise
-                log.warning("%s %s: %s", request.method, request.url.path, down.message())
-                response = JSONResponse(status_code=503, content=down.body())
+        # Bodies over their route's limit were refused before this by BodyLimit (the outermost middleware).
+        try:
+            response: Response = await call_next(request)
+        except Exception as e:
+            down = classify(e, settings.temporal_address, settings.resolved_store_url)
+            if down is None:
+                raise
+            log.warning("%s %s: %s", request.method, request.url.path, down.message())
+            response = JSONResponse(status_code=503, content=down.body())
         if response.status_code == 503 and "retry-after" not in response.headers:
             # The SDK retries 5xx with its own backoff; a person or a proxy reads this.
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
@@ -95,6 +91,9 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         API_REQUESTS.labels(name, str(response.status_code)).inc()
         API_LATENCY.labels(name).observe(time.perf_counter() - started)
         return response
+
+    # Added last, so outermost: a body over its route's limit is refused before anything reads it.
+    app.add_middleware(BodyLimit, settings=settings)
 
     # Every error carries a JSON body: the SDK treats an empty 400 as a proxy glitch and retries it.
     @app.exception_handler(ValidationError)

@@ -20,6 +20,8 @@ def from_temporal(e: Exception, what: str) -> HTTPException:
     """Map a Temporal failure on `what` (e.g. "training run x") to the status the contract implies."""
     if is_not_found(e):
         return http_error(404, f"{what} does not exist or has ended")
+    if isinstance(e, RPCError) and e.status == RPCStatusCode.INVALID_ARGUMENT:
+        return http_error(400, f"invalid request on {what}: {e.message}")
     if isinstance(e, WorkflowUpdateFailedError):
         cause = e.cause
         message = getattr(cause, "message", None) or str(cause or e)

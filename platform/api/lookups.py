@@ -4,6 +4,7 @@ caller's."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from fastapi import Request
 
@@ -17,10 +18,11 @@ from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 
 async def json_body(request: Request) -> dict:
+    raw = await request.body()  # outside the try: a body over its route's limit is a 413 (body_limits), not a 400
     try:
-        body = await request.json()
-    except Exception:
-        raise http_error(400, "request body is not valid JSON") from None
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+        raise http_error(400, "request body is not valid JSON (or is nested too deeply)") from None
     if not isinstance(body, dict):
         raise http_error(400, "request body must be a JSON object")
     return body

@@ -1,7 +1,8 @@
 """retrieve_future: long-poll a future's outcome in Temporal, then answer `try_again` (contract §4).
 
 The SDK re-polls immediately after `try_again`, so holding the poll (up to ~25 s, under the SDK's 45 s timeout)
-is what keeps it from spinning. Results are proto for forward_backward/sample, JSON otherwise.
+is what keeps it from spinning. Results are proto for forward_backward/sample, JSON otherwise; JSON results carry
+non-finite numbers as the strings "NaN"/"Infinity"/"-Infinity" (see json_wire), so every result is answerable.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ import asyncio
 import logging
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import http_error, is_not_found
+from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.services import Services
 from tinkerflow.common.store import StoreError

@@ -12,6 +12,7 @@ from tinker.types import CreateSessionRequest
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error, is_not_found
 from tinkerflow.api.lookups import json_body, session_of_caller
+from tinkerflow.api.op_checks import check_metadata
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SessionStart
@@ -53,6 +54,7 @@ async def capabilities(svc: Services = Depends(services), _: str = Depends(owner
 @router.post("/create_session")
 async def create_session(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     req = CreateSessionRequest.model_validate(await json_body(request))
+    check_metadata(req.user_metadata)
     session_id = f"sess-{uuid.uuid4().hex[:12]}"
     start = SessionStart(session_id=session_id, owner=who, tags=list(req.tags), user_metadata=req.user_metadata or {},
                          sdk_version=req.sdk_version, heartbeat_timeout_s=svc.settings.session_timeout_s,

@@ -28,6 +28,7 @@ from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
+from tinkerflow.api.op_checks import MAX_ID_CHARS, adam_problem, check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows import names
@@ -48,6 +49,8 @@ def _canonical(body: dict) -> bytes:
 @router.post("/create_model")
 async def create_model(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     req = CreateModelRequest.model_validate(await json_body(request))
+    _check_model_seq_id(req.model_seq_id)
+    check_metadata(req.user_metadata)
     card = await svc.registry.get(req.base_model)
     if card is None:
         served = ", ".join(sorted(await svc.registry.cards())) or "none (is a JAX worker running?)"
@@ -117,8 +120,15 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         msg = parse_forward_backward(body)
     except DecodeError as e:
         raise http_error(400, f"body is not a valid tinker_public.ForwardBackwardRequest protobuf: {e}") from None
-    if not msg.model_id or msg.seq_id < 0:
-        raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
+    if not msg.model_id or len(msg.model_id) > MAX_ID_CHARS or msg.seq_id < 0:
+        raise http_error(400, f"forward_backward needs a model_id (at most {MAX_ID_CHARS} characters) and a "
+                              "seq_id >= 0")
+    cap = svc.settings.max_datums_per_request
+    if len(msg.data) > cap:  # in sequence: consume the seq_id, fail the future
+        op = TrainingOp(seq_id=msg.seq_id, kind="reject", body_hash=_hash(body), params={
+            "error": f"forward_backward: data has {len(msg.data)} datums, more than this server's limit of {cap} "
+                     "per request (--max-datums-per-request); send them in several calls"})
+        return await _submit(svc, msg.model_id, op, who)
     ref = svc.store.put(body, "requests")
     op = TrainingOp(seq_id=msg.seq_id, kind="forward_backward", body_hash=_hash(body), payload=ref)
     return await _submit(svc, msg.model_id, op, who)
@@ -127,42 +137,53 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
 @router.post("/optim_step")
 async def optim_step(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     raw = await json_body(request)
-    req = OptimStepRequest.model_validate(raw)
+    model_id, seq_id = sequence_key(raw, "optim_step")
+    req, problem = parse(OptimStepRequest, raw, "optim_step")
+    if req is not None and not isinstance(req.optim_params, AdamParams):
+        problem = f"optimizer {type(req.optim_params).__name__} is not supported; use AdamParams"
+    if req is not None and not problem:
+        problem = adam_problem(req.optim_params)
+    if problem:
+        return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     params = req.optim_params
-    if isinstance(params, AdamParams):
-        op = TrainingOp(seq_id=req.seq_id or 0, kind="optim_step", body_hash=_hash(_canonical(raw)), params={
-            "learning_rate": params.learning_rate, "beta1": params.beta1, "beta2": params.beta2, "eps": params.eps,
-            "weight_decay": params.weight_decay, "grad_clip_norm": params.grad_clip_norm})
-    else:
-        op = _reject(req.seq_id or 0, raw, f"optimizer {type(params).__name__} is not supported; use AdamParams")
-    return await _submit(svc, req.model_id, op, who)
+    op = TrainingOp(seq_id=seq_id, kind="optim_step", body_hash=_hash(_canonical(raw)), params={
+        "learning_rate": params.learning_rate, "beta1": params.beta1, "beta2": params.beta2, "eps": params.eps,
+        "weight_decay": params.weight_decay, "grad_clip_norm": params.grad_clip_norm})
+    return await _submit(svc, model_id, op, who)
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, svc: Services = Depends(services),
                                    who: str = Depends(owner)) -> dict:
     raw = await json_body(request)
-    req = SaveWeightsForSamplerRequest.model_validate(raw)
+    model_id, seq_id = sequence_key(raw, "save_weights_for_sampler")
+    req, problem = parse(SaveWeightsForSamplerRequest, raw, "save_weights_for_sampler")
+    if req is None or metadata_problem(req.user_metadata):
+        problem = problem or metadata_problem(req.user_metadata)
+        return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     params = {"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id, "kind": req.kind,
               "ttl_seconds": req.ttl_seconds, "user_metadata": req.user_metadata or {}, "overwrite": True}
     if req.path is not None:  # named: PEFT files under tinker://<model_id>/sampler_weights/<name>
-        op = _checked_save(req.seq_id or 0, "save_weights_for_sampler", raw, params)
+        op = _checked_save(seq_id, "save_weights_for_sampler", raw, params)
     else:  # ephemeral: an in-memory snapshot behind a new sampling session
-        op = TrainingOp(seq_id=req.seq_id or 0, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
+        op = TrainingOp(seq_id=seq_id, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
                         params=params)
-    return await _submit(svc, req.model_id, op, who)
+    return await _submit(svc, model_id, op, who)
 
 
 @router.post("/save_weights")
 async def save_weights(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     """save_state: adapter weights, Adam moments and step, as tinker://<model_id>/weights/<name>."""
     raw = await json_body(request)
-    req = SaveWeightsRequest.model_validate(raw)
-    seq_id = req.seq_id or 0
+    model_id, seq_id = sequence_key(raw, "save_weights")
+    req, problem = parse(SaveWeightsRequest, raw, "save_weights")
+    if req is None or metadata_problem(req.user_metadata):
+        problem = problem or metadata_problem(req.user_metadata)
+        return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     name = req.path if req.path is not None else f"{seq_id:06d}"
     params = {"path": name, "overwrite": req.overwrite, "ttl_seconds": req.ttl_seconds,
               "user_metadata": req.user_metadata or {}}
-    return await _submit(svc, req.model_id, _checked_save(seq_id, "save_weights", raw, params), who)
+    return await _submit(svc, model_id, _checked_save(seq_id, "save_weights", raw, params), who)
 
 
 @router.post("/save_weights_external")
@@ -170,15 +191,17 @@ async def save_weights_external(request: Request, svc: Services = Depends(servic
                                 who: str = Depends(owner)) -> dict:
     """PEFT adapter files (adapter_model.safetensors + adapter_config.json) for other serving stacks."""
     raw = await json_body(request)
-    req = SaveWeightsExternalRequest.model_validate(raw)
-    seq_id = req.seq_id or 0
-    if req.age_encryption_recipients:
+    model_id, seq_id = sequence_key(raw, "save_weights_external")
+    req, problem = parse(SaveWeightsExternalRequest, raw, "save_weights_external")
+    if req is None:
+        op = _reject(seq_id, raw, problem)
+    elif req.age_encryption_recipients:
         op = _reject(seq_id, raw, "age encryption of external weights is not supported by this server; "
                                   "save without age_encryption_recipients")
     else:
         op = _checked_save(seq_id, "save_weights_external", raw,
                            {"path": req.path, "overwrite": True, "ttl_seconds": req.ttl_seconds})
-    return await _submit(svc, req.model_id, op, who)
+    return await _submit(svc, model_id, op, who)
 
 
 def _checked_save(seq_id: int, kind: str, raw: dict, params: dict) -> TrainingOp:
@@ -194,27 +217,32 @@ def _checked_save(seq_id: int, kind: str, raw: dict, params: dict) -> TrainingOp
 async def load_weights(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     """Both modes of contract §3.8: create-via-load (session_id + model_seq_id) and the legacy in-sequence load."""
     raw = await json_body(request)
-    req = LoadWeightsRequest.model_validate(raw)
-    if req.model_id:
-        seq_id = req.seq_id or 0
-        state = await run_of_caller(svc, req.model_id, who)
+    if raw.get("model_id") is not None:
+        model_id, seq_id = sequence_key(raw, "load_weights")
+        state = await run_of_caller(svc, model_id, who)
+        req, problem = parse(LoadWeightsRequest, raw, "load_weights")
+        if req is None:
+            return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
         try:
-            m = await asyncio.to_thread(svc.checkpoints.readable, req.path, who)
+            m = await _loadable(svc, req.path, who)
             if m.base_model != state.start.base_model:
                 raise CheckpointError(f"{req.path} was trained on {m.base_model}, this run is on "
                                       f"{state.start.base_model}")
         except CheckpointError as e:
-            return await _submit(svc, req.model_id, _reject(seq_id, raw, str(e)), who)
+            return await _submit(svc, model_id, _reject(seq_id, raw, str(e)), who)
         op = TrainingOp(seq_id=seq_id, kind="load_weights", body_hash=_hash(_canonical(raw)),
                         params={"path": req.path, "optimizer": req.optimizer})
-        return await _submit(svc, req.model_id, op, who)
+        return await _submit(svc, model_id, op, who)
+    req = LoadWeightsRequest.model_validate(raw)
     if req.session_id is None or req.model_seq_id is None:
         raise http_error(400, "load_weights needs model_id (load into a run) or session_id + model_seq_id "
                               "(create a run from a checkpoint)")
+    _check_model_seq_id(req.model_seq_id)
+    check_metadata(req.user_metadata)
     await session_of_caller(svc, req.session_id, who)
     model_id = names.model_id_for(req.session_id, req.model_seq_id)
     try:
-        m = await asyncio.to_thread(svc.checkpoints.readable, req.path, who)
+        m = await _loadable(svc, req.path, who)
         if req.base_model and req.base_model != m.base_model:
             raise CheckpointError(f"{req.path} was trained on {m.base_model}, not {req.base_model}")
         if await svc.registry.get(m.base_model) is None:
@@ -228,6 +256,24 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
                      load_path=req.path, load_optimizer=req.optimizer,
                      snapshot_every=svc.settings.auto_snapshot_every)
     return await _start_run(svc, start, f"LoRA training run {model_id} from {req.path}")
+
+
+async def _loadable(svc: Services, path: str, who: str):
+    """The manifest of a checkpoint a training run may load: the caller's (or public), and a save_state one.
+
+    Sampler and external weights hold no optimizer state and are meant for sampling and other stacks; loading
+    them into training used to start fresh Adam moments without a word, so they are refused by name."""
+    m = await asyncio.to_thread(svc.checkpoints.readable, path, who)
+    kind = m.path.segment
+    if kind != "weights":
+        raise CheckpointError(f"{path} is a {kind} checkpoint (weights for sampling, without optimizer state); "
+                              "a training run loads save_state checkpoints: tinker://<model_id>/weights/<name>")
+    return m
+
+
+def _check_model_seq_id(model_seq_id: int | None) -> None:
+    if model_seq_id is not None and not 0 <= model_seq_id < 2**31:
+        raise http_error(400, f"model_seq_id must be an integer in 0 .. 2**31-1, got {model_seq_id}")
 
 
 def _reject(seq_id: int, raw: dict[str, Any], message: str) -> TrainingOp:

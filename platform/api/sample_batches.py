@@ -24,7 +24,7 @@ MAX_CALLS_PER_WORKFLOW = 64
 
 @dataclass
 class _Queue:
-    waiting: list[tuple[BlobRef, asyncio.Future]] = field(default_factory=list)
+    waiting: list[tuple[BlobRef, int, int, asyncio.Future]] = field(default_factory=list)  # payload, samples, work
     starting: bool = False
 
 
@@ -33,11 +33,12 @@ class SampleBatcher:
         self._client = client
         self._queues: dict[str, _Queue] = {}
 
-    async def submit(self, sampler: SamplerInfo, payload: BlobRef) -> tuple[str, int]:
+    async def submit(self, sampler: SamplerInfo, payload: BlobRef, *, samples: int = 1, work: int = 0
+                     ) -> tuple[str, int]:
         """Queue one call; returns (workflow id, index of this call in that workflow's result list)."""
         queue = self._queues.setdefault(sampler.sampler_id, _Queue())
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        queue.waiting.append((payload, future))
+        queue.waiting.append((payload, samples, work, future))
         if not queue.starting:
             queue.starting = True
             asyncio.create_task(self._drain(sampler, queue))
@@ -50,16 +51,18 @@ class SampleBatcher:
                 workflow_id = names.sample_workflow_id(sampler.sampler_id, uuid.uuid4().hex[:16])
                 try:
                     await self._client.start_workflow(
-                        SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[p for p, _ in batch]),
+                        SampleRequestWorkflow.run,
+                        SampleStart(sampler=sampler, payloads=[b[0] for b in batch], samples=[b[1] for b in batch],
+                                    work=[b[2] for b in batch]),
                         id=workflow_id, task_queue=names.WORKFLOW_TASK_QUEUE,
                         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                         static_summary=f"{len(batch)} sample call(s) on {sampler.sampler_id}")
                 except Exception as e:
-                    for _, future in batch:
+                    for *_, future in batch:
                         if not future.done():
                             future.set_exception(e)
                     continue
-                for index, (_, future) in enumerate(batch):
+                for index, (*_, future) in enumerate(batch):
                     if not future.done():
                         future.set_result((workflow_id, index))
         finally:

@@ -71,19 +71,20 @@ class Services:
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
     _depths: dict[str, tuple[float, int]] = field(default_factory=dict)
 
-    async def queued_samples(self, coordinator_id: str) -> int:
-        """Samples waiting in a coordinator's queue, from its query, refreshed at most every QUEUE_DEPTH_TTL_S."""
+    async def queued_samples(self, coordinator_id: str) -> tuple[int, int]:
+        """(samples, tokens of work) waiting in a coordinator's queue, from its query, refreshed at most every
+        QUEUE_DEPTH_TTL_S."""
         now = time.monotonic()
         cached = self._depths.get(coordinator_id)
         if cached is None or now - cached[0] > QUEUE_DEPTH_TTL_S:
             try:
                 described = await self.client.get_workflow_handle(coordinator_id).query("describe")
-                depth = int(described.get("pending_samples", 0))
+                depth = (int(described.get("pending_samples", 0)), int(described.get("pending_sample_tokens", 0)))
             except Exception as e:  # no answer (a busy coordinator): keep the last depth known, else accept the work
                 log.debug("queue depth of %s unknown: %s", coordinator_id, e)
-                depth = cached[1] if cached is not None else 0
+                depth = cached[1] if cached is not None else (0, 0)
             cached = self._depths[coordinator_id] = (now, depth)
-            SAMPLING_QUEUE.labels(coordinator_id.split("/", 1)[-1].rsplit("/", 1)[0]).set(depth)
+            SAMPLING_QUEUE.labels(coordinator_id.split("/", 1)[-1].rsplit("/", 1)[0]).set(depth[0])
         return cached[1]
 
     def owner_of(self, api_key: str | None) -> str:

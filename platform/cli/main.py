@@ -51,6 +51,18 @@ def _api_flags(p: argparse.ArgumentParser) -> None:
                    "(default 120)")
     p.add_argument("--max-request-bytes", type=int, help="refuse request bodies larger than this with HTTP 413, "
                    "on the wire and after zstd decompression (default 256 MiB)")
+    p.add_argument("--max-queued-sample-tokens", type=int, help="answer asample with HTTP 429 while this many tokens "
+                   "of sampling work (samples x (prompt + max_tokens)) are queued for one base model (default 1Mi)")
+    p.add_argument("--max-sample-body-bytes", type=int, help="HTTP 413 for an asample body larger than this, "
+                   "before it is read (default 16 MiB)")
+    p.add_argument("--max-control-body-bytes", type=int, help="HTTP 413 for a body larger than this on every route "
+                   "but forward_backward and asample, before it is read (default 1 MiB)")
+    p.add_argument("--max-samples-per-request", type=int, help="largest num_samples one asample may ask for "
+                   "(HTTP 400 beyond; default 128)")
+    p.add_argument("--max-sample-tokens", type=int, help="largest max_tokens one asample may ask for (HTTP 400 "
+                   "beyond; default 8192)")
+    p.add_argument("--max-datums-per-request", type=int, help="most datums in one forward_backward (beyond, its "
+                   "future fails with a user error; default 4096)")
     p.add_argument("--auto-snapshot-every", type=int, help="save an automatic snapshot of each run every N optim "
                    "steps, so a dead JAX worker's runs are restored exactly elsewhere (default 10; 0: off, a dead "
                    "worker's runs then fail)")

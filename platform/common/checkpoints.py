@@ -39,6 +39,8 @@ AUTO_SEGMENT = "auto_weights"
 TRAINING_STATE_SEGMENTS = ("weights", AUTO_SEGMENT)
 MIN_TTL_S = 3600
 MAX_TTL_S = 10 * 365 * 24 * 3600
+# Each becomes one directory name in the store; file systems allow 255 bytes.
+MAX_PATH_PART = 200
 _NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
 _RUN = re.compile(r"^[A-Za-z0-9._\-]+(:[A-Za-z0-9._\-]+)*$")
 
@@ -85,6 +87,8 @@ class TinkerPath:
 
     @staticmethod
     def of(run: str, segment: str, name: str) -> "TinkerPath":
+        if len(run) > MAX_PATH_PART or len(name) > MAX_PATH_PART:  # else "File name too long" from the store: a 500
+            raise CheckpointError(f"training run id and checkpoint name are at most {MAX_PATH_PART} characters each")
         check_name(name)
         if not _RUN.match(run or "") or run.startswith("."):
             raise CheckpointError(f"training run id {run!r} is malformed")
@@ -104,8 +108,15 @@ def check_name(name: str) -> None:
                               "and '-' (no '/')")
 
 
-def check_ttl(ttl_seconds: int | None) -> None:
-    if ttl_seconds is not None and not (MIN_TTL_S <= int(ttl_seconds) <= MAX_TTL_S):
+def check_ttl(ttl_seconds: Any) -> None:
+    """None (no expiry) or a whole number of seconds in range; anything else (a string, NaN, 1e300, a bool) is a
+    CheckpointError naming the field, never a crash further on."""
+    if ttl_seconds is None:
+        return
+    whole = isinstance(ttl_seconds, int) or (isinstance(ttl_seconds, float) and ttl_seconds.is_integer())
+    if isinstance(ttl_seconds, bool) or not whole:
+        raise CheckpointError(f"ttl_seconds must be a whole number of seconds or null, got {ttl_seconds!r}")
+    if not (MIN_TTL_S <= ttl_seconds <= MAX_TTL_S):
         raise CheckpointError(f"ttl_seconds {ttl_seconds} is outside {MIN_TTL_S} (1 hour) .. {MAX_TTL_S} (10 years); "
                               "pass None for no expiry")
 

@@ -50,8 +50,20 @@ class Settings:
     session_timeout_s: float = field(default_factory=lambda: float(_env("SESSION_TIMEOUT_S", "120")))
     # asample answers 429 (the SDK backs off and resubmits) while this many samples wait in a coordinator's queue.
     max_queued_samples: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLES", "1024")))
+    # ... or while this many tokens of sampling work (samples x (prompt + max_tokens)) wait: queues count work.
+    max_queued_sample_tokens: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLE_TOKENS",
+                                                                            str(1 << 20))))
     # Bodies larger than this (on the wire, and after zstd decompression) are refused with HTTP 413.
     max_request_bytes: int = field(default_factory=lambda: int(_env("MAX_REQUEST_BYTES", str(256 * 1024 * 1024))))
+    # Body limits of the routes that carry less than forward_backward (see api/body_limits.py): asample (a prompt)
+    # and every control route (a few fields and at most 16 KiB of user_metadata).
+    max_sample_body_bytes: int = field(default_factory=lambda: int(_env("MAX_SAMPLE_BODY_BYTES", str(16 << 20))))
+    max_control_body_bytes: int = field(default_factory=lambda: int(_env("MAX_CONTROL_BODY_BYTES", str(1 << 20))))
+    # Per-request caps: one call may not ask for more than this (HTTP 400 for asample; a failed future for the
+    # in-sequence forward_backward, whose seq_id must still be consumed).
+    max_samples_per_request: int = field(default_factory=lambda: int(_env("MAX_SAMPLES_PER_REQUEST", "128")))
+    max_sample_tokens: int = field(default_factory=lambda: int(_env("MAX_SAMPLE_TOKENS", "8192")))
+    max_datums_per_request: int = field(default_factory=lambda: int(_env("MAX_DATUMS_PER_REQUEST", "4096")))
     # How long retrieve_future holds a poll before answering try_again (the SDK times out at 45 s).
     long_poll_s: float = field(default_factory=lambda: float(_env("LONG_POLL_S", "25")))
     log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO"))

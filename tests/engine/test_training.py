@@ -258,3 +258,20 @@ def test_bad_request_fails_alone(engine, rng, make_bad, message):
 def test_create_adapter_rejects_large_rank(engine):
     with pytest.raises(InputError, match="rank 9"):
         engine.create_adapter(0, LoraConfig(rank=9))
+
+
+def test_a_step_that_would_make_weights_non_finite_is_refused_and_changes_nothing(engine, rng):
+    """lr=1e30 leaves finite but enormous weights; the next gradients are NaN. That step is refused (a user error
+    that says so), weights and moments stay, the NaN gradients are dropped, and a load brings the run back."""
+    engine.create_adapter(0, LoraConfig(rank=2, seed=3))
+    engine.forward_backward([ce(0, seqs(rng, 1, 8))])
+    engine.optim_step(0, AdamConfig(learning_rate=1e30))
+    engine.forward_backward([ce(0, seqs(rng, 1, 8))])
+    before = engine.export_slot(0)
+    with pytest.raises(InputError, match="not finite"):
+        engine.optim_step(0, AdamConfig(learning_rate=1e-4))
+    after = engine.export_slot(0)
+    assert_trees_equal(before.weights, after.weights)
+    assert_trees_equal(before.mu, after.mu)
+    assert after.step == before.step
+    assert all(np.all(v == 0) for v in engine.accumulated_grads(0).values()), "NaN gradients are dropped"

@@ -19,7 +19,7 @@ import numpy as np
 from .config import ModelConfig, round_up_pow2
 from .loader import eos_token_ids, load_model, resolve_model_path
 from .lora import LORA_ALPHA, init_a, is_a_leaf, module_kind
-from .optimizer import OptState, adamw_slot_step, pack_hparams
+from .optimizer import OptState, adamw_slot_values, pack_hparams, write_slot_values
 from .sampler import MIN_STOP_IDS, SampleRow, SlotSampler, seed_words
 from .sharding import Mesh, MeshConfig, Placement, as_mesh
 from .snapshots import SnapshotCache, default_budget_bytes, evicted_message
@@ -403,10 +403,25 @@ class Engine:
         packed = pack_hparams(values, cfg.rank, (cfg.train_attn, cfg.train_mlp, cfg.train_unembed))
         # Only the slot's slice is read and written (in place, the state is donated); the outputs keep the
         # placement's shardings, and the two metrics come back in one small transfer.
-        self._lora, self._grads, self._opt, metrics = adamw_slot_step(
-            self._lora, self._grads, self._opt, np.int32(slot), packed, self._placement
+        values, count, metrics = adamw_slot_values(self._lora, self._grads, self._opt, np.int32(slot), packed)
+        grad_norm, step, finite = np.asarray(self._placement.to_host(metrics), np.float64).tolist()
+        if not finite:
+            # Refused before the weights or moments are written, so the run never holds NaN for good and keeps
+            # working (a lower learning_rate, or a load_state). The step consumed its gradients as a good step does:
+            # NaN ones kept in the accumulator would poison every later step.
+            self._grads = self._zero_slot(self._grads, np.int32(slot))
+            why = (f"the accumulated gradients are not finite (grad_norm={grad_norm}): the forward_backward calls "
+                   "since the last step produced NaN or infinity, typically because earlier steps made the weights "
+                   "too large" if not np.isfinite(grad_norm) else
+                   f"learning_rate={adam.learning_rate} (grad_norm={grad_norm}) would make the weights not finite")
+            raise InputError(f"optim_step not applied: {why}; the weights and Adam moments are unchanged and the "
+                             "accumulated gradients were dropped. Lower the learning_rate, or load_state an earlier "
+                             "checkpoint")
+        # Only the slot's slice is written (in place, the state is donated); the outputs keep the placement's
+        # shardings.
+        self._lora, self._grads, self._opt = write_slot_values(
+            self._lora, self._grads, self._opt, np.int32(slot), values, count, placement=self._placement
         )
-        grad_norm, step = np.asarray(self._placement.to_host(metrics), np.float64).tolist()
         return {"grad_norm": grad_norm, "learning_rate": float(adam.learning_rate), "step": step}
 
     # ------------------------------------------------------------------ sampling

@@ -129,13 +129,16 @@ def adamw_slot_math(params: Any, g: Any, mu: Any, nu: Any, count: jax.Array, hp:
 def adamw_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, packed: jax.Array):
     """Read-only half of a step: `slot`'s new weights, mu and nu without the adapter axis, as flat leaf lists in
     the LoRA tree's order (no pytree nodes to rebuild on the host), its new step count, and metrics float32
-    [grad_norm before clipping, step]. `packed` comes from pack_hparams."""
+    [grad_norm before clipping, step, 1.0 if the new weights and moments are all finite else 0.0]. `packed` comes
+    from pack_hparams."""
     hp, shape = unpack_hparams(packed)
     take = lambda tree: jax.tree.map(lambda x: take_slot(x, slot), tree)  # noqa: E731
     params, mu, nu, count, grad_norm = adamw_slot_math(
         take(lora), take(grads), take(opt.mu), take(opt.nu), take_slot(opt.count, slot), hp, shape
     )
-    metrics = jnp.stack([grad_norm.astype(jnp.float32), count.astype(jnp.float32)])
+    # 1.0 when every new weight and moment is finite: the engine writes the step only then (a run never goes NaN).
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((params, mu, nu))]))
+    metrics = jnp.stack([grad_norm.astype(jnp.float32), count.astype(jnp.float32), finite.astype(jnp.float32)])
     return (jax.tree.leaves(params), jax.tree.leaves(mu), jax.tree.leaves(nu)), count, metrics
 
 
