@@ -16,6 +16,7 @@ from temporalio.client import Client
 from tinkerflow.api import (
     routes_checkpoints, routes_futures, routes_runs, routes_sampling, routes_service, routes_training,
 )
+from tinkerflow.api.deps import metrics_caller
 from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
@@ -46,14 +47,19 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
         yield
 
+    docs = settings.api_docs  # off: /openapi.json, /docs and /redoc answer 404 like any unknown path
     app = FastAPI(title="tinkerflow", description="Tinker-compatible training API on Temporal and JAX",
-                  lifespan=lifespan)
+                  lifespan=lifespan, openapi_url="/openapi.json" if docs else None,
+                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    if settings.metrics_access != "off":
+        @app.get("/metrics", include_in_schema=False)
+        async def metrics(request: Request) -> Response:
+            if settings.metrics_access != "public":
+                metrics_caller(request)
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
