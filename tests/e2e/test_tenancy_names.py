@@ -117,3 +117,16 @@ def test_in_sequence_saves_fail_their_future_as_user_errors(api, x):
         assert body["category"] == "user", body
     else:  # a valid name: saved
         assert body["path"] == f"tinker://{run}/weights/{x}"
+
+
+@pytest.mark.parametrize("name", ["a" * 40, "a" * 41, "a" * 129, "a" * 300, "é", "名前", "a.b", "..", "%2e%2e"])
+def test_the_names_of_issue_13(api, name):
+    """The reported cases: weights_info of tinker:// + 50 characters (was 500), 40/41-letter and non-ASCII names on
+    DELETE (was 500 / a reset connection), a 300-character save_state name (was a `server` failure)."""
+    c, run = api["client"], api["run"]
+    _ok(c.post("/api/v1/weights_info", json={"tinker_path": "tinker://" + "a" * 50}))
+    for seg in _segments(name):
+        r = c.delete(f"/api/v1/training_runs/{run}/checkpoints/weights/{seg}")
+        _ok(r)
+        assert r.status_code in (400, 404, 405), r.text  # 405: the client resolved ".." in the URL
+    _ok(c.post("/api/v1/weights_info", json={"tinker_path": f"tinker://{run}/weights/{name}"}))
