@@ -94,7 +94,8 @@ output "site_kustomization" {
         newTag  = "${var.image_tag}-${lookup({ cpu = "cpu", gpu = "cuda", tpu = "tpu" }, var.k8s_overlay)}"
       },
     ]
-    # API keys come from api-keys.env next to this file (TINKERFLOW_API_KEYS=tml-...); never commit it.
+    # API keys and the replicas' shared signing key come from api-keys.env next to this file
+    # (TINKERFLOW_API_KEYS=tml-..., TINKERFLOW_URL_SIGNING_KEY=...); never commit it.
     secretGenerator = [{
       name      = "tinkerflow-api-keys"
       namespace = var.k8s_namespace

@@ -20,6 +20,7 @@ from tinkerflow.api import (
 from tinkerflow.api.body_limits import BodyLimit
 from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal, classify
 from tinkerflow.api.json_wire import WireJSONResponse
+from tinkerflow.api.deps import metrics_caller
 from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
@@ -50,8 +51,10 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
         yield
 
+    docs = settings.api_docs  # off: /openapi.json, /docs and /redoc answer 404 like any unknown path
     app = FastAPI(title="tinkerflow", description="Tinker-compatible training API on Temporal and JAX",
-                  lifespan=lifespan, default_response_class=WireJSONResponse)
+                  lifespan=lifespan, default_response_class=WireJSONResponse, openapi_url="/openapi.json" if docs else None,
+                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
 
@@ -67,9 +70,12 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                 "unavailable": [u.dependency for u in down]})
         return JSONResponse({"status": "ready", "temporal": "ok", "store": "ok"})
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    if settings.metrics_access != "off":
+        @app.get("/metrics", include_in_schema=False)
+        async def metrics(request: Request) -> Response:
+            if settings.metrics_access != "public":
+                metrics_caller(request)
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.middleware("http")
     async def observe(request: Request, call_next):

@@ -14,15 +14,33 @@ def services(request: Request) -> Services:
     return request.app.state.services
 
 
+def metrics_caller(request: Request) -> str:
+    """/metrics callers: an API key as X-API-Key, or as `Authorization: Bearer` (what a Prometheus scrape config
+    sends with `authorization: {credentials: ...}`)."""
+    bearer = request.headers.get("authorization", "")
+    if bearer.lower().startswith("bearer ") and not request.headers.get("x-api-key"):
+        return _check(request, bearer[7:].strip())
+    return owner(request)
+
+
 def owner(request: Request) -> str:
     """Check X-API-Key (header names arrive lower-cased from the SDK's pyqwest transport; Starlette's lookup is
     case-insensitive) and return the caller's owner id."""
+    return _check(request, request.headers.get("x-api-key"))
+
+
+def _check(request: Request, key: str | None) -> str:
     svc: Services = request.app.state.services
-    key = request.headers.get("x-api-key")
     allowed = svc.api_keys
     if allowed:
         if not key:
             raise http_error(401, "missing X-API-Key header; set TINKER_API_KEY to one of the server's keys")
-        if not any(hmac.compare_digest(key, k) for k in allowed):
+        # Bytes, not str: compare_digest refuses non-ASCII str (a latin-1 header would be a 500), and every key is
+        # compared, so the time taken says nothing about which key (or how much of one) matched.
+        given = key.encode("utf-8", "replace")
+        matched = False
+        for k in allowed:
+            matched |= hmac.compare_digest(given, k.encode("utf-8", "replace"))
+        if not matched:
             raise http_error(401, "invalid API key; set TINKER_API_KEY to one of the keys the server was started with")
     return svc.owner_of(key)

@@ -9,6 +9,7 @@ import json
 from fastapi import Request
 
 from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.identifiers import check_model_id, check_session_id
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointNotFound, Manifest
 from tinkerflow.workflows import names
@@ -30,8 +31,7 @@ async def json_body(request: Request) -> dict:
 
 async def run_of_caller(svc: Services, model_id: str, who: str) -> RunState:
     """The run's state, or 404 when it does not exist or belongs to another tenant (the same answer for both)."""
-    if not model_id:
-        raise http_error(400, "model_id is required")
+    check_model_id(model_id)
     try:
         state = await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(
             TrainingRunWorkflow.describe)
@@ -55,6 +55,7 @@ async def checkpoint_of_caller(svc: Services, path: str, who: str) -> Manifest:
 
 async def session_of_caller(svc: Services, session_id: str, who: str) -> SessionState:
     """The session's state, or 404 when it does not exist or belongs to another tenant."""
+    check_session_id(session_id)
     try:
         state = await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).query(
             SessionWorkflow.describe)

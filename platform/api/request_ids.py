@@ -3,11 +3,18 @@
 An update's outcome is addressed by workflow id + run id + update id (update ids are per run, and continue-as-new
 starts a new run); a request workflow's outcome by its workflow id. Both are encoded in the id itself, so no
 process has to remember anything to answer a poll.
+
+Each id also carries an HMAC (the server's signing key, `--url-signing-key`) over the encoding and the owner of the
+key that created it: only that key's polls resolve it, on any replica sharing the key and after restarts. Another
+tenant's id, or one built by hand from a model_id (workflow ids are not secret), is `BadRequestId`: the same 404 as
+an id that never existed.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 
@@ -53,7 +60,33 @@ def _unb64(data: str) -> str:
     return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)).decode()
 
 
-def encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef) -> str:
+_SIGNATURE_BYTES = 16  # 128 bits: unforgeable, and short enough for a header
+
+
+def _signature(key: bytes, owner: str, body: str) -> str:
+    mac = hmac.new(key, f"request-id\n{owner}\n{body}".encode(), hashlib.sha256).digest()[:_SIGNATURE_BYTES]
+    return base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef, key: bytes, owner: str) -> str:
+    """The request_id for `ref`, answerable only to `owner` (the caller's owner id, "" when the API is open)."""
+    body = _encode(ref)
+    return f"{body}.{_signature(key, owner, body)}"
+
+
+def decode(request_id: str, key: bytes, owner: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef:
+    """The ref of an id `owner` was given; BadRequestId for anything else (garbage, forged, another owner's)."""
+    body, _, signature = request_id.rpartition(".") if isinstance(request_id, str) else ("", "", "")
+    if not body or not hmac.compare_digest(signature.encode(), _signature(key, owner, body).encode()):
+        raise BadRequestId(f"unknown request_id {_shown(request_id)}")
+    return _decode(body)
+
+
+def _shown(request_id: object) -> str:
+    return repr(request_id)[:80]
+
+
+def _encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef) -> str:
     if isinstance(ref, FailedRef):
         return "f." + _b64(json.dumps([ref.error, ref.category]))
     if isinstance(ref, UpdateRef):
@@ -63,7 +96,7 @@ def encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef) -> str:
     return "w." + _b64(ref.workflow_id)
 
 
-def decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef:
+def _decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef:
     try:
         kind, _, payload = request_id.partition(".")
         if kind == "u":
@@ -79,4 +112,4 @@ def decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRe
             return BatchItemRef(str(wf), int(index))
     except Exception:
         pass
-    raise BadRequestId(f"unknown request_id {request_id!r}")
+    raise BadRequestId(f"unknown request_id {_shown(request_id)}")

@@ -25,7 +25,8 @@ from tinker.types import CopyWeightsRequest
 from tinkerflow.api import signed_urls
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import http_error, is_not_found
-from tinkerflow.api.lookups import checkpoint_of_caller, json_body
+from tinkerflow.api.identifiers import check_model_id, checkpoint_path
+from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import (
     CheckpointError, CheckpointNotFound, Manifest, scratch_dir, TinkerPath, check_ttl, expiry_after, now_rfc3339,
@@ -38,10 +39,7 @@ CHUNK = 1 << 20
 
 
 def _path(run: str, checkpoint_id: str) -> TinkerPath:
-    try:
-        return TinkerPath.from_checkpoint_id(run, checkpoint_id)
-    except CheckpointError as e:
-        raise http_error(400, str(e)) from None
+    return checkpoint_path(run, checkpoint_id)
 
 
 async def _owned(svc: Services, p: TinkerPath, who: str) -> Manifest:
@@ -60,6 +58,7 @@ def _page(items: list, limit: int, offset: int) -> tuple[list, dict[str, int]]:
 
 @router.get("/training_runs/{run}/checkpoints")
 async def list_run_checkpoints(run: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    check_model_id(run, "training run id")  # never a glob pattern
     manifests = await asyncio.to_thread(svc.checkpoints.list, run)
     return {"checkpoints": [m.as_checkpoint() for m in manifests if m.readable_by(who)]}
 
@@ -179,12 +178,21 @@ async def copy_weights(request: Request, svc: Services = Depends(services), who:
     token = request.headers.get("x-idempotency-key") or f"{req.source_path}|{who}|{now_rfc3339()}"
     digest = hashlib.sha256(f"{who}|{token}".encode()).hexdigest()[:12]
     if req.session_id is not None and req.model_seq_id is not None:
+        # The destination namespace is the caller's only if the session is: another tenant's session (and so its
+        # runs' tinker:// paths) answers 404, as everywhere else.
+        await session_of_caller(svc, req.session_id, who)
         run = names.model_id_for(req.session_id, req.model_seq_id)
     else:
-        run = f"copy-{digest}:train:0"
+        run = f"copy-{digest}:train:0"  # the caller's key is in the digest: nobody else can name this run
     p = src.path
-    dest = TinkerPath.of(run, p.segment, p.name)
-    if await asyncio.to_thread(svc.checkpoints.manifest, dest) is None:
+    try:
+        dest = TinkerPath.of(run, p.segment, p.name)
+    except CheckpointError as e:
+        raise http_error(400, str(e)) from None
+    existing = await asyncio.to_thread(svc.checkpoints.manifest, dest)
+    if existing is not None and existing.owner != who:  # belt and braces: never report or keep a foreign copy
+        raise http_error(404, f"training run {run!r} does not exist or is not yours")
+    if existing is None:
         expires_at = expiry_after(req.ttl_seconds)
         await asyncio.to_thread(_copy, svc, src, dest, who, expires_at)
         if expires_at is not None:

@@ -44,10 +44,11 @@ async def _outcome(svc: Services, ref) -> Outcome:
 
 
 @router.post("/retrieve_future")
-async def retrieve_future(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> Response:
+async def retrieve_future(request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+                          ) -> Response:
     request_id = (await json_body(request)).get("request_id", "")
     try:
-        ref = request_ids.decode(request_id)
+        ref = request_ids.decode(request_id, svc.signing_key, who)  # another key's id: 404, as for an unknown one
     except request_ids.BadRequestId as e:
         raise http_error(404, str(e)) from None
     try:
@@ -60,7 +61,7 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), _
         return JSONResponse({"error": getattr(cause, "message", None) or str(cause or e), "category": category})
     except Exception as e:
         if is_not_found(e):
-            raise http_error(404, f"unknown request_id {request_id!r}") from None
+            raise http_error(404, f"unknown request_id {request_id[:80]!r}") from None
         log.warning("retrieve_future %s: %s", request_id, e)
         # Not a 5xx: the SDK re-polls 5xx instantly in a loop (contract §4.4); try_again costs it nothing.
         return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})

@@ -15,6 +15,7 @@ from tinker.types import SessionSearchRequest
 
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.identifiers import check_project_id, check_session_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import TinkerPath
@@ -98,9 +99,7 @@ async def get_session(session_id: str, svc: Services = Depends(services), who: s
 async def assign_project(session_id: str, request: Request, svc: Services = Depends(services),
                          who: str = Depends(owner)) -> dict:
     """Projects are labels here (one tenant per API key): recorded on the session, shown by search_sessions."""
-    project_id = (await json_body(request)).get("project_id")
-    if not project_id or not isinstance(project_id, str):
-        raise http_error(400, "project_id is required")
+    project_id = check_project_id((await json_body(request)).get("project_id"))
     await session_of_caller(svc, session_id, who)
     try:
         await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(
@@ -127,6 +126,7 @@ async def search_sessions(request: Request, svc: Services = Depends(services), w
         raise http_error(400, "project filters are not supported by this server's session search")
     query = _owned_query("Session", who)
     if req.session_id:
+        check_session_id(req.session_id)  # it goes into the visibility query: no quotes, nothing but an id
         query += f" AND WorkflowId = '{names.session_workflow_id(req.session_id)}'"
     after = (req.cursor.last_created_at, req.cursor.last_session_id) if req.cursor else None
     by_run = _checkpoints_by_run(await asyncio.to_thread(svc.checkpoints.list))

@@ -12,6 +12,7 @@ from tinker.types import CreateSamplingSessionRequest, SampleRequest
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.identifiers import check_sampler_id
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
@@ -61,11 +62,10 @@ async def resolve_sampler(svc: Services, sampler_id: str, who: str) -> SamplerIn
 
 
 async def _resolve_sampler(svc: Services, sampler_id: str) -> SamplerInfo:
+    check_sampler_id(sampler_id)
     cached = svc.samplers.get(sampler_id)
     if cached is not None:
         return cached
-    if ":sample:" not in sampler_id:
-        raise http_error(404, f"unknown sampling session {sampler_id!r}")
     handle = svc.client.get_workflow_handle(names.session_workflow_id(names.session_of(sampler_id)))
     try:
         info = await handle.execute_update(SessionWorkflow.resolve_sampler, sampler_id)
@@ -123,5 +123,5 @@ async def asample(request: Request, svc: Services = Depends(services),
         raise from_temporal(e, f"sampling session {info.sampler_id!r}") from None
     # A retried call (same seq_id) may land in another batch and sample again: sampling changes no state, and the
     # client only ever sees one of the answers.
-    return {"request_id": request_ids.encode(request_ids.BatchItemRef(wf_id, index)),
+    return {"request_id": request_ids.encode(request_ids.BatchItemRef(wf_id, index), svc.signing_key, who),
             "sample_sequence_ids": [f"{wf_id}#{index}#{i}" for i in range(req.num_samples)]}

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import uuid
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from temporalio.common import WorkflowIDConflictPolicy
 from tinker.types import CreateSessionRequest
 
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error, is_not_found
+from tinkerflow.api.identifiers import check_session_id
 from tinkerflow.api.lookups import json_body, session_of_caller
 from tinkerflow.api.op_checks import check_metadata
 from tinkerflow.api.services import Services
@@ -72,14 +73,23 @@ async def create_session(request: Request, svc: Services = Depends(services), wh
 
 
 @router.post("/session_heartbeat")
-async def heartbeat(request: Request, svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
-    session_id = (await json_body(request)).get("session_id", "")
+async def heartbeat(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    session_id = check_session_id((await json_body(request)).get("session_id", ""))
+    handle = svc.client.get_workflow_handle(names.session_workflow_id(session_id))
+    # 410 tells the SDK to stop heartbeating (contract §2.4); another tenant's session gets the same answer as an
+    # unknown one, so nobody can keep someone else's session (and its adapter slots) alive.
+    gone = http_error(410, f"session {session_id} has finished")
     try:
-        await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(SessionWorkflow.heartbeat)
+        # describe() reads the owner search attribute from the server, without a workflow task (unlike a query).
+        described = await handle.describe()
+        if described.typed_search_attributes.get(names.OWNER) != names.owner_value(who):
+            raise gone
+        await handle.signal(SessionWorkflow.heartbeat)
+    except HTTPException:
+        raise
     except Exception as e:
         if is_not_found(e):
-            # 410 tells the SDK to stop heartbeating (contract §2.4).
-            raise http_error(410, f"session {session_id} has finished") from None
+            raise gone from None
         raise from_temporal(e, f"session {session_id}") from None
     return {"type": "session_heartbeat"}
 

@@ -27,6 +27,7 @@ from tinkerflow.activities.wire import parse_forward_backward
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import MAX_ID_CHARS, adam_problem, check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.services import Services
@@ -70,6 +71,10 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
     return await _start_run(svc, start, f"LoRA training run {model_id}")
 
 
+def _request_id(svc: Services, ref, who: str) -> str:
+    return request_ids.encode(ref, svc.signing_key, who)
+
+
 async def _start_run(svc: Services, start: RunStart, summary: str) -> dict:
     """Start the run's workflow and its `create` update in one call; the future is that update."""
     spec = start.lora
@@ -89,7 +94,8 @@ async def _start_run(svc: Services, start: RunStart, summary: str) -> dict:
             wait_for_stage=WorkflowUpdateStage.ACCEPTED)
     except Exception as e:
         raise from_temporal(e, f"training run {start.model_id}") from None
-    rid = request_ids.encode(request_ids.UpdateRef(handle.workflow_id, handle.workflow_run_id or "", handle.id))
+    rid = _request_id(svc, request_ids.UpdateRef(handle.workflow_id, handle.workflow_run_id or "", handle.id),
+                      start.owner)
     return {"request_id": rid, "model_id": start.model_id}
 
 
@@ -120,9 +126,9 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         msg = parse_forward_backward(body)
     except DecodeError as e:
         raise http_error(400, f"body is not a valid tinker_public.ForwardBackwardRequest protobuf: {e}") from None
-    if not msg.model_id or len(msg.model_id) > MAX_ID_CHARS or msg.seq_id < 0:
-        raise http_error(400, f"forward_backward needs a model_id (at most {MAX_ID_CHARS} characters) and a "
-                              "seq_id >= 0")
+    check_model_id(msg.model_id)
+    if msg.seq_id < 0:
+        raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
     cap = svc.settings.max_datums_per_request
     if len(msg.data) > cap:  # in sequence: consume the seq_id, fail the future
         op = TrainingOp(seq_id=msg.seq_id, kind="reject", body_hash=_hash(body), params={
@@ -250,7 +256,7 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
         if req.optimizer_config is not None and getattr(req.optimizer_config, "type", "adamw") != "adamw":
             raise CheckpointError(f"optimizer {req.optimizer_config} is not supported; use Adam")
     except CheckpointError as e:
-        return {"request_id": request_ids.encode(request_ids.FailedRef(str(e))), "model_id": model_id}
+        return {"request_id": _request_id(svc, request_ids.FailedRef(str(e)), who), "model_id": model_id}
     start = RunStart(model_id=model_id, session_id=req.session_id, owner=who, base_model=m.base_model,
                      lora=LoraSpec(**m.lora), pool=svc.settings.pool, user_metadata=req.user_metadata or {},
                      load_path=req.path, load_optimizer=req.optimizer,
@@ -282,6 +288,7 @@ def _reject(seq_id: int, raw: dict[str, Any], message: str) -> TrainingOp:
 
 async def _submit(svc: Services, model_id: str, op: TrainingOp, who: str) -> dict:
     # The run's update validator checks the owner: no extra round trip per op for tenant isolation.
+    check_model_id(model_id)  # a workflow id: checked before use (a malformed one cannot name a run anyway)
     op = dataclasses.replace(op, owner=who)
     handle = svc.client.get_workflow_handle(names.run_workflow_id(model_id))
     try:
@@ -294,5 +301,5 @@ async def _submit(svc: Services, model_id: str, op: TrainingOp, who: str) -> dic
             await update.result()
     except Exception as e:
         raise from_temporal(e, f"training run {model_id!r}") from None
-    rid = request_ids.encode(request_ids.UpdateRef(update.workflow_id, update.workflow_run_id or "", update.id))
+    rid = _request_id(svc, request_ids.UpdateRef(update.workflow_id, update.workflow_run_id or "", update.id), who)
     return {"request_id": rid, "model_id": model_id}

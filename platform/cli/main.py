@@ -68,6 +68,11 @@ def _api_flags(p: argparse.ArgumentParser) -> None:
                    "worker's runs then fail)")
     p.add_argument("--url-signing-key", help="secret that signs checkpoint download URLs; API replicas must share it "
                    "(env TINKERFLOW_URL_SIGNING_KEY; default: a random key kept in <state-dir>/url-signing.key)")
+    p.add_argument("--metrics-access", choices=("key", "public", "off"), help="who may read the API's /metrics: "
+                   "any accepted API key (X-API-Key or Authorization: Bearer; the default), anyone (public), or "
+                   "nobody (off); env TINKERFLOW_METRICS_ACCESS")
+    p.add_argument("--api-docs", action="store_true", default=None, help="serve /openapi.json, /docs and /redoc "
+                   "to anyone (default off; env TINKERFLOW_API_DOCS=1)")
     p.add_argument("--max-queued-samples", type=int, help="answer asample with HTTP 429 (the SDK backs off and "
                    "retries) while this many samples are queued for one base model (default 1024)")
 

@@ -55,6 +55,8 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_STORE_URL": settings.resolved_store_url,
         "TINKERFLOW_CHECKPOINT_ROOT": settings.resolved_checkpoint_root,
         "TINKERFLOW_URL_SIGNING_KEY": settings.url_signing_key,
+        "TINKERFLOW_METRICS_ACCESS": settings.metrics_access,
+        "TINKERFLOW_API_DOCS": "1" if settings.api_docs else "0",
         "TINKERFLOW_AUTO_SNAPSHOT_EVERY": str(settings.auto_snapshot_every),
         "TINKERFLOW_STORE_RETENTION_S": str(settings.store_retention_s),
         "TINKERFLOW_HOST": settings.host,

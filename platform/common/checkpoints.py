@@ -43,6 +43,9 @@ MAX_TTL_S = 10 * 365 * 24 * 3600
 MAX_PATH_PART = 200
 _NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
 _RUN = re.compile(r"^[A-Za-z0-9._\-]+(:[A-Za-z0-9._\-]+)*$")
+# Each is one directory name under the checkpoint root (file systems stop at 255 bytes) and part of workflow ids.
+MAX_NAME_CHARS = 128
+MAX_RUN_CHARS = 128
 
 
 class CheckpointError(ValueError):
@@ -74,15 +77,16 @@ class TinkerPath:
     def parse(path: str) -> "TinkerPath":
         """`tinker://<run>/<segment>/<name>`, as the SDK's ParsedCheckpointTinkerPath reads it (contract §9)."""
         if not isinstance(path, str) or not path.startswith("tinker://"):
-            raise CheckpointError(f"{path!r} is not a tinker:// path; expected tinker://<run>/<kind>/<name> "
+            raise CheckpointError(f"{_shown(path)} is not a tinker:// path; expected tinker://<run>/<kind>/<name> "
                                   "as save_state / save_weights_for_sampler returned it")
         parts = path[len("tinker://"):].split("/")
         if len(parts) != 3:
-            raise CheckpointError(f"{path!r} is malformed; expected tinker://<run>/<kind>/<name> "
+            raise CheckpointError(f"{_shown(path)} is malformed; expected tinker://<run>/<kind>/<name> "
                                   "(exactly three parts, the name has no '/')")
         run, segment, name = parts
         if segment not in SEGMENTS and segment != AUTO_SEGMENT:
-            raise CheckpointError(f"{path!r}: unknown checkpoint kind {segment!r}; one of {', '.join(SEGMENTS)}")
+            raise CheckpointError(f"{_shown(path)}: unknown checkpoint kind {_shown(segment)}; "
+                                  f"one of {', '.join(SEGMENTS)}")
         return TinkerPath.of(run, segment, name)
 
     @staticmethod
@@ -90,10 +94,9 @@ class TinkerPath:
         if len(run) > MAX_PATH_PART or len(name) > MAX_PATH_PART:  # else "File name too long" from the store: a 500
             raise CheckpointError(f"training run id and checkpoint name are at most {MAX_PATH_PART} characters each")
         check_name(name)
-        if not _RUN.match(run or "") or run.startswith("."):
-            raise CheckpointError(f"training run id {run!r} is malformed")
+        check_run(run)
         if segment not in SEGMENTS and segment != AUTO_SEGMENT:
-            raise CheckpointError(f"unknown checkpoint kind {segment!r}; one of {', '.join(SEGMENTS)}")
+            raise CheckpointError(f"unknown checkpoint kind {_shown(segment)}; one of {', '.join(SEGMENTS)}")
         return TinkerPath(run, segment, name)
 
     @staticmethod
@@ -102,10 +105,24 @@ class TinkerPath:
         return TinkerPath.of(run, segment, name)
 
 
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def check_name(name: str) -> None:
-    if not name or not _NAME.match(name) or name in (".", ".."):
-        raise CheckpointError(f"checkpoint name {name!r} must be non-empty and use only letters, digits, '.', '_' "
-                              "and '-' (no '/')")
+    if (not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or not _NAME.fullmatch(name)
+            or name in (".", "..")):
+        raise CheckpointError(f"checkpoint name {_shown(name)} must be non-empty, at most {MAX_NAME_CHARS} "
+                              "characters, and use only letters, digits, '.', '_' and '-' (no '/')")
+
+
+def check_run(run: str) -> None:
+    """A training run id (the model_id): one directory name; `*`, `/`, `..` and the like never reach a path or glob."""
+    if (not isinstance(run, str) or not run or len(run) > MAX_RUN_CHARS or not _RUN.fullmatch(run)
+            or run.startswith(".")):
+        raise CheckpointError(f"training run id {_shown(run)} is malformed: 1 to {MAX_RUN_CHARS} letters, digits, "
+                              "'.', '_', '-' and ':' as the server returned it (e.g. sess-0a1b2c3d4e5f:train:0)")
 
 
 def check_ttl(ttl_seconds: Any) -> None:
@@ -220,6 +237,8 @@ class CheckpointStore:
 
     def list(self, run: str | None = None) -> list[Manifest]:
         """Committed, unexpired checkpoints of one run (or of every run), newest first."""
+        if run is not None:
+            check_run(run)  # never a glob pattern from a caller
         pattern = f"{self.root}/{run or '*'}/*/*/{MANIFEST}"
         out = []
         for path in self.fs.glob(pattern):

@@ -95,6 +95,13 @@ class Settings:
     # Key that signs the download URLs the API hands out (external_weights_urls). API replicas must share it;
     # empty: a random key kept in <state-dir>/url-signing.key.
     url_signing_key: str = field(default_factory=lambda: _env("URL_SIGNING_KEY", ""))
+    # Who may read the API's Prometheus /metrics (its labels name served models, which may be local paths):
+    # "key" (any accepted API key, as X-API-Key or `Authorization: Bearer`), "public" (a scraper without
+    # credentials), or "off". With no API keys configured the API is open, and so is "key".
+    metrics_access: str = field(default_factory=lambda: _env("METRICS_ACCESS", "key"))
+    # Serve the OpenAPI schema and its pages (/openapi.json, /docs, /redoc) to anyone. Off by default: nothing
+    # there is secret, but a server on the internet need not advertise its routes.
+    api_docs: bool = field(default_factory=lambda: _env("API_DOCS", "0").lower() in ("1", "true", "yes"))
 
     # Multi-host JAX worker (DESIGN §4): num_processes > 1 joins jax.distributed at coordinator_address (host:port
     # of process 0); process 0 takes activities and drives the others through the same steps.

@@ -10,6 +10,7 @@ from tests.conftest import ACCEPTANCE
 from tinkerflow.cli.launch import RunningStack, launch
 
 API_KEY = "tml-e2e-key"
+OTHER_API_KEY = "tml-e2e-other"  # a second tenant on the same stack (tenant isolation tests)
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +18,7 @@ def stack(tmp_path_factory) -> RunningStack:
     # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
     # 32 adapter slots: the session's tests open many training clients and leave them to the session's end.
     s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY,
-               extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32"])
+               extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY])
     yield s
     s.stop()
 

@@ -54,7 +54,8 @@ def test_two_workers_share_the_runs_expose_metrics_and_take_over_a_dead_ones_run
                        "tinkerflow_engine_tokens_per_second", "tinkerflow_adapter_slots_used 1.0",
                        "tinkerflow_adapter_slots_total 2.0"):
             assert series in worker_metrics, series
-        api_metrics = httpx.get(f"{stack.base_url}/metrics").text
+        # /metrics of the API answers API keys (by default; --metrics-access), e.g. as a Prometheus bearer token.
+        api_metrics = httpx.get(f"{stack.base_url}/metrics", headers={"Authorization": f"Bearer {stack.api_key}"}).text
         assert 'tinkerflow_api_request_seconds_bucket{le="0.005",route="/api/v1/forward_backward"}' in api_metrics
         assert 'tinkerflow_api_requests_total{route="/api/v1/optim_step",status="200"}' in api_metrics
 

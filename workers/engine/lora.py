@@ -44,25 +44,29 @@ class LoraRouting:
 @jax.tree_util.register_dataclass
 @dataclass
 class StackedLoraRouting:
-    """Routing for inference over a small stack of adapters (the sampler's snapshots): every row multiplies by the
-    whole stack with dense matmuls and keeps only its own adapter's part, instead of gathering a per-row copy of
-    A and B ([rows, in, R] per module per step). adapter -1 (or scale 0) is the base model."""
+    """Routing for inference over a small stack of adapters (the sampler's snapshots, possibly of several tenants):
+    every row multiplies by each adapter of the stack with dense matmuls and keeps only its own adapter's part,
+    instead of gathering a per-row copy of A and B ([rows, in, R] per module per step). adapter -1 (or scale 0) is
+    the base model."""
 
     adapter: jax.Array  # int32 [B]; index into the stack's leading axis, -1 = none
     scale: jax.Array  # float32 [B]
 
 
 def _stacked_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: StackedLoraRouting) -> jax.Array:
-    n = a.shape[0]
-    keep = routing.adapter[:, None] == jnp.arange(n)[None, :]  # [B, S]
-    scale = routing.scale[:, None, None]
-    if n == 1:  # the common case: one adapter (or none) for the whole batch: two plain matmuls
-        h = jnp.matmul(x, a[0], preferred_element_type=jnp.float32)
-        h = jnp.where(keep[:, :1, None], h * scale, 0.0)
-        return jnp.matmul(h, b[0], preferred_element_type=jnp.float32)
-    h = jnp.einsum("bti,sir->btsr", x, a, preferred_element_type=jnp.float32)
-    h = jnp.where(keep[:, None, :, None], h * scale[..., None], 0.0)  # where, not *: another adapter's inf stays out
-    return jnp.einsum("btsr,sro->bto", h, b, preferred_element_type=jnp.float32)
+    """Isolated by construction: a foreign adapter's values never reach a row's arithmetic. Each adapter's
+    contribution is computed for the whole batch, then *selected* (jnp.where) per row, never multiplied by a zero
+    routing weight: NaN * 0 is NaN, so a summed stack would let one tenant's non-finite adapter poison every other
+    row (the base model's included). Same FLOPs as one einsum over the stack; the stack is small (snapshots in one
+    batch)."""
+    out = None
+    for s in range(a.shape[0]):  # static: the stack size is part of the compiled shape
+        keep = (routing.adapter == s)[:, None, None]  # [B, 1, 1]
+        h = jnp.matmul(x, a[s], preferred_element_type=jnp.float32)
+        h = jnp.where(keep, h * routing.scale[:, None, None], 0.0)
+        d = jnp.where(keep, jnp.matmul(h, b[s], preferred_element_type=jnp.float32), 0.0)
+        out = d if out is None else out + d  # other adapters add an exact 0.0
+    return out
 
 
 def lora_delta(

@@ -120,6 +120,8 @@ class Attention(nnx.Module):
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(scores.dtype).min)
         probs = jax.nn.softmax(scores, axis=-1)
         probs = probs.astype(cd)
+        if cache is not None:  # stale values of a slot's previous row (maybe non-finite): selected out, since 0 * NaN
+            v = jnp.where(visible.any(axis=1)[:, :, None, None], v, jnp.zeros((), v.dtype))  # is NaN
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
         out = out.reshape(b, t, c.num_heads * c.head_dim)
         return self.o_proj(out, routing), cache
@@ -135,7 +137,10 @@ def _decode_attention(q, k, v, positions, groups: int, head_dim: int) -> jax.Arr
     visible = jnp.arange(s)[None, :] <= positions  # [B, S] (positions [B, 1])
     scores = jnp.where(visible[:, :, None, None], scores, jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores, axis=1)
-    out = jnp.sum(probs[..., None] * v.astype(jnp.float32)[:, :, :, None, :], axis=1)  # [B, kv, g, hd]
+    # Cache entries past a row's position hold a previous occupant's values (perhaps another tenant's NaN): select
+    # them out rather than multiply them by a zero probability (0 * NaN is NaN).
+    v = jnp.where(visible[:, :, None, None], v.astype(jnp.float32), 0.0)
+    out = jnp.sum(probs[..., None] * v[:, :, :, None, :], axis=1)  # [B, kv, g, hd]
     return out.reshape(b, 1, kv * groups * head_dim)
 
 
