@@ -152,7 +152,7 @@ class EngineActivities:
             return Outcome(json={})
         if item.kind == "optim_step":
             metrics = self.engine.optim_step(item.slot, AdamConfig(**p))
-            return Outcome(json={"metrics": {k: float(v) for k, v in metrics.items()}, "type": "optim_step"})
+            return Outcome(json={"metrics": wire.optim_step_metrics(metrics), "type": "optim_step"})
         if item.kind == "snapshot":
             self.engine.snapshot(item.slot, p["key"])
             self._snapshots.add(p["key"])
