@@ -173,7 +173,8 @@ class EngineActivities:
         p = item.params
         if item.kind == "save_checkpoint":
             manifest = checkpoint_io.save(self.engine, self.checkpoints, item.slot, p["manifest"],
-                                          overwrite=bool(p.get("overwrite")))
+                                          overwrite=bool(p.get("overwrite")),
+                                          age_recipients=list(p.get("age_recipients") or []))
             return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
         if item.kind == "load_checkpoint":
             return Outcome(json=checkpoint_io.load(self.engine, self.checkpoints, item.slot, p["path"],

@@ -29,6 +29,7 @@ from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
+from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import LoraSpec, RunStart, TrainingOp
@@ -172,12 +173,15 @@ async def save_weights_external(request: Request, svc: Services = Depends(servic
     raw = await json_body(request)
     req = SaveWeightsExternalRequest.model_validate(raw)
     seq_id = req.seq_id or 0
-    if req.age_encryption_recipients:
-        op = _reject(seq_id, raw, "age encryption of external weights is not supported by this server; "
-                                  "save without age_encryption_recipients")
+    params: dict[str, Any] = {"path": req.path, "overwrite": True, "ttl_seconds": req.ttl_seconds}
+    try:
+        if req.age_encryption_recipients:
+            parse_recipients(req.age_encryption_recipients)  # a bad key fails this op's future, naming the field
+            params["age_recipients"] = [str(r).strip() for r in req.age_encryption_recipients]
+    except CheckpointError as e:
+        op = _reject(seq_id, raw, str(e))
     else:
-        op = _checked_save(seq_id, "save_weights_external", raw,
-                           {"path": req.path, "overwrite": True, "ttl_seconds": req.ttl_seconds})
+        op = _checked_save(seq_id, "save_weights_external", raw, params)
     return await _submit(svc, req.model_id, op, who)
 
 
