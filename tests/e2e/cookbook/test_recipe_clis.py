@@ -39,6 +39,7 @@ def test_chat_sl_train_cli(cookbook_env, base_model, tmp_path):
     assert assert_steps_contiguous_from_zero(read_metrics(log_path)) == [0, 1, 2]
 
 
+@pytest.mark.slow  # ~2 minutes here: the chat_sl CLI keeps a recipe CLI in the default run
 @pytest.mark.timeout(1500)
 def test_math_rl_train_cli_arithmetic(cookbook_env, base_model, tmp_path):
     log_path = tmp_path / "math_rl"
