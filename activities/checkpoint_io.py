@@ -19,6 +19,7 @@ from typing import Any
 from tinkerflow.common.checkpoints import (
     TRAINING_STATE_SEGMENTS, CheckpointError, CheckpointStore, Manifest, scratch_dir, TinkerPath, now_rfc3339,
 )
+from tinkerflow.common.age_export import encrypt_tree
 from tinkerflow.workers.engine import checkpoint as formats
 from tinkerflow.workers.engine.types import LoraConfig, SlotState
 
@@ -27,7 +28,9 @@ log = logging.getLogger(__name__)
 PAUSE_ENV = "TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S"
 
 
-def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *, overwrite: bool) -> Manifest:
+def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *, overwrite: bool,
+         age_recipients: list[str] | None = None) -> Manifest:
+    """Write one checkpoint; with `age_recipients` (external weights only) every file is stored as `<name>.age`."""
     started = time.perf_counter()
     state: SlotState = engine.export_slot(slot)
     m = Manifest(**{**manifest, "time": now_rfc3339(), "lora": _lora_dict(state.config)})
@@ -39,6 +42,9 @@ def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *,
         else:
             formats.write_peft(state.config, state.weights, staging, base_model_name_or_path=m.base_model)
             m = replace(m, format="peft")
+            if age_recipients:
+                encrypt_tree(staging, age_recipients)
+                m = replace(m, format="peft+age")
         committed = store.commit(m, staging, overwrite=overwrite,
                                  pause_before_manifest_s=float(os.environ.get(PAUSE_ENV, "0") or 0))
     log.info("saved %s (%d bytes) in %.2fs", p, committed.size_bytes, time.perf_counter() - started)
@@ -50,6 +56,9 @@ def read_state(store: CheckpointStore, path: str) -> tuple[Manifest, SlotState]:
     p = TinkerPath.parse(path)
     with scratch_dir() as staging:
         m = store.download(p, staging)
+        if m.format.endswith("+age"):
+            raise CheckpointError(f"{path} is age-encrypted to its owner's keys; the service cannot load it. "
+                                  "Save it again without age_encryption_recipients to sample or train from it")
         if p.segment in TRAINING_STATE_SEGMENTS:
             return m, formats.read_training_state(staging)
         config, weights = formats.read_peft(staging)

@@ -165,7 +165,7 @@ class EngineActivities:
             return Outcome(json={})
         if item.kind == "optim_step":
             metrics = self.engine.optim_step(item.slot, AdamConfig(**p))
-            return Outcome(json={"metrics": {k: float(v) for k, v in metrics.items()}, "type": "optim_step"})
+            return Outcome(json={"metrics": wire.optim_step_metrics(metrics), "type": "optim_step"})
         if item.kind == "snapshot":
             self.engine.snapshot(item.slot, p["key"])
             self._snapshots.add(p["key"])
@@ -186,7 +186,8 @@ class EngineActivities:
         p = item.params
         if item.kind == "save_checkpoint":
             manifest = checkpoint_io.save(self.engine, self.checkpoints, item.slot, p["manifest"],
-                                          overwrite=bool(p.get("overwrite")))
+                                          overwrite=bool(p.get("overwrite")),
+                                          age_recipients=list(p.get("age_recipients") or []))
             return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
         if item.kind == "load_checkpoint":
             return Outcome(json=checkpoint_io.load(self.engine, self.checkpoints, item.slot, p["path"],

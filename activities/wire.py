@@ -96,13 +96,31 @@ def _tokens(chunks, where: str) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
 
+def _sampled_mask(spans, where: str) -> np.ndarray | None:
+    """The target positions a SampledProvenanceSpan covers (1.0), from runs that tile target_tokens in order
+    (`Datum.with_provenance`); None when the datum has no provenance. Sequence ids are opaque here."""
+    if not spans:
+        return None
+    parts = []
+    for j, span in enumerate(spans):
+        which = span.WhichOneof("span")
+        if which is None:
+            raise InputError(f"{where}: loss_fn_input_spans[{j}] is neither a prompt nor a sampled span")
+        arm = getattr(span, which)
+        if arm.length < 0 or arm.offset < 0 or not arm.sequence_id:
+            raise InputError(f"{where}: loss_fn_input_spans[{j}] needs a sequence_id, offset >= 0 and length >= 0")
+        parts.append(np.full((arm.length,), 1.0 if which == "sampled_tokens" else 0.0, np.float32))
+    return np.concatenate(parts)
+
+
 def forward_backward_input(msg: pb.ForwardBackwardRequest, slot: int, bounds: Bounds = Bounds()
                            ) -> ForwardBackwardInput:
     data = []
     for i, d in enumerate(msg.data):
         where = f"datum {i}"
         data.append(Datum(tokens=_tokens(d.model_input, where),
-                          inputs={k: _tensor(k, v, where, bounds) for k, v in d.loss_fn_inputs.items()}))
+                          inputs={k: _tensor(k, v, where, bounds) for k, v in d.loss_fn_inputs.items()},
+                          sampled_mask=_sampled_mask(d.loss_fn_input_spans, where)))
     config: dict[str, float | str] = dict(msg.loss_fn_config)
     for k, v in msg.loss_fn_config_v2.items():  # v2 carries every entry, strings included: prefer it
         config[k] = v.text if v.WhichOneof("value") == "text" else v.number
@@ -128,6 +146,20 @@ def forward_backward_output(result: ForwardBackwardResult) -> bytes:
         bt.dtype = _NUMPY_TO_PROTO[dtype]
         bt.trailing_shape.extend(arrays[0].shape[1:])
     return out.SerializeToString()
+
+
+# optim_step metrics on the wire. Tinker's optim_step metrics are free-form and the cookbook's loops merge them
+# into their own per-step metrics (`metrics.update(optim_result.metrics)` in supervised.train, rl.train, rl_loop,
+# sdft), where they would overwrite the loop's own keys: `step` (its metrics.jsonl step column), `learning_rate`,
+# `progress`, `optim/lr`, `optim/entropy`. So every key we answer lives under our own `tinkerflow/` prefix, which
+# no loop writes.
+OPTIM_METRICS_PREFIX = "tinkerflow/"
+_OPTIM_METRIC_NAMES = {"grad_norm": "grad_norm", "learning_rate": "learning_rate", "step": "adapter_optim_steps"}
+
+
+def optim_step_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The engine's optim_step metrics under names no client loop writes itself."""
+    return {OPTIM_METRICS_PREFIX + _OPTIM_METRIC_NAMES.get(k, k): float(v) for k, v in metrics.items()}
 
 
 def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
@@ -158,7 +190,8 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
         prompt=np.asarray(tokens, dtype=np.int32), num_samples=req.num_samples,
         max_tokens=p.max_tokens if p.max_tokens is not None else 16, temperature=p.temperature,
         top_k=p.top_k, top_p=p.top_p, seed=p.seed, stop_token_ids=stop_ids, stop_strings=stop_strings,
-        include_prompt_logprobs=bool(req.prompt_logprobs), snapshot=snapshot or None,
+        include_prompt_logprobs=bool(req.prompt_logprobs), topk_prompt_logprobs=int(req.topk_prompt_logprobs or 0),
+        snapshot=snapshot or None,
     )
 
 
@@ -172,4 +205,12 @@ def sample_output(result: SampleResult) -> bytes:
     if result.prompt_logprobs is not None:
         values = [math.nan if v is None else v for v in result.prompt_logprobs]
         out.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    if result.topk_prompt_logprobs is not None:
+        ids, lps = result.topk_prompt_logprobs
+        length, k = ids.shape
+        # Row-major [length, k] int32 ids and float32 log-probs (contract §7.4); k == 0 or length == 0 means None.
+        out.topk_prompt_logprobs.token_ids = np.ascontiguousarray(ids, dtype=np.int32).tobytes()
+        out.topk_prompt_logprobs.logprobs = np.ascontiguousarray(lps, dtype=np.float32).tobytes()
+        out.topk_prompt_logprobs.k = k
+        out.topk_prompt_logprobs.length = length
     return out.SerializeToString()

@@ -14,3 +14,8 @@ spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 # torch (parity extra) must be the CPU wheel: the local wheel index serves it; never a bare CUDA torch.
 .venv/bin/python -m pip install --quiet -e "$spec"
+# The cookbook extra: tinker-cookbook 0.6.1 itself without its declared dependencies (its tml-renderers>=0.4.1 pin
+# is not in the registry); the extra lists what it really imports. See pyproject.toml.
+case ",${extras}," in
+  *,cookbook,*) .venv/bin/python -m pip install --quiet --no-deps "tinker-cookbook==0.6.1" ;;
+esac

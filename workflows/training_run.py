@@ -247,8 +247,11 @@ class TrainingRunWorkflow:
         manifest = {"tinker_path": path, "owner": start.owner, "base_model": start.base_model,
                     "lora": asdict(self.s.lora_spec), "step": self.s.step, "expires_at": expires_at,
                     "user_metadata": dict(op.params.get("user_metadata") or {})}
-        outcome = await self._calls.call(self._coordinator, "save_checkpoint", model_id=start.model_id, params={
-            "path": path, "overwrite": bool(op.params.get("overwrite")), "manifest": manifest})
+        params = {"path": path, "overwrite": bool(op.params.get("overwrite")), "manifest": manifest}
+        # Only saves that name age recipients carry them (the API refused such saves before this change).
+        if op.params.get("age_recipients") and workflow.patched("age-encrypted-external-weights"):
+            params["age_recipients"] = list(op.params["age_recipients"])
+        outcome = await self._calls.call(self._coordinator, "save_checkpoint", model_id=start.model_id, params=params)
         if outcome.ok and "/auto_weights/" not in path:
             await self._schedule_expiry(path, expires_at)
         return outcome

@@ -31,6 +31,7 @@ from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import MAX_ID_CHARS, adam_problem, check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.services import Services
+from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import LoraSpec, RunStart, TrainingOp
@@ -201,12 +202,16 @@ async def save_weights_external(request: Request, svc: Services = Depends(servic
     req, problem = parse(SaveWeightsExternalRequest, raw, "save_weights_external")
     if req is None:
         op = _reject(seq_id, raw, problem)
-    elif req.age_encryption_recipients:
-        op = _reject(seq_id, raw, "age encryption of external weights is not supported by this server; "
-                                  "save without age_encryption_recipients")
     else:
-        op = _checked_save(seq_id, "save_weights_external", raw,
-                           {"path": req.path, "overwrite": True, "ttl_seconds": req.ttl_seconds})
+        params: dict[str, Any] = {"path": req.path, "overwrite": True, "ttl_seconds": req.ttl_seconds}
+        try:
+            if req.age_encryption_recipients:
+                parse_recipients(req.age_encryption_recipients)  # a bad key fails this op's future, naming the field
+                params["age_recipients"] = [str(r).strip() for r in req.age_encryption_recipients]
+        except CheckpointError as e:
+            op = _reject(seq_id, raw, str(e))
+        else:
+            op = _checked_save(seq_id, "save_weights_external", raw, params)
     return await _submit(svc, model_id, op, who)
 
 

@@ -30,6 +30,10 @@ log = logging.getLogger("tinkerflow")
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-model", help="HF id in the local HF cache, or a local HF directory "
                    "(default: the embedded tiny Qwen3, made on first use in <state-dir>/models)")
+    p.add_argument("--served-model-name", help="name clients use for --base-model, like vLLM's flag of that name: "
+                   "serve a local copy of a Hugging Face model under its HF id (e.g. Qwen/Qwen3-0.6B) so recipes "
+                   "that look models up by name (tinker-cookbook's renderer and learning-rate tables) know it "
+                   "(default: the HF id given to --base-model, or the directory's absolute path)")
     p.add_argument("--max-lora-adapters", type=int, help="LoRA adapter slots on the JAX worker (default 8)")
     p.add_argument("--max-lora-rank", type=int, help="largest LoRA rank a client may ask for (default 32)")
     p.add_argument("--pool", help="name of the worker pool this base model runs on (default 'default')")

@@ -62,6 +62,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_HOST": settings.host,
         "TINKERFLOW_PORT": str(settings.port),
         "TINKERFLOW_BASE_MODEL": settings.base_model,
+        "TINKERFLOW_SERVED_MODEL_NAME": settings.served_model_name,
         "TINKERFLOW_POOL": settings.pool,
         "TINKERFLOW_MAX_LORA_ADAPTERS": str(settings.max_lora_adapters),
         "TINKERFLOW_MAX_LORA_RANK": str(settings.max_lora_rank),

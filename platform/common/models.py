@@ -1,8 +1,15 @@
 """Which weights a JAX worker serves: the embedded tiny default, a local HF directory, or an HF id in the local cache.
 
-Nothing is ever downloaded (house rule 2). The served *name* is what clients send as `base_model`; it must also be
-something `AutoTokenizer.from_pretrained` can load offline on the client, so a local directory is served under its
-absolute path.
+Nothing is ever downloaded (house rule 2). The served *name* is what clients send as `base_model`. By default a local directory is served under its
+absolute path (something `AutoTokenizer.from_pretrained` loads offline on the client) and a cached HF id under that
+id. `--served-model-name` (vLLM's convention) serves a local copy of a Hugging Face model under the id it is a copy
+of, so clients that look models up by name (tinker-cookbook's renderer and learning-rate tables) recognise it.
+`get_info` always reports the local directory as `tokenizer_id`, so `TrainingClient.get_tokenizer()` loads the
+served model's own tokenizer offline whatever the name; code that loads a tokenizer from the *name* (the SDK's
+`SamplingClient.get_tokenizer()`, the cookbook's `get_tokenizer(model_name)`) finds it offline only where that id
+is in the local HF cache. We never give the embedded tiny model a real model's id: its weights and tokenizer are
+not that model's, and a name-keyed table (learning rate, renderer) or an HF-cache tokenizer would then describe
+another model.
 """
 
 from __future__ import annotations
@@ -26,6 +33,15 @@ def default_model_dir(settings: Settings) -> Path:
 
 def resolve_base_model(settings: Settings) -> tuple[str, str]:
     """Return (served name, local directory) for `settings.base_model`, making the tiny default on first use."""
+    name, local = _resolve(settings)
+    served = settings.served_model_name.strip()
+    if served and served != name:
+        log.info("serving %s under the name %r", local, served)
+        return served, local
+    return name, local
+
+
+def _resolve(settings: Settings) -> tuple[str, str]:
     spec = settings.base_model
     if not spec:
         from tinkerflow.workers.engine.tiny_model import make_tiny_model

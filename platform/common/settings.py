@@ -38,6 +38,8 @@ class Settings:
     host: str = field(default_factory=lambda: _env("HOST", "127.0.0.1"))
     port: int = field(default_factory=lambda: int(_env("PORT", "8000")))
     base_model: str = field(default_factory=lambda: _env("BASE_MODEL", ""))
+    # The name the base model is served under (vLLM's --served-model-name); empty: the HF id or directory path.
+    served_model_name: str = field(default_factory=lambda: _env("SERVED_MODEL_NAME", ""))
     pool: str = field(default_factory=lambda: _env("POOL", "default"))
     max_lora_adapters: int = field(default_factory=lambda: int(_env("MAX_LORA_ADAPTERS", "8")))
     max_lora_rank: int = field(default_factory=lambda: int(_env("MAX_LORA_RANK", "32")))

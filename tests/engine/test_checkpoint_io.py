@@ -51,3 +51,39 @@ def test_training_state_and_sampler_weights_round_trip_through_storage(engine, s
     engine.drop_snapshot(sampler_path)
     engine.free_adapter(SRC)
     engine.free_adapter(DST)
+
+
+def test_external_weights_with_age_recipients_are_stored_only_as_age_files(engine, tmp_path):
+    """save_weights_external(age_encryption_recipients=[...]): every file is `<name>.age`, decryptable by each
+    recipient's identity into exactly the plain export's bytes (what tinker-cookbook's weights.download needs)."""
+    import pyrage
+
+    store = CheckpointStore((tmp_path / "ckpts").as_uri())
+    engine.create_adapter(SRC, LoraConfig(rank=2, seed=5))
+    alice, bob = pyrage.x25519.Identity.generate(), pyrage.x25519.Identity.generate()
+    plain_path, age_path = "tinker://s:train:0/external_weights/plain", "tinker://s:train:0/external_weights/sealed"
+    plain = checkpoint_io.save(engine, store, SRC, manifest(plain_path), overwrite=False)
+    sealed = checkpoint_io.save(engine, store, SRC, manifest(age_path), overwrite=False,
+                                age_recipients=[str(alice.to_public()), str(bob.to_public())])  # fmt: skip
+    assert sealed.format == "peft+age" and sorted(sealed.files) == sorted(f + ".age" for f in plain.files)
+    for name in plain.files:
+        with store.open_file(plain.path, name) as f:
+            want = f.read()
+        with store.open_file(sealed.path, name + ".age") as f:
+            got = f.read()
+        for identity in (alice, bob):
+            assert pyrage.decrypt(got, [identity]) == want
+    with pytest.raises(CheckpointError, match="age-encrypted"):
+        checkpoint_io.load_snapshot(engine, store, age_path)
+    engine.free_adapter(SRC)
+
+
+def test_a_bad_age_recipient_is_named():
+    import pyrage
+
+    from tinkerflow.common.age_export import parse_recipients
+
+    good = str(pyrage.x25519.Identity.generate().to_public())
+    assert len(parse_recipients([good])) == 1
+    with pytest.raises(CheckpointError, match=r"age_encryption_recipients\[1\] is not an age X25519 public key"):
+        parse_recipients([good, "ssh-rsa AAAA"])

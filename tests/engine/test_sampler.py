@@ -279,3 +279,31 @@ def test_rows_of_different_snapshots_share_a_batch(engine, trained_snapshot, rng
         np.testing.assert_allclose(seq.logprobs, ref[len(PROMPT) - 1 :], atol=1e-4)
     finally:
         engine.drop_snapshot("snap2")
+
+
+def test_topk_prompt_logprobs_are_the_trainers_top_tokens(engine, trained_snapshot):
+    """topk_prompt_logprobs=k: at every prompt position the k most likely next tokens, as the trainer scores them."""
+    k = 5
+    [res] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=1, seed=0, snapshot=trained_snapshot,
+                                       topk_prompt_logprobs=k)])  # fmt: skip
+    assert res.prompt_logprobs is None  # only what was asked for
+    ids, lps = res.topk_prompt_logprobs
+    assert ids.shape == lps.shape == (len(PROMPT), k)
+    assert ids[0].tolist() == [0] * k and lps[0].tolist() == [-99999.0] * k  # nothing predicts token 0
+    # Score every vocabulary token at every position with the trainer ([N, V] targets): the sampler's rows must be
+    # the top k of that, in descending order.
+    vocab = engine.info.vocab_size
+    every = np.broadcast_to(np.arange(vocab, dtype=np.int64), (len(PROMPT) - 1, vocab))
+    req = ForwardBackwardInput(slot=0, data=[Datum(tokens=PROMPT[:-1], inputs={"target_tokens": every})],
+                               loss_fn="cross_entropy", forward_only=True)  # fmt: skip
+    [full] = engine.forward_backward([req])
+    full_lp = full.outputs[0]["logprobs"]  # [P-1, V]
+    expected_ids = np.argsort(-full_lp, axis=1, kind="stable")[:, :k]
+    np.testing.assert_allclose(lps[1:], np.take_along_axis(full_lp, ids[1:].astype(np.int64), axis=1), atol=1e-4)
+    np.testing.assert_allclose(lps[1:], np.take_along_axis(full_lp, expected_ids, axis=1), atol=1e-4)
+    assert np.all(np.diff(lps[1:], axis=1) <= 0)
+
+
+def test_topk_prompt_logprobs_beyond_the_limit_is_refused(engine):
+    [res] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=1, topk_prompt_logprobs=10_000)])
+    assert isinstance(res, InputError) and "topk_prompt_logprobs must be in [0, 20]" in str(res)

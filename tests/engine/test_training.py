@@ -197,6 +197,37 @@ def test_rl_losses_through_the_engine(engine, rng, loss_fn):
     assert any(np.any(g != 0) for g in engine.accumulated_grads(0).values())
 
 
+def test_gspo_and_stable_reinforce_through_the_engine(engine, rng):
+    """The sequence-level and provenance-fed losses, end to end through validation, packing and the step."""
+    engine.create_adapter(0, LoraConfig(rank=4, seed=1))
+    tokens = rng.integers(1, 300, 11)
+    [ref] = engine.forward_backward([ce(0, [tokens], forward_only=True)])
+    lp = ref.outputs[0]["logprobs"].astype(np.float64)
+    old = (lp + rng.normal(0, 0.3, lp.shape)).astype(np.float32)
+    sampled = np.array([0.0] * 3 + [1.0] * 7, np.float32)  # 3 prompt targets, then 7 sampled tokens
+    adv = (sampled * 0.7).astype(np.float32)
+    ratio_mask = sampled
+    [g] = engine.forward_backward([rl(0, tokens, "gspo", logprobs=old, advantages=adv,
+                                      sequence_ratio_mask=ratio_mask)])  # fmt: skip
+    s = np.exp(np.sum(ratio_mask * (lp - old)) / ratio_mask.sum())
+    lo, hi = 1 - 3e-4, 1 + 4e-4
+    np.testing.assert_allclose(g.outputs[0]["elementwise_loss"], -np.minimum(s * adv, np.clip(s, lo, hi) * adv),
+                               rtol=1e-4, atol=1e-5)  # fmt: skip
+    req = rl(0, tokens, "stable_reinforce", logprobs=old, advantages=adv)
+    req.data[0].sampled_mask = sampled
+    [sr] = engine.forward_backward([req])
+    r = np.exp(lp - old)
+    keep = (r >= 0.5) & (r <= 2.0)
+    np.testing.assert_allclose(sr.outputs[0]["elementwise_loss"], -sampled * keep * r * lp * adv,
+                               rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
+def _sr(sampled_mask, adv):
+    d = Datum(np.array([1, 2, 3]), {"target_tokens": np.array([2, 3, 4]), "logprobs": np.zeros(3),
+                                    "advantages": np.asarray(adv, np.float32)}, sampled_mask=sampled_mask)
+    return ForwardBackwardInput(slot=0, data=[d], loss_fn="stable_reinforce")
+
+
 def test_topk_cross_entropy_targets(engine, rng):
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     tokens = rng.integers(1, 300, 9).astype(np.int32)
@@ -236,6 +267,10 @@ BAD = [
                                   loss_fn="cross_entropy"), "slot 9 out of range"),
     (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1]), {"target_tokens": np.array([1])})],
                                   loss_fn="ppo", loss_fn_config={"clip": 1.0}), "does not take loss_fn_config"),
+    (lambda: _sr(None, [0, 1, 1]), "stable_reinforce needs provenance"),
+    (lambda: _sr(np.array([0, 1, 1], np.float32), [1, 1, 1]),
+     "advantages must be 0 outside the sampled tokens for stable_reinforce; position 0"),
+    (lambda: _sr(np.array([0, 1], np.float32), [0, 1, 1]), "loss_fn_input_spans has 2 entries but model_input has 3"),
 ]  # fmt: skip
 
 

@@ -78,3 +78,46 @@ def test_image_chunks_are_a_user_error():
         loss_fn_inputs=dict(target_tokens=[1, 2, 3, 4]))]))
     with pytest.raises(InputError, match="image chunks are not supported"):
         wire.forward_backward_input(msg, slot=0)
+
+
+# Keys the cookbook 0.6.1 loops write into the same dict they merge optim_step metrics into
+# (supervised.train, rl.train, recipes.rl_loop, distillation.sdft): none of ours may be among them.
+COOKBOOK_STEP_KEYS = {"step", "learning_rate", "progress", "optim/lr", "optim/entropy", "time/total"}
+
+
+def test_optim_step_metrics_cannot_overwrite_the_cookbooks_keys():
+    out = wire.optim_step_metrics({"grad_norm": 1.5, "learning_rate": 1e-4, "step": 7})
+    assert out == {"tinkerflow/grad_norm": 1.5, "tinkerflow/learning_rate": 1e-4, "tinkerflow/adapter_optim_steps": 7.0}
+    assert not set(out) & COOKBOOK_STEP_KEYS
+    assert all(k.startswith(wire.OPTIM_METRICS_PREFIX) for k in out)
+
+
+def test_provenance_spans_become_the_sampled_target_positions():
+    # As recipes.rl_loop builds it: a 3-token prompt and 4 sampled tokens; targets are shifted by one.
+    datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 10, 11, 12]),
+                        loss_fn_inputs=dict(target_tokens=[2, 3, 10, 11, 12, 13], logprobs=[0.0] * 6,
+                                            advantages=[0, 0, 1, 1, 1, 1]))
+    datum = datum.with_provenance(
+        model_input=[types.PromptProvenanceSpan(sequence_id="q", length=3),
+                     types.SampledProvenanceSpan(sequence_id="q", length=3)],
+        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="q", offset=1, length=2),
+                        types.SampledProvenanceSpan(sequence_id="q", length=4)])
+    inp = wire.forward_backward_input(wire.parse_forward_backward(_request([datum], "stable_reinforce")), slot=0)
+    assert inp.data[0].sampled_mask.tolist() == [0, 0, 1, 1, 1, 1]
+    plain = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs=dict(target_tokens=[2, 3]))
+    assert wire.forward_backward_input(wire.parse_forward_backward(_request([plain])), slot=0).data[0].sampled_mask is None
+
+
+def test_topk_prompt_logprobs_reach_the_sdk_as_rows_per_prompt_position():
+    ids = np.array([[0, 0], [7, 3], [2, 9]], np.int32)
+    lps = np.array([[-99999.0, -99999.0], [-0.1, -2.5], [-0.7, -0.9]], np.float32)
+    result = SampleResult(sequences=[SampledSequence(tokens=[4], logprobs=[-0.3], stop_reason="length")],
+                          topk_prompt_logprobs=(ids, lps))
+    resp = deserialize_sample_response(wire.sample_output(result))
+    assert resp.prompt_logprobs is None
+    rows = resp.topk_prompt_logprobs
+    assert rows[0] is None and [t for t, _ in rows[1]] == [7, 3] and [t for t, _ in rows[2]] == [2, 9]
+    np.testing.assert_allclose([lp for _, lp in rows[1]], [-0.1, -2.5], rtol=1e-6)
+    req = types.SampleRequest(prompt=types.ModelInput.from_ints([1, 2, 3]), sampling_params=types.SamplingParams(),
+                              num_samples=1, topk_prompt_logprobs=2, sampling_session_id="s:sample:0", seq_id=0)
+    assert wire.sample_input(req.model_dump_json().encode(), None).topk_prompt_logprobs == 2

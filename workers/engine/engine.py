@@ -35,6 +35,7 @@ from .types import (
     SampleInput,
     SampleResult,
     SlotState,
+    TOPK_PAD_LOGPROB,
 )
 from .validation import check_sample, forward_backward_rows
 
@@ -496,7 +497,8 @@ class Engine:
                     top_k=int(req.top_k), top_p=float(req.top_p), seed=seed, sample_index=j, stop_ids=stops,
                     adapter=stack_index[req.snapshot] if snap is not None else -1,
                     scale=snap.scale if snap is not None else 0.0,
-                    prompt_logprobs=bool(req.include_prompt_logprobs) and j == 0,
+                    prompt_logprobs=(bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0,
+                    topk_prompt_logprobs=int(req.topk_prompt_logprobs) if j == 0 else 0,
                     stop_strings=list(req.stop_strings),
                 ))  # fmt: skip
                 owner.append(r)
@@ -509,9 +511,18 @@ class Engine:
         for r, out in zip(owner, outputs):
             res = results[r]
             res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason))
-            if out.prompt_logprobs is not None:
+            if out.prompt_logprobs is not None and requests[r].include_prompt_logprobs:
                 res.prompt_logprobs = [None] + out.prompt_logprobs
+            if out.topk_prompt_logprobs is not None:
+                res.topk_prompt_logprobs = _pad_first_position(*out.topk_prompt_logprobs)
         return results  # type: ignore[return-value]
+
+
+def _pad_first_position(ids: np.ndarray, lps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k rows for prompt positions 1..P-1 -> P rows, row 0 the SDK's padding (nothing predicts token 0)."""
+    k = ids.shape[1]
+    return (np.concatenate([np.zeros((1, k), np.int32), ids.astype(np.int32)]),
+            np.concatenate([np.full((1, k), TOPK_PAD_LOGPROB, np.float32), lps.astype(np.float32)]))
 
 
 def default_dtype() -> Any:

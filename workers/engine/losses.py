@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-LOSS_NAMES: tuple[str, ...] = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+LOSS_NAMES: tuple[str, ...] = (
+    "cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce",
+)
 LOSS_ID = {name: i for i, name in enumerate(LOSS_NAMES)}
 
 # loss_fn_config keys each loss accepts, with their defaults.
@@ -22,6 +24,9 @@ LOSS_CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
     "dro": {"beta": 0.05},
+    # GSPO paper (Zheng et al., 2025) ranges: epsilon_low 3e-4, epsilon_high 4e-4 around a sequence ratio of 1.
+    "gspo": {"clip_low_threshold": 1.0 - 3e-4, "clip_high_threshold": 1.0 + 4e-4},
+    "stable_reinforce": {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0, "kl_coeff": 0.0},
 }
 
 # loss_fn_inputs each loss requires (target_tokens always) and accepts.
@@ -31,8 +36,15 @@ LOSS_REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
     "cispo": ("target_tokens", "logprobs", "advantages"),
     "dro": ("target_tokens", "logprobs", "advantages"),
+    "gspo": ("target_tokens", "logprobs", "advantages"),
+    "stable_reinforce": ("target_tokens", "logprobs", "advantages"),
 }
-LOSS_OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {"cross_entropy": ("weights",)}
+LOSS_OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("weights",),
+    "gspo": ("sequence_ratio_mask",),
+}
+# Losses that need the datum's provenance (Datum.with_provenance): which target positions are sampled tokens.
+LOSSES_NEEDING_PROVENANCE = ("stable_reinforce",)
 
 
 @jax.tree_util.register_dataclass
@@ -47,7 +59,8 @@ class LossInputs:
     advantages: jax.Array  # float32 [B, T]
     clip_low: jax.Array  # float32 [B]
     clip_high: jax.Array  # float32 [B]
-    beta: jax.Array  # float32 [B]
+    beta: jax.Array  # float32 [B]       dro's beta; stable_reinforce's kl_coeff
+    seq_mask: jax.Array  # float32 [B, T] gspo: tokens in the sequence ratio; stable_reinforce: sampled tokens
 
 
 def token_losses(target_lp: jax.Array, inp: LossInputs) -> jax.Array:
@@ -62,7 +75,49 @@ def token_losses(target_lp: jax.Array, inp: LossInputs) -> jax.Array:
     ppo = -jnp.minimum(ratio * adv, jnp.clip(ratio, lo, hi) * adv)
     cispo = -jax.lax.stop_gradient(jnp.clip(ratio, lo, hi)) * lp * adv
     dro = -(lp * adv - 0.5 * inp.beta[:, None] * jnp.square(lp - inp.sampler_logprobs))
+    gspo = _gspo(lp, inp, lo, hi)
+    stable_reinforce = _stable_reinforce(lp, ratio, inp, lo, hi)
 
-    per_loss = jnp.stack([cross_entropy, importance_sampling, ppo, cispo, dro])  # [L, B, T]
+    per_loss = jnp.stack([cross_entropy, importance_sampling, ppo, cispo, dro, gspo, stable_reinforce])  # [L, B, T]
     chosen = jnp.take_along_axis(per_loss, inp.loss_id[None, :, None], axis=0)[0]
     return chosen * inp.mask
+
+
+def _gspo(lp: jax.Array, inp: LossInputs, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """GSPO-token (Tinker's `gspo`; Zheng et al., 2025).
+
+    The sequence log-ratio is the mean of sg(logp) - q over the tokens M that `seq_mask` marks
+    (`sequence_ratio_mask`; without it, the tokens with a nonzero advantage, which are the sampled tokens of every
+    cookbook datum). Every token's ratio takes that value with its own log-prob's gradient,
+    s_t = exp(log_s + logp_t - sg(logp_t)), and enters PPO's clipped min: -min(s_t A_t, clip(s_t, lo, hi) A_t),
+    summed over all tokens (Tinker's scale; tokens outside M still carry s_t with their own advantage).
+    """
+    sg_lp = jax.lax.stop_gradient(lp)
+    m = inp.seq_mask
+    log_s = jnp.sum(m * (sg_lp - inp.sampler_logprobs), axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+    s_t = jnp.exp(log_s[:, None] + lp - sg_lp)
+    adv = inp.advantages
+    return -jnp.minimum(s_t * adv, jnp.clip(s_t, lo, hi) * adv)
+
+
+def _stable_reinforce(lp: jax.Array, ratio: jax.Array, inp: LossInputs, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """StableReinforce (Tinker's `stable_reinforce`, alpha; tinkerflow's definition, derived from its inputs).
+
+    Inputs, as the SDK 0.38 types and the cookbook 0.6.1 build them: the datum's provenance spans name the sampled
+    sequence behind each target position; positions in a SampledProvenanceSpan are the sampled tokens M
+    (`seq_mask`); `logprobs` holds the sampler's log-probs q of those tokens (what sampling with
+    `record_stability_info=True` records: tinkerflow's sampler log-probs equal the trainer's for the same weights,
+    so the datum's copy is that record); advantages are nonzero only on M (the cookbook's rule: "stable_reinforce
+    only accepts nonzero advantages on sampled tokens"; validation refuses others).
+
+    Objective, on M only: REINFORCE with a stop-gradient importance weight and a token trust region,
+        loss_t = -1[lo <= r_t <= hi] * sg(r_t) * logp_t * A_t + kl_coeff/2 * (logp_t - q_t)^2,   r_t = exp(logp_t - q_t)
+    On-policy (r = 1) its gradient is plain REINFORCE, -A grad(logp). Off-policy, the weight corrects for the
+    sampler (sg(r) grad(logp) = grad(r)), and a token the trained policy has moved outside [lo, hi] of the
+    sampler's probability is dropped rather than clipped, so stale or numerically mismatched tokens cannot blow the
+    update up (defaults lo=0.5, hi=2.0). `kl_coeff` (default 0) adds dro's quadratic pull towards the sampler.
+    """
+    in_region = ((ratio >= lo) & (ratio <= hi)).astype(lp.dtype)
+    weight = jax.lax.stop_gradient(ratio * in_region)
+    kl = 0.5 * inp.beta[:, None] * jnp.square(lp - inp.sampler_logprobs)
+    return inp.seq_mask * (-weight * lp * inp.advantages + kl)

@@ -56,6 +56,9 @@ MIN_CACHE_LEN = 128
 MIN_STOP_IDS = 8
 # Block size of the two-level inverse-CDF search.
 _CDF_BLOCK = 64
+# Prompt scoring always computes this many top tokens per prompt position (one compiled program whatever k a
+# request asks for); each row keeps its own k <= this. Distillation recipes ask for k around 20.
+MAX_TOPK_PROMPT_LOGPROBS = 20
 
 
 @jax.tree_util.register_dataclass
@@ -198,8 +201,12 @@ def admit(
     scale: jax.Array,  # float32 [R]
     *,
     prompt_logprobs: bool,
-) -> tuple[Slots, jax.Array | None]:
-    """Prefill R new rows, sample their first token and write them (cache, parameters, state) into their slots."""
+) -> tuple[Slots, tuple[jax.Array, jax.Array, jax.Array] | None]:
+    """Prefill R new rows, sample their first token and write them (cache, parameters, state) into their slots.
+
+    With `prompt_logprobs`, also scores the prompt: (log-prob of each prompt token [R, P-1], and the
+    MAX_TOPK_PROMPT_LOGPROBS most likely tokens at each position, ids and log-probs [R, P-1, K]).
+    """
     model = nnx.merge(graphdef, lora, base)
     r, plen = prompt.shape
     routing = StackedLoraRouting(adapter=adapter, scale=scale)
@@ -239,8 +246,9 @@ def admit(
     prompt_lp = None
     if prompt_logprobs:
         full = jax.nn.log_softmax(model.logits(h, routing), axis=-1)
-        prompt_lp = jnp.take_along_axis(full[:, :-1], prompt[:, 1:, None], axis=-1)[..., 0]  # [R, P-1]
-        prompt_lp = placement.constrain_batch(prompt_lp)
+        token_lp = jnp.take_along_axis(full[:, :-1], prompt[:, 1:, None], axis=-1)[..., 0]  # [R, P-1]
+        top_lp, top_ids = jax.lax.top_k(full[:, :-1], min(MAX_TOPK_PROMPT_LOGPROBS, full.shape[-1]))
+        prompt_lp = placement.constrain_batch((token_lp, top_ids.astype(jnp.int32), top_lp))
     return _constrain(out, placement), prompt_lp
 
 
@@ -313,6 +321,7 @@ class SampleRow:
     scale: float
     prompt_logprobs: bool = False
     stop_strings: list[str] = field(default_factory=list)
+    topk_prompt_logprobs: int = 0  # > 0 (with prompt_logprobs): also keep this many top tokens per prompt position
 
 
 @dataclass
@@ -321,6 +330,8 @@ class RowOutput:
     logprobs: list[float]
     stop_reason: str
     prompt_logprobs: list[float] | None = None  # [P - 1], for rows that asked
+    # (token ids int32 [P - 1, k], log-probs float32 [P - 1, k]), for rows that asked for k > 0
+    topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def slot_buckets(max_slots: int, placement: Placement) -> list[int]:
@@ -486,7 +497,7 @@ class SlotSampler:
                     occupant[s] = i
                     release[s] = False
                     if rows[i].prompt_logprobs:
-                        results[i] = RowOutput([], [], "length", host_lp[j, : len(rows[i].prompt) - 1].tolist())
+                        results[i] = _prompt_scores(rows[i], j, host_lp)
             strings = any(rows[i].stop_strings for i in occupant.values())
             steps = STOP_STRING_CHUNK if strings else length
             target = b if not queue else min(b, b - len(occupant) + min(len(queue), small))
@@ -509,11 +520,20 @@ class SlotSampler:
                     release[s] = not done[s]
                 previous = results[i]
                 results[i] = RowOutput(tokens[s, :k].tolist(), logprobs[s, :k].tolist(), reason,
-                                       previous.prompt_logprobs if previous is not None else None)  # fmt: skip
+                                       previous.prompt_logprobs if previous is not None else None,
+                                       previous.topk_prompt_logprobs if previous is not None else None)  # fmt: skip
                 del occupant[s]
                 free.append(s)
         self._keep(slots, release, length, m)
         return results  # type: ignore[return-value]
+
+
+def _prompt_scores(row: SampleRow, j: int, host: tuple[np.ndarray, np.ndarray, np.ndarray]) -> RowOutput:
+    """Row j's prompt scores from an admission's host arrays, cut to its prompt length and its own k."""
+    token_lp, top_ids, top_lp = host
+    n, k = len(row.prompt) - 1, row.topk_prompt_logprobs
+    topk = (top_ids[j, :n, :k].copy(), top_lp[j, :n, :k].copy()) if k > 0 else None
+    return RowOutput([], [], "length", token_lp[j, :n].tolist(), topk)
 
 
 def _stack_size(lora: Any) -> int:

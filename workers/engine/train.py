@@ -41,6 +41,7 @@ class Row:
     weights: np.ndarray  # float32 [N, K]
     sampler_logprobs: np.ndarray  # float32 [N]
     advantages: np.ndarray  # float32 [N]
+    seq_mask: np.ndarray  # float32 [N]: gspo's sequence_ratio_mask / stable_reinforce's sampled positions
     loss_id: int
     clip_low: float
     clip_high: float
@@ -64,6 +65,7 @@ def pack(rows: list[Row], batch: int, seq: int, k: int) -> TrainBatch:
     mask = np.zeros((batch, seq), np.float32)
     old_lp = np.zeros((batch, seq), np.float32)
     adv = np.zeros((batch, seq), np.float32)
+    seq_mask = np.zeros((batch, seq), np.float32)
     per_row = np.zeros((6, batch), np.float32)  # clip_low, clip_high, beta, scale, train, loss_id
     slots = np.zeros((batch,), np.int32)
     for i, r in enumerate(rows):
@@ -74,6 +76,7 @@ def pack(rows: list[Row], batch: int, seq: int, k: int) -> TrainBatch:
         mask[i, :n] = 1.0
         old_lp[i, :n] = r.sampler_logprobs
         adv[i, :n] = r.advantages
+        seq_mask[i, :n] = r.seq_mask
         per_row[:, i] = (r.clip_low, r.clip_high, r.beta, r.scale, float(r.train), r.loss_id)
         slots[i] = r.slot
     return TrainBatch(
@@ -89,6 +92,7 @@ def pack(rows: list[Row], batch: int, seq: int, k: int) -> TrainBatch:
             clip_low=per_row[0],
             clip_high=per_row[1],
             beta=per_row[2],
+            seq_mask=seq_mask,
         ),
         train=per_row[4],
     )

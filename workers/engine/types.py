@@ -57,6 +57,9 @@ class AdamConfig:
 class Datum:
     tokens: np.ndarray  # int32 [N]
     inputs: dict[str, np.ndarray]  # e.g. target_tokens int64 [N], weights float32 [N], advantages, logprobs
+    # From the datum's provenance (loss_fn_input_spans): 1.0 on target positions that are sampled tokens
+    # (a SampledProvenanceSpan covers them); None when the datum carries no provenance.
+    sampled_mask: np.ndarray | None = None
 
 
 @dataclass
@@ -87,6 +90,7 @@ class SampleInput:
     stop_token_ids: list[int] | None = None
     stop_strings: list[str] = field(default_factory=list)
     include_prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0  # k > 0: the k most likely tokens (ids, log-probs) at every prompt position
     snapshot: str | None = None  # sampler snapshot key; None samples the base model
 
 
@@ -97,10 +101,16 @@ class SampledSequence:
     stop_reason: Literal["stop", "length"]
 
 
+TOPK_PAD_LOGPROB = -99999.0  # the SDK's TopkLogprobs sentinel (tinker.types.topk_logprobs.MASK_LOGPROB)
+
+
 @dataclass
 class SampleResult:
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None = None  # None at position 0
+    # (token ids int32 [P, k], log-probs float32 [P, k]); row 0 (nothing predicts the first token) is padding:
+    # id 0, log-prob TOPK_PAD_LOGPROB, as the SDK's TopkLogprobs expects.
+    topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from .losses import LOSS_CONFIG_DEFAULTS, LOSS_ID, LOSS_NAMES, LOSS_OPTIONAL_INPUTS, LOSS_REQUIRED_INPUTS
+from .losses import (
+    LOSS_CONFIG_DEFAULTS,
+    LOSS_ID,
+    LOSS_NAMES,
+    LOSS_OPTIONAL_INPUTS,
+    LOSS_REQUIRED_INPUTS,
+    LOSSES_NEEDING_PROVENANCE,
+)
+from .sampler import MAX_TOPK_PROMPT_LOGPROBS
 from .train import Row
 from .types import Datum, ForwardBackwardInput, InputError, SampleInput
 
@@ -56,8 +64,9 @@ def loss_config(loss_fn: str, config: dict[str, Any]) -> dict[str, float]:
 
 def datum_row(
     i: int, d: Datum, loss_fn: str, cfg: dict[str, float], *, vocab: int, max_len: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens [N], targets [N, K], weights [N, K], sampler logprobs [N], advantages [N]) or InputError."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens [N], targets [N, K], weights [N, K], sampler logprobs [N], advantages [N], seq_mask [N]) or
+    InputError."""
     tokens = _int_array(d.tokens, f"datum {i}: model_input", vocab).reshape(-1)
     n = len(tokens)
     if n == 0:
@@ -102,7 +111,40 @@ def datum_row(
             vectors[name] = arr
         else:
             vectors[name] = np.zeros((n,), np.float32)
-    return tokens, targets2, weights, vectors["logprobs"], vectors["advantages"]
+    seq_mask = _seq_mask(i, d, loss_fn, n, vectors["advantages"], check_len)
+    return tokens, targets2, weights, vectors["logprobs"], vectors["advantages"], seq_mask
+
+
+def _seq_mask(i: int, d: Datum, loss_fn: str, n: int, adv: np.ndarray, check_len) -> np.ndarray:
+    """gspo: the tokens in the sequence ratio; stable_reinforce: the sampled tokens (from provenance); else zeros."""
+    inputs = d.inputs or {}
+    if loss_fn == "gspo":
+        if "sequence_ratio_mask" in inputs:
+            mask = _float_array(inputs["sequence_ratio_mask"], f"datum {i}: sequence_ratio_mask")
+            check_len("sequence_ratio_mask", mask)
+            if mask.ndim != 1:
+                raise InputError(f"datum {i}: sequence_ratio_mask must have shape [N], got {list(mask.shape)}")
+            return (mask != 0).astype(np.float32)
+        # rl.train sends no sequence_ratio_mask: its sampled tokens are exactly those with an advantage.
+        return (adv != 0).astype(np.float32)
+    if loss_fn in LOSSES_NEEDING_PROVENANCE:
+        if d.sampled_mask is None:
+            raise InputError(
+                f"datum {i}: {loss_fn} needs provenance (Datum.with_provenance) naming the sampled sequence behind "
+                "its target tokens; this datum has none"
+            )
+        mask = np.asarray(d.sampled_mask, np.float32).reshape(-1)
+        check_len("loss_fn_input_spans", mask)
+        if not mask.any():
+            raise InputError(f"datum {i}: {loss_fn} needs at least one SampledProvenanceSpan in loss_fn_input_spans")
+        outside = np.flatnonzero((mask == 0) & (adv != 0))
+        if outside.size:
+            raise InputError(
+                f"datum {i}: advantages must be 0 outside the sampled tokens for {loss_fn}; position "
+                f"{int(outside[0])} has advantage {float(adv[outside[0]])} but no SampledProvenanceSpan covers it"
+            )
+        return mask
+    return np.zeros((n,), np.float32)
 
 
 def forward_backward_rows(
@@ -113,7 +155,9 @@ def forward_backward_rows(
         raise InputError("forward_backward needs at least one datum")
     rows = []
     for i, d in enumerate(req.data):
-        tokens, targets, weights, old_lp, adv = datum_row(i, d, req.loss_fn, cfg, vocab=vocab, max_len=max_len)
+        tokens, targets, weights, old_lp, adv, seq_mask = datum_row(
+            i, d, req.loss_fn, cfg, vocab=vocab, max_len=max_len
+        )
         if req.loss_fn != "cross_entropy":
             weights = np.zeros_like(weights)  # only cross_entropy reads weights; keep its branch inert
         rows.append(
@@ -123,10 +167,11 @@ def forward_backward_rows(
                 weights=weights,
                 sampler_logprobs=old_lp,
                 advantages=adv,
+                seq_mask=seq_mask,
                 loss_id=LOSS_ID[req.loss_fn],
                 clip_low=cfg.get("clip_low_threshold", 0.0),
                 clip_high=cfg.get("clip_high_threshold", 0.0),
-                beta=cfg.get("beta", 0.0),
+                beta=cfg.get("beta", cfg.get("kl_coeff", 0.0)),
                 slot=req.slot,
                 scale=slot_scale,
                 train=not req.forward_only,
@@ -158,6 +203,10 @@ def check_sample(req: SampleInput, *, vocab: int, max_len: int, snapshots: set[s
         _int_array(np.asarray(req.stop_token_ids, dtype=np.int64), "stop_token_ids", vocab)
     if any(not isinstance(s, str) or not s for s in req.stop_strings):
         raise InputError(f"stop_strings must be non-empty strings, got {req.stop_strings!r}")
+    if not 0 <= req.topk_prompt_logprobs <= MAX_TOPK_PROMPT_LOGPROBS:
+        raise InputError(
+            f"topk_prompt_logprobs must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {req.topk_prompt_logprobs}"
+        )
     if req.snapshot is not None and req.snapshot not in snapshots:
         raise InputError(f"unknown sampler snapshot {req.snapshot!r}")
     return prompt
