@@ -71,7 +71,9 @@ def _input(record) -> jax.Array:
     return jnp.asarray(_np(args[0] if args else kwargs["hidden_states"]))
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize(
+    "variant", [pytest.param(v, marks=[pytest.mark.slow] if v != "norm-mlp_only" else []) for v in sorted(VARIANTS)]
+)
 def test_moe_matches_transformers_per_layer(tmp_path, variant):
     from transformers import AutoModelForCausalLM, Qwen3MoeForCausalLM
 
