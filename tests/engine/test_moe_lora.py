@@ -197,19 +197,32 @@ def test_grads_of_one_adapter_ignore_other_adapters_examples(moe_engine):
     assert np.any(grads[0]["layers.2.mlp.experts.down_proj.lora_b"] != 0)
 
 
-@pytest.mark.slow
-def test_train_mlp_false_leaves_experts_untouched(moe_engine):
+def test_optim_step_trains_every_routed_expert_within_rank_and_honours_train_mlp(moe_engine):
     e = moe_engine
     e.create_adapter(0, LoraConfig(rank=2, seed=1, train_mlp=False))
+    e.create_adapter(1, LoraConfig(rank=3, seed=2))
     rng = np.random.default_rng(2)
     for _ in range(2):
-        e.forward_backward([_ce(0, rng.integers(1, 300, 12))])
+        e.forward_backward([_ce(0, rng.integers(1, 300, 40)), _ce(1, rng.integers(1, 300, 40))])
         e.optim_step(0, AdamConfig(learning_rate=1e-2))
+        e.optim_step(1, AdamConfig(learning_rate=1e-2))
     for k, v in e.adapter_weights(0).items():
         if ".mlp." in k:
             assert np.all(v == 0), f"{k}: train_mlp=False must stay zero"
         elif k.endswith("lora_b"):
             assert np.any(v != 0), f"{k} should have trained"
+    trained = e.adapter_weights(1)
+    b = trained["layers.0.mlp.experts.down_proj.lora_b"]  # [E, rank, out]
+    assert b.shape == (EXPERTS, 3, 64)
+    assert sum(np.any(b[x] != 0) for x in range(EXPERTS)) >= EXPERTS // 2, "routed experts train their own B"
+    # Beyond the rank everything stays exactly zero (the untrimmed state).
+    import jax
+
+    for path, leaf in jax.tree_util.tree_flatten_with_path(e._lora)[0]:
+        name = "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+        full = np.asarray(leaf[1])
+        tail = full[..., 3:] if "lora_a" in name else full[..., 3:, :]
+        assert np.all(tail == 0), name
 
 
 def test_peft_export_import_round_trip(moe_engine, tmp_path):
