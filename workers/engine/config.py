@@ -66,6 +66,9 @@ class ModelConfig:
             raise ValueError(f"{model_type} with attention_bias/mlp_bias is not supported")
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {hf.get('hidden_act')!r} is not supported (only silu)")
+        if hf.get("quantization_config"):  # e.g. Qwen3-30B-A3B-FP8: weights need their scales, which we do not apply
+            method = (hf["quantization_config"] or {}).get("quant_method", "?")
+            raise ValueError(f"quantized checkpoints ({method}) are not supported; use the bf16/fp32 release")
         if hf.get("use_sliding_window"):
             raise ValueError("sliding-window attention is not supported")
         # transformers 5 moved rope settings under rope_parameters; older files keep rope_theta/rope_scaling on top.
