@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default 0: every device not on tp)")
     mh.add_argument("--mesh-tp", type=int, metavar="N", help="devices on the mesh's tp (tensor-parallel) axis "
                     "(default 1)")
+    mh.add_argument("--mesh-ep", type=int, metavar="N", help="devices on the mesh's ep (expert-parallel) axis, for "
+                    "mixture-of-experts models; num_experts must divide by it (default 1: no ep axis)")
 
     api = sub.add_parser("api", help="run only the HTTP API under uvicorn")
     _api_flags(api)
