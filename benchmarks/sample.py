@@ -3,6 +3,7 @@ through the SDK (HTTP → Temporal → coordinator batching → JAX worker) and 
 compilations during the timed part, which must be zero: shapes are bucketed so a steady workload compiles nothing.
 
     python -m benchmarks.sample [--base-url URL] [--repeats N]
+    python -m benchmarks.sample --moe [--repeats N]   # the MoE shape, engine vs bare JAX (benchmarks/sample_moe.py)
 """
 
 from __future__ import annotations
@@ -130,7 +131,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="measure a running stack (compilations are then not counted)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--moe", action="store_true", help="instead: the Qwen3-30B-A3B-layer MoE shape, engine vs a "
+                        "bare jitted decode loop (benchmarks/sample_moe.py)")
     args = parser.parse_args()
+    if args.moe:
+        from benchmarks.sample_moe import main as moe_main
+
+        moe_main(["--repeats", str(args.repeats)])
+        return
     with running_stack(args.base_url, API_KEY) as (base_url, stack):
         sdk, model_dir = sdk_figures(base_url, stack, args.repeats)
         engine = engine_figures(model_dir, args.repeats)

@@ -1,12 +1,13 @@
 """Training throughput: forward_backward tokens/s and optim_step ms of the JAX engine, against a bare jitted JAX
 step doing the same math. Prints one JSON line per figure.
 
-    python -m benchmarks.train [--shape tiny|qwen3-0.6b|qwen3-8b] [--steps N] [--with-sdk]
+    python -m benchmarks.train [--shape tiny|qwen3-0.6b|qwen3-8b|qwen3-30b-a3b-1l] [--steps N] [--with-sdk]
 
 Shapes: `tiny` is the embedded tiny Qwen3 (make_tiny_model); `qwen3-0.6b` and `qwen3-8b` are random-weight
 checkpoints with Qwen3-0.6B's / Qwen3-8B's exact shapes, written in the Hugging Face layout to a temporary directory
-(float32 on CPU, bfloat16 on accelerators, as the engine stores them). Without --shape: tiny and qwen3-0.6b, plus
-qwen3-8b on a GPU. The batch is 4 rows x 128 tokens of random ids, one LoRA adapter of rank 32 on every module.
+(float32 on CPU, bfloat16 on accelerators, as the engine stores them); `qwen3-30b-a3b-1l` is the MoE shape of
+benchmarks/moe_shape.py (Qwen3-30B-A3B's layer, 128 experts top-8, 1 layer). Without --shape: tiny and
+qwen3-0.6b, plus qwen3-8b on a GPU. The batch is 4 rows x 128 tokens of random ids, one LoRA adapter of rank 32 on every module.
 
 The bare baseline is the same model forward (the engine's NNX modules and LoRA) + cross-entropy + gradient w.r.t.
 the LoRA parameters under one jax.jit, fed device-resident arrays: no validation, no bucketing, no accumulator, no
@@ -39,6 +40,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import emit, stats  # noqa: E402
+from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_moe_checkpoint  # noqa: E402
+from benchmarks.moe_shape import matmul_params as moe_matmul_params  # noqa: E402
 
 RANK = 32
 ROWS, SEQ = 4, 128
@@ -48,6 +51,7 @@ SHAPES = {
                        head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
+    "qwen3-30b-a3b-1l": QWEN3_30B_A3B_1L,
 }  # fmt: skip
 
 # Dense bf16 peak FLOP/s by device kind (substring match).
@@ -58,6 +62,9 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "TPU
 def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
     """A Qwen3 checkpoint with random weights (std 0.02), one safetensors file per layer plus an index."""
     from safetensors.numpy import save_file
+
+    if shape.get("num_experts"):
+        return write_random_moe_checkpoint(out, shape, dtype, tokenizer_from)
 
     out.mkdir(parents=True, exist_ok=True)
     config = {
@@ -106,7 +113,9 @@ def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: 
 
 
 def matmul_params(shape: dict) -> int:
-    """Base parameters that take part in matmuls: every layer's linears plus the unembedding."""
+    """Base parameters that take part in matmuls: every layer's linears plus the unembedding (active ones for MoE)."""
+    if shape.get("num_experts"):
+        return moe_matmul_params(shape)
     h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
     q, kv, hd = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
     per_layer = h * q * hd * 2 + h * kv * hd * 2 + 3 * h * i

@@ -101,7 +101,7 @@ def load_engine(settings: Settings, local_path: str):
     from tinkerflow.workers.engine.engine import Engine
     from tinkerflow.workers.engine.sharding import MeshConfig
 
-    mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp)
+    mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
     return Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
                        max_lora_rank=settings.max_lora_rank, mesh=mesh,
                        snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20)  # fmt: skip

@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default 0: every device not on tp)")
     mh.add_argument("--mesh-tp", type=int, metavar="N", help="devices on the mesh's tp (tensor-parallel) axis "
                     "(default 1)")
+    mh.add_argument("--mesh-ep", type=int, metavar="N", help="devices on the mesh's ep (expert-parallel) axis, for "
+                    "mixture-of-experts models; num_experts must divide by it (default 1: no ep axis)")
 
     api = sub.add_parser("api", help="run only the HTTP API under uvicorn")
     _api_flags(api)
@@ -139,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny-model", help="write the embedded default model (deterministic tiny Qwen3)")
     tiny.add_argument("directory", help="where to write config.json, model.safetensors and the tokenizer")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    tiny.add_argument("--moe", action="store_true", help="write the tiny Qwen3-MoE (8 routed experts, top-2) instead; "
+                      "serve it with --base-model D")
 
     for p in (up, t, sub.choices["workflow-worker"], jw, api):
         add_common_flags(p)
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny-model":
         from tinkerflow.workers.engine.tiny_model import make_tiny_model
 
-        print(make_tiny_model(args.directory, seed=args.seed, progress=True))
+        print(make_tiny_model(args.directory, seed=args.seed, progress=True, moe=args.moe))
         return 0
     if args.command == "up":
         from tinkerflow.cli.up import run_up

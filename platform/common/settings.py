@@ -113,6 +113,8 @@ class Settings:
     # The JAX worker's device mesh: devices on the fsdp axis (0: every device not on tp) and on the tp axis.
     mesh_fsdp: int = field(default_factory=lambda: int(_env("MESH_FSDP", "0")))
     mesh_tp: int = field(default_factory=lambda: int(_env("MESH_TP", "1")))
+    # Expert-parallel devices (mixture-of-experts models only; 1: no ep axis).
+    mesh_ep: int = field(default_factory=lambda: int(_env("MESH_EP", "1")))
 
     @property
     def resolved_store_url(self) -> str:

@@ -4,7 +4,7 @@ JAX fixes its device count when the backend starts, so the sharding tests run th
 
     python tests/engine/mesh_scenario.py MODEL_DIR OUT.npz --devices 2 --meshes 1x1,2x1,1x2 [--options ...]
 
-Each mesh ("FSDPxTP") gets its own engine on the same checkpoint; the arrays it produced are saved under
+Each mesh ("FSDPxTP", or "FSDPxTPxEP" with an expert-parallel axis for MoE models) gets its own engine on the same checkpoint; the arrays it produced are saved under
 "<mesh>/<name>" in OUT.npz for the test to compare. `--expect-error FSDPxTP` instead loads on that mesh and prints
 the ValueError (exit 3 when none was raised).
 """
@@ -55,12 +55,13 @@ def main() -> None:
 
     results: dict[str, np.ndarray] = {}
     for spec in args.meshes.split(","):
-        fsdp, tp = map(int, spec.split("x"))
+        fsdp, tp, ep = (list(map(int, spec.split("x"))) + [1])[:3]  # "FSDPxTP" or "FSDPxTPxEP" (MoE models)
         engine = Engine.load(
             args.model_dir, max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False,
-            mesh=MeshConfig(fsdp=fsdp, tp=tp), gradient_checkpointing=args.gradient_checkpointing,
+            mesh=MeshConfig(fsdp=fsdp, tp=tp, ep=ep), gradient_checkpointing=args.gradient_checkpointing,
         )  # fmt: skip
-        assert engine.mesh.shape == {"fsdp": fsdp, "tp": tp}, engine.mesh.shape
+        want = {"fsdp": fsdp, "tp": tp, **({"ep": ep} if ep > 1 else {})}
+        assert dict(engine.mesh.shape) == want, engine.mesh.shape
         for name, arr in run(engine, quick=args.quick).items():
             results[f"{spec}/{name}"] = arr
     np.savez(args.out, **results)

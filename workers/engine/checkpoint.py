@@ -42,6 +42,11 @@ _PEFT_PREFIX = "base_model.model."
 _PEFT_KEY = re.compile(
     r"^base_model\.model\.(?:model\.(layers\.\d+\.(?:self_attn|mlp)\.\w+)|(lm_head))\.lora_([AB])\.weight$"
 )
+# Qwen3-MoE experts, per expert as PEFT names them on transformers 4's per-expert linears (vLLM's MoE LoRA layout):
+# base_model.model.model.layers.0.mlp.experts.5.up_proj.lora_A.weight; ours stack them: layers.0.mlp.experts.up_proj.
+_PEFT_EXPERT_KEY = re.compile(
+    r"^base_model\.model\.model\.(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.lora_([AB])\.weight$"
+)
 # Settings PEFT writes that must keep these values for the adapter to mean what our LoRA means.
 _PEFT_REQUIRED = {
     "fan_in_fan_out": False,
@@ -157,8 +162,15 @@ def write_peft(
         if not trained[_group(name)]:
             continue
         module, ab = name.rsplit(".lora_", 1)
+        value = np.asarray(value, np.float32)
+        if ".experts." in module:  # stacked [E, in, r] / [E, r, out]: one PEFT tensor per expert
+            parent, proj = module.rsplit(".", 1)
+            for e in range(value.shape[0]):
+                key = f"{_PEFT_PREFIX}model.{parent}.{e}.{proj}.lora_{ab.upper()}.weight"
+                tensors[key] = np.ascontiguousarray(value[e].T)
+            continue
         key = _PEFT_PREFIX + (module if module == "lm_head" else "model." + module) + f".lora_{ab.upper()}.weight"
-        tensors[key] = np.ascontiguousarray(np.asarray(value, np.float32).T)
+        tensors[key] = np.ascontiguousarray(value.T)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     peft_config = lora_config_to_peft(config, base_model_name_or_path=base_model_name_or_path)
@@ -186,8 +198,20 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
 
     targets = {m for group, mods in MODULES.items() if _trained(config)[group] for m in mods}
     weights: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
     for key, value in tensors.items():
         if key.endswith(".base_layer.weight"):
+            continue
+        expert = _PEFT_EXPERT_KEY.match(key)
+        if expert is not None:
+            parent, index, proj, ab = expert.groups()
+            if proj not in targets:
+                raise InputError(f"{ADAPTER_WEIGHTS}: tensor {key!r} is not in target_modules {sorted(targets)}")
+            if value.ndim != 2 or value.shape[0 if ab == "A" else 1] != config.rank:
+                raise InputError(f"{ADAPTER_WEIGHTS}: tensor {key!r} has shape {value.shape}, not rank r={config.rank}")
+            ours = np.ascontiguousarray(value.astype(np.float32).T)
+            ours = ours * np.float32(factor) if ab == "B" and factor != 1 else ours
+            experts.setdefault(f"{parent}.{proj}.lora_{ab.lower()}", {})[int(index)] = ours
             continue
         match = _PEFT_KEY.match(key)
         if match is None:
@@ -199,6 +223,14 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
             raise InputError(f"{ADAPTER_WEIGHTS}: tensor {key!r} has shape {value.shape}, not rank r={config.rank}")
         ours = np.ascontiguousarray(value.astype(np.float32).T)
         weights[f"{module}.lora_{ab.lower()}"] = ours * np.float32(factor) if ab == "B" and factor != 1 else ours
+    for name, by_expert in experts.items():
+        if sorted(by_expert) != list(range(len(by_expert))):
+            absent = sorted(set(range(max(by_expert) + 1)) - set(by_expert))
+            raise InputError(f"{ADAPTER_WEIGHTS}: {name} lacks experts {absent[:5]}")
+        shapes = {v.shape for v in by_expert.values()}
+        if len(shapes) != 1:
+            raise InputError(f"{ADAPTER_WEIGHTS}: {name} has experts of different shapes {sorted(shapes)}")
+        weights[name] = np.stack([by_expert[e] for e in range(len(by_expert))])
     if not weights:
         raise InputError(f"{ADAPTER_WEIGHTS} holds no LoRA tensors")
     halves = {n.rsplit(".lora_", 1)[0] for n in weights}

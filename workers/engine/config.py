@@ -16,6 +16,7 @@ import numpy as np
 _FAMILIES: dict[str, tuple[str, bool]] = {
     "qwen3": ("qwen3", True),
     "llama": ("llama", False),
+    "qwen3_moe": ("qwen3_moe", True),  # Qwen3 attention + routed experts (moe.py)
 }
 
 
@@ -36,6 +37,13 @@ class ModelConfig:
     qk_norm: bool
     # Llama 3 style rope scaling ("llama3"), or None for plain rope.
     rope_scaling: tuple[tuple[str, float], ...] | None = None
+    # Mixture of experts (Qwen3-MoE); num_experts == 0 for dense models. `moe_layers` lists the decoder layers whose
+    # MLP is the routed-expert block (decoder_sparse_step / mlp_only_layers resolved at parse time).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -58,6 +66,9 @@ class ModelConfig:
             raise ValueError(f"{model_type} with attention_bias/mlp_bias is not supported")
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {hf.get('hidden_act')!r} is not supported (only silu)")
+        if hf.get("quantization_config"):  # e.g. Qwen3-30B-A3B-FP8: weights need their scales, which we do not apply
+            method = (hf["quantization_config"] or {}).get("quant_method", "?")
+            raise ValueError(f"quantized checkpoints ({method}) are not supported; use the bf16/fp32 release")
         if hf.get("use_sliding_window"):
             raise ValueError("sliding-window attention is not supported")
         # transformers 5 moved rope settings under rope_parameters; older files keep rope_theta/rope_scaling on top.
@@ -75,6 +86,7 @@ class ModelConfig:
             else:
                 raise ValueError(f"rope scaling type {kind!r} is not supported (only llama3)")
         num_heads = hf["num_attention_heads"]
+        moe = _moe_fields(hf) if arch == "qwen3_moe" else {}
         return cls(
             arch=arch,
             vocab_size=hf["vocab_size"],
@@ -90,7 +102,11 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qk_norm=qk_norm,
             rope_scaling=rope_scaling,
+            **moe,
         )
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index in self.moe_layers
 
     def inv_freq(self) -> np.ndarray:
         """Rope inverse frequencies [head_dim // 2], with llama3 scaling applied as transformers does."""
@@ -108,6 +124,27 @@ class ModelConfig:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _moe_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3MoeConfig's expert settings, with transformers' rule for which layers are sparse:
+    layer i is MoE iff i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0."""
+    # transformers 5 writes num_experts as num_local_experts (its attribute_map); published files say num_experts.
+    experts = int(hf.get("num_experts", hf.get("num_local_experts", 0)) or 0)
+    top_k = int(hf.get("num_experts_per_tok", 0) or 0)
+    step, dense_only = int(hf.get("decoder_sparse_step", 1) or 1), set(hf.get("mlp_only_layers") or [])
+    if experts > 0 and not 1 <= top_k <= experts:
+        raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={experts}]")
+    layers = tuple(
+        i for i in range(hf["num_hidden_layers"]) if i not in dense_only and experts > 0 and (i + 1) % step == 0
+    )
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=int(hf.get("moe_intermediate_size", 0) or 0),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        moe_layers=layers,
+    )
 
 
 def round_up_seq_len(n: int, minimum: int = 16) -> int:

@@ -194,7 +194,9 @@ class Engine:
         def init(path, leaf):
             # A random (PEFT's kaiming-uniform) in trained groups, B zero: the fresh adapter equals the base model.
             if is_a_leaf(path) and trained[module_kind(path)]:
-                _, in_features, max_rank = leaf.shape
+                *experts, in_features, max_rank = leaf.shape[1:]  # MoE expert A: [E, in, R], one draw per expert
+                if experts:
+                    return np.stack([init_a(rng, in_features, config.rank, max_rank) for _ in range(experts[0])])
                 return init_a(rng, in_features, config.rank, max_rank)
             return np.zeros(leaf.shape[1:], np.float32)
 
@@ -279,9 +281,9 @@ class Engine:
                 return current_full[_leaf_name(path)]
             full = np.zeros(leaf.shape[1:], np.float32)
             if is_a_leaf(path):
-                full[:, :rank] = value
+                full[..., :rank] = value
             else:
-                full[:rank] = value
+                full[..., :rank, :] = value
             return full
 
         self._lora = self._write_slot(self._lora, np.int32(slot), jax.tree_util.tree_map_with_path(put, self._lora))
@@ -334,7 +336,7 @@ class Engine:
             if named.get(name) is None:
                 return out
             value = np.asarray(named[name])
-            expected = (leaf.shape[1], rank) if is_a_leaf(path) else (rank, leaf.shape[2])
+            expected = (*leaf.shape[1:-1], rank) if is_a_leaf(path) else (*leaf.shape[1:-2], rank, leaf.shape[-1])
             if value.shape != expected:
                 raise InputError(f"{what} {name}: shape {value.shape} != {expected} for rank {rank}")
             if not np.all(np.isfinite(value)):
@@ -342,9 +344,9 @@ class Engine:
             if not trained[module_kind(path)] and np.any(value):
                 raise InputError(f"{what} {name}: non-zero, but its {module_kind(path)} group is not trained")
             if is_a_leaf(path):
-                out[:, :rank] = value
+                out[..., :rank] = value
             else:
-                out[:rank] = value
+                out[..., :rank, :] = value
             return out
 
         return jax.tree_util.tree_map_with_path(full, self._lora)
@@ -356,7 +358,7 @@ class Engine:
         host = self._placement.to_host(self._take_slot(tree, np.int32(slot)))  # one gather, also across hosts
         for path, leaf in jax.tree_util.tree_flatten_with_path(host)[0]:
             arr = np.asarray(leaf)
-            out[_leaf_name(path)] = arr[:, :rank] if is_a_leaf(path) else arr[:rank]
+            out[_leaf_name(path)] = arr[..., :rank] if is_a_leaf(path) else arr[..., :rank, :]
         return out
 
     # ------------------------------------------------------------------ training

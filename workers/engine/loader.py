@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Qwen3-MoE experts: one tensor per expert and projection as published (mlp.experts.7.up_proj.weight [out, in]), or
+# fused per layer as transformers 5 keeps them in memory (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj
+# [E, H, I]); both fill the stacked kernels [E, in, out] of moe.ExpertLinear.
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$|^model\.layers\.(\d+)\.(\w+layernorm)\.weight$")
 
 
@@ -123,6 +129,7 @@ def load_model(
     hf_config = json.loads((path / "config.json").read_text())
     config = ModelConfig.from_hf(hf_config)
     placement = Placement(mesh, config) if mesh is not None else None
+    experts = _ExpertStacks(config)
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(
         lambda: CausalLM(
@@ -144,8 +151,10 @@ def load_model(
     for f in files:
         with safe_open(f, framework="flax") as st:
             for name in st.keys():
-                target = _state_path(name, config)
                 bar.update(1)
+                if experts.take(name, st):
+                    continue
+                target = _state_path(name, config)
                 if target is None:
                     skipped.append(name)
                     continue
@@ -164,6 +173,13 @@ def load_model(
                 _set(pure, state_path, tensor)
                 missing.discard(state_path)
     bar.close()
+    for state_path, tensor in experts.finish():
+        expected = _get(pure, state_path)
+        tensor = jnp.asarray(tensor, expected.dtype)
+        if placement is not None:
+            tensor = jax.device_put(tensor, placement.sharding_of(state_path, tensor.shape))
+        _set(pure, state_path, tensor)
+        missing.discard(state_path)
     if skipped:
         log.info("ignored %d checkpoint tensors (e.g. %s)", len(skipped), skipped[0])
     if missing:
@@ -175,6 +191,67 @@ def load_model(
         shardings = placement.param_shardings(lora)
         lora = jax.tree.map(lambda s, sh: jnp.zeros(s.shape, s.dtype, device=sh), lora, shardings)
     return LoadedModel(config=config, hf_config=hf_config, graphdef=graphdef, lora=lora, base=base, placement=placement)
+
+
+class _ExpertStacks:
+    """Collects expert tensors (per-expert or fused) into stacked [E, in, out] host arrays, then hands them over."""
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        self.stacks: dict[tuple, np.ndarray] = {}
+        self.seen: dict[tuple, set[int]] = {}
+
+    def _stack(self, layer: int, proj: str) -> tuple[tuple, np.ndarray]:
+        c = self.config
+        if not c.is_moe_layer(layer):
+            raise ValueError(f"checkpoint has experts for layer {layer}, which the config makes a dense MLP layer")
+        path = ("layers", layer, "mlp", "experts", proj, "kernel")
+        if path not in self.stacks:
+            h, i = c.hidden_size, c.moe_intermediate_size
+            shape = (c.num_experts, i, h) if proj == "down_proj" else (c.num_experts, h, i)
+            self.stacks[path] = np.zeros(shape, np.float32)
+            self.seen[path] = set()
+        return path, self.stacks[path]
+
+    def _put(self, layer: int, proj: str, expert: int | None, value: np.ndarray, name: str) -> None:
+        path, stack = self._stack(layer, proj)
+        want = stack.shape if expert is None else stack.shape[1:]
+        if tuple(value.shape) != tuple(want):
+            raise ValueError(f"{name}: checkpoint shape {tuple(value.shape)} != model shape {tuple(want)}")
+        if expert is None:
+            stack[...] = value
+            self.seen[path].update(range(stack.shape[0]))
+        else:
+            if not 0 <= expert < stack.shape[0]:
+                raise ValueError(f"{name}: expert {expert} out of range (num_experts={stack.shape[0]})")
+            stack[expert] = value
+            self.seen[path].add(expert)
+
+    def take(self, name: str, st: Any) -> bool:
+        """Consume `name` if it is an expert tensor; False otherwise."""
+        m = _EXPERT.match(name)
+        if m is not None:
+            tensor = np.asarray(st.get_tensor(name), np.float32)  # [out, in]
+            self._put(int(m.group(1)), m.group(3), int(m.group(2)), tensor.T, name)
+            return True
+        m = _FUSED_EXPERTS.match(name)
+        if m is None:
+            return False
+        layer, tensor = int(m.group(1)), np.asarray(st.get_tensor(name), np.float32)
+        if m.group(2) == "down_proj":  # [E, H, I]
+            self._put(layer, "down_proj", None, tensor.transpose(0, 2, 1), name)
+        else:  # [E, 2I, H]: gate rows first, then up (transformers' chunk(2))
+            half = tensor.shape[1] // 2
+            self._put(layer, "gate_proj", None, tensor[:, :half].transpose(0, 2, 1), name)
+            self._put(layer, "up_proj", None, tensor[:, half:].transpose(0, 2, 1), name)
+        return True
+
+    def finish(self):
+        for path, stack in self.stacks.items():
+            absent = sorted(set(range(stack.shape[0])) - self.seen[path])
+            if absent:
+                raise ValueError(f"checkpoint lacks {'.'.join(map(str, path[:-1]))} for experts {absent[:5]}")
+            yield path, stack
 
 
 def _flat_paths(tree: dict, prefix: tuple = ()):

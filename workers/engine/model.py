@@ -1,4 +1,4 @@
-"""Dense decoder-only causal LM (Qwen3, Llama 3) in Flax NNX, with multi-LoRA on every linear and an optional KV cache.
+"""Decoder-only causal LM (Qwen3, Llama 3; Qwen3-MoE with the expert block of moe.py) in Flax NNX, with multi-LoRA on every linear and an optional KV cache.
 
 Attribute names mirror the Hugging Face module tree (`layers[i].self_attn.q_proj`, `mlp.gate_proj`, ...) so the
 loader maps safetensors names onto NNX state paths mechanically.
@@ -19,6 +19,7 @@ from flax import nnx
 
 from .config import ModelConfig
 from .lora import LoRALinear, LoraRouting, lora_delta
+from .moe import SparseMoeBlock
 
 
 class LayerCache(NamedTuple):
@@ -157,12 +158,16 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32,
+                 layer_idx: int = 0):  # fmt: skip
         kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, **kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, **kw)
+        if config.is_moe_layer(layer_idx):  # Qwen3-MoE: routed experts here (moe.py), a dense MLP elsewhere
+            self.mlp = SparseMoeBlock(config, max_adapters=max_adapters, max_rank=max_rank, param_dtype=param_dtype)
+        else:
+            self.mlp = MLP(config, **kw)
 
     def __call__(self, x, positions, rope, routing, cache):
         attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache)
@@ -231,7 +236,7 @@ class CausalLM(nnx.Module):
         self.act_sharding = act_sharding
         kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, param_dtype)
-        self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_layers)])
+        self.layers = nnx.List([DecoderLayer(config, **kw, layer_idx=i) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = LMHead(config, max_adapters=max_adapters, max_rank=max_rank, param_dtype=param_dtype)
 

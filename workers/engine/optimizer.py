@@ -71,10 +71,10 @@ def slot_masks(lora_slot: Any, shape: SlotShape) -> Any:
 
     def mask(path, x):
         flag = shape.trained[_KIND_INDEX[module_kind(path)]]
-        if is_a_leaf(path):  # [in, R]
+        if is_a_leaf(path):  # [in, R] (MoE experts: [E, in, R])
             live = (jnp.arange(x.shape[-1]) < shape.rank)[None, :]
-        else:  # [R, out]
-            live = (jnp.arange(x.shape[0]) < shape.rank)[:, None]
+        else:  # [R, out] (MoE experts: [E, R, out]): the rank axis is the second to last
+            live = (jnp.arange(x.shape[-2]) < shape.rank)[:, None]
         return jnp.broadcast_to(live.astype(x.dtype) * flag, x.shape)
 
     return jax.tree_util.tree_map_with_path(mask, lora_slot)

@@ -1,4 +1,4 @@
-"""The device mesh (`fsdp` x `tp`) and where every array of the engine lives on it.
+"""The device mesh (`fsdp` x `tp`, plus `ep` for mixture-of-experts models) and where every array lives on it.
 
 One `MeshConfig` says how many devices go on each axis. Parameters are placed by their role:
 
@@ -12,6 +12,12 @@ Batches (every array whose leading dimension is the batch) are sharded on `fsdp`
 multiple of the fsdp size, and padding rows carry no weight. A model whose shape does not divide the mesh (heads,
 kv heads or intermediate size by tp; hidden size by fsdp) is refused at load with a ValueError naming the value.
 On one device every sharding is trivial and nothing changes.
+
+Expert parallelism (MoE models, `MeshConfig(ep=N)`, N > 1): a third axis `ep` (mesh (fsdp, ep, tp)). Stacked expert
+kernels [E, in, out] put the expert axis on `ep` (in/out as the dense column/row rule), per-expert LoRA A [S, E, in, R]
+/ B [S, E, R, out] likewise; everything else is replicated over `ep`, and batches are split over fsdp and ep together
+(the ep devices are data-parallel outside the expert block). num_experts must divide by ep. With ep == 1 the mesh
+keeps its two axes, so dense models see no change.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from .config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-FSDP, TP = "fsdp", "tp"
+FSDP, TP, EP = "fsdp", "tp", "ep"
 _COLUMN = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
 _ROW = {"o_proj", "down_proj"}
 
@@ -39,14 +45,20 @@ class MeshConfig:
 
     fsdp: int | None = None
     tp: int = 1
+    ep: int = 1  # expert-parallel devices (MoE models); the axis exists only when > 1
 
     def build(self, devices: list | None = None) -> Mesh:
         devices = list(jax.devices() if devices is None else devices)
-        if self.tp < 1 or (self.fsdp is not None and self.fsdp < 1):
-            raise ValueError(f"mesh axes must be >= 1, got fsdp={self.fsdp} tp={self.tp}")
-        fsdp = self.fsdp if self.fsdp is not None else len(devices) // self.tp
-        if fsdp < 1 or fsdp * self.tp > len(devices):
-            raise ValueError(f"mesh fsdp={fsdp} x tp={self.tp} needs {max(fsdp, 1) * self.tp} devices, have {len(devices)}")
+        if self.tp < 1 or self.ep < 1 or (self.fsdp is not None and self.fsdp < 1):
+            raise ValueError(f"mesh axes must be >= 1, got fsdp={self.fsdp} tp={self.tp} ep={self.ep}")
+        other = self.tp * self.ep
+        fsdp = self.fsdp if self.fsdp is not None else len(devices) // other
+        if fsdp < 1 or fsdp * other > len(devices):
+            ep = f" x ep={self.ep}" if self.ep > 1 else ""
+            raise ValueError(f"mesh fsdp={fsdp} x tp={self.tp}{ep} needs {max(fsdp, 1) * other} devices, have {len(devices)}")
+        if self.ep > 1:
+            return jax.make_mesh((fsdp, self.ep, self.tp), (FSDP, EP, TP), axis_types=(AxisType.Auto,) * 3,
+                                 devices=devices[: fsdp * other])  # fmt: skip
         return jax.make_mesh(
             (fsdp, self.tp), (FSDP, TP), axis_types=(AxisType.Auto, AxisType.Auto), devices=devices[: fsdp * self.tp]
         )
@@ -55,16 +67,20 @@ class MeshConfig:
 def as_mesh(mesh: Mesh | MeshConfig | None) -> Mesh:
     """A Mesh from a Mesh, a MeshConfig, or None (all local devices on fsdp, tp=1)."""
     if isinstance(mesh, Mesh):
-        if set(mesh.axis_names) != {FSDP, TP}:
-            raise ValueError(f"mesh axes must be ({FSDP!r}, {TP!r}), got {mesh.axis_names}")
+        if set(mesh.axis_names) not in ({FSDP, TP}, {FSDP, EP, TP}):
+            raise ValueError(f"mesh axes must be ({FSDP!r}, {TP!r}) or ({FSDP!r}, {EP!r}, {TP!r}), got {mesh.axis_names}")
         return mesh
     return (mesh or MeshConfig()).build()
 
 
 def check_divisible(config: ModelConfig, mesh: Mesh) -> None:
     """Refuse shapes the mesh cannot split evenly, naming the offending value."""
-    fsdp, tp = mesh.shape[FSDP], mesh.shape[TP]
+    fsdp, tp, ep = mesh.shape[FSDP], mesh.shape[TP], mesh.shape.get(EP, 1)
+    if ep > 1 and not config.num_experts:
+        raise ValueError(f"the mesh's ep={ep} needs a mixture-of-experts model; {config.arch} has no experts")
     checks = [
+        ("num_experts", config.num_experts, "ep", ep),
+        ("moe_intermediate_size", config.moe_intermediate_size, "tp", tp),
         ("num_attention_heads", config.num_heads, "tp", tp),
         ("num_key_value_heads", config.num_kv_heads, "tp", tp),
         ("intermediate_size", config.intermediate_size, "tp", tp),
@@ -84,6 +100,11 @@ def param_spec(path: tuple, shape: tuple[int, ...], config: ModelConfig, mesh: M
     names = [_name(k) for k in path if _name(k) != "value"]
     leaf, owner = names[-1], names[-2] if len(names) > 1 else None
     tp = mesh.shape[TP]
+    if "experts" in names:  # stacked expert kernels / per-expert LoRA: the expert axis on ep
+        expert_axis = EP if mesh.shape.get(EP, 1) > 1 else None
+        in_axis, out_axis = (FSDP, TP) if owner in _COLUMN else (TP, FSDP)
+        return {"kernel": P(expert_axis, in_axis, out_axis), "lora_a": P(None, expert_axis, in_axis, None),
+                "lora_b": P(None, expert_axis, None, out_axis)}[leaf]  # fmt: skip
     vocab_axis = TP if config.vocab_size % tp == 0 else None
     if owner in _COLUMN or owner in _ROW:
         in_axis, out_axis = (FSDP, TP) if owner in _COLUMN else (TP, FSDP)
@@ -111,6 +132,9 @@ class Placement:
         self.config = config
         self.fsdp = mesh.shape[FSDP]
         self.tp = mesh.shape[TP]
+        self.ep = mesh.shape.get(EP, 1)
+        # Batch rows are split over fsdp (and ep, which is data-parallel outside the experts).
+        self._batch_axis = (FSDP, EP) if self.ep > 1 else FSDP
         self.replicated = NamedSharding(mesh, P())
         self._gather = None  # to_host's jitted gather, made on first multi-host use
         if config.vocab_size % self.tp:
@@ -129,7 +153,7 @@ class Placement:
         return jax.device_put(tree, self.param_shardings(tree))
 
     def batch_sharding(self, ndim: int) -> NamedSharding:
-        return NamedSharding(self.mesh, P(FSDP, *([None] * (ndim - 1))))
+        return NamedSharding(self.mesh, P(self._batch_axis, *([None] * (ndim - 1))))
 
     def put_batch(self, tree: Any) -> Any:
         """Every leaf's leading dimension is the batch: shard it on fsdp."""
@@ -141,7 +165,7 @@ class Placement:
 
     def cache_sharding(self) -> NamedSharding:
         """KV cache [B, S, kv_heads, head_dim]: rows on fsdp, heads on tp."""
-        return NamedSharding(self.mesh, P(FSDP, None, TP, None))
+        return NamedSharding(self.mesh, P(self._batch_axis, None, TP, None))
 
     def constrain_params(self, tree: Any) -> Any:
         return jax.tree.map(jax.lax.with_sharding_constraint, tree, self.param_shardings(tree))
@@ -151,7 +175,8 @@ class Placement:
 
     def round_rows(self, n: int) -> int:
         """A row count rounded up to a multiple of the fsdp size (so the batch splits evenly)."""
-        return -(-n // self.fsdp) * self.fsdp
+        data = self.fsdp * self.ep
+        return -(-n // data) * data
 
     def to_host(self, tree: Any) -> Any:
         """`jax.device_get`, also for arrays split across processes (multi-host mesh): those are first gathered by

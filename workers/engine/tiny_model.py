@@ -89,8 +89,8 @@ def _data_sha256() -> str:
     return hashlib.sha256(DATA_FILE.read_bytes()).hexdigest()
 
 
-def _marker_params(seed: int, init_std: float) -> dict[str, Any]:
-    return {
+def _marker_params(seed: int, init_std: float, moe: bool = False) -> dict[str, Any]:
+    params = {
         "format_version": FORMAT_VERSION,
         "seed": int(seed),
         "init_std": float(init_std),
@@ -98,6 +98,11 @@ def _marker_params(seed: int, init_std: float) -> dict[str, Any]:
         "special_tokens": list(SPECIAL_TOKENS),
         "english_txt_sha256": _data_sha256(),
     }
+    if moe:  # only then, so dense directories written before MoE existed stay valid
+        from .tiny_moe import MOE_SHAPE
+
+        params["moe"] = dict(MOE_SHAPE)
+    return params
 
 
 def _is_complete(path: pathlib.Path, params: dict[str, Any]) -> bool:
@@ -224,11 +229,13 @@ def parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
     return shapes
 
 
-def make_weights(seed: int = 0, init_std: float = 0.25, progress: bool = False) -> dict[str, np.ndarray]:
-    """float32 weights: matrices ~ N(0, init_std) from `np.random.default_rng(seed)` in `parameter_shapes()` order,
-    norm weights 1.0."""
+def make_weights(
+    seed: int = 0, init_std: float = 0.25, progress: bool = False, shapes: list | None = None
+) -> dict[str, np.ndarray]:
+    """float32 weights: matrices ~ N(0, init_std) from `np.random.default_rng(seed)` in `parameter_shapes()` order
+    (or the given `shapes`), norm weights 1.0."""
     rng = np.random.default_rng(seed)
-    shapes = parameter_shapes()
+    shapes = parameter_shapes() if shapes is None else shapes
     weights: dict[str, np.ndarray] = {}
     for name, shape in _progress(shapes, progress, "tiny model weights"):
         if name.endswith("norm.weight"):
@@ -270,7 +277,9 @@ def _finish_tree(path: pathlib.Path) -> None:
             os.close(fd)
 
 
-def _write_model(tmp: pathlib.Path, seed: int, init_std: float, params: dict[str, Any], progress: bool) -> None:
+def _write_model(
+    tmp: pathlib.Path, seed: int, init_std: float, params: dict[str, Any], progress: bool, moe: bool = False
+) -> None:
     from safetensors.numpy import save_file
     from transformers import PreTrainedTokenizerFast
 
@@ -286,9 +295,16 @@ def _write_model(tmp: pathlib.Path, seed: int, init_std: float, params: dict[str
     )
     hf_tok.save_pretrained(str(tmp))
 
-    _write_json(tmp / "config.json", config_dict(eos_id))
+    if moe:
+        from .tiny_moe import moe_config_dict, moe_parameter_shapes
+
+        config, shapes = moe_config_dict(config_dict(eos_id)), moe_parameter_shapes()
+    else:
+        config, shapes = config_dict(eos_id), None
+    _write_json(tmp / "config.json", config)
     _write_json(tmp / "generation_config.json", generation_config_dict(eos_id))
-    save_file(make_weights(seed, init_std, progress), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    weights = make_weights(seed, init_std, progress, shapes)
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     _write_json(tmp / MARKER, params)  # last: its presence means the rest is there
     _finish_tree(tmp)
 
@@ -309,26 +325,27 @@ def _atomic_install(tmp: pathlib.Path, out: pathlib.Path) -> None:
 
 
 def make_tiny_model(
-    out_dir: str | os.PathLike, *, seed: int = 0, init_std: float = 0.25, progress: bool = False
+    out_dir: str | os.PathLike, *, seed: int = 0, init_std: float = 0.25, progress: bool = False, moe: bool = False
 ) -> pathlib.Path:
-    """Write (or find) the tiny Qwen3 checkpoint in `out_dir` and return its path.
+    """Write (or find) the tiny Qwen3 checkpoint in `out_dir` and return its path (the tiny Qwen3-MoE of
+    tiny_moe.py with `moe`).
 
     Deterministic: the same `seed` and `init_std` give byte-identical files. If `out_dir` already holds a complete
     tiny model made with the same parameters it is returned untouched; one made with other parameters is replaced;
     any other non-empty directory raises `FileExistsError`.
     """
     out = pathlib.Path(out_dir).expanduser().absolute()
-    params = _marker_params(seed, init_std)
+    params = _marker_params(seed, init_std, moe)
     if _is_complete(out, params):
         logger.debug("tiny model already present at %s", out)
         return out
 
     t0 = time.perf_counter()
-    logger.info("building tiny Qwen3 model (seed=%d, init_std=%g) at %s", seed, init_std, out)
+    logger.info("building tiny %s model (seed=%d, init_std=%g) at %s", "Qwen3-MoE" if moe else "Qwen3", seed, init_std, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _write_model(tmp, seed, init_std, params, progress)
+        _write_model(tmp, seed, init_std, params, progress, moe)
         try:
             _atomic_install(tmp, out)
         except OSError:
@@ -348,9 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-std", type=float, default=0.25)
+    parser.add_argument("--moe", action="store_true", help="the tiny Qwen3-MoE (routed experts) instead")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    print(make_tiny_model(args.out_dir, seed=args.seed, init_std=args.init_std, progress=sys.stderr.isatty()))
+    print(make_tiny_model(args.out_dir, seed=args.seed, init_std=args.init_std, progress=sys.stderr.isatty(),
+                          moe=args.moe))  # fmt: skip
     return 0
 
 
