@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
-from tinkerflow.common.models import resolve_base_model
+from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -115,7 +116,7 @@ async def asample(request: Request, svc: Services = Depends(services),
     prompt_tokens = sum(len(getattr(c, "tokens", ()) or ()) for c in req.prompt.chunks)
     work = req.num_samples * (prompt_tokens + (max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS))
     body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
-    ref = svc.store.put(body, "requests")
+    ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
     try:
         wf_id, index = await svc.sample_batcher.submit(info, ref, samples=req.num_samples, work=work)
     except Exception as e:

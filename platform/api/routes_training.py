@@ -18,18 +18,18 @@ from fastapi import APIRouter, Depends, Request
 from google.protobuf.message import DecodeError
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
 from temporalio.common import WorkflowIDConflictPolicy
+from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import (
     AdamParams, CreateModelRequest, LoadWeightsRequest, OptimStepRequest, SaveWeightsExternalRequest,
     SaveWeightsForSamplerRequest, SaveWeightsRequest,
 )
 
-from tinkerflow.activities.wire import parse_forward_backward
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
-from tinkerflow.api.op_checks import MAX_ID_CHARS, adam_problem, check_metadata, metadata_problem, parse, sequence_key
+from tinkerflow.api.op_checks import adam_problem, check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.services import Services
 from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
@@ -124,7 +124,8 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         except zstandard.ZstdError as e:
             raise http_error(400, f"body is not valid zstd (or decompresses past --max-request-bytes): {e}") from None
     try:
-        msg = parse_forward_backward(body)
+        # The SDK's own protobuf module: the API needs model_id, seq_id and the datum count, not the engine's types.
+        msg = pb.ForwardBackwardRequest.FromString(body)
     except DecodeError as e:
         raise http_error(400, f"body is not a valid tinker_public.ForwardBackwardRequest protobuf: {e}") from None
     check_model_id(msg.model_id)
@@ -136,7 +137,7 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
             "error": f"forward_backward: data has {len(msg.data)} datums, more than this server's limit of {cap} "
                      "per request (--max-datums-per-request); send them in several calls"})
         return await _submit(svc, msg.model_id, op, who)
-    ref = svc.store.put(body, "requests")
+    ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
     op = TrainingOp(seq_id=msg.seq_id, kind="forward_backward", body_hash=_hash(body), payload=ref)
     return await _submit(svc, msg.model_id, op, who)
 
