@@ -15,6 +15,22 @@ REPO = Path(__file__).resolve().parents[1]
 ACCEPTANCE = REPO.parent / "shared" / "acceptance"
 
 
+def slow_selected(config) -> bool:
+    """Slow tests (long matrices, recompiling fault cases) run only when asked for: TINKERFLOW_SLOW_TESTS=1, or a
+    marker expression naming `slow` (`bash scripts/test.sh -m slow` runs just them). CI runs the default set."""
+    return os.environ.get("TINKERFLOW_SLOW_TESTS") == "1" or "slow" in (config.getoption("markexpr") or "")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if slow_selected(config):
+        return
+    fuzz = REPO / "tests" / "fuzz"  # the fuzz suite has its own switch (TINKERFLOW_FUZZ=long), see its conftest
+    skip = pytest.mark.skip(reason="slow test: set TINKERFLOW_SLOW_TESTS=1 or select -m slow to run it")
+    for item in items:
+        if "slow" in item.keywords and not Path(str(item.fspath)).is_relative_to(fuzz):
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config) -> None:
     # SDK clients made by tests keep heartbeating from background threads until the interpreter exits; once their
     # stacks are stopped that only produces connection warnings after pytest's summary. Silence them then.

@@ -7,7 +7,6 @@ parity, sampling and training tests could not fail.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -124,14 +123,3 @@ def engine(qwen3_dir):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
-
-
-def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.slow` engine tests run only with TINKERFLOW_SLOW_TESTS=1 (or when selected with -m slow)."""
-    if os.environ.get("TINKERFLOW_SLOW_TESTS") == "1" or "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow engine test: set TINKERFLOW_SLOW_TESTS=1 to run")
-    here = Path(__file__).parent
-    for item in items:
-        if "slow" in item.keywords and Path(str(item.fspath)).is_relative_to(here):
-            item.add_marker(skip)
