@@ -64,6 +64,7 @@ def test_ep_axis_needs_experts():
         check_divisible(dense, _mesh(1, 1, 2))
 
 
+@pytest.mark.slow  # a 2-device subprocess that compiles train and sample programs twice: minutes on 2 CPU cores
 def test_expert_parallel_mesh_matches_one_device(tmp_path):
     """Two adapters in one batch, a step, and sampling a snapshot on the tiny Qwen3-MoE: the experts split over ep=2
     against one device, in one 2-device subprocess (fsdp and tp are the dense rules, tested in test_sharding.py)."""
