@@ -287,10 +287,12 @@ def run_ray(settings: Settings, args: argparse.Namespace) -> int:
         while not stop.is_set():
             failures = group.poll()
             if failures:
-                took = group.reform(failures)
+                t_fault = time.monotonic()
+                restarted = group.reform(failures)
                 group.wait_ready()
-                log.info("the group is back (generation %d) %.1f s after the fault", group.generation,
-                         took + 0.0)  # fmt: skip
+                log.info("the group is back (generation %d) %.1f s after the fault (actors restarted in %.1f s, the "
+                         "rest loading the model and registering)", group.generation, time.monotonic() - t_fault,
+                         restarted)  # fmt: skip
             if stack is not None:
                 dead = [p for p in stack.parts if p.proc.poll() is not None]
                 if dead:

@@ -50,17 +50,20 @@ class LocalRayCluster:
         self.ray("job", "submit", "--address", self.dashboard_url, "--submission-id", submission_id, "--no-wait",
                  "--", *entrypoint)  # fmt: skip
 
+    def jobs(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.dashboard_url)
+
     def job_status(self, submission_id: str) -> str:
-        out = self.ray("job", "status", "--address", self.dashboard_url, submission_id, check=False)
-        for status in ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"):
-            if status in out.stdout:
-                return status
-        return "UNKNOWN"
+        """PENDING, RUNNING, STOPPED, SUCCEEDED or FAILED."""
+        return str(self.jobs().get_job_status(submission_id).value)
 
     def job_logs(self, submission_id: str) -> str:
-        return self.ray("job", "logs", "--address", self.dashboard_url, submission_id, check=False).stdout
+        return self.jobs().get_job_logs(submission_id)
 
     def stop_job(self, submission_id: str, timeout_s: float = 120) -> str:
+        """`ray job stop` (SIGTERM to the driver), then wait until the job has ended; its final status."""
         self.ray("job", "stop", "--address", self.dashboard_url, submission_id, check=False, timeout_s=timeout_s)
         deadline = time.monotonic() + timeout_s
         while (status := self.job_status(submission_id)) in ("PENDING", "RUNNING") and time.monotonic() < deadline:
@@ -73,16 +76,23 @@ class LocalRayCluster:
         return json.loads(out.stdout)
 
     def stop(self) -> None:
-        """End this cluster's processes (those whose command line names its temp dir), and only those."""
-        mine = []
+        """End this cluster's processes: those whose command line names its temp dir (GCS, raylets, dashboard) and
+        every process they started (agents, workers, job drivers and what those started), and only those."""
+        parent, mine = {}, set()
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
                 continue
             try:
+                parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
                 if str(self.temp_dir).encode() in (proc / "cmdline").read_bytes():
-                    mine.append(int(proc.name))
-            except OSError:
+                    mine.add(int(proc.name))
+            except (OSError, IndexError, ValueError):
                 continue
+        grew = True
+        while grew:
+            more = {pid for pid, ppid in parent.items() if ppid in mine} - mine
+            mine |= more
+            grew = bool(more)
         for pid in mine:
             try:
                 os.kill(pid, signal.SIGKILL)
