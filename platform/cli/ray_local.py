@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,6 +99,7 @@ class LocalRayCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout_s: float = 180) -> LocalRayCluster:

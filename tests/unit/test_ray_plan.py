@@ -71,3 +71,30 @@ def test_ray_command_needs_no_ray_to_parse_and_refuses_bad_flags_before_joining(
     from tinkerflow.cli.main import main
 
     assert main(["ray", "--hosts", "0"]) == 2  # refused before `import ray`
+
+
+def test_a_lost_node_is_reported_as_such_and_the_restart_budget_is_kept(tmp_path):
+    """RayGroup's fault reports without a cluster: a dead actor on a dead node names the host and what happens next;
+    one on a live node names its pid; past --max-restarts re-forms the driver gives up with a clear message."""
+    import threading
+    from types import SimpleNamespace
+
+    pytest.importorskip("ray")
+    from tinkerflow.cli.ray_actor import Whereabouts
+    from tinkerflow.cli.ray_launch import RayGroup
+
+    group = RayGroup.__new__(RayGroup)
+    nodes = [{"NodeID": "a" * 56, "Alive": True}, {"NodeID": "b" * 56, "Alive": False}]
+    group.ray = SimpleNamespace(nodes=lambda: nodes)
+    group.group = ray_plan.plan(_settings(["--hosts", "2", "--max-restarts", "1", "--state-dir", str(tmp_path)]))
+    group.where = [Whereabouts(0, 100, "10.0.0.1", "a" * 56), Whereabouts(1, 200, "10.0.0.2", "b" * 56)]
+    group.stop, group.serving = threading.Event(), {}
+
+    lost = group._death(1, RuntimeError("ActorDiedError: the actor died unexpectedly"))
+    assert "host 10.0.0.2" in lost and "is lost" in lost and "re-places its bundle {'CPU': 1.0}" in lost
+    died = group._death(0, RuntimeError("ActorDiedError: the actor died unexpectedly\nmore"))
+    assert "pid 100 on 10.0.0.1" in died and "more" not in died
+
+    group.generation = 2  # formed, then re-formed once: the one restart --max-restarts 1 allows is spent
+    with pytest.raises(RuntimeError, match="--max-restarts"):
+        group.reform({1: lost})
