@@ -56,6 +56,7 @@ class RayGroup:
         self.actors: list = []
         self.where: list[Whereabouts] = []
         self.serving: dict = {}  # ObjectRef of each actor's `serve` call -> its index
+        self.dead: set[int] = set()  # actors whose process died since the group was formed (Ray restarts them)
         self.generation = 0
 
     # --- placing ----------------------------------------------------------------------------------------------
@@ -104,14 +105,19 @@ class RayGroup:
                  coordinator or "(one process)")  # fmt: skip
         self._write_group_file()
 
-    def wait_ready(self, timeout_s: float = LOAD_TIMEOUT_S) -> None:
-        """Until process 0 serves (loaded and registered); raises if a worker fails first."""
+    def wait_ready(self, timeout_s: float = LOAD_TIMEOUT_S) -> dict[int, str]:
+        """Until process 0 serves (loaded and registered): {} then; or the failures that came first."""
         deadline = time.monotonic() + timeout_s
-        while not self._get(self.actors[0].wait_ready.remote(1.0)):
+        while True:
             self._check_stop()
             failures = self.poll()
             if failures:
-                raise RuntimeError("the JAX worker group failed while starting: " + "; ".join(failures.values()))
+                return failures
+            try:
+                if self._get(self.actors[0].wait_ready.remote(1.0)):
+                    return {}
+            except self.ray.exceptions.RayActorError:
+                time.sleep(0.5)  # process 0 died while loading: its `serve` call says so at the next poll
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the JAX worker group was not ready after {timeout_s:.0f} s")
 
@@ -127,6 +133,7 @@ class RayGroup:
                 outcome = self.ray.get(ref)
                 failures[index] = f"process {index}'s worker returned ({outcome}) without being asked to stop"
             except self.ray.exceptions.RayActorError as e:
+                self.dead.add(index)
                 failures[index] = self._death(index, e)
             except self.ray.exceptions.RayTaskError as e:
                 failures[index] = f"process {index}'s worker failed: {str(e.cause)[:500]}"
@@ -145,7 +152,8 @@ class RayGroup:
 
     def reform(self, failures: dict[int, str]) -> float:
         """Restart every actor of the group (Ray restarts the dead; the driver kills the survivors so Ray restarts
-        them too), wait until each is back in a new process, and form the group again. Returns how long it took."""
+        them too, each restart counting once against max_restarts), wait until each is back in a new process, and
+        form the group again. Returns how long it took."""
         t0 = time.monotonic()
         for reason in failures.values():
             log.error("%s; re-forming the group (generation %d -> %d)", reason, self.generation, self.generation + 1)
@@ -155,7 +163,9 @@ class RayGroup:
         old = {w.index: w.pid for w in self.where}
         self.serving = {}  # the kills below end every `serve` call still running
         for i, actor in enumerate(self.actors):
-            self.ray.kill(actor, no_restart=False)  # also the dead one: a no-op if Ray is restarting it already
+            if i not in self.dead:
+                self.ray.kill(actor, no_restart=False)
+        self.dead = set()
         waiting_since = time.monotonic()
         for i, actor in enumerate(self.actors):
             refused = 0  # calls to a restarting actor wait for it; one that fails at once again and again is gone
@@ -277,7 +287,9 @@ def run_ray(settings: Settings, args: argparse.Namespace) -> int:
         group = RayGroup(settings, group_plan, stop)
         group.place()
         group.form()
-        group.wait_ready()
+        failures = group.wait_ready()
+        if failures:
+            raise RuntimeError("the JAX worker group failed while starting: " + "; ".join(failures.values()))
         if stack is not None:
             part = stack.start_tinkerflow("api")
             stack.wait_ready(part, lambda: _api_ready(stack.base_url, stack.api_key) or stop.is_set())
@@ -288,8 +300,9 @@ def run_ray(settings: Settings, args: argparse.Namespace) -> int:
             failures = group.poll()
             if failures:
                 t_fault = time.monotonic()
-                restarted = group.reform(failures)
-                group.wait_ready()
+                while failures:  # a fault while the group re-forms (a second host lost) re-forms it again
+                    restarted = group.reform(failures)
+                    failures = group.wait_ready()
                 log.info("the group is back (generation %d) %.1f s after the fault (actors restarted in %.1f s, the "
                          "rest loading the model and registering)", group.generation, time.monotonic() - t_fault,
                          restarted)  # fmt: skip
