@@ -256,6 +256,10 @@ def _connect(settings: Settings):
     import ray
 
     address = settings.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+    if ":" in address and "://" not in address and not _port_open(address):
+        # ray.init would retry a GCS that is not there for minutes; say so at once
+        raise RuntimeError(f"no Ray cluster answers at {address}: check --ray-address (the head's GCS host:port, "
+                           "6379 by default, or ray://head:10001), or run this as a Ray job (`ray job submit`)")
     try:
         ray.init(address=address, log_to_driver=True, configure_logging=False)
     except ConnectionError as e:

@@ -98,3 +98,12 @@ def test_a_lost_node_is_reported_as_such_and_the_restart_budget_is_kept(tmp_path
     group.generation = 2  # formed, then re-formed once: the one restart --max-restarts 1 allows is spent
     with pytest.raises(RuntimeError, match="--max-restarts"):
         group.reform({1: lost})
+
+
+def test_an_address_where_no_ray_answers_fails_at_once_with_the_flag(tmp_path, capfd):
+    pytest.importorskip("ray")
+    from tinkerflow.cli.launch import free_port
+    from tinkerflow.cli.main import main
+
+    assert main(["ray", "--ray-address", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path)]) == 1
+    assert "--ray-address" in capfd.readouterr().err
