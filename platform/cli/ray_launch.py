@@ -275,14 +275,15 @@ def run_ray(settings: Settings, args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 2
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: stop.set())
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     t_submit = time.monotonic()
     stack: DriverStack | None = None
     group: RayGroup | None = None
     try:
         ray = _connect(settings)
+        # after ray.init, which installs a SIGTERM handler of its own (SystemExit) in a driver
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: stop.set())
         node_ip = node_address(ray)
         log.info("joined the Ray cluster (%s) from %s: %s", ray.get_runtime_context().get_job_id(), node_ip,
                  ray.cluster_resources())  # fmt: skip

@@ -101,11 +101,15 @@ def test_two_actors_on_two_nodes_train_like_one_process(ray_stack, reference_los
 
 
 @pytest.mark.slow
+def _only_when_slow_runs(request, why: str) -> None:
+    if os.environ.get("TINKERFLOW_SLOW_TESTS") != "1" and "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip(f"slow ({why}): set TINKERFLOW_SLOW_TESTS=1 or select -m slow")
+
+
 def test_kill_9_of_one_actor_mid_loop_changes_no_loss(request, ray_stack, reference_losses):
     """The follower (process 1) is killed with a forward_backward in flight: Ray restarts it, process 0 leaves the
     broken group without answering, the driver re-forms the group, and the run is restored from its snapshot."""
-    if os.environ.get("TINKERFLOW_SLOW_TESTS") != "1" and "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("slow (recompiles on a restarted group): set TINKERFLOW_SLOW_TESTS=1 or select -m slow")
+    _only_when_slow_runs(request, "recompiles on a restarted group")
     before = _group(ray_stack["state"])
     killed = {}
 
@@ -140,3 +144,32 @@ def test_stopping_the_job_leaves_no_actor_and_no_placement_group(ray_stack, clus
         time.sleep(1)
     assert not groups and not actors, (groups, actors)
     assert not served_models(ray_stack["base_url"], API_KEY), "the API stopped with the job"
+
+
+@pytest.mark.slow
+def test_a_driver_started_with_ray_address_stops_clean_on_sigterm(request, cluster, tmp_path):
+    """`tinkerflow ray --ray-address` (no Ray job): up, then SIGTERM (Ctrl-C) stops it with status 0, every actor
+    dead and its placement group removed."""
+    import subprocess
+
+    from tinkerflow.cli.ray_local import ray_env
+
+    _only_when_slow_runs(request, "a second group loads the model")
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "tinkerflow"), "ray", "--ray-address", cluster.gcs_address,
+           "--with-stack", "--hosts", "2", "--mesh-fsdp", "2", "--state-dir", str(tmp_path / "state"), "--port",
+           str(port), "--temporal-port", str(free_port()), "--headless", "--api-key", API_KEY]  # fmt: skip
+    with open(tmp_path / "driver.log", "w") as log:
+        driver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env())
+    try:
+        deadline = time.monotonic() + 900
+        while not served_models(f"http://127.0.0.1:{port}", API_KEY):
+            assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.log").read_text()[-4000:]
+            time.sleep(1)
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=120) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert all(g["state"] == "REMOVED" for g in cluster.list_state("placement-groups"))
+    assert all(a["state"] == "DEAD" for a in cluster.list_state("actors") if a["class_name"] == "JaxWorkerActor")
