@@ -111,16 +111,24 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout_s: float
               "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]  # fmt: skip
     try:
         for n in range(nodes):
-            # every node on this machine needs its own agent ports (a real host would have them to itself)
-            ports = ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-                     "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port())]
-            if n == 0:
-                cmd = ["start", "--head", "--port", str(gcs_port), "--dashboard-host", "127.0.0.1",
-                       "--dashboard-port", str(dashboard_port), "--include-dashboard", "true",
-                       "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)]
-            else:
-                cmd = ["start", "--address", cluster.gcs_address]
-            cluster.ray(*cmd, *common, *ports, timeout_s=timeout_s)
+            for attempt in range(3):  # a free port picked here may be taken before Ray binds it: pick again
+                # every node on this machine needs its own agent ports (a real host would have them to itself)
+                ports = ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port",
+                         str(free_port()), "--runtime-env-agent-port", str(free_port()), "--metrics-export-port",
+                         str(free_port())]  # fmt: skip
+                if n == 0:
+                    cmd = ["start", "--head", "--port", str(gcs_port), "--dashboard-host", "127.0.0.1",
+                           "--dashboard-port", str(dashboard_port), "--include-dashboard", "true",
+                           "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)]
+                else:
+                    cmd = ["start", "--address", cluster.gcs_address]
+                run = cluster.ray(*cmd, *common, *ports, timeout_s=timeout_s, check=False)
+                if run.returncode == 0:
+                    break
+                if n == 0 or attempt == 2:
+                    raise RuntimeError(f"`ray {' '.join(cmd[:2])}` failed for node {n}:\n{run.stdout[-2000:]}\n"
+                                       f"{run.stderr[-3000:]}")
+                time.sleep(2)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = cluster.ray("status", "--address", cluster.gcs_address, check=False)
