@@ -29,7 +29,9 @@ def _bin(name: str) -> str:
 
 def ray_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TINKERFLOW_", "RAY_")) and k != "XLA_FLAGS"}
-    env.update(RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1", TINKER_TELEMETRY="0", PYTHONUNBUFFERED="1",
+    # RAY_memory_monitor_refresh_ms=0: Ray's own OOM killer judges the whole machine's memory, so on a machine shared
+    # with other work it killed this cluster's job driver and actors for memory they did not use.
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0", HF_HUB_OFFLINE="1", TINKER_TELEMETRY="0", PYTHONUNBUFFERED="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # fmt: skip
     return env
 
