@@ -2,7 +2,7 @@
 # Set up (with the test and reference-numerics extras) and run every test: unit, workflow, engine parity, end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh test,parity,cookbook
+scripts/setup.sh test,parity,cookbook,ray
 # checkov checks infra/ offline; it gets its own venv because its pins would downgrade packages of ours.
 if [ ! -x .venv-checkov/bin/checkov ]; then
   "${PYTHON:-python3}" -m venv .venv-checkov

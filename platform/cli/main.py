@@ -6,6 +6,7 @@
     tinkerflow workflow-worker    only the workflow worker
     tinkerflow jax-worker         only a JAX worker for one base model
     tinkerflow api                only the HTTP API (the Tinker REST contract)
+    tinkerflow ray                the JAX worker as Ray actors on a Ray cluster, one per host (--with-stack: all of it)
     tinkerflow make-tiny-model D  write the embedded default model (tiny Qwen3) to directory D
 
 Every flag can also come from the environment as TINKERFLOW_<FLAG_NAME> (for example TINKERFLOW_API_KEYS).
@@ -87,6 +88,37 @@ def _temporal_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--headless", action="store_true", help="do not serve the Temporal Web UI")
 
 
+def _mesh_flags(g) -> None:
+    g.add_argument("--mesh-fsdp", type=int, metavar="N", help="devices on the mesh's fsdp axis, over all processes "
+                   "(default 0: every device not on tp)")
+    g.add_argument("--mesh-tp", type=int, metavar="N", help="devices on the mesh's tp (tensor-parallel) axis "
+                   "(default 1)")
+    g.add_argument("--mesh-ep", type=int, metavar="N", help="devices on the mesh's ep (expert-parallel) axis, for "
+                   "mixture-of-experts models; num_experts must divide by it (default 1: no ep axis)")
+
+
+def _ray_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Ray placement (each also read from TINKERFLOW_RAY_<NAME>)")
+    g.add_argument("--ray-address", help="Ray cluster to join, e.g. ray://head:10001 or head:6379 (default: the "
+                   "cluster of the Ray job this runs in, or $RAY_ADDRESS, or a local `ray start`)")
+    g.add_argument("--hosts", dest="ray_hosts", type=int, metavar="N", help="hosts, one JAX process and one "
+                   "placement-group bundle each; above 1 they form one jax.distributed group (default 1)")
+    g.add_argument("--cpus-per-host", dest="ray_cpus_per_host", type=float, metavar="N",
+                   help="CPUs in each host's bundle (default 1)")
+    g.add_argument("--gpus-per-host", dest="ray_gpus_per_host", type=float, metavar="N",
+                   help="GPUs in each host's bundle (default 0)")
+    g.add_argument("--tpus-per-host", dest="ray_tpus_per_host", type=float, metavar="N",
+                   help="TPU chips in each host's bundle, e.g. 4 on a v6e 4x4 slice's hosts (default 0)")
+    g.add_argument("--strategy", dest="ray_strategy", choices=["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"],
+                   help="placement strategy of the bundles (default STRICT_SPREAD: one bundle per node)")
+    g.add_argument("--max-restarts", dest="ray_max_restarts", type=int, metavar="N",
+                   help="times Ray may restart each actor; a fault restarts the whole group (default 10; -1: no "
+                   "limit)")
+    _mesh_flags(g)
+    p.add_argument("--with-stack", action="store_true", help="also run Temporal (a dev server unless "
+                   "--temporal-address), the workflow worker and the API on this (the driver's) node")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tinkerflow", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,15 +160,24 @@ def build_parser() -> argparse.ArgumentParser:
     mh.add_argument("--num-processes", type=int, metavar="N", help="processes (hosts) in the worker; above 1 they "
                     "join jax.distributed, process 0 takes activities and drives the others (default 1)")
     mh.add_argument("--process-id", type=int, metavar="I", help="this process's index in [0, N) (default 0)")
-    mh.add_argument("--mesh-fsdp", type=int, metavar="N", help="devices on the mesh's fsdp axis, over all processes "
-                    "(default 0: every device not on tp)")
-    mh.add_argument("--mesh-tp", type=int, metavar="N", help="devices on the mesh's tp (tensor-parallel) axis "
-                    "(default 1)")
-    mh.add_argument("--mesh-ep", type=int, metavar="N", help="devices on the mesh's ep (expert-parallel) axis, for "
-                    "mixture-of-experts models; num_experts must divide by it (default 1: no ep axis)")
+    _mesh_flags(mh)
 
     api = sub.add_parser("api", help="run only the HTTP API under uvicorn")
     _api_flags(api)
+
+    ray = sub.add_parser("ray", help="run the JAX worker as Ray actors, one per host (needs the `ray` extra)",
+                         description="Join a Ray cluster (as a Ray job: `ray job submit -- tinkerflow ray ...`, or "
+                         "with --ray-address), place one bundle per host in a placement group and start one "
+                         "JAX-worker actor in each, joined into one jax.distributed group (process 0 on bundle 0 "
+                         "takes the work). An actor that dies is restarted by Ray with the rest of its group; the "
+                         "runs it held are restored from their snapshots. With --with-stack the driver's node also "
+                         "runs Temporal, the workflow worker and the API. SIGTERM (`ray job stop`) stops every actor "
+                         "and removes the placement group. For several nodes give --store-url and --checkpoint-root "
+                         "every host can reach (gs://...), and --host 0.0.0.0 for the API.")
+    _model_flags(ray)
+    _api_flags(ray)
+    _temporal_flags(ray)
+    _ray_flags(ray)
 
     tiny = sub.add_parser("make-tiny-model", help="write the embedded default model (deterministic tiny Qwen3)")
     tiny.add_argument("directory", help="where to write config.json, model.safetensors and the tokenizer")
@@ -144,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--moe", action="store_true", help="write the tiny Qwen3-MoE (8 routed experts, top-2) instead; "
                       "serve it with --base-model D")
 
-    for p in (up, t, sub.choices["workflow-worker"], jw, api):
+    for p in (up, t, sub.choices["workflow-worker"], jw, api, ray):
         add_common_flags(p)
         p.add_argument("--ready-file", help=argparse.SUPPRESS)  # touched when ready; used by `up`
     return parser
@@ -173,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                                       headless=args.headless)
         log.info("starting %s", " ".join(cmd))
         os.execv(cmd[0], cmd)
+    if args.command == "ray":
+        from tinkerflow.cli.ray_launch import run_ray
+
+        return run_ray(settings, args)
     if args.command == "api":
         return _run_api(settings, args.ready_file)
     if args.command == "workflow-worker":

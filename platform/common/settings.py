@@ -116,6 +116,18 @@ class Settings:
     # Expert-parallel devices (mixture-of-experts models only; 1: no ep axis).
     mesh_ep: int = field(default_factory=lambda: int(_env("MESH_EP", "1")))
 
+    # `tinkerflow ray` (DESIGN §6c): the Ray cluster to join ("" or "auto": the one this process runs in, as under
+    # `ray job submit`), and the placement group of JAX-worker actors, one bundle per host.
+    ray_address: str = field(default_factory=lambda: _env("RAY_ADDRESS", ""))
+    ray_hosts: int = field(default_factory=lambda: int(_env("RAY_HOSTS", "1")))
+    ray_cpus_per_host: float = field(default_factory=lambda: float(_env("RAY_CPUS_PER_HOST", "1")))
+    ray_gpus_per_host: float = field(default_factory=lambda: float(_env("RAY_GPUS_PER_HOST", "0")))
+    ray_tpus_per_host: float = field(default_factory=lambda: float(_env("RAY_TPUS_PER_HOST", "0")))
+    # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray's placement strategies); one JAX process per host: STRICT_SPREAD.
+    ray_strategy: str = field(default_factory=lambda: _env("RAY_STRATEGY", "STRICT_SPREAD"))
+    # How often Ray may restart each actor (-1: without limit). Re-forming the group restarts every actor once.
+    ray_max_restarts: int = field(default_factory=lambda: int(_env("RAY_MAX_RESTARTS", "10")))
+
     @property
     def resolved_store_url(self) -> str:
         return self.store_url or (self.state_dir / "store").as_uri()

@@ -153,6 +153,27 @@ def test_followers_replay_the_leaders_calls_with_the_leaders_seeds():
     assert isinstance(seeds[0], int) and seeds[1] == 5 and answer == [f"sampled {s}" for s in seeds]
 
 
+def test_the_leader_never_answers_from_a_group_that_lost_a_process():
+    """A collective whose peer died fails on the leader: that is no fault of the request, and the group can run no
+    step again, so the leader leaves (on_broken) instead of answering; any other engine error is answered."""
+
+    class Broken(FakeEngine):
+        def sample(self, requests):
+            raise RuntimeError("UNKNOWN: Gloo AllGather failed: Connection closed by peer [127.0.0.1]:55721")
+
+        def create_adapter(self, slot, config):
+            raise ValueError("an engine bug")
+
+    left = []
+    driven = multihost.DrivenEngine(Broken(), ListChannel(), on_broken=lambda name, e: left.append(name))
+    with pytest.raises(RuntimeError, match="Gloo"):
+        driven.sample([SampleInput(prompt=np.array([1], np.int32), seed=1)])
+    assert left == ["sample"]
+    with pytest.raises(ValueError):
+        driven.create_adapter(0, LoraConfig(rank=1, seed=1))
+    assert left == ["sample"], "an ordinary engine error is answered, the process stays"
+
+
 def test_a_follower_with_another_engine_refuses_to_follow():
     channel = ListChannel()
     reader = channel.reader()

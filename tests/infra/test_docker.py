@@ -40,7 +40,7 @@ def test_jax_version_matches_pyproject():
 def test_variants_and_runtime_shape():
     text = DOCKERFILE.read_text()
     for needle in ('cuda) extra="jax[cuda12]==${JAX_VERSION}"', 'tpu)  extra="jax[tpu]==${JAX_VERSION}"',
-                   "pip install .", "ARG BASE_IMAGE=python:3.11-slim"):
+                   "pip install \"${spec}\"", "ARG EXTRAS=", "ARG BASE_IMAGE=python:3.11-slim"):
         assert needle in text, needle
     assert "nvidia/cuda:" in text  # the documented CUDA base
     ins = _instructions()

@@ -34,6 +34,7 @@ import functools
 import inspect
 import io
 import logging
+import os
 import pickle
 import secrets
 import threading
@@ -48,6 +49,11 @@ KEY_PREFIX = "tinkerflow/engine"
 # Commands larger than this go in parts (the coordination service takes 64 MiB values; stay well inside).
 PART_BYTES = 4 << 20
 POLL_S = 10.0  # how long one follower RPC waits for the next command before it looks at its stop event again
+# What a cross-process collective raises when a peer process of the group is gone (gloo on CPU, NCCL on GPU, the
+# coordination service everywhere). After one, this group can run no step again: see `DrivenEngine`.
+BROKEN_GROUP_MARKERS = ("Gloo", "gloo", "NCCL", "Connection closed by peer", "Connection reset by peer",
+                        "coordination service", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+EXIT_BROKEN_GROUP = 70  # the exit status of a process 0 that left a broken group (EX_SOFTWARE)
 
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
@@ -204,13 +210,19 @@ class DrivenEngine:
     """Process 0's engine: every public method call (and attribute write) is first sent to the followers, then made
     here; its answer is this process's. Same interface as the Engine, so `EngineActivities(engine=DrivenEngine(...))`
     needs no change. Plain attributes are read from the wrapped engine. Calls are serialised by a lock, so the
-    order the followers replay is the order they ran here."""
+    order the followers replay is the order they ran here.
 
-    def __init__(self, engine: Any, channel: Channel | None = None):
+    A call that fails because a peer process is gone (`BROKEN_GROUP_MARKERS`) is not answered: the group can never
+    run a step again and its error is no fault of the request, so the process leaves (`on_broken`, by default exit
+    with EXIT_BROKEN_GROUP). Its activity then times out like any dead worker's, and whatever restarts the group
+    (Ray through `tinkerflow ray`, a JobSet) brings it back; the runs it held are restored from their snapshots."""
+
+    def __init__(self, engine: Any, channel: Channel | None = None, on_broken: Any = None):
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "_channel", channel if channel is not None else KeyValueChannel())
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_stopped", False)
+        object.__setattr__(self, "_on_broken", on_broken if on_broken is not None else _leave_broken_group)
         self._send(("hello", fingerprint(engine)))
 
     @property
@@ -245,7 +257,14 @@ class DrivenEngine:
         args, kwargs = _with_seeds(name, args, kwargs)
         with self._lock:
             self._send(("call", name, args, kwargs))
-            return getattr(self._engine, name)(*args, **kwargs)
+            try:
+                return getattr(self._engine, name)(*args, **kwargs)
+            except InputError:
+                raise
+            except Exception as e:
+                if any(marker in str(e) for marker in BROKEN_GROUP_MARKERS):
+                    self._on_broken(name, e)
+                raise
 
     def stop_followers(self) -> None:
         """Tell every follower to return from `follow` (idempotent); the engine is no longer driven after this."""
@@ -253,6 +272,13 @@ class DrivenEngine:
             if not self._stopped:
                 self._send(("stop",))
                 object.__setattr__(self, "_stopped", True)
+
+
+def _leave_broken_group(name: str, error: Exception) -> None:
+    log.critical("engine call %s failed because a process of the group is gone (%s); leaving the group so that it "
+                 "is restarted whole", name, str(error)[:300])  # fmt: skip
+    logging.shutdown()
+    os._exit(EXIT_BROKEN_GROUP)
 
 
 def follow(engine: Any, channel: Channel | None = None, stop: threading.Event | None = None,
