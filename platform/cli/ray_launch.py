@@ -347,7 +347,7 @@ def _start_control_plane(settings: Settings, args: argparse.Namespace, node_ip: 
         stack.settings = settings
         # The actors on other nodes dial it at the node's address; the dev server's own services need it bound to
         # every interface rather than to that address alone.
-        bind = "127.0.0.1" if node_ip.startswith("127.") else "0.0.0.0"
+        bind = "127.0.0.1" if node_ip == "127.0.0.1" else "0.0.0.0"
         part = stack.start("temporal", temporal_server.command(
             settings.state_dir / "temporal.db", host=bind, port=args.temporal_port, ui_port=args.ui_port,
             namespace=settings.temporal_namespace, headless=args.headless))  # fmt: skip

@@ -2,7 +2,9 @@
 same machine, each acting as another host with its own CPU resources; then `tinkerflow ray` submitted to it as a
 Ray job (`ray job submit`), exactly as on a real cluster.
 
-Everything binds 127.0.0.1; usage stats are off; the dashboard (which hosts Ray's job server and state API, both
+Every node gets its own loopback address (127.0.0.2, 127.0.0.3, …): Ray rewrites 127.0.0.1 itself to the machine's
+network address (`resolve_ip_for_localhost`), any other 127.x address it keeps, so all traffic between the nodes, the
+actors, the driver's Temporal and jax.distributed stays on loopback. Usage stats are off; the dashboard (which hosts Ray's job server and state API, both
 needed here) listens on loopback only. The cluster lives in its own short temp dir (Ray's socket paths must stay
 short), and `stop` ends exactly the processes whose command line names that dir, never another Ray on the machine.
 """
@@ -104,12 +106,17 @@ class LocalRayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def node_ip(n: int) -> str:
+    """Node n's own loopback address (not 127.0.0.1: Ray would swap that for the machine's network address)."""
+    return f"127.0.0.{n + 2}"
+
+
 def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout_s: float = 180) -> LocalRayCluster:
-    """Head plus nodes-1 more nodes on 127.0.0.1, each with `cpus_per_node` CPUs and a small object store."""
+    """Head plus nodes-1 more nodes, node n on 127.0.0.{n+2}, each with `cpus_per_node` CPUs and a small object store."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))
     gcs_port, dashboard_port = free_port(), free_port()
-    cluster = LocalRayCluster(temp_dir, f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", nodes)
-    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus_per_node), "--num-gpus", "0",
+    cluster = LocalRayCluster(temp_dir, f"{node_ip(0)}:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", nodes)
+    common = ["--num-cpus", str(cpus_per_node), "--num-gpus", "0",
               "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]  # fmt: skip
     try:
         for n in range(nodes):
@@ -124,7 +131,8 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout_s: float
                            "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)]
                 else:
                     cmd = ["start", "--address", cluster.gcs_address]
-                run = cluster.ray(*cmd, *common, *ports, timeout_s=timeout_s, check=False)
+                run = cluster.ray(*cmd, "--node-ip-address", node_ip(n), *common, *ports, timeout_s=timeout_s,
+                                  check=False)
                 if run.returncode == 0:
                     break
                 if n == 0 or attempt == 2:

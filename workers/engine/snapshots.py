@@ -27,8 +27,10 @@ def tree_bytes(tree: Any) -> int:
 
 
 def default_budget_bytes() -> int:
-    """A tenth of the first device's memory (an accelerator's HBM; on CPU, the machine's RAM)."""
-    device = jax.devices()[0]
+    """A tenth of the first local device's memory (an accelerator's HBM; on CPU, the machine's RAM). Local: in a
+    multi-host group jax.devices()[0] may belong to another process, and PjRt answers memory_stats only for
+    addressable devices."""
+    device = jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     limit = (stats or {}).get("bytes_limit")
     if not limit:
