@@ -27,13 +27,17 @@ def matmul_params(shape: dict) -> int:
     return shape["num_hidden_layers"] * per_layer + v * h
 
 
-def write_random_moe_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
+def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
+    """A Qwen3 (or, when `shape` has `num_experts`, Qwen3-MoE) checkpoint with random weights (std 0.02) in the
+    published layout: one safetensors file per layer plus an index. benchmarks.train and benchmarks.sample_moe use it."""
     from safetensors.numpy import save_file
 
+    moe = bool(shape.get("num_experts"))
     out.mkdir(parents=True, exist_ok=True)
     config = {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
-        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 40960, "attention_bias": False,
+        "architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+        "model_type": "qwen3_moe" if moe else "qwen3", "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0, "max_position_embeddings": 40960, "attention_bias": False,
         "torch_dtype": dtype, "bos_token_id": 0, "eos_token_id": 0, **shape,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -42,7 +46,7 @@ def write_random_moe_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_fr
             shutil.copy(tokenizer_from / name, out / name)
     np_dtype = np.float32 if dtype == "float32" else __import__("ml_dtypes").bfloat16
     rng = np.random.default_rng(0)
-    h, v, e, i = shape["hidden_size"], shape["vocab_size"], shape["num_experts"], shape["moe_intermediate_size"]
+    h, v = shape["hidden_size"], shape["vocab_size"]
     q, kv, hd = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
 
     def normal(*dims):
@@ -50,6 +54,10 @@ def write_random_moe_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_fr
 
     def ones(n):
         return np.ones(n, np_dtype)
+
+    def mlp(prefix: str, inter: int) -> dict:
+        return {prefix + "gate_proj.weight": normal(inter, h), prefix + "up_proj.weight": normal(inter, h),
+                prefix + "down_proj.weight": normal(h, inter)}
 
     weight_map = {}
 
@@ -69,12 +77,13 @@ def write_random_moe_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_fr
             p + "self_attn.v_proj.weight": normal(kv * hd, h), p + "self_attn.o_proj.weight": normal(h, q * hd),
             p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
             p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-            p + "mlp.gate.weight": normal(e, h),
         }  # fmt: skip
-        for x in range(e):
-            tensors[p + f"mlp.experts.{x}.gate_proj.weight"] = normal(i, h)
-            tensors[p + f"mlp.experts.{x}.up_proj.weight"] = normal(i, h)
-            tensors[p + f"mlp.experts.{x}.down_proj.weight"] = normal(h, i)
+        if moe:
+            tensors[p + "mlp.gate.weight"] = normal(shape["num_experts"], h)
+            for x in range(shape["num_experts"]):
+                tensors.update(mlp(p + f"mlp.experts.{x}.", shape["moe_intermediate_size"]))
+        else:
+            tensors.update(mlp(p + "mlp.", shape["intermediate_size"]))
         save(tensors, f"model-layer{layer:03d}.safetensors")
         del tensors
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))

@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import emit  # noqa: E402
-from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_moe_checkpoint  # noqa: E402
+from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint  # noqa: E402
 
 NEW_TOKENS = 32
 PROMPT = 16
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="tinkerflow-sample-moe-", dir=args.workdir) as work:
         work = Path(work)
         tiny = make_tiny_model(work / "tiny")
-        model_dir = write_random_moe_checkpoint(work / SHAPE_NAME, QWEN3_30B_A3B_1L, dtype, tiny)
+        model_dir = write_random_checkpoint(work / SHAPE_NAME, QWEN3_30B_A3B_1L, dtype, tiny)
         engine = Engine.load(str(model_dir), max_lora_adapters=2, max_lora_rank=8, progress=False)
         common = dict(shape=SHAPE_NAME, rows=args.rows, prompt=PROMPT, new_tokens=NEW_TOKENS, dtype=str(engine.dtype),
                       backend=jax.default_backend())  # fmt: skip

@@ -40,7 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import emit, stats  # noqa: E402
-from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_moe_checkpoint  # noqa: E402
+from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint  # noqa: E402
 from benchmarks.moe_shape import matmul_params as moe_matmul_params  # noqa: E402
 
 RANK = 32
@@ -57,59 +57,6 @@ SHAPES = {
 # Dense bf16 peak FLOP/s by device kind (substring match).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
               "TPU v6": 918e12, "TPU v4": 275e12}  # fmt: skip
-
-
-def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
-    """A Qwen3 checkpoint with random weights (std 0.02), one safetensors file per layer plus an index."""
-    from safetensors.numpy import save_file
-
-    if shape.get("num_experts"):
-        return write_random_moe_checkpoint(out, shape, dtype, tokenizer_from)
-
-    out.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu", "rms_norm_eps": 1e-6,
-        "rope_theta": 1_000_000.0, "max_position_embeddings": 40960, "attention_bias": False,
-        "torch_dtype": dtype, "bos_token_id": 0, "eos_token_id": 0, **shape,
-    }  # fmt: skip
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tokenizer_from / name).exists():
-            shutil.copy(tokenizer_from / name, out / name)
-    np_dtype = np.float32 if dtype == "float32" else __import__("ml_dtypes").bfloat16
-    rng = np.random.default_rng(0)
-    h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-    q, kv, hd = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
-
-    def normal(*dims):
-        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np_dtype)
-
-    def ones(n):
-        return np.ones(n, np_dtype)
-
-    weight_map = {}
-
-    def save(tensors: dict, filename: str):
-        save_file(tensors, str(out / filename), metadata={"format": "pt"})
-        weight_map.update({k: filename for k in tensors})
-
-    top = {"model.embed_tokens.weight": normal(v, h), "model.norm.weight": ones(h)}
-    if not shape["tie_word_embeddings"]:
-        top["lm_head.weight"] = normal(v, h)
-    save(top, "model-embed.safetensors")
-    del top
-    for layer in range(shape["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        save({
-            p + "self_attn.q_proj.weight": normal(q * hd, h), p + "self_attn.k_proj.weight": normal(kv * hd, h),
-            p + "self_attn.v_proj.weight": normal(kv * hd, h), p + "self_attn.o_proj.weight": normal(h, q * hd),
-            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
-            p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
-            p + "mlp.down_proj.weight": normal(h, i),
-            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-        }, f"model-layer{layer:03d}.safetensors")  # fmt: skip
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return out
 
 
 def matmul_params(shape: dict) -> int:

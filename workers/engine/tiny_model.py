@@ -202,6 +202,26 @@ def generation_config_dict(eos_token_id: int) -> dict[str, Any]:
     }
 
 
+def attention_shapes(p: str, h: int, q: int, kv: int, hd: int) -> list[tuple[str, tuple[int, ...]]]:
+    """A Qwen3 layer's norms and attention projections (prefix `p`), in draw order; shared with tiny_moe."""
+    return [
+        (f"{p}.input_layernorm.weight", (h,)),
+        (f"{p}.self_attn.q_proj.weight", (q, h)),
+        (f"{p}.self_attn.k_proj.weight", (kv, h)),
+        (f"{p}.self_attn.v_proj.weight", (kv, h)),
+        (f"{p}.self_attn.o_proj.weight", (h, q)),
+        (f"{p}.self_attn.q_norm.weight", (hd,)),
+        (f"{p}.self_attn.k_norm.weight", (hd,)),
+        (f"{p}.post_attention_layernorm.weight", (h,)),
+    ]
+
+
+def dense_mlp_shapes(p: str, h: int, inter: int) -> list[tuple[str, tuple[int, ...]]]:
+    """A dense SwiGLU MLP's projections (prefix `p`, e.g. `model.layers.0.mlp`), in draw order."""
+    return [(f"{p}.gate_proj.weight", (inter, h)), (f"{p}.up_proj.weight", (inter, h)),
+            (f"{p}.down_proj.weight", (h, inter))]
+
+
 def parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
     """HF parameter names and shapes of the tiny Qwen3, in the (fixed) order the weights are drawn."""
     s = SHAPE
@@ -210,19 +230,7 @@ def parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
     shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (s["vocab_size"], h))]
     for i in range(s["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        shapes += [
-            (f"{p}.input_layernorm.weight", (h,)),
-            (f"{p}.self_attn.q_proj.weight", (q, h)),
-            (f"{p}.self_attn.k_proj.weight", (kv, h)),
-            (f"{p}.self_attn.v_proj.weight", (kv, h)),
-            (f"{p}.self_attn.o_proj.weight", (h, q)),
-            (f"{p}.self_attn.q_norm.weight", (hd,)),
-            (f"{p}.self_attn.k_norm.weight", (hd,)),
-            (f"{p}.post_attention_layernorm.weight", (h,)),
-            (f"{p}.mlp.gate_proj.weight", (inter, h)),
-            (f"{p}.mlp.up_proj.weight", (inter, h)),
-            (f"{p}.mlp.down_proj.weight", (h, inter)),
-        ]
+        shapes += attention_shapes(p, h, q, kv, hd) + dense_mlp_shapes(f"{p}.mlp", h, inter)
     shapes.append(("model.norm.weight", (h,)))
     if not s["tie_word_embeddings"]:
         shapes.append(("lm_head.weight", (s["vocab_size"], h)))

@@ -49,7 +49,7 @@ def moe_config_dict(dense: dict[str, Any]) -> dict[str, Any]:
 
 def moe_parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
     """HF parameter names and shapes, in the (fixed) order the weights are drawn."""
-    from .tiny_model import SHAPE
+    from .tiny_model import SHAPE, attention_shapes, dense_mlp_shapes
 
     s, m = SHAPE, MOE_SHAPE
     h, hd = s["hidden_size"], s["head_dim"]
@@ -58,31 +58,13 @@ def moe_parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
     shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (s["vocab_size"], h))]
     for i in range(m["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        shapes += [
-            (f"{p}.input_layernorm.weight", (h,)),
-            (f"{p}.self_attn.q_proj.weight", (q, h)),
-            (f"{p}.self_attn.k_proj.weight", (kv, h)),
-            (f"{p}.self_attn.v_proj.weight", (kv, h)),
-            (f"{p}.self_attn.o_proj.weight", (h, q)),
-            (f"{p}.self_attn.q_norm.weight", (hd,)),
-            (f"{p}.self_attn.k_norm.weight", (hd,)),
-            (f"{p}.post_attention_layernorm.weight", (h,)),
-        ]
+        shapes += attention_shapes(p, h, q, kv, hd)
         if i in sparse:
             inter = m["moe_intermediate_size"]
             shapes.append((f"{p}.mlp.gate.weight", (m["num_experts"], h)))
             for e in range(m["num_experts"]):
-                shapes += [
-                    (f"{p}.mlp.experts.{e}.gate_proj.weight", (inter, h)),
-                    (f"{p}.mlp.experts.{e}.up_proj.weight", (inter, h)),
-                    (f"{p}.mlp.experts.{e}.down_proj.weight", (h, inter)),
-                ]
+                shapes += dense_mlp_shapes(f"{p}.mlp.experts.{e}", h, inter)
         else:
-            inter = m["intermediate_size"]
-            shapes += [
-                (f"{p}.mlp.gate_proj.weight", (inter, h)),
-                (f"{p}.mlp.up_proj.weight", (inter, h)),
-                (f"{p}.mlp.down_proj.weight", (h, inter)),
-            ]
+            shapes += dense_mlp_shapes(f"{p}.mlp", h, m["intermediate_size"])
     shapes.append(("model.norm.weight", (h,)))
     return shapes
