@@ -58,6 +58,11 @@ WARMUP_QUIET_S = 20  # the warm-up ends once the JAX worker compiled nothing new
 # gross leaks.
 RSS_GROWTH_MB = {"jax-worker": 100, "api": 75, "workflow-worker": 75}
 SNAPSHOT_MB = 2.5  # the JAX worker's extra allowance per sampler snapshot held above the baseline count (peak)
+# An XLA compile keeps its executable and grows the compiler's arenas: the warm-up of the soak measured ~21 MB of JAX
+# worker RSS per program ((1282 - 568 MB - 31 snapshots x 1.7 MB) / 31 compiles). The warm-up ends after a quiet spell,
+# so a bucket first reached later (a rarer concurrency level on a faster machine) still compiles during the load. That
+# is growth with a known cause, counted in the summary (issue 17 removes it), not a leak: it gets this allowance each.
+COMPILE_MB = 30
 WATCHED = tuple(RSS_GROWTH_MB)  # asserted; temporal (its history grows by design) is only reported
 
 # Not `slow`: CI runs the short soak (TINKERFLOW_SOAK_S unset); the full one is TINKERFLOW_SOAK_S=600.
@@ -448,5 +453,10 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
     for name, bound in RSS_GROWTH_MB.items():
         if name == "jax-worker":
             bound += SNAPSHOT_MB * max(0, max(snapshots) - snapshots[0])
+            bound += COMPILE_MB * summary["compiles"]["during_load"]
         before, end = summary["rss_mb"][name]["baseline"], summary["rss_mb"][name]["end"]
-        assert end - before < bound, f"{name} RSS grew from {before} MB to {end} MB under steady load (bound {bound})"
+        # The figures that explain growth go into the message: CI shows the assertion line even when it cuts the log.
+        assert end - before < bound, (
+            f"{name} RSS grew from {before} MB to {end} MB under steady load (bound {bound}); "
+            f"snapshots {summary['snapshots_held']}, compiles {summary['compiles']}, "
+            f"series [s, MB, snapshots] {summary['jax_rss_series']}")
