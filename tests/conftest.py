@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
+# Every stack a test starts compiles the same tiny-model programs: they share one XLA persistent compilation cache for
+# the session (the path a restarted production worker takes), so only the first stack pays for the compiles.
+_COMPILE_CACHE = tempfile.TemporaryDirectory(prefix="tinkerflow-xla-cache-")
+os.environ.setdefault("TINKERFLOW_COMPILATION_CACHE_DIR", _COMPILE_CACHE.name)
 
 REPO = Path(__file__).resolve().parents[1]
 ACCEPTANCE = REPO.parent / "shared" / "acceptance"

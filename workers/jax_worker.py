@@ -46,6 +46,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
                 worker_id: str | None = None) -> None:
     from tinkerflow.activities.engine_activities import EngineActivities
 
+    _enable_compile_cache(settings)
     multi_host = settings.num_processes > 1
     if multi_host:  # before anything touches JAX; every process of the worker runs this
         from tinkerflow.workers.engine import multihost
@@ -86,6 +87,12 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
                           max_rank=settings.max_lora_rank, card=card, incarnation=incarnation)
         await register(client, settings, info)
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
+        if settings.resolved_compilation_cache_dir is not None:
+            from tinkerflow.workers.engine import compile_cache
+
+            c = compile_cache.counts()
+            log.info("compilation cache %s: %d programs read back, %d compiled so far",
+                     settings.resolved_compilation_cache_dir, c.hits, c.misses)  # fmt: skip
         if ready is not None:
             ready.set()
         reregister = asyncio.create_task(_keep_registered(client, settings, info))
@@ -94,6 +101,15 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
     executor.shutdown(wait=False, cancel_futures=True)
     if multi_host:  # after the call in flight, if any (the driven engine serialises calls)
         await asyncio.to_thread(engine.stop_followers)
+
+
+def _enable_compile_cache(settings: Settings) -> None:
+    """Before anything compiles: programs this worker (or an earlier process of it) compiled are read back."""
+    directory = settings.resolved_compilation_cache_dir
+    if directory is not None:
+        from tinkerflow.workers.engine import compile_cache
+
+        compile_cache.enable(directory)
 
 
 def load_engine(settings: Settings, local_path: str):

@@ -43,6 +43,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    "(default 0: a tenth of the device's memory)")
     p.add_argument("--metrics-port", type=int, help="serve the JAX worker's Prometheus /metrics on this port "
                    "(default 0: off; the API always serves /metrics on its own port)")
+    p.add_argument("--compilation-cache-dir", metavar="DIR", help="XLA persistent compilation cache of the JAX "
+                   "worker, so a restarted worker compiles nothing it compiled before; 'off' disables it "
+                   "(default <state-dir>/xla-cache)")
 
 
 def _api_flags(p: argparse.ArgumentParser) -> None:

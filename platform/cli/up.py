@@ -67,6 +67,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         "TINKERFLOW_MAX_LORA_ADAPTERS": str(settings.max_lora_adapters),
         "TINKERFLOW_MAX_LORA_RANK": str(settings.max_lora_rank),
         "TINKERFLOW_SNAPSHOT_BUDGET_MB": str(settings.snapshot_budget_mb),
+        "TINKERFLOW_COMPILATION_CACHE_DIR": settings.compilation_cache_dir,
         "TINKERFLOW_API_KEYS": ",".join(settings.api_keys),
         "TINKERFLOW_API_KEYS_FILE": settings.api_keys_file,
         "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),

@@ -115,6 +115,9 @@ class Settings:
     mesh_tp: int = field(default_factory=lambda: int(_env("MESH_TP", "1")))
     # Expert-parallel devices (mixture-of-experts models only; 1: no ep axis).
     mesh_ep: int = field(default_factory=lambda: int(_env("MESH_EP", "1")))
+    # XLA's persistent compilation cache of the JAX worker, so a restart compiles nothing it compiled before:
+    # "" keeps it in <state-dir>/xla-cache, "off" disables it. On Kubernetes, a path on a volume that outlives pods.
+    compilation_cache_dir: str = field(default_factory=lambda: _env("COMPILATION_CACHE_DIR", ""))
 
     # `tinkerflow ray` (DESIGN §6c): the Ray cluster to join ("" or "auto": the one this process runs in, as under
     # `ray job submit`), and the placement group of JAX-worker actors, one bundle per host.
@@ -144,6 +147,12 @@ class Settings:
                 if line:
                     keys.append(line)
         return tuple(dict.fromkeys(keys))
+
+    @property
+    def resolved_compilation_cache_dir(self) -> Path | None:
+        if self.compilation_cache_dir == "off":
+            return None
+        return Path(self.compilation_cache_dir).expanduser() if self.compilation_cache_dir else self.state_dir / "xla-cache"
 
     @property
     def models_dir(self) -> Path:

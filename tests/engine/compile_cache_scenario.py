@@ -1,0 +1,39 @@
+"""One JAX-worker lifetime in miniature, run as its own process by test_compile_cache.py: the persistent compilation
+cache on, the engine loaded, one training step and one sample, then the cache counters as one JSON line.
+
+    python compile_cache_scenario.py MODEL_DIR CACHE_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def main(model_dir: str, cache_dir: str) -> None:
+    from tinkerflow.workers.engine import compile_cache
+
+    compile_cache.enable(Path(cache_dir))  # before anything compiles, as the JAX worker does
+
+    from tinkerflow.workers.engine.engine import Engine
+    from tinkerflow.workers.engine.types import (AdamConfig, Datum, ForwardBackwardInput, LoraConfig,
+                                                 SampleInput)  # fmt: skip
+
+    engine = Engine.load(model_dir, max_lora_adapters=2, max_lora_rank=8, progress=False)
+    engine.create_adapter(0, LoraConfig(rank=4, seed=1))
+    tokens = np.arange(1, 17, dtype=np.int32)
+    datum = Datum(tokens=tokens[:-1], inputs={"target_tokens": tokens[1:]})
+    (fb,) = engine.forward_backward([ForwardBackwardInput(slot=0, data=[datum], loss_fn="cross_entropy")])
+    engine.optim_step(0, AdamConfig(learning_rate=1e-3))
+    engine.snapshot(0, "s")
+    (sampled,) = engine.sample([SampleInput(prompt=tokens[:8], max_tokens=4, seed=3, snapshot="s")])
+    counts = compile_cache.counts()
+    print(json.dumps({"hits": counts.hits, "misses": counts.misses, "loss": fb.metrics["loss:sum"],
+                      "tokens": sampled.sequences[0].tokens}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
