@@ -271,11 +271,11 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        own_temporal = args.temporal_address is None and "TINKERFLOW_TEMPORAL_ADDRESS" not in os.environ
+        own_temporal = not settings.is_given("temporal_address")
         if own_temporal:
-            settings = _replace_address(settings, f"127.0.0.1:{args.temporal_port}")
+            settings = _replace_address(settings, f"127.0.0.1:{settings.temporal_port}")
             stack.settings = settings
-            stack.start_temporal(args.temporal_port, args.ui_port, args.headless)
+            stack.start_temporal(settings.temporal_port, settings.ui_port, settings.headless)
             retention = temporal_server.retention_for(settings.store_retention_s)
             asyncio.run(temporal_server.set_retention(settings.temporal_address, settings.temporal_namespace,
                                                       retention))
@@ -286,8 +286,8 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         stack.start_api()
         base_url, api_key = stack.base_url, stack.api_key
         console.print(f"[bold]Tinker API[/bold]   {base_url}   (TINKER_BASE_URL={base_url})")
-        if own_temporal and not args.headless:
-            console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{args.ui_port}/namespaces/"
+        if own_temporal and not settings.headless:
+            console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{settings.ui_port}/namespaces/"
                           f"{settings.temporal_namespace}/workflows")
         policy = RestartPolicy(base_s=settings.restart_backoff_s, cap_s=settings.restart_backoff_max_s,
                                max_restarts=settings.crash_loop_restarts, window_s=settings.crash_loop_window_s)
