@@ -17,7 +17,6 @@ driver itself is killed, Ray does the same (the actors and the group belong to i
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import signal
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from tinkerflow.cli import ray_plan, temporal_server
 from tinkerflow.cli.ray_actor import JaxWorkerActor, Whereabouts, node_address
+from tinkerflow.cli.supervise import die_with_parent
 from tinkerflow.cli.up import Part, Stack, _api_ready, _port_open, child_env
 from tinkerflow.common.settings import Settings
 
@@ -238,17 +238,10 @@ class DriverStack(Stack):
         log_path = self.logs / f"{name}.log"
         out = open(log_path, "ab")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
-                                start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))  # fmt: skip
         part = Part(name, proc, log_path, kind or name)
         self.parts.append(part)
         return part
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: `ray job stop`'s SIGTERM still stops the stack through the driver
 
 
 def _connect(settings: Settings):

@@ -25,7 +25,7 @@ import httpx
 from rich.console import Console
 
 from tinkerflow.cli import temporal_server
-from tinkerflow.cli.supervise import RESTARTS, CrashLoop, RestartPolicy, describe_exit
+from tinkerflow.cli.supervise import RESTARTS, CrashLoop, RestartPolicy, describe_exit, die_with_parent
 from tinkerflow.common.settings import Settings
 
 console = Console(stderr=True, soft_wrap=True)  # log paths and restart lines stay whole, never folded
@@ -105,8 +105,10 @@ class Stack:
 
     def _spawn(self, cmd, log_path: Path) -> subprocess.Popen:
         with open(log_path, "ab") as out:  # the child keeps its own descriptor
+            # Own session: a Ctrl-C in `up`'s terminal reaches `up` alone, which stops the parts in order. SIGKILL when
+            # `up` dies without doing so (killed -9, crashed): a part left running would hold the ports and state dir.
             return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
 
     def respawn(self, part: Part) -> None:
         """Start a part that exited again, with the same command, log and settings (no wait: others need watching)."""
@@ -269,7 +271,8 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         stopping["signal"] = signum
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # SIGINT raises KeyboardInterrupt already
+        signal.signal(sig, on_signal)
     try:
         own_temporal = not settings.is_given("temporal_address")
         if own_temporal:
@@ -299,7 +302,7 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
             env = dict(os.environ, TINKER_BASE_URL=base_url)
             env.setdefault("TINKER_API_KEY", api_key)
             console.print(f"running: {' '.join(then)}")
-            command = subprocess.Popen(then, env=env)
+            command = subprocess.Popen(then, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
             try:
                 return stack.supervise(policy, until=command.poll)
             finally:
@@ -314,6 +317,8 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         console.print(f"[red]error:[/red] {e}")
         return 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         with console.status("stopping …"):
             stack.stop()
         console.print("stopped")
