@@ -63,7 +63,7 @@ class TrainingRunWorkflow:
         if self.s.auto_snapshot:  # only recovery needed it; the user's own checkpoints stay
             try:
                 await workflow.execute_activity(
-                    "delete_internal_checkpoint", self.s.auto_snapshot, task_queue=names.WORKFLOW_TASK_QUEUE,
+                    "delete_internal_checkpoint", self.s.auto_snapshot,  # on this workflow's own task queue
                     schedule_to_close_timeout=timedelta(minutes=10), summary="delete the automatic snapshot")
             except Exception as e:
                 workflow.logger.warning("automatic snapshot %s not deleted: %s", self.s.auto_snapshot, e)
