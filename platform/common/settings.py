@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tinkerflow.common.errors import UserError
+
 ENV_PREFIX = "TINKERFLOW_"
 
 # Flag groups: each sub-command of the CLI shows the groups it needs (cli/main.py); titles head its --help sections.
@@ -36,8 +38,8 @@ GROUP_TITLES = {
 }
 
 
-class SettingsError(ValueError):
-    """A TINKERFLOW_* variable (or flag) whose value does not parse as its field's type."""
+class SettingsError(UserError):
+    """A TINKERFLOW_* variable (or flag) whose value does not parse as its field's type (a usage error: exit 2)."""
 
 
 class _Unset:

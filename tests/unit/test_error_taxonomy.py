@@ -13,6 +13,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from tinkerflow.api.errors import failure_category, from_error, from_temporal
 from tinkerflow.common import errors
 from tinkerflow.common.errors import TEMPORAL_ERRORS, Category, TinkerflowError
+from tinkerflow.common.settings import SettingsError
 from tinkerflow.workflows.errors import ErrorType
 
 # What the contract implies for each (Tinker REST contract §4.4, §5 and DESIGN §6b): a user's mistake is a 4xx with a
@@ -25,6 +26,7 @@ EXPECTED_EXCEPTIONS = {
     errors.CheckpointNotFound: (Category.USER, 404),
     errors.BadRequestId: (Category.USER, 404),  # contract §4.4: unknown (or foreign) request ids ⇒ 404
     errors.UserError: (Category.USER, 400),
+    SettingsError: (Category.USER, 400),  # a bad TINKERFLOW_* variable; the CLI exits 2 with it
     errors.StoreError: (Category.SERVER, 503),
     errors.TinkerflowError: (Category.SERVER, 500),
 }
