@@ -16,7 +16,7 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
-from tinkerflow.api.errors import failure_category, http_error, is_not_found
+from tinkerflow.api.errors import failure_category, from_error, http_error, is_not_found
 from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.services import Services
@@ -47,7 +47,7 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), w
     try:
         ref = request_ids.decode(request_id, svc.signing_key, who)  # another key's id: 404, as for an unknown one
     except request_ids.BadRequestId as e:
-        raise http_error(404, str(e)) from None
+        raise from_error(e) from None
     try:
         outcome = await asyncio.wait_for(_outcome(svc, ref), timeout=svc.settings.long_poll_s)
     except asyncio.TimeoutError:
@@ -68,6 +68,6 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), w
         try:
             data = await asyncio.to_thread(svc.store.get, outcome.blob)
         except StoreError as e:
-            return JSONResponse({"error": str(e), "category": "server"})
+            return JSONResponse({"error": str(e), "category": str(e.category)})
         return Response(content=data, media_type="application/x-protobuf")
     return JSONResponse(outcome.json or {})
