@@ -44,46 +44,11 @@ class Part:
 
 
 def child_env(settings: Settings) -> dict[str, str]:
+    """The environment of `up`'s parts: ours, plus every resolved setting as its TINKERFLOW_* variable (so a flag
+    given to `up` reaches every part, and a field added to Settings needs no line here)."""
     env = dict(os.environ)
-    env.update({
-        "TINKERFLOW_STATE_DIR": str(settings.state_dir),
-        "TINKERFLOW_TEMPORAL_ADDRESS": settings.temporal_address,
-        "TINKERFLOW_TEMPORAL_NAMESPACE": settings.temporal_namespace,
-        "TINKERFLOW_TEMPORAL_TLS_CERT": settings.temporal_tls_cert,
-        "TINKERFLOW_TEMPORAL_TLS_KEY": settings.temporal_tls_key,
-        "TINKERFLOW_TEMPORAL_TLS_CA": settings.temporal_tls_ca,
-        "TINKERFLOW_STORE_URL": settings.resolved_store_url,
-        "TINKERFLOW_CHECKPOINT_ROOT": settings.resolved_checkpoint_root,
-        "TINKERFLOW_URL_SIGNING_KEY": settings.url_signing_key,
-        "TINKERFLOW_METRICS_ACCESS": settings.metrics_access,
-        "TINKERFLOW_API_DOCS": "1" if settings.api_docs else "0",
-        "TINKERFLOW_AUTO_SNAPSHOT_EVERY": str(settings.auto_snapshot_every),
-        "TINKERFLOW_STORE_RETENTION_S": str(settings.store_retention_s),
-        "TINKERFLOW_HOST": settings.host,
-        "TINKERFLOW_PORT": str(settings.port),
-        "TINKERFLOW_BASE_MODEL": settings.base_model,
-        "TINKERFLOW_SERVED_MODEL_NAME": settings.served_model_name,
-        "TINKERFLOW_POOL": settings.pool,
-        "TINKERFLOW_MAX_LORA_ADAPTERS": str(settings.max_lora_adapters),
-        "TINKERFLOW_MAX_LORA_RANK": str(settings.max_lora_rank),
-        "TINKERFLOW_SNAPSHOT_BUDGET_MB": str(settings.snapshot_budget_mb),
-        "TINKERFLOW_API_KEYS": ",".join(settings.api_keys),
-        "TINKERFLOW_API_KEYS_FILE": settings.api_keys_file,
-        "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
-        "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
-        "TINKERFLOW_MAX_QUEUED_SAMPLES": str(settings.max_queued_samples),
-        "TINKERFLOW_MAX_QUEUED_SAMPLE_TOKENS": str(settings.max_queued_sample_tokens),
-        "TINKERFLOW_MAX_REQUEST_BYTES": str(settings.max_request_bytes),
-        "TINKERFLOW_MAX_SAMPLE_BODY_BYTES": str(settings.max_sample_body_bytes),
-        "TINKERFLOW_MAX_CONTROL_BODY_BYTES": str(settings.max_control_body_bytes),
-        "TINKERFLOW_MAX_SAMPLES_PER_REQUEST": str(settings.max_samples_per_request),
-        "TINKERFLOW_MAX_SAMPLE_TOKENS": str(settings.max_sample_tokens),
-        "TINKERFLOW_MAX_DATUMS_PER_REQUEST": str(settings.max_datums_per_request),
-        "TINKERFLOW_LOG_LEVEL": settings.log_level,
-        "TINKERFLOW_LOG_FORMAT": settings.log_format,
-        "TINKERFLOW_METRICS_PORT": str(settings.metrics_port),
-        "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
-    })
+    env.update(settings.as_env())
+    env["HF_HUB_OFFLINE"] = env.get("HF_HUB_OFFLINE", "1")
     return env
 
 

@@ -260,6 +260,13 @@ class Settings:
         default = f.metadata["default"]
         return name in self.given or getattr(self, name) != (default() if callable(default) else default)
 
+    def as_env(self) -> dict[str, str]:
+        """Every field as the TINKERFLOW_* variable that reads back to the same value (the store and checkpoint
+        roots resolved against this state dir): what a child process needs to share this configuration."""
+        values = {f.name: getattr(self, f.name) for f in config_fields()}
+        values.update(store_url=self.resolved_store_url, checkpoint_root=self.resolved_checkpoint_root)
+        return {env_name(name): _to_env(value) for name, value in values.items()}
+
     @property
     def resolved_store_url(self) -> str:
         return self.store_url or (self.state_dir / "store").as_uri()
@@ -292,6 +299,14 @@ class Settings:
                 value = ",".join(value)
             changes[f.name] = _parse(f, value, "--" + f.name.replace("_", "-")) if isinstance(value, str) else value
         return dataclasses.replace(self, given=self.given | set(changes), **changes)
+
+
+def _to_env(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
 
 
 def config_fields() -> Iterator[dataclasses.Field]:

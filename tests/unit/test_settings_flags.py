@@ -199,3 +199,33 @@ def test_no_code_reads_the_environment_behind_settings():
                 continue
             found += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1) if ENV_READ.search(line)]
     assert found == []
+
+
+def test_as_env_carries_every_field_to_a_child_process(monkeypatch, tmp_path):
+    """What `up` hands its parts: every field reads back the same from the variables (nothing left at a default)."""
+    values = {f.name: _sample(f)[1] for f in FIELDS}
+    values["state_dir"] = tmp_path
+    parent = Settings(**values)
+    env = parent.as_env()
+    assert set(env) == {env_name(f.name) for f in FIELDS}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    child = Settings()
+    for f in FIELDS:
+        expected = getattr(parent, f.name)
+        if f.name == "store_url":
+            expected = parent.resolved_store_url
+        elif f.name == "checkpoint_root":
+            expected = parent.resolved_checkpoint_root
+        assert getattr(child, f.name) == expected, f.name
+    monkeypatch.setenv("TINKERFLOW_STORE_URL", "")
+    assert Settings(state_dir=tmp_path, store_url="").as_env()["TINKERFLOW_STORE_URL"] == (tmp_path / "store").as_uri()
+
+
+def test_up_passes_its_settings_to_its_parts(tmp_path):
+    from tinkerflow.cli.up import child_env
+
+    s = Settings(state_dir=tmp_path, port=8123, api_keys=("a", "b"), api_docs=True)
+    env = child_env(s)
+    assert (env["TINKERFLOW_PORT"], env["TINKERFLOW_API_KEYS"], env["TINKERFLOW_API_DOCS"]) == ("8123", "a,b", "1")
+    assert env["TINKERFLOW_STATE_DIR"] == str(tmp_path) and "HF_HUB_OFFLINE" in env
