@@ -262,8 +262,10 @@ class Settings:
 
     def as_env(self) -> dict[str, str]:
         """Every field as the TINKERFLOW_* variable that reads back to the same value (the store and checkpoint
-        roots resolved against this state dir): what a child process needs to share this configuration."""
-        values = {f.name: getattr(self, f.name) for f in config_fields()}
+        roots resolved against this state dir): what a child process needs to share this configuration. The
+        ENV_ONLY fields are left out: they are read from the environment where they are used, so a child inherits
+        the variable itself (a test may set a fault hook after this Settings was made)."""
+        values = {f.name: getattr(self, f.name) for f in config_fields() if f.metadata["group"] not in ENV_ONLY}
         values.update(store_url=self.resolved_store_url, checkpoint_root=self.resolved_checkpoint_root)
         return {env_name(name): _to_env(value) for name, value in values.items()}
 

@@ -207,11 +207,11 @@ def test_as_env_carries_every_field_to_a_child_process(monkeypatch, tmp_path):
     values["state_dir"] = tmp_path
     parent = Settings(**values)
     env = parent.as_env()
-    assert set(env) == {env_name(f.name) for f in FIELDS}
+    assert set(env) == {env_name(f.name) for f in FLAGGED}  # the env-only ones travel as inherited variables
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     child = Settings()
-    for f in FIELDS:
+    for f in FLAGGED:
         expected = getattr(parent, f.name)
         if f.name == "store_url":
             expected = parent.resolved_store_url
@@ -229,3 +229,11 @@ def test_up_passes_its_settings_to_its_parts(tmp_path):
     env = child_env(s)
     assert (env["TINKERFLOW_PORT"], env["TINKERFLOW_API_KEYS"], env["TINKERFLOW_API_DOCS"]) == ("8123", "a,b", "1")
     assert env["TINKERFLOW_STATE_DIR"] == str(tmp_path) and "HF_HUB_OFFLINE" in env
+
+
+def test_a_fault_hook_set_after_the_settings_were_made_still_reaches_the_parts(tmp_path, monkeypatch):
+    from tinkerflow.cli.up import child_env
+
+    s = Settings(state_dir=tmp_path)  # made first, as the durability tests' stack is
+    monkeypatch.setenv("TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S", "120")
+    assert child_env(s)["TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S"] == "120"
