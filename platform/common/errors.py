@@ -92,10 +92,6 @@ TEMPORAL_ERRORS: dict[ErrorType, Classification] = {
     ErrorType.WORKER_LOST: Classification(Category.SERVER, 503),
 }
 
-# Exceptions the engine and the checkpoint code raise for the user's input: a failed future of category `user`.
-USER_INPUT_ERRORS: tuple[type[TinkerflowError], ...] = (InputError, CheckpointError)
-
-
 def classify_type(error_type: str | None) -> Classification | None:
     """The taxonomy's entry for an ApplicationError's `type` (None: a type raised on no purpose, e.g. a bug)."""
     try:
