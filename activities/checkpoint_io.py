@@ -11,7 +11,6 @@ Every payload is written to a local staging directory first and then committed b
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import replace
 from typing import Any
@@ -20,12 +19,11 @@ from tinkerflow.common.checkpoints import (
     TRAINING_STATE_SEGMENTS, CheckpointError, CheckpointStore, Manifest, scratch_dir, TinkerPath, now_rfc3339,
 )
 from tinkerflow.common.age_export import encrypt_tree
+from tinkerflow.common.settings import env_setting
 from tinkerflow.workers.engine import checkpoint as formats
 from tinkerflow.workers.engine.types import LoraConfig, SlotState
 
 log = logging.getLogger(__name__)
-# Fault injection for tests: hold a save between its payload upload and its manifest commit for this long.
-PAUSE_ENV = "TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S"
 
 
 def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *, overwrite: bool,
@@ -46,7 +44,7 @@ def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *,
                 encrypt_tree(staging, age_recipients)
                 m = replace(m, format="peft+age")
         committed = store.commit(m, staging, overwrite=overwrite,
-                                 pause_before_manifest_s=float(os.environ.get(PAUSE_ENV, "0") or 0))
+                                 pause_before_manifest_s=env_setting("fault_pause_before_commit_s"))
     log.info("saved %s (%d bytes) in %.2fs", p, committed.size_bytes, time.perf_counter() - started)
     return committed
 

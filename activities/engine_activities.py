@@ -30,6 +30,7 @@ from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.storage_faults import storage_fault
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import AdamConfig, InputError, LoraConfig
+from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkResult
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class EngineActivities:
             # A retry of a batch placed on this worker's previous process: the slots it names are not ours.
             raise ApplicationError(f"this batch was placed on an earlier process of this JAX worker "
                                    f"({batch.incarnation[:8]}, now {self.incarnation[:8]}), which died or restarted",
-                                   type="WorkerLost", non_retryable=True)
+                                   type=ErrorType.WORKER_LOST, non_retryable=True)
         todo = [i for i in batch.items if i.key not in self._answers]
         sent: dict[str, concurrent.futures.Future] = {}
         with _heartbeats(HEARTBEAT_EVERY_S) as progress:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import socket
 import uuid
 
@@ -39,7 +38,7 @@ REREGISTER_EVERY_S = 30.0
 
 def stable_worker_id(settings: Settings) -> str:
     """Same id across restarts of one worker on one host, so the coordinator can tell a restart from a new worker."""
-    return os.environ.get("TINKERFLOW_WORKER_ID") or f"{socket.gethostname()}-{settings.pool}-0"
+    return settings.worker_id or f"{socket.gethostname()}-{settings.pool}-0"
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,

@@ -17,14 +17,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tinkerflow.common.errors import UnknownModelError  # noqa: F401  (the taxonomy's; raised by this name)
 from tinkerflow.common.settings import Settings
 
 log = logging.getLogger(__name__)
 TINY_MODEL_DIRNAME = "tiny-qwen3"
-
-
-class UnknownModelError(ValueError):
-    pass
 
 
 def default_model_dir(settings: Settings) -> Path:

@@ -53,7 +53,7 @@ class CheckpointExpiry:
                     pass
             deleted = await workflow.execute_activity(
                 "delete_expired_checkpoint", args=[start.tinker_path, self._expires_at], result_type=bool,
-                task_queue=names.WORKFLOW_TASK_QUEUE, start_to_close_timeout=timedelta(minutes=5),
+                start_to_close_timeout=timedelta(minutes=5),  # on this workflow's own task queue
                 retry_policy=RetryPolicy(maximum_interval=timedelta(minutes=1)),
                 summary=f"delete expired {start.tinker_path}")
             if self._changed:  # the TTL moved while the delete ran; it deleted nothing (expiry mismatch)

@@ -18,6 +18,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TimeoutError_
 
+from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.fairness import fair_order, growing
 from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkerInfo, WorkItem, WorkResult
 
@@ -186,7 +187,7 @@ class Coordinator:
             try:
                 target, routed = self._route(item)
             except ApplicationError as e:
-                outcome = Outcome(error=e.message, category="user", worker_lost=e.type == "AdapterLost")
+                outcome = Outcome(error=e.message, category="user", worker_lost=e.type == ErrorType.ADAPTER_LOST)
                 self._answer(WorkResult(key=item.key, outcome=outcome), item.requester)
                 continue
             if target is None:
@@ -215,7 +216,7 @@ class Coordinator:
                     raise ApplicationError(f"{item.model_id} holds no adapter slot")
                 raise ApplicationError(
                     f"training run {item.model_id} has no adapter on any worker of {self.s.base_model} "
-                    "(it was released, or its JAX worker died or restarted)", type="AdapterLost")
+                    "(it was released, or its JAX worker died or restarted)", type=ErrorType.ADAPTER_LOST)
             queue, slot = placed
             if item.kind == "snapshot":
                 key = item.params["key"]

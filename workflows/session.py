@@ -13,6 +13,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows import names
+from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest, SessionStart, SessionState, WorkResult
 from tinkerflow.workflows.requester import CoordinatorCalls
 
@@ -110,7 +111,7 @@ class SessionWorkflow:
     @register_sampler.validator
     def _validate_register(self, req: SamplerRequest) -> None:
         if self.s.status != "active" or self._finish:
-            raise ApplicationError(f"session {self.s.session_id} is {self.s.status}", type="SessionEnded")
+            raise ApplicationError(f"session {self.s.session_id} is {self.s.status}", type=ErrorType.SESSION_ENDED)
 
     @workflow.update
     async def resolve_sampler(self, sampler_id: str) -> SamplerInfo:
@@ -120,7 +121,7 @@ class SessionWorkflow:
         except TimeoutError:
             # An ApplicationError fails this update; any other exception would fail the workflow task and wedge
             # the whole session (heartbeats, finish, clean-up) until a code change.
-            raise ApplicationError(f"unknown sampling session {sampler_id}", type="UnknownSampler",
+            raise ApplicationError(f"unknown sampling session {sampler_id}", type=ErrorType.UNKNOWN_SAMPLER,
                                    non_retryable=True) from None
         return self.s.samplers[sampler_id]
 

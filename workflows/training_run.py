@@ -17,6 +17,7 @@ from temporalio.workflow import ParentClosePolicy
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart
+from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import (
     Answered, BlobRef, LoraSpec, Outcome, RunStart, RunState, SamplerInfo, TrainingOp, WorkResult,
 )
@@ -62,7 +63,7 @@ class TrainingRunWorkflow:
         if self.s.auto_snapshot:  # only recovery needed it; the user's own checkpoints stay
             try:
                 await workflow.execute_activity(
-                    "delete_internal_checkpoint", self.s.auto_snapshot, task_queue=names.WORKFLOW_TASK_QUEUE,
+                    "delete_internal_checkpoint", self.s.auto_snapshot,  # on this workflow's own task queue
                     schedule_to_close_timeout=timedelta(minutes=10), summary="delete the automatic snapshot")
             except Exception as e:
                 workflow.logger.warning("automatic snapshot %s not deleted: %s", self.s.auto_snapshot, e)
@@ -112,7 +113,7 @@ class TrainingRunWorkflow:
         # one with a different body is caught here.
         if self._in_flight.get(op.seq_id, op.body_hash) != op.body_hash:
             raise ApplicationError(f"seq_id {op.seq_id} was already used for a different request on "
-                                   f"{self.s.start.model_id}", type="SeqConflict")
+                                   f"{self.s.start.model_id}", type=ErrorType.SEQ_CONFLICT)
         self._in_flight[op.seq_id] = op.body_hash
         try:
             await workflow.wait_condition(
@@ -141,26 +142,26 @@ class TrainingRunWorkflow:
         model_id = self.s.start.model_id
         if op.owner != self.s.start.owner:
             # Same answer as for a run that does not exist: another tenant learns nothing about it.
-            raise ApplicationError(f"training run {model_id} does not exist", type="NotOwner")
+            raise ApplicationError(f"training run {model_id} does not exist", type=ErrorType.NOT_OWNER)
         if self._closing:
-            raise ApplicationError(f"training run {model_id} is closed: {self._closing}", type="RunClosed")
+            raise ApplicationError(f"training run {model_id} is closed: {self._closing}", type=ErrorType.RUN_CLOSED)
         first = self.s.answered.get(str(op.seq_id))
         in_flight = self._in_flight.get(op.seq_id)
         if in_flight is not None and in_flight != op.body_hash:
             raise ApplicationError(f"seq_id {op.seq_id} is in flight with a different request on {model_id}",
-                                   type="SeqConflict")
+                                   type=ErrorType.SEQ_CONFLICT)
         if first is not None and first.body_hash != op.body_hash:
             raise ApplicationError(f"seq_id {op.seq_id} was already used for a different request on {model_id}",
-                                   type="SeqConflict")
+                                   type=ErrorType.SEQ_CONFLICT)
         if op.seq_id > self.s.next_seq + SEQ_WINDOW:
             # A validator change needs no workflow.patched: rejected updates never enter history.
             raise ApplicationError(
                 f"seq_id {op.seq_id} on {model_id} is more than {SEQ_WINDOW:,} ahead of the run's next "
-                f"({self.s.next_seq}); it would wait for the gap forever", type="SeqTooFar")
+                f"({self.s.next_seq}); it would wait for the gap forever", type=ErrorType.SEQ_TOO_FAR)
         if first is None and op.seq_id < self.s.next_seq:
             raise ApplicationError(
                 f"seq_id {op.seq_id} on {model_id} is older than the answers this run keeps (next is {self.s.next_seq})",
-                type="SeqConflict")
+                type=ErrorType.SEQ_CONFLICT)
 
     @workflow.signal
     def deliver(self, result: WorkResult) -> None:

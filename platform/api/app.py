@@ -26,6 +26,7 @@ from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
 from tinkerflow.common.checkpoints import CheckpointStore
+from tinkerflow.common.errors import TinkerflowError
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
@@ -105,6 +106,11 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     @app.exception_handler(ValidationError)
     async def _pydantic_error(_: Request, e: ValidationError) -> JSONResponse:
         return JSONResponse(status_code=400, content={"detail": f"invalid request: {e}"})
+
+    # A taxonomy error no route caught answers the status its type states (tinkerflow.common.errors), not a 500.
+    @app.exception_handler(TinkerflowError)
+    async def _taxonomy_error(_: Request, e: TinkerflowError) -> JSONResponse:
+        return JSONResponse(status_code=e.http_status, content={"detail": str(e)})
 
     @app.exception_handler(RequestValidationError)
     async def _request_error(_: Request, e: RequestValidationError) -> JSONResponse:

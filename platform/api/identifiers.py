@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tinkerflow.api.errors import http_error
+from tinkerflow.api.errors import from_error, http_error
 from tinkerflow.common.checkpoints import CheckpointError, TinkerPath, check_run
 
 MAX_SESSION_CHARS = 64
@@ -62,7 +62,7 @@ def checkpoint_path(run: str, checkpoint_id: str) -> TinkerPath:
     try:
         return TinkerPath.from_checkpoint_id(run, checkpoint_id)
     except CheckpointError as e:
-        raise http_error(400, str(e)) from None
+        raise from_error(e) from None
 
 
 def check_project_id(project_id: object) -> str:

@@ -8,10 +8,10 @@ import json
 
 from fastapi import Request
 
-from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.errors import from_error, from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id, check_session_id
 from tinkerflow.api.services import Services
-from tinkerflow.common.checkpoints import CheckpointError, CheckpointNotFound, Manifest
+from tinkerflow.common.checkpoints import CheckpointError, Manifest
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
@@ -47,10 +47,8 @@ async def checkpoint_of_caller(svc: Services, path: str, who: str) -> Manifest:
     the path is malformed."""
     try:
         return await asyncio.to_thread(svc.checkpoints.readable, path, who)
-    except CheckpointNotFound as e:
-        raise http_error(404, str(e)) from None
-    except CheckpointError as e:
-        raise http_error(400, str(e)) from None
+    except CheckpointError as e:  # CheckpointNotFound: 404, the rest 400 (the taxonomy says which)
+        raise from_error(e) from None
 
 
 async def session_of_caller(svc: Services, session_id: str, who: str) -> SessionState:

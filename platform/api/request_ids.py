@@ -18,6 +18,8 @@ import hmac
 import json
 from dataclasses import dataclass
 
+from tinkerflow.common.errors import BadRequestId  # noqa: F401  (the taxonomy's; raised by this name)
+
 
 @dataclass(frozen=True)
 class UpdateRef:
@@ -46,10 +48,6 @@ class FailedRef:
 
     error: str
     category: str = "user"
-
-
-class BadRequestId(ValueError):
-    pass
 
 
 def _b64(data: str) -> str:

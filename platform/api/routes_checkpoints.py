@@ -24,7 +24,7 @@ from tinker.types import CopyWeightsRequest
 
 from tinkerflow.api import signed_urls
 from tinkerflow.api.deps import owner, services
-from tinkerflow.api.errors import http_error, is_not_found
+from tinkerflow.api.errors import from_error, http_error, is_not_found
 from tinkerflow.api.identifiers import check_model_id, checkpoint_path
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.services import Services
@@ -109,7 +109,7 @@ async def set_ttl(run: str, checkpoint_id: str, request: Request, svc: Services 
     try:
         check_ttl(ttl)
     except CheckpointError as e:
-        raise http_error(400, str(e)) from None
+        raise from_error(e) from None
     expires_at = expiry_after(ttl)
     await asyncio.to_thread(svc.checkpoints.update, p, expires_at=expires_at)
     await _set_expiry_timer(svc, str(p), expires_at, m.base_model)
@@ -174,7 +174,7 @@ async def copy_weights(request: Request, svc: Services = Depends(services), who:
     try:
         check_ttl(req.ttl_seconds)
     except CheckpointError as e:
-        raise http_error(400, str(e)) from None
+        raise from_error(e) from None
     token = request.headers.get("x-idempotency-key") or f"{req.source_path}|{who}|{now_rfc3339()}"
     digest = hashlib.sha256(f"{who}|{token}".encode()).hexdigest()[:12]
     if req.session_id is not None and req.model_seq_id is not None:
@@ -188,7 +188,7 @@ async def copy_weights(request: Request, svc: Services = Depends(services), who:
     try:
         dest = TinkerPath.of(run, p.segment, p.name)
     except CheckpointError as e:
-        raise http_error(400, str(e)) from None
+        raise from_error(e) from None
     existing = await asyncio.to_thread(svc.checkpoints.manifest, dest)
     if existing is not None and existing.owner != who:  # belt and braces: never report or keep a foreign copy
         raise http_error(404, f"training run {run!r} does not exist or is not yours")
@@ -215,14 +215,14 @@ async def download_file(run: str, segment: str, name: str, relative: str, expire
     try:
         p = TinkerPath.of(run, segment, name)
     except CheckpointError as e:
-        raise http_error(400, str(e)) from None
+        raise from_error(e) from None
     if not signed_urls.verify(svc.signing_key, str(p), relative, expires, signature):
         raise http_error(403, "this download URL is invalid or has expired; ask external_weights_urls for a new one")
     try:
         sizes = await asyncio.to_thread(svc.checkpoints.files, p)
         f = await asyncio.to_thread(svc.checkpoints.open_file, p, relative)
     except CheckpointNotFound as e:
-        raise http_error(404, str(e)) from None
+        raise from_error(e) from None
 
     def chunks() -> Any:
         with f:

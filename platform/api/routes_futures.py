@@ -13,11 +13,10 @@ import logging
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError
 
 from tinkerflow.api import request_ids
 from tinkerflow.api.deps import owner, services
-from tinkerflow.api.errors import http_error, is_not_found
+from tinkerflow.api.errors import failure_category, from_error, http_error, is_not_found
 from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.services import Services
@@ -26,8 +25,6 @@ from tinkerflow.workflows.messages import Outcome
 
 router = APIRouter(prefix="/api/v1")
 log = logging.getLogger(__name__)
-# Failures workflows raise because of what the client sent (everything else is the server's problem).
-USER_ERROR_TYPES = {"SeqConflict", "RunClosed", "UnknownSampler", "SessionEnded"}
 
 
 async def _outcome(svc: Services, ref) -> Outcome:
@@ -50,15 +47,15 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), w
     try:
         ref = request_ids.decode(request_id, svc.signing_key, who)  # another key's id: 404, as for an unknown one
     except request_ids.BadRequestId as e:
-        raise http_error(404, str(e)) from None
+        raise from_error(e) from None
     try:
         outcome = await asyncio.wait_for(_outcome(svc, ref), timeout=svc.settings.long_poll_s)
     except asyncio.TimeoutError:
         return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
     except (WorkflowUpdateFailedError, WorkflowFailureError) as e:
         cause = e.cause
-        category = "user" if isinstance(cause, ApplicationError) and cause.type in USER_ERROR_TYPES else "server"
-        return JSONResponse({"error": getattr(cause, "message", None) or str(cause or e), "category": category})
+        return JSONResponse({"error": getattr(cause, "message", None) or str(cause or e),
+                             "category": str(failure_category(e))})
     except Exception as e:
         if is_not_found(e):
             raise http_error(404, f"unknown request_id {request_id[:80]!r}") from None
@@ -71,6 +68,6 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), w
         try:
             data = await asyncio.to_thread(svc.store.get, outcome.blob)
         except StoreError as e:
-            return JSONResponse({"error": str(e), "category": "server"})
+            return JSONResponse({"error": str(e), "category": str(e.category)})
         return Response(content=data, media_type="application/x-protobuf")
     return JSONResponse(outcome.json or {})

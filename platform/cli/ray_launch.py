@@ -17,10 +17,8 @@ driver itself is killed, Ray does the same (the actors and the group belong to i
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
-import os
 import signal
 import subprocess
 import threading
@@ -29,6 +27,7 @@ from pathlib import Path
 
 from tinkerflow.cli import ray_plan, temporal_server
 from tinkerflow.cli.ray_actor import JaxWorkerActor, Whereabouts, node_address
+from tinkerflow.cli.supervise import die_with_parent
 from tinkerflow.cli.up import Part, Stack, _api_ready, _port_open, child_env
 from tinkerflow.common.settings import Settings
 
@@ -239,23 +238,16 @@ class DriverStack(Stack):
         log_path = self.logs / f"{name}.log"
         out = open(log_path, "ab")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
-                                start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))  # fmt: skip
         part = Part(name, proc, log_path, kind or name)
         self.parts.append(part)
         return part
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: `ray job stop`'s SIGTERM still stops the stack through the driver
-
-
 def _connect(settings: Settings):
     import ray
 
-    address = settings.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+    address = settings.ray_address or "auto"  # Settings falls back to $RAY_ADDRESS
     if ":" in address and "://" not in address and not _port_open(address):
         # ray.init would retry a GCS that is not there for minutes; say so at once
         raise RuntimeError(f"no Ray cluster answers at {address}: check --ray-address (the head's GCS host:port, "
@@ -338,8 +330,8 @@ def _start_control_plane(settings: Settings, args: argparse.Namespace, node_ip: 
     import dataclasses
 
     stack = DriverStack(settings)
-    if not args.temporal_address and "TINKERFLOW_TEMPORAL_ADDRESS" not in os.environ:
-        address = f"{node_ip}:{args.temporal_port}"
+    if not settings.is_given("temporal_address"):
+        address = f"{node_ip}:{settings.temporal_port}"
         if _port_open(address):
             raise RuntimeError(f"{address} is busy: another Temporal runs there; pick --temporal-port or pass "
                                "--temporal-address to use it")  # fmt: skip
@@ -349,8 +341,8 @@ def _start_control_plane(settings: Settings, args: argparse.Namespace, node_ip: 
         # every interface rather than to that address alone.
         bind = "127.0.0.1" if node_ip == "127.0.0.1" else "0.0.0.0"
         part = stack.start("temporal", temporal_server.command(
-            settings.state_dir / "temporal.db", host=bind, port=args.temporal_port, ui_port=args.ui_port,
-            namespace=settings.temporal_namespace, headless=args.headless))  # fmt: skip
+            settings.state_dir / "temporal.db", host=bind, port=settings.temporal_port, ui_port=settings.ui_port,
+            namespace=settings.temporal_namespace, headless=settings.headless))  # fmt: skip
         stack.wait_ready(part, lambda: _port_open(address))
     stack.start_worker("workflow-worker")
     return settings, stack

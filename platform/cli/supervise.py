@@ -3,12 +3,19 @@
 On one machine `up` is the supervisor Kubernetes is elsewhere (DESIGN §6). The decision (restart now, later, or
 stop everything) is a pure function of when a part exited before, so it is tested without processes; `up.py` owns
 the processes and calls `RestartPolicy.on_exit` each time one of them ends.
+
+`up`'s parts must not outlive it: a signal to `up` stops them (up.py), and on Linux each part also asks the kernel to
+signal it when `up` dies (`die_with_parent`), so even a SIGKILL of `up` leaves nothing running.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 import signal
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter
@@ -61,3 +68,30 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit status {returncode}"
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux (no prctl): a signal to `up` still stops its parts; a SIGKILL of it cannot
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the child receive `sig` when the process that spawns it dies (PR_SET_PDEATHSIG;
+    kept across exec). None where the platform has no prctl. Everything it needs is looked up here, in the parent:
+    between fork and exec the child only calls prctl, getppid and kill."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig))
+        if os.getppid() != parent:  # the parent died between fork and prctl: nobody will send the signal
+            os.kill(os.getpid(), sig)
+
+    return preexec

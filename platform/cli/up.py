@@ -25,7 +25,7 @@ import httpx
 from rich.console import Console
 
 from tinkerflow.cli import temporal_server
-from tinkerflow.cli.supervise import RESTARTS, CrashLoop, RestartPolicy, describe_exit
+from tinkerflow.cli.supervise import RESTARTS, CrashLoop, RestartPolicy, describe_exit, die_with_parent
 from tinkerflow.common.settings import Settings
 
 console = Console(stderr=True, soft_wrap=True)  # log paths and restart lines stay whole, never folded
@@ -44,47 +44,11 @@ class Part:
 
 
 def child_env(settings: Settings) -> dict[str, str]:
+    """The environment of `up`'s parts: ours, plus every resolved setting as its TINKERFLOW_* variable (so a flag
+    given to `up` reaches every part, and a field added to Settings needs no line here)."""
     env = dict(os.environ)
-    env.update({
-        "TINKERFLOW_STATE_DIR": str(settings.state_dir),
-        "TINKERFLOW_TEMPORAL_ADDRESS": settings.temporal_address,
-        "TINKERFLOW_TEMPORAL_NAMESPACE": settings.temporal_namespace,
-        "TINKERFLOW_TEMPORAL_TLS_CERT": settings.temporal_tls_cert,
-        "TINKERFLOW_TEMPORAL_TLS_KEY": settings.temporal_tls_key,
-        "TINKERFLOW_TEMPORAL_TLS_CA": settings.temporal_tls_ca,
-        "TINKERFLOW_STORE_URL": settings.resolved_store_url,
-        "TINKERFLOW_CHECKPOINT_ROOT": settings.resolved_checkpoint_root,
-        "TINKERFLOW_URL_SIGNING_KEY": settings.url_signing_key,
-        "TINKERFLOW_METRICS_ACCESS": settings.metrics_access,
-        "TINKERFLOW_API_DOCS": "1" if settings.api_docs else "0",
-        "TINKERFLOW_AUTO_SNAPSHOT_EVERY": str(settings.auto_snapshot_every),
-        "TINKERFLOW_STORE_RETENTION_S": str(settings.store_retention_s),
-        "TINKERFLOW_HOST": settings.host,
-        "TINKERFLOW_PORT": str(settings.port),
-        "TINKERFLOW_BASE_MODEL": settings.base_model,
-        "TINKERFLOW_SERVED_MODEL_NAME": settings.served_model_name,
-        "TINKERFLOW_POOL": settings.pool,
-        "TINKERFLOW_MAX_LORA_ADAPTERS": str(settings.max_lora_adapters),
-        "TINKERFLOW_MAX_LORA_RANK": str(settings.max_lora_rank),
-        "TINKERFLOW_SNAPSHOT_BUDGET_MB": str(settings.snapshot_budget_mb),
-        "TINKERFLOW_COMPILATION_CACHE_DIR": settings.compilation_cache_dir,
-        "TINKERFLOW_API_KEYS": ",".join(settings.api_keys),
-        "TINKERFLOW_API_KEYS_FILE": settings.api_keys_file,
-        "TINKERFLOW_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
-        "TINKERFLOW_LONG_POLL_S": str(settings.long_poll_s),
-        "TINKERFLOW_MAX_QUEUED_SAMPLES": str(settings.max_queued_samples),
-        "TINKERFLOW_MAX_QUEUED_SAMPLE_TOKENS": str(settings.max_queued_sample_tokens),
-        "TINKERFLOW_MAX_REQUEST_BYTES": str(settings.max_request_bytes),
-        "TINKERFLOW_MAX_SAMPLE_BODY_BYTES": str(settings.max_sample_body_bytes),
-        "TINKERFLOW_MAX_CONTROL_BODY_BYTES": str(settings.max_control_body_bytes),
-        "TINKERFLOW_MAX_SAMPLES_PER_REQUEST": str(settings.max_samples_per_request),
-        "TINKERFLOW_MAX_SAMPLE_TOKENS": str(settings.max_sample_tokens),
-        "TINKERFLOW_MAX_DATUMS_PER_REQUEST": str(settings.max_datums_per_request),
-        "TINKERFLOW_LOG_LEVEL": settings.log_level,
-        "TINKERFLOW_LOG_FORMAT": settings.log_format,
-        "TINKERFLOW_METRICS_PORT": str(settings.metrics_port),
-        "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
-    })
+    env.update(settings.as_env())
+    env["HF_HUB_OFFLINE"] = env.get("HF_HUB_OFFLINE", "1")
     return env
 
 
@@ -106,8 +70,10 @@ class Stack:
 
     def _spawn(self, cmd, log_path: Path) -> subprocess.Popen:
         with open(log_path, "ab") as out:  # the child keeps its own descriptor
+            # Own session: a Ctrl-C in `up`'s terminal reaches `up` alone, which stops the parts in order. SIGKILL when
+            # `up` dies without doing so (killed -9, crashed): a part left running would hold the ports and state dir.
             return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
 
     def respawn(self, part: Part) -> None:
         """Start a part that exited again, with the same command, log and settings (no wait: others need watching)."""
@@ -270,13 +236,14 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         stopping["signal"] = signum
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # SIGINT raises KeyboardInterrupt already
+        signal.signal(sig, on_signal)
     try:
-        own_temporal = args.temporal_address is None and "TINKERFLOW_TEMPORAL_ADDRESS" not in os.environ
+        own_temporal = not settings.is_given("temporal_address")
         if own_temporal:
-            settings = _replace_address(settings, f"127.0.0.1:{args.temporal_port}")
+            settings = _replace_address(settings, f"127.0.0.1:{settings.temporal_port}")
             stack.settings = settings
-            stack.start_temporal(args.temporal_port, args.ui_port, args.headless)
+            stack.start_temporal(settings.temporal_port, settings.ui_port, settings.headless)
             retention = temporal_server.retention_for(settings.store_retention_s)
             asyncio.run(temporal_server.set_retention(settings.temporal_address, settings.temporal_namespace,
                                                       retention))
@@ -287,8 +254,8 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         stack.start_api()
         base_url, api_key = stack.base_url, stack.api_key
         console.print(f"[bold]Tinker API[/bold]   {base_url}   (TINKER_BASE_URL={base_url})")
-        if own_temporal and not args.headless:
-            console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{args.ui_port}/namespaces/"
+        if own_temporal and not settings.headless:
+            console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{settings.ui_port}/namespaces/"
                           f"{settings.temporal_namespace}/workflows")
         policy = RestartPolicy(base_s=settings.restart_backoff_s, cap_s=settings.restart_backoff_max_s,
                                max_restarts=settings.crash_loop_restarts, window_s=settings.crash_loop_window_s)
@@ -300,7 +267,7 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
             env = dict(os.environ, TINKER_BASE_URL=base_url)
             env.setdefault("TINKER_API_KEY", api_key)
             console.print(f"running: {' '.join(then)}")
-            command = subprocess.Popen(then, env=env)
+            command = subprocess.Popen(then, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
             try:
                 return stack.supervise(policy, until=command.poll)
             finally:
@@ -315,6 +282,8 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         console.print(f"[red]error:[/red] {e}")
         return 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         with console.status("stopping …"):
             stack.stop()
         console.print("stopped")

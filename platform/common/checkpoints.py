@@ -27,6 +27,7 @@ from typing import Any
 
 import fsspec
 
+from tinkerflow.common.errors import CheckpointError, CheckpointNotFound  # noqa: F401  (the taxonomy's; raised by this name)
 from tinkerflow.common.store import write_whole
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,6 @@ _RUN = re.compile(r"^[A-Za-z0-9._\-]+(:[A-Za-z0-9._\-]+)*$")
 # Each is one directory name under the checkpoint root (file systems stop at 255 bytes) and part of workflow ids.
 MAX_NAME_CHARS = 128
 MAX_RUN_CHARS = 128
-
-
-class CheckpointError(ValueError):
-    """A user-facing problem with a checkpoint path or request (the message says what to do)."""
-
-
-class CheckpointNotFound(CheckpointError):
-    pass
 
 
 @dataclass(frozen=True)

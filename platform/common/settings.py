@@ -1,7 +1,10 @@
 """Settings shared by every process kind, from flags and `TINKERFLOW_*` environment variables.
 
 One frozen dataclass so a process's whole configuration is visible in one place and can be logged at start-up.
-Flags win over the environment, the environment wins over the defaults.
+Each field states its default, its help text and the flag group it belongs to once, in its metadata
+(`setting(...)`); the CLI's flags and their help are generated from it (`tinkerflow.cli.flags`), and every field is
+read from `TINKERFLOW_<FIELD_NAME>`. Flags win over the environment, the environment wins over the defaults.
+Fields in `ENV_ONLY` groups have no flag: tuning knobs read where no Settings object reaches and test hooks.
 """
 
 from __future__ import annotations
@@ -9,127 +12,266 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from tinkerflow.common.errors import UserError
 
 ENV_PREFIX = "TINKERFLOW_"
 
+# Flag groups: each sub-command of the CLI shows the groups it needs (cli/main.py); titles head its --help sections.
+COMMON, MODEL, API, DEV_TEMPORAL, SUPERVISION, JAX_WORKER, MESH, RAY = (
+    "common", "model", "api", "dev-temporal", "supervision", "jax-worker", "mesh", "ray")
+ENGINE_ENV, TEST_HOOK = "engine-env", "test-hook"
+ENV_ONLY = (ENGINE_ENV, TEST_HOOK)
+GROUP_TITLES = {
+    COMMON: "common",
+    MODEL: "base model and JAX worker",
+    API: "HTTP API",
+    DEV_TEMPORAL: "Temporal dev server (when no --temporal-address is given)",
+    SUPERVISION: "supervision by `up`",
+    JAX_WORKER: "JAX worker (multi-host: one process per host)",
+    MESH: "device mesh",
+    RAY: "Ray placement",
+}
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(ENV_PREFIX + name, default)
+
+class SettingsError(UserError):
+    """A TINKERFLOW_* variable (or flag) whose value does not parse as its field's type (a usage error: exit 2)."""
 
 
-def default_state_dir() -> Path:
-    return Path(_env("STATE_DIR", str(Path.cwd() / ".tinkerflow"))).expanduser().resolve()
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Any = _Unset()
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def _parse_keys(raw: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def _parse_path(raw: str) -> Path:
+    return Path(raw).expanduser().resolve()
+
+
+def _parser_for(default: Any) -> Callable[[str], Any]:
+    if isinstance(default, bool):
+        return _parse_bool
+    if isinstance(default, tuple):
+        return _parse_keys
+    if isinstance(default, (int, float)):
+        return type(default)
+    return str
+
+
+def setting(default: Any, help: str, group: str, *, shown: str | None = None, aliases: tuple[str, ...] = (),
+            choices: tuple[str, ...] = (), metavar: str | None = None, env_fallbacks: tuple[str, ...] = (),
+            parse: Callable[[str], Any] | None = None) -> Any:
+    """A Settings field: `default` (a callable: computed when the field is read), `help` (one sentence, no
+    default in it: the flag's help adds the default and the env var), `group` (which sub-commands get the flag),
+    `shown` (the default as a person reads it, where its value says little), `aliases` (older flag names that
+    keep working), `env_fallbacks` (variables read after TINKERFLOW_<NAME>, e.g. Ray's own RAY_ADDRESS)."""
+    meta = {"default": default, "help": help, "group": group, "shown": shown, "aliases": aliases,
+            "choices": choices, "metavar": metavar, "env_fallbacks": env_fallbacks,
+            "parse": parse or _parser_for(default)}
+    return field(default=_UNSET, metadata=meta)
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _cwd_state_dir() -> Path:
+    return (Path.cwd() / ".tinkerflow").resolve()
 
 
 @dataclass(frozen=True)
 class Settings:
-    state_dir: Path = field(default_factory=default_state_dir)
-    temporal_address: str = field(default_factory=lambda: _env("TEMPORAL_ADDRESS", "127.0.0.1:7233"))
-    temporal_namespace: str = field(default_factory=lambda: _env("TEMPORAL_NAMESPACE", "default"))
-    # mTLS to Temporal Cloud (or any TLS frontend): PEM files of the client certificate and key; a CA bundle only
-    # for a server whose certificate a system CA does not sign. All empty: plain connection (the dev server).
-    temporal_tls_cert: str = field(default_factory=lambda: _env("TEMPORAL_TLS_CERT", ""))
-    temporal_tls_key: str = field(default_factory=lambda: _env("TEMPORAL_TLS_KEY", ""))
-    temporal_tls_ca: str = field(default_factory=lambda: _env("TEMPORAL_TLS_CA", ""))
-    # Where request bodies and results live while their future is open (DESIGN §3). file:// or gs://.
-    store_url: str = field(default_factory=lambda: _env("STORE_URL", ""))
-    host: str = field(default_factory=lambda: _env("HOST", "127.0.0.1"))
-    port: int = field(default_factory=lambda: int(_env("PORT", "8000")))
-    base_model: str = field(default_factory=lambda: _env("BASE_MODEL", ""))
-    # The name the base model is served under (vLLM's --served-model-name); empty: the HF id or directory path.
-    served_model_name: str = field(default_factory=lambda: _env("SERVED_MODEL_NAME", ""))
-    pool: str = field(default_factory=lambda: _env("POOL", "default"))
-    max_lora_adapters: int = field(default_factory=lambda: int(_env("MAX_LORA_ADAPTERS", "8")))
-    max_lora_rank: int = field(default_factory=lambda: int(_env("MAX_LORA_RANK", "32")))
-    # Comma-separated; empty means the API is open (with a warning at start-up).
-    api_keys: tuple[str, ...] = field(
-        default_factory=lambda: tuple(k for k in _env("API_KEYS", "").split(",") if k.strip())
-    )
-    # One key per line ('#' comments allowed); merged with api_keys. Read once when the API starts.
-    api_keys_file: str = field(default_factory=lambda: _env("API_KEYS_FILE", ""))
-    session_timeout_s: float = field(default_factory=lambda: float(_env("SESSION_TIMEOUT_S", "120")))
-    # asample answers 429 (the SDK backs off and resubmits) while this many samples wait in a coordinator's queue.
-    max_queued_samples: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLES", "1024")))
-    # ... or while this many tokens of sampling work (samples x (prompt + max_tokens)) wait: queues count work.
-    max_queued_sample_tokens: int = field(default_factory=lambda: int(_env("MAX_QUEUED_SAMPLE_TOKENS",
-                                                                            str(1 << 20))))
-    # Bodies larger than this (on the wire, and after zstd decompression) are refused with HTTP 413.
-    max_request_bytes: int = field(default_factory=lambda: int(_env("MAX_REQUEST_BYTES", str(256 * 1024 * 1024))))
-    # Body limits of the routes that carry less than forward_backward (see api/body_limits.py): asample (a prompt)
-    # and every control route (a few fields and at most 16 KiB of user_metadata).
-    max_sample_body_bytes: int = field(default_factory=lambda: int(_env("MAX_SAMPLE_BODY_BYTES", str(16 << 20))))
-    max_control_body_bytes: int = field(default_factory=lambda: int(_env("MAX_CONTROL_BODY_BYTES", str(1 << 20))))
-    # Per-request caps: one call may not ask for more than this (HTTP 400 for asample; a failed future for the
-    # in-sequence forward_backward, whose seq_id must still be consumed).
-    max_samples_per_request: int = field(default_factory=lambda: int(_env("MAX_SAMPLES_PER_REQUEST", "128")))
-    max_sample_tokens: int = field(default_factory=lambda: int(_env("MAX_SAMPLE_TOKENS", "8192")))
-    max_datums_per_request: int = field(default_factory=lambda: int(_env("MAX_DATUMS_PER_REQUEST", "4096")))
-    # How long retrieve_future holds a poll before answering try_again (the SDK times out at 45 s).
-    long_poll_s: float = field(default_factory=lambda: float(_env("LONG_POLL_S", "25")))
-    log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO"))
-    log_format: str = field(default_factory=lambda: _env("LOG_FORMAT", "text"))  # text | json
-    # Port of the JAX worker's Prometheus /metrics (0: off). The API serves /metrics on its own port.
-    metrics_port: int = field(default_factory=lambda: int(_env("METRICS_PORT", "0")))
+    # --- common to every process kind
+    state_dir: Path = setting(_cwd_state_dir, "directory for the Temporal database, models and the local store",
+                              COMMON, shown="./.tinkerflow", parse=_parse_path)
+    temporal_address: str = setting("127.0.0.1:7233", "host:port of the Temporal frontend; `up` and `ray` start "
+                                    "a dev server unless it is given", COMMON)
+    temporal_namespace: str = setting("default", "Temporal namespace", COMMON)
+    # mTLS to Temporal Cloud (or any TLS frontend). All empty: plain connection (the dev server).
+    temporal_tls_cert: str = setting("", "PEM client certificate for mTLS to Temporal (Temporal Cloud)", COMMON,
+                                     shown="none: plain connection")
+    temporal_tls_key: str = setting("", "PEM private key of --temporal-tls-cert", COMMON, shown="none")
+    temporal_tls_ca: str = setting("", "PEM CA bundle of the Temporal frontend", COMMON, shown="system CAs")
+    # Where request bodies and results live while their future is open (DESIGN §3).
+    store_url: str = setting("", "claim-check store root: file:///path or gs://bucket/prefix", COMMON,
+                             shown="<state-dir>/store")
+    # Runs replay request bodies since their last automatic snapshot after a worker dies: keep this well above a
+    # step's duration.
+    store_retention_s: float = setting(86400.0, "collect claim-check objects older than this many seconds "
+                                       "(0: never)", COMMON)
+    checkpoint_root: str = setting("", "checkpoint storage root: file:///path or gs://bucket/prefix; every process "
+                                   "kind needs the same one", COMMON, shown="<state-dir>/checkpoints")
+    log_level: str = setting("INFO", "logging level", COMMON, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    log_format: str = setting("text", "text for people, json (one object per line) for log pipelines", COMMON,
+                              choices=("text", "json"))
 
-    # Sampler snapshots a JAX worker keeps in device memory, in MiB (least recently used evicted first; saved
-    # weights reload on demand, an evicted ephemeral snapshot fails its sample clearly). 0: a tenth of the device's.
-    snapshot_budget_mb: int = field(default_factory=lambda: int(_env("SNAPSHOT_BUDGET_MB", "0")))
-    # Supervision by `tinkerflow up`: a part that exits unexpectedly is started again after a backoff that doubles
-    # from restart_backoff_s up to restart_backoff_max_s; more than crash_loop_restarts restarts of one part within
-    # crash_loop_window_s seconds is a crash loop, and `up` stops everything and says which part and where its log is.
-    restart_backoff_s: float = field(default_factory=lambda: float(_env("RESTART_BACKOFF_S", "1")))
-    restart_backoff_max_s: float = field(default_factory=lambda: float(_env("RESTART_BACKOFF_MAX_S", "30")))
-    crash_loop_restarts: int = field(default_factory=lambda: int(_env("CRASH_LOOP_RESTARTS", "5")))
-    crash_loop_window_s: float = field(default_factory=lambda: float(_env("CRASH_LOOP_WINDOW_S", "300")))
-    # Port where `tinkerflow up` itself serves Prometheus /metrics (restarts per part; 0: off).
-    up_metrics_port: int = field(default_factory=lambda: int(_env("UP_METRICS_PORT", "0")))
+    # --- the base model and the JAX worker that serves it
+    base_model: str = setting("", "HF id in the local HF cache, or a local HF directory", MODEL,
+                              shown="the embedded tiny Qwen3, made on first use in <state-dir>/models")
+    served_model_name: str = setting("", "name clients use for --base-model, like vLLM's flag of that name: serve a "
+                                     "local copy of a Hugging Face model under its HF id (e.g. Qwen/Qwen3-0.6B) so "
+                                     "recipes that look models up by name (tinker-cookbook's renderer and "
+                                     "learning-rate tables) know it", MODEL,
+                                     shown="the HF id given to --base-model, or the directory's absolute path")
+    pool: str = setting("default", "name of the worker pool this base model runs on", MODEL)
+    max_lora_adapters: int = setting(8, "LoRA adapter slots on the JAX worker", MODEL)
+    max_lora_rank: int = setting(32, "largest LoRA rank a client may ask for", MODEL)
+    snapshot_budget_mb: int = setting(0, "device memory (MiB) for sampler snapshots on the JAX worker; the least "
+                                      "recently used are evicted past it (saved weights reload on demand)", MODEL,
+                                      shown="0: a tenth of the device's memory")
+    metrics_port: int = setting(0, "serve the JAX worker's Prometheus /metrics on this port (the API always serves "
+                                "/metrics on its own port)", MODEL, shown="0: off")
+    # On Kubernetes, a path on a volume that outlives pods, so a rescheduled worker starts warm.
+    compilation_cache_dir: str = setting("", "XLA persistent compilation cache of the JAX worker, so a restarted "
+                                         "worker compiles nothing it compiled before; 'off' disables it", MODEL,
+                                         metavar="DIR", shown="<state-dir>/xla-cache")
 
-    # Every this many optim steps a run saves an automatic snapshot (adapter + Adam state) to the checkpoint root;
-    # with the ops since (their inputs stay in the claim-check store) a dead JAX worker's runs are restored exactly.
-    auto_snapshot_every: int = field(default_factory=lambda: int(_env("AUTO_SNAPSHOT_EVERY", "10")))
-    # Claim-check objects (request bodies, results) older than this are collected (0: never). Runs replay request
-    # bodies since their last automatic snapshot after a worker dies, so keep this well above a step's duration.
-    store_retention_s: float = field(default_factory=lambda: float(_env("STORE_RETENTION_S", "86400")))
-    # Where checkpoints live (DESIGN §4): file:///path or gs://bucket/prefix. Every process kind needs the same one.
-    checkpoint_root: str = field(default_factory=lambda: _env("CHECKPOINT_ROOT", ""))
-    # Key that signs the download URLs the API hands out (external_weights_urls). API replicas must share it;
-    # empty: a random key kept in <state-dir>/url-signing.key.
-    url_signing_key: str = field(default_factory=lambda: _env("URL_SIGNING_KEY", ""))
-    # Who may read the API's Prometheus /metrics (its labels name served models, which may be local paths):
-    # "key" (any accepted API key, as X-API-Key or `Authorization: Bearer`), "public" (a scraper without
-    # credentials), or "off". With no API keys configured the API is open, and so is "key".
-    metrics_access: str = field(default_factory=lambda: _env("METRICS_ACCESS", "key"))
-    # Serve the OpenAPI schema and its pages (/openapi.json, /docs, /redoc) to anyone. Off by default: nothing
-    # there is secret, but a server on the internet need not advertise its routes.
-    api_docs: bool = field(default_factory=lambda: _env("API_DOCS", "0").lower() in ("1", "true", "yes"))
+    # --- the HTTP API
+    host: str = setting("127.0.0.1", "address the API binds", API)
+    port: int = setting(8000, "port of the API", API)
+    api_keys: tuple[str, ...] = setting((), "accepted API key, repeatable or comma-separated", API,
+                                        aliases=("--api-key",), shown="none: any key is accepted, with a warning")
+    api_keys_file: str = setting("", "file of accepted API keys, one per line ('#' comments allowed), merged with "
+                                 "--api-key; read once when the API starts", API, shown="none")
+    session_timeout_s: float = setting(120.0, "end a session after this long without a heartbeat", API)
+    max_queued_samples: int = setting(1024, "answer asample with HTTP 429 (the SDK backs off and retries) while "
+                                      "this many samples are queued for one base model", API)
+    max_queued_sample_tokens: int = setting(1 << 20, "answer asample with HTTP 429 while this many tokens of "
+                                            "sampling work (samples x (prompt + max_tokens)) are queued for one "
+                                            "base model", API, shown="1Mi")
+    max_request_bytes: int = setting(256 << 20, "refuse request bodies larger than this with HTTP 413, on the wire "
+                                     "and after zstd decompression", API, shown="256 MiB")
+    max_sample_body_bytes: int = setting(16 << 20, "HTTP 413 for an asample body larger than this, before it is "
+                                         "read", API, shown="16 MiB")
+    max_control_body_bytes: int = setting(1 << 20, "HTTP 413 for a body larger than this on every route but "
+                                          "forward_backward and asample, before it is read", API, shown="1 MiB")
+    max_samples_per_request: int = setting(128, "largest num_samples one asample may ask for (HTTP 400 beyond)",
+                                           API)
+    max_sample_tokens: int = setting(8192, "largest max_tokens one asample may ask for (HTTP 400 beyond)", API)
+    max_datums_per_request: int = setting(4096, "most datums in one forward_backward (beyond, its future fails "
+                                          "with a user error)", API)
+    long_poll_s: float = setting(25.0, "how long retrieve_future holds a poll before answering try_again (the SDK "
+                                 "times out at 45 s)", API)
+    auto_snapshot_every: int = setting(10, "save an automatic snapshot of each run every N optim steps, so a dead "
+                                       "JAX worker's runs are restored exactly elsewhere (0: off, a dead worker's "
+                                       "runs then fail)", API)
+    url_signing_key: str = setting("", "secret that signs checkpoint download URLs; API replicas must share it", API,
+                                   shown="a random key kept in <state-dir>/url-signing.key")
+    # The API's /metrics labels name served models, which may be local paths.
+    metrics_access: str = setting("key", "who may read the API's /metrics: any accepted API key (X-API-Key or "
+                                  "Authorization: Bearer), anyone (public), or nobody (off); with no API keys "
+                                  "configured the API is open, and so is 'key'", API,
+                                  choices=("key", "public", "off"))
+    # Nothing there is secret, but a server on the internet need not advertise its routes.
+    api_docs: bool = setting(False, "serve /openapi.json, /docs and /redoc to anyone", API, shown="off")
 
-    # Multi-host JAX worker (DESIGN §4): num_processes > 1 joins jax.distributed at coordinator_address (host:port
-    # of process 0); process 0 takes activities and drives the others through the same steps.
-    coordinator_address: str = field(default_factory=lambda: _env("COORDINATOR_ADDRESS", ""))
-    num_processes: int = field(default_factory=lambda: int(_env("NUM_PROCESSES", "1")))
-    process_id: int = field(default_factory=lambda: int(_env("PROCESS_ID", "0")))
-    # The JAX worker's device mesh: devices on the fsdp axis (0: every device not on tp) and on the tp axis.
-    mesh_fsdp: int = field(default_factory=lambda: int(_env("MESH_FSDP", "0")))
-    mesh_tp: int = field(default_factory=lambda: int(_env("MESH_TP", "1")))
-    # Expert-parallel devices (mixture-of-experts models only; 1: no ep axis).
-    mesh_ep: int = field(default_factory=lambda: int(_env("MESH_EP", "1")))
-    # XLA's persistent compilation cache of the JAX worker, so a restart compiles nothing it compiled before:
-    # "" keeps it in <state-dir>/xla-cache, "off" disables it. On Kubernetes, a path on a volume that outlives pods.
-    compilation_cache_dir: str = field(default_factory=lambda: _env("COMPILATION_CACHE_DIR", ""))
+    # --- the Temporal dev server `up`, `ray --with-stack` and `temporal` start
+    temporal_port: int = setting(7233, "frontend port of the dev server", DEV_TEMPORAL)
+    ui_port: int = setting(8233, "port of the Temporal Web UI", DEV_TEMPORAL)
+    headless: bool = setting(False, "do not serve the Temporal Web UI", DEV_TEMPORAL, shown="off")
 
-    # `tinkerflow ray` (DESIGN §6c): the Ray cluster to join ("" or "auto": the one this process runs in, as under
-    # `ray job submit`), and the placement group of JAX-worker actors, one bundle per host.
-    ray_address: str = field(default_factory=lambda: _env("RAY_ADDRESS", ""))
-    ray_hosts: int = field(default_factory=lambda: int(_env("RAY_HOSTS", "1")))
-    ray_cpus_per_host: float = field(default_factory=lambda: float(_env("RAY_CPUS_PER_HOST", "1")))
-    ray_gpus_per_host: float = field(default_factory=lambda: float(_env("RAY_GPUS_PER_HOST", "0")))
-    ray_tpus_per_host: float = field(default_factory=lambda: float(_env("RAY_TPUS_PER_HOST", "0")))
-    # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray's placement strategies); one JAX process per host: STRICT_SPREAD.
-    ray_strategy: str = field(default_factory=lambda: _env("RAY_STRATEGY", "STRICT_SPREAD"))
-    # How often Ray may restart each actor (-1: without limit). Re-forming the group restarts every actor once.
-    ray_max_restarts: int = field(default_factory=lambda: int(_env("RAY_MAX_RESTARTS", "10")))
+    # --- supervision by `tinkerflow up`: backoff doubles from restart_backoff_s up to restart_backoff_max_s; more
+    # than crash_loop_restarts restarts of one part within crash_loop_window_s is a crash loop and stops everything.
+    restart_backoff_s: float = setting(1.0, "wait this long before restarting a part that exited unexpectedly, "
+                                       "doubled for each further restart in the window", SUPERVISION)
+    restart_backoff_max_s: float = setting(30.0, "longest wait before a restart", SUPERVISION)
+    crash_loop_restarts: int = setting(5, "stop everything when one part needs more than N restarts within "
+                                       "--crash-loop-window-s", SUPERVISION)
+    crash_loop_window_s: float = setting(300.0, "the crash-loop window in seconds", SUPERVISION)
+    up_metrics_port: int = setting(0, "serve `up`'s own Prometheus /metrics (tinkerflow_up_restarts_total by part) "
+                                   "on this port", SUPERVISION, shown="0: off")
+
+    # --- one JAX worker process (DESIGN §4): num_processes > 1 joins jax.distributed at coordinator_address;
+    # process 0 takes activities and drives the others through the same steps.
+    worker_id: str = setting("", "stable id of this worker, the same across its restarts", JAX_WORKER,
+                             shown="<hostname>-<pool>-0")
+    coordinator_address: str = setting("", "jax.distributed coordinator: process 0's host and a free port",
+                                       JAX_WORKER, metavar="HOST:PORT", shown="none: one process")
+    num_processes: int = setting(1, "processes (hosts) in the worker; above 1 they join jax.distributed, process 0 "
+                                 "takes activities and drives the others", JAX_WORKER)
+    process_id: int = setting(0, "this process's index in [0, N)", JAX_WORKER, metavar="I")
+    mesh_fsdp: int = setting(0, "devices on the mesh's fsdp axis, over all processes", MESH,
+                             shown="0: every device not on tp")
+    mesh_tp: int = setting(1, "devices on the mesh's tp (tensor-parallel) axis", MESH)
+    mesh_ep: int = setting(1, "devices on the mesh's ep (expert-parallel) axis, for mixture-of-experts models; "
+                           "num_experts must divide by it", MESH, shown="1: no ep axis")
+
+    # --- `tinkerflow ray` (DESIGN §6c): one JAX-worker actor per host in a placement group.
+    ray_address: str = setting("", "Ray cluster to join, e.g. ray://head:10001 or head:6379", RAY,
+                               env_fallbacks=("RAY_ADDRESS",),
+                               shown="the cluster of the Ray job this runs in, or $RAY_ADDRESS, or a local "
+                               "`ray start`")
+    ray_hosts: int = setting(1, "hosts, one JAX process and one placement-group bundle each; above 1 they form one "
+                             "jax.distributed group", RAY, aliases=("--hosts",))
+    ray_cpus_per_host: float = setting(1.0, "CPUs in each host's bundle", RAY, aliases=("--cpus-per-host",))
+    ray_gpus_per_host: float = setting(0.0, "GPUs in each host's bundle", RAY, aliases=("--gpus-per-host",))
+    ray_tpus_per_host: float = setting(0.0, "TPU chips in each host's bundle, e.g. 4 on a v6e 4x4 slice's hosts",
+                                       RAY, aliases=("--tpus-per-host",))
+    ray_strategy: str = setting("STRICT_SPREAD", "placement strategy of the bundles (STRICT_SPREAD: one bundle per "
+                                "node, one JAX process per host)", RAY, aliases=("--strategy",),
+                                choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+    ray_max_restarts: int = setting(10, "times Ray may restart each actor; a fault restarts the whole group "
+                                    "(-1: no limit)", RAY, aliases=("--max-restarts",))
+
+    # --- no flag: read from the environment only (documented exceptions, see the module docstring)
+    sampler_eager_buckets: bool = setting(True, "compile every slot bucket of a sampling shape family at its first "
+                                          "use (0: each bucket when a batch first needs it); read by the engine's "
+                                          "sampler where it is built", ENGINE_ENV)
+    fault_pause_before_commit_s: float = setting(0.0, "test hook: hold a checkpoint save this long between its "
+                                                 "payload upload and its manifest commit", TEST_HOOK)
+
+    # Which fields came from the environment or a flag rather than their default (e.g. `up` starts its own Temporal
+    # only when no address was given). Not configuration itself: no flag, no variable.
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        given = set(self.given)
+        for f in config_fields():
+            if getattr(self, f.name) is not _UNSET:
+                continue
+            raw, source = _from_env(f)
+            if source:
+                value = _parse(f, raw, source)
+                given.add(f.name)
+            else:
+                default = f.metadata["default"]
+                value = default() if callable(default) else default
+            object.__setattr__(self, f.name, value)
+        object.__setattr__(self, "given", frozenset(given))
+
+    def is_given(self, name: str) -> bool:
+        """The field was set by a flag, the environment or the caller, not left at its default."""
+        f = next(f for f in config_fields() if f.name == name)
+        default = f.metadata["default"]
+        return name in self.given or getattr(self, name) != (default() if callable(default) else default)
+
+    def as_env(self) -> dict[str, str]:
+        """Every field as the TINKERFLOW_* variable that reads back to the same value (the store and checkpoint
+        roots resolved against this state dir): what a child process needs to share this configuration. The
+        ENV_ONLY fields are left out: they are read from the environment where they are used, so a child inherits
+        the variable itself (a test may set a fault hook after this Settings was made)."""
+        values = {f.name: getattr(self, f.name) for f in config_fields() if f.metadata["group"] not in ENV_ONLY}
+        values.update(store_url=self.resolved_store_url, checkpoint_root=self.resolved_checkpoint_root)
+        return {env_name(name): _to_env(value) for name, value in values.items()}
 
     @property
     def resolved_store_url(self) -> str:
@@ -138,6 +280,12 @@ class Settings:
     @property
     def resolved_checkpoint_root(self) -> str:
         return self.checkpoint_root or (self.state_dir / "checkpoints").as_uri()
+
+    @property
+    def resolved_compilation_cache_dir(self) -> Path | None:
+        if self.compilation_cache_dir == "off":
+            return None
+        return Path(self.compilation_cache_dir).expanduser() if self.compilation_cache_dir else self.state_dir / "xla-cache"
 
     def accepted_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)
@@ -149,45 +297,63 @@ class Settings:
         return tuple(dict.fromkeys(keys))
 
     @property
-    def resolved_compilation_cache_dir(self) -> Path | None:
-        if self.compilation_cache_dir == "off":
-            return None
-        return Path(self.compilation_cache_dir).expanduser() if self.compilation_cache_dir else self.state_dir / "xla-cache"
-
-    @property
     def models_dir(self) -> Path:
         return self.state_dir / "models"
 
-    def with_args(self, args: argparse.Namespace) -> "Settings":
-        """Overlay the flags a user actually gave (argparse leaves the others as None)."""
-        changes = {}
-        for f in dataclasses.fields(self):
+    def with_args(self, args: argparse.Namespace) -> Settings:
+        """Overlay the flags a user actually gave (the generated flags default to None)."""
+        changes: dict[str, Any] = {}
+        for f in config_fields():
             value = getattr(args, f.name, None)
             if value is None:
                 continue
-            if f.name == "state_dir":
-                value = Path(value).expanduser().resolve()
-            if f.name == "api_keys":
-                value = tuple(k for part in value for k in part.split(",") if k.strip())
-            changes[f.name] = value
-        return dataclasses.replace(self, **changes)
+            if isinstance(value, list):  # a repeatable flag (--api-key): each item may itself be comma-separated
+                value = ",".join(value)
+            changes[f.name] = _parse(f, value, "--" + f.name.replace("_", "-")) if isinstance(value, str) else value
+        return dataclasses.replace(self, given=self.given | set(changes), **changes)
 
 
-def add_common_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("common (each also read from TINKERFLOW_<NAME> in the environment)")
-    g.add_argument("--state-dir", help="directory for the Temporal database, models and the local store "
-                   "(env TINKERFLOW_STATE_DIR; default ./.tinkerflow)")
-    g.add_argument("--temporal-address", help="host:port of the Temporal frontend (default 127.0.0.1:7233)")
-    g.add_argument("--temporal-namespace", help="Temporal namespace (default 'default')")
-    g.add_argument("--temporal-tls-cert", help="PEM client certificate for mTLS to Temporal (Temporal Cloud)")
-    g.add_argument("--temporal-tls-key", help="PEM private key of --temporal-tls-cert")
-    g.add_argument("--temporal-tls-ca", help="PEM CA bundle of the Temporal frontend (default: system CAs)")
-    g.add_argument("--store-url", help="claim-check store root: file:///path or gs://bucket/prefix "
-                   "(default <state-dir>/store)")
-    g.add_argument("--store-retention-s", type=float, help="collect claim-check objects older than this "
-                   "(default 86400; 0: never)")
-    g.add_argument("--checkpoint-root", help="checkpoint storage root: file:///path or gs://bucket/prefix "
-                   "(default <state-dir>/checkpoints)")
-    g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")
-    g.add_argument("--log-format", choices=["text", "json"], help="text for people, json (one object per line) "
-                   "for log pipelines (default text)")
+def _to_env(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def config_fields() -> Iterator[dataclasses.Field]:
+    """The configuration fields (each with a TINKERFLOW_* variable), in declaration order."""
+    return (f for f in dataclasses.fields(Settings) if "group" in f.metadata)
+
+
+def env_names(f: dataclasses.Field) -> tuple[str, ...]:
+    return (env_name(f.name), *f.metadata["env_fallbacks"])
+
+
+def _from_env(f: dataclasses.Field) -> tuple[str, str]:
+    for name in env_names(f):
+        if name in os.environ:
+            return os.environ[name], name
+    return "", ""
+
+
+def _parse(f: dataclasses.Field, raw: str, source: str) -> Any:
+    try:
+        value = f.metadata["parse"](raw)
+    except ValueError as e:
+        raise SettingsError(f"{source}={raw!r}: not a valid {f.name} ({e})") from None
+    choices = f.metadata["choices"]
+    if choices and value not in choices:
+        raise SettingsError(f"{source}={raw!r}: {f.name} must be one of {', '.join(choices)}")
+    return value
+
+
+def env_setting(name: str) -> Any:
+    """One field as the environment sets it (or its default): for the ENV_ONLY fields, read where no Settings
+    object is passed (the engine's sampler, test hooks in activities)."""
+    f = next(f for f in config_fields() if f.name == name)
+    raw, source = _from_env(f)
+    if source:
+        return _parse(f, raw, source)
+    default = f.metadata["default"]
+    return default() if callable(default) else default

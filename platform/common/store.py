@@ -15,13 +15,10 @@ from datetime import datetime
 
 import fsspec
 
+from tinkerflow.common.errors import StoreError  # noqa: F401  (the taxonomy's; raised by this name)
 from tinkerflow.workflows.messages import BlobRef
 
 log = logging.getLogger(__name__)
-
-
-class StoreError(RuntimeError):
-    pass
 
 
 def is_local(fs) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 
 import pytest
@@ -13,8 +12,8 @@ from tests.infra.conftest import INFRA, OVERLAYS, by_kind, pod_specs, render
 # Variables the manifests may set before the code reads them (none today: the multi-host JAX worker's and the
 # Temporal Cloud mTLS variables have landed). An entry here must not be a Settings field.
 PLANNED_ENV: dict[str, str] = {}
-# Read by the JAX worker straight from the environment (workers/jax_worker.py stable_worker_id).
-EXTRA_ENV = {"TINKERFLOW_WORKER_ID"}
+# Variables the code reads that are no Settings field (none: every one goes through Settings).
+EXTRA_ENV: set[str] = set()
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -30,9 +29,9 @@ def _flags(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 def known_env() -> set[str]:
-    from tinkerflow.common.settings import ENV_PREFIX, Settings
+    from tinkerflow.common.settings import config_fields, env_name
 
-    return {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)} | EXTRA_ENV
+    return {env_name(f.name) for f in config_fields()} | EXTRA_ENV
 
 
 def test_settings_env_names_are_what_the_brief_lists():

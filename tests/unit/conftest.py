@@ -8,14 +8,13 @@ import pytest
 import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
 
-from wf_harness import Tinker, local_temporal, tinker_world, workflow_worker
+from wf_harness import Tinker, local_temporal, tinker_world
 
 
 @pytest_asyncio.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     async with local_temporal() as env:
-        async with workflow_worker(env.client):
-            yield env
+        yield env  # each test's tinker_world brings its own workflow worker, on its own task queue
 
 
 @pytest_asyncio.fixture

@@ -22,7 +22,7 @@ from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart, parse_rfc3339
 from tinkerflow.workflows.messages import LoraSpec, RunState, TrainingOp
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from wf_harness import Tinker, body_hash, eventually, within
+from wf_harness import Tinker, body_hash, eventually, unique_queue, within
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 
@@ -135,12 +135,13 @@ async def run_timer(env: WorkflowEnvironment, start: ExpiryStart, *signals: str 
         deleted.append((path, expires_at))
         return True
 
-    async with Worker(env.client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=[CheckpointExpiry],
+    queue = unique_queue()
+    async with Worker(env.client, task_queue=queue, workflows=[CheckpointExpiry],
                       activities=[delete_expired_checkpoint]):
         with env.auto_time_skipping_disabled():  # the signals land before time moves on
             handle = await env.client.start_workflow(
                 CheckpointExpiry.run, start, id=f"checkpoint-expiry/{uuid.uuid4().hex}",
-                task_queue=names.WORKFLOW_TASK_QUEUE)
+                task_queue=queue)
             for expires_at in signals:
                 await handle.signal(CheckpointExpiry.set_expiry, expires_at)
         return await handle.result(), deleted
@@ -217,10 +218,11 @@ async def test_the_janitor_sweeps_on_its_interval(skipping_env: WorkflowEnvironm
         sweeps.append((await skipping_env.get_current_time()).timestamp())
         return {"objects": 1, "bytes": 10}
 
-    async with Worker(skipping_env.client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=[StoreJanitor],
+    queue = unique_queue()
+    async with Worker(skipping_env.client, task_queue=queue, workflows=[StoreJanitor],
                       activities=[sweep_claim_checks]):
         handle = await skipping_env.client.start_workflow(StoreJanitor.run, 3600.0, id=f"janitor/{uuid.uuid4().hex}",
-                                                          task_queue=names.WORKFLOW_TASK_QUEUE)
+                                                          task_queue=queue)
         await skipping_env.sleep(3 * 3600 + 60)
         await handle.terminate("test over")
     assert len(sweeps) == 4  # at start, then hourly

@@ -27,7 +27,7 @@ async def _sample(tinker: Tinker, session_id: str, n: int, tag: str):
     handle = await tinker.client.start_workflow(
         SampleRequestWorkflow.run,
         SampleStart(sampler=sampler, payloads=[blob(f"mem://{tag}/{i}") for i in range(n)]),
-        id=names.sample_workflow_id(sampler.sampler_id, body_hash(tag, n)), task_queue=names.WORKFLOW_TASK_QUEUE)
+        id=names.sample_workflow_id(sampler.sampler_id, body_hash(tag, n)), task_queue=tinker.workflow_queue)
     tinker.started.append(handle)
     return handle
 
@@ -76,7 +76,7 @@ async def test_the_sampling_queue_counts_samples_and_tokens_not_calls(tinker: Ti
         SampleRequestWorkflow.run,
         SampleStart(sampler=sampler, payloads=[blob("mem://w/0"), blob("mem://w/1")], samples=[3, 5],
                     work=[3 * 10, 5 * 100]),
-        id=names.sample_workflow_id(sampler.sampler_id, body_hash("work")), task_queue=names.WORKFLOW_TASK_QUEUE)
+        id=names.sample_workflow_id(sampler.sampler_id, body_hash("work")), task_queue=tinker.workflow_queue)
     tinker.started.append(handle)
     # Two calls, eight samples, 530 tokens of work: the API's 429 decision reads the last two.
     described = await eventually(lambda: _described_with_pending(tinker, 2))

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
-from tinkerflow.cli.supervise import RESTARTS, CrashLoop, Restart, RestartPolicy, describe_exit
+import pytest
+
+from tests.conftest import REPO
+from tinkerflow.cli.supervise import RESTARTS, CrashLoop, Restart, RestartPolicy, describe_exit, die_with_parent
 from tinkerflow.cli.up import Stack, console
 from tinkerflow.common.settings import Settings
 
@@ -84,3 +89,55 @@ def test_a_part_that_keeps_dying_stops_the_stack_naming_the_part_and_its_log(tmp
     text = captured.get()
     assert "flaky is crash-looping: it exited 4 times within 60 s (last: exit status 3)" in text
     assert str(part.log_path) in text
+
+
+# --- parts do not outlive `up` ---------------------------------------------------------------------------------------
+
+# A stand-in for `up`: the real Stack starts two parts that would run for minutes, then waits to be killed.
+_FAKE_UP = """
+import sys, time
+from pathlib import Path
+from tinkerflow.cli.up import Stack
+from tinkerflow.common.settings import Settings
+
+stack = Stack(Settings(state_dir=Path(sys.argv[1])))
+for name in ("a", "b"):
+    stack.start(name, [sys.executable, "-c", "import time; time.sleep(600)"])
+print(" ".join(str(p.proc.pid) for p in stack.parts), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_parts_die_when_up_is_killed_with_sigkill(tmp_path):
+    up = subprocess.Popen([sys.executable, "-c", _FAKE_UP, str(tmp_path / "state")], stdout=subprocess.PIPE,
+                          text=True, cwd=REPO)
+    try:
+        pids = [int(p) for p in up.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        up.kill()  # SIGKILL: `up` runs no clean-up at all
+        up.wait()
+        deadline = time.monotonic() + 60  # a bound on a hang, not a timing assertion
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        for pid in locals().get("pids", []):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_die_with_parent_is_a_preexec_fn_on_linux():
+    preexec = die_with_parent(signal.SIGTERM)
+    assert (preexec is not None) == sys.platform.startswith("linux")

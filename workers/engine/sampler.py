@@ -26,7 +26,6 @@ trainer computes, so sampler and trainer agree for the same weights.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from tinkerflow.common.settings import env_setting
 
 from .config import ModelConfig, round_up_pow2, round_up_seq_len
 from .jit_cache import AotCache
@@ -358,8 +359,8 @@ class SlotSampler:
         self.tokenizer = tokenizer
         self.max_slots = DEFAULT_SAMPLE_SLOTS
         # Compile every slot bucket and admission size of a shape family at its first use (see module docstring).
-        # (TINKERFLOW_SAMPLER_EAGER_BUCKETS=0 compiles each slot bucket only when a batch first needs it.)
-        self.eager_buckets = os.environ.get("TINKERFLOW_SAMPLER_EAGER_BUCKETS", "1") != "0"
+        # (TINKERFLOW_SAMPLER_EAGER_BUCKETS=0, an env-only Settings field, compiles each bucket when first needed.)
+        self.eager_buckets = bool(env_setting("sampler_eager_buckets"))
         self._admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots",))
         self._decode = AotCache("sample_decode", partial(decode, graphdef, placement), donate=("slots",))
         self._empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))

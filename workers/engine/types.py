@@ -12,12 +12,7 @@ from typing import Literal
 
 import numpy as np
 
-
-class InputError(ValueError):
-    """A problem with what the user sent (bad token id, wrong shape, unknown loss...).
-
-    Reported to the SDK as a failed future with category `user`; it never touches adapter state.
-    """
+from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; raised by this name)
 
 
 @dataclass(frozen=True)
