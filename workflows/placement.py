@@ -212,7 +212,8 @@ class Placement:
         """Queue drops for this run's older ephemeral snapshots that nobody sampled recently."""
         stale: dict[str, list[str]] = {}
         for key, run in self.s.snapshot_runs.items():
-            if run == model_id and key != newest and now - self.s.snapshot_used.get(key, 0.0) > EPHEMERAL_SNAPSHOT_IDLE_S:
+            idle = now - self.s.snapshot_used.get(key, 0.0)
+            if run == model_id and key != newest and idle > EPHEMERAL_SNAPSHOT_IDLE_S:
                 stale.setdefault(self.s.snapshots[key], []).append(key)
         for queue, keys in stale.items():
             for key in keys:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -236,7 +237,7 @@ class TrainingRunWorkflow:
             return outcome
         if segment == "weights":
             self.s.last_checkpoint = path
-        result = {"path": path, "type": kind}
+        result: dict[str, Any] = {"path": path, "type": kind}
         if segment == "external_weights":
             result["size_bytes"] = int((outcome.json or {}).get("size_bytes", 0))
         return Outcome(json=result)
