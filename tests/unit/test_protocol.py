@@ -39,6 +39,9 @@ from tinkerflow.workflows.messages import (
 )
 
 HISTORIES = sorted((Path(__file__).parents[1] / "replay" / "histories").glob("*.json"))
+# Recorded before the typed fields (kinds and parameters in `params` dicts) and after (`record.py --add typed`).
+LEGACY = [p for p in HISTORIES if "-typed-" not in p.name]
+TYPED = [p for p in HISTORIES if "-typed-" in p.name]
 CONVERTER = DataConverter.default.payload_converter
 REF = BlobRef(uri="file:///store/requests/x", size=12, sha256="ab" * 32)
 
@@ -55,10 +58,11 @@ def _round_trip(value: Any, hint: Any) -> Any:
     return CONVERTER.from_payloads(CONVERTER.to_payloads([value]), [hint])[0]
 
 
-def _recorded(kinds: dict[tuple[str, str], Any]) -> list[Any]:
-    """Every payload of the recorded histories sent as one of `kinds` ((event attributes key, name) -> type)."""
+def _recorded(kinds: dict[tuple[str, str], Any], paths: list[Path], raw: bool = False) -> list[Any]:
+    """Every payload of the recorded histories sent as one of `kinds` ((event attributes key, name) -> type);
+    `raw`: the payloads' JSON as recorded instead of decoded."""
     found = []
-    for path in HISTORIES:
+    for path in paths:
         for event in json.loads(path.read_text())["history"]["events"]:
             for key, attrs in event.items():
                 if not key.endswith("EventAttributes"):
@@ -72,19 +76,23 @@ def _recorded(kinds: dict[tuple[str, str], Any]) -> list[Any]:
                 hint = kinds.get((key, name))
                 if hint is not None and payloads:
                     payload = json_format.ParseDict(payloads[0], Payload())
-                    found.append(CONVERTER.from_payloads([payload], [hint])[0])
+                    found.append(json.loads(payload.data) if raw else CONVERTER.from_payloads([payload], [hint])[0])
     return found
 
 
-def _work_items_recorded() -> list[WorkItem]:
+WORK_ITEM_EVENTS = {
+    ("workflowExecutionSignaledEventAttributes", "submit"): WorkItem,
+    ("workflowExecutionSignaledEventAttributes", "submit_many"): list[WorkItem],
+    ("signalExternalWorkflowExecutionInitiatedEventAttributes", "submit"): WorkItem,
+    ("signalExternalWorkflowExecutionInitiatedEventAttributes", "submit_many"): list[WorkItem],
+    ("activityTaskScheduledEventAttributes", "run_batch"): Batch,
+}
+OP_EVENTS = {("workflowExecutionUpdateAcceptedEventAttributes", "op"): TrainingOp}
+
+
+def _work_items_recorded(paths: list[Path]) -> list[WorkItem]:
     items: list[WorkItem] = []
-    for value in _recorded({
-        ("workflowExecutionSignaledEventAttributes", "submit"): WorkItem,
-        ("workflowExecutionSignaledEventAttributes", "submit_many"): list[WorkItem],
-        ("signalExternalWorkflowExecutionInitiatedEventAttributes", "submit"): WorkItem,
-        ("signalExternalWorkflowExecutionInitiatedEventAttributes", "submit_many"): list[WorkItem],
-        ("activityTaskScheduledEventAttributes", "run_batch"): Batch,
-    }):
+    for value in _recorded(WORK_ITEM_EVENTS, paths):
         items.extend(value.items if isinstance(value, Batch) else value if isinstance(value, list) else [value])
     return items
 
@@ -96,8 +104,9 @@ def _check_typed(item: WorkItem) -> None:
         assert getattr(item, name), f"{item.kind} decoded without its {name}: {item}"
 
 
-def test_every_recorded_work_item_decodes_into_typed_fields() -> None:
-    items = _work_items_recorded()
+@pytest.mark.parametrize("paths", [LEGACY, TYPED], ids=["legacy", "typed"])
+def test_every_recorded_work_item_decodes_into_typed_fields(paths: list[Path]) -> None:
+    items = _work_items_recorded(paths)
     for item in items:
         _check_typed(item)
     kinds = Counter(i.kind for i in items)
@@ -110,8 +119,9 @@ def test_every_recorded_work_item_decodes_into_typed_fields() -> None:
     assert all(a.learning_rate == pytest.approx(1e-3) and a.beta2 == pytest.approx(0.95) for a in adams)
 
 
-def test_every_recorded_training_op_decodes_into_typed_fields() -> None:
-    ops: list[TrainingOp] = _recorded({("workflowExecutionUpdateAcceptedEventAttributes", "op"): TrainingOp})
+@pytest.mark.parametrize("paths", [LEGACY, TYPED], ids=["legacy", "typed"])
+def test_every_recorded_training_op_decodes_into_typed_fields(paths: list[Path]) -> None:
+    ops: list[TrainingOp] = _recorded(OP_EVENTS, paths)
     assert ops
     for op in ops:
         assert isinstance(op.kind, OpKind) and op.params == {}, op
@@ -125,6 +135,17 @@ def test_every_recorded_training_op_decodes_into_typed_fields() -> None:
     assert {OpKind.FORWARD_BACKWARD, OpKind.OPTIM_STEP, OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_FOR_SAMPLER} <= kinds
     named = [op.save for op in ops if op.kind is OpKind.SAVE_WEIGHTS_FOR_SAMPLER and op.save.path]
     assert [s.ttl_seconds for s in named] == [3600]  # record.py: "replay-weights", ttl_seconds=3600
+
+
+def test_the_two_recordings_hold_the_two_shapes() -> None:
+    """The legacy histories carry params dicts (what the converters must read); the typed ones carry none."""
+    def params_seen(paths: list[Path]) -> int:
+        raw = _recorded({**WORK_ITEM_EVENTS, **OP_EVENTS}, paths, raw=True)
+        items = [i for r in raw for i in (r["items"] if "items" in r else r if isinstance(r, list) else [r])]
+        return sum(1 for i in items if i.get("params"))
+
+    assert LEGACY and TYPED
+    assert params_seen(LEGACY) > 20 and params_seen(TYPED) == 0
 
 
 def test_a_legacy_replay_log_decodes_into_logged_ops() -> None:
