@@ -50,7 +50,7 @@ class Coordinator:
     @workflow.init
     def __init__(self, state: CoordinatorState) -> None:
         self.s = state
-        self.placement = Placement(state, workflow.info().workflow_id)
+        self.placement = Placement(state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder)
         self._busy: set[str] = set()
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
         # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).
@@ -74,6 +74,12 @@ class Coordinator:
                 if items:
                     self._busy.add(queue)
                     asyncio.ensure_future(self._dispatch(queue, items))
+
+    @staticmethod
+    def _drops_per_holder() -> bool:
+        """A session's snapshot drop reaches every worker holding its snapshots. Patched: before, one drop went to
+        the first holder only, and a drop kept for a busy worker was resolved again and failed as finding nothing."""
+        return workflow.patched("coordinator-drop-every-holder-v1")
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
@@ -177,6 +183,8 @@ class Coordinator:
                 taken.extend(self.placement.loads_for(routed, queue, workflow.now().timestamp(),
                                                       lambda key: f"load-{key}-{workflow.uuid4().hex[:8]}"))
                 taken.append(routed)
+            elif _resolved_drop(item, routed) and self._drops_per_holder():
+                keep.append(routed)  # routing a prefix drop forgets its keys: it must not be resolved twice
             else:
                 keep.append(item)
         self.s.pending = keep
@@ -254,6 +262,11 @@ class Coordinator:
         workflow.set_current_details(
             f"{self.s.base_model} · {len(self.s.workers)} worker(s) · adapter slots {used}/{total} in use"
         )
+
+
+def _resolved_drop(item: WorkItem, routed: WorkItem) -> bool:
+    return item.kind is WorkKind.DROP_SNAPSHOTS and item.drop is not None and item.drop.keys is None \
+        and routed.drop is not None and routed.drop.keys is not None
 
 
 def _summarise(items: list[WorkItem]) -> str:

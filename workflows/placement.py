@@ -45,11 +45,15 @@ class CoordinatorState:
 
 class Placement:
     """The policy over one Coordinator's state. `self_id` is the Coordinator's workflow id: housekeeping work it
-    queues for itself (snapshot collection) is answered to it."""
+    queues for itself (snapshot collection) is answered to it. `drop_on_every_holder` is asked (only when a session's
+    snapshots sit on several workers) whether each holder gets its drop; the Coordinator answers with a
+    `workflow.patched`, since histories from before sent one drop, to the first holder, and leaked the others."""
 
-    def __init__(self, state: CoordinatorState, self_id: str) -> None:
+    def __init__(self, state: CoordinatorState, self_id: str,
+                 drop_on_every_holder: Callable[[], bool] = lambda: True) -> None:
         self.s = state
         self.self_id = self_id
+        self.drop_on_every_holder = drop_on_every_holder
 
     # --- adapters ------------------------------------------------------------------------------------------------
 
@@ -180,9 +184,14 @@ class Placement:
             self.forget_snapshot(k)
         if not matching:
             raise ApplicationError(f"no snapshots with prefix {drop.prefix}")
-        queue = sorted(set(matching.values()))[0]
-        keys = sorted(k for k, q in matching.items() if q == queue)
-        return queue, replace(item, drop=DropSnapshots(keys=keys, queue=queue, prefix=drop.prefix))
+        first, *others = sorted(set(matching.values()))
+        if others and self.drop_on_every_holder():
+            for queue in others:  # routed as our own collection once this item is taken
+                keys = sorted(k for k, q in matching.items() if q == queue)
+                self.s.pending.append(WorkItem(key=f"{item.key}@{queue}", requester=self.self_id,
+                                               kind=WorkKind.DROP_SNAPSHOTS, drop=DropSnapshots(keys=keys, queue=queue)))
+        keys = sorted(k for k, q in matching.items() if q == first)
+        return first, replace(item, drop=DropSnapshots(keys=keys, queue=first, prefix=drop.prefix))
 
     def loads_for(self, item: WorkItem, queue: str, now: float, new_key: Callable[[str], str]) -> list[WorkItem]:
         """Work that must run before `item` on `queue`: loading saved weights a sample call names. `new_key(path)`

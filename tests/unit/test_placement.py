@@ -95,6 +95,22 @@ def test_a_session_prefix_is_resolved_into_the_keys_the_record_holds() -> None:
         p.route(item(WorkKind.DROP_SNAPSHOTS, drop=DropSnapshots(prefix="s:sample:")), set(), 5.0)
 
 
+@pytest.mark.parametrize("every_holder", [True, False])
+def test_a_sessions_snapshots_on_several_workers_are_dropped_on_each(every_holder: bool) -> None:
+    p = placement(worker("q1", 1), worker("q2", 1))
+    p.drop_on_every_holder = lambda: every_holder  # False: what histories recorded before the patch did
+    for n in range(2):
+        create(p, f"s:train:{n}")
+        p.route(item(WorkKind.SNAPSHOT, f"s:train:{n}", n, snapshot=f"s:sample:{n}"), set(), 0.0)
+    queue, routed = p.route(item(WorkKind.DROP_SNAPSHOTS, "", 9, drop=DropSnapshots(prefix="s:")), set(), 1.0)
+    assert queue == "q1" and routed.drop.keys == ["s:sample:0"] and p.s.snapshots == {}
+    if every_holder:
+        (other,) = p.s.pending
+        assert p.route(other, set(), 1.0)[0] == "q2" and other.drop == DropSnapshots(keys=["s:sample:1"], queue="q2")
+    else:
+        assert p.s.pending == []
+
+
 def test_a_runs_older_ephemeral_snapshots_are_collected_once_idle() -> None:
     p = placement(worker("q1"))
     create(p, "s:train:0")

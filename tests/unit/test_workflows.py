@@ -321,6 +321,31 @@ async def test_sample_from_saved_weights_loads_them_first_in_the_same_batch(tink
     assert len(tinker.engine.of_kind("sample")) == 2
 
 
+async def test_a_finished_sessions_snapshots_are_dropped_on_every_worker_holding_them(temporal_env, tinker) -> None:
+    """Runs of one session on two workers each made a sampler snapshot; finishing the session drops both, each on
+    its own worker (before the patch only the first holder heard of it, and the other kept its copy)."""
+    second = new_queue()
+    async with jax_worker(temporal_env.client, tinker.engine, second):
+        await tinker.register(second)
+        sid, session = await tinker.start_session()
+        samplers = []
+        for n in (1, 2):
+            model_id, run = await tinker.ready_run(sid, n)
+            saved = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_for_sampler", body_hash=body_hash(n),
+                                                    save=SaveRequest(sampling_session_seq_id=n)))
+            assert saved.ok, saved
+            samplers.append(names.sampler_id_for(sid, n))
+        placements = (await tinker.describe_coordinator())["placements"]
+        assert len({queue for queue, _ in placements.values()}) == 2  # one run per worker
+        await session.signal(SessionWorkflow.finish, "bye")
+        await within(session.result())
+        await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 2)
+        drops = [i.drop for i in tinker.engine.of_kind("drop_snapshots")]
+        assert sorted(k for d in drops for k in d.keys) == sorted(samplers)
+        assert {d.queue for d in drops} == {queue for queue, _ in placements.values()}
+        assert (await tinker.describe_coordinator())["snapshots"] == 0
+
+
 async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) -> None:
     sid, session = await tinker.start_session()
     model_id, run = await tinker.ready_run(sid, 1)
