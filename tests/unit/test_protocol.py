@@ -19,6 +19,7 @@ from temporalio.converter import DataConverter
 from tinkerflow.activities.engine_activities import EngineActivities
 from tinkerflow.activities.specs import adam_config, lora_config
 from tinkerflow.workers.engine.types import AdamConfig, LoraConfig
+from tinkerflow.workflows.coordinator import KIND_LABELS
 from tinkerflow.workflows.messages import (
     AdamSpec,
     Batch,
@@ -233,6 +234,7 @@ def test_typed_training_ops_round_trip_through_the_default_converter(adam, load,
 def test_the_activity_has_one_handler_per_kind_and_converts_specs_explicitly() -> None:
     acts = EngineActivities(engine=None, store=None)  # type: ignore[arg-type]
     assert set(acts.handlers) == set(WorkKind)
+    assert set(KIND_LABELS) == set(WorkKind) == set(TYPED_FIELD)  # the Coordinator names each kind in the UI
     assert lora_config(LoraSpec(rank=8, seed=3, train_mlp=False)) == LoraConfig(rank=8, seed=3, train_mlp=False)
     assert adam_config(AdamSpec(1e-3, weight_decay=0.1)) == AdamConfig(1e-3, weight_decay=0.1)
     # Every field of the engine's configs is set from the spec (a new field on either side must be mapped).
