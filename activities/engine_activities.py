@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import groupby
 
 from temporalio import activity
@@ -29,14 +30,17 @@ from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.storage_faults import storage_fault
 from tinkerflow.common.store import ClaimCheckStore
-from tinkerflow.workers.engine.types import AdamConfig, InputError, LoraConfig
+from tinkerflow.workers.engine.types import InputError
 from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkResult
+from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkKind, WorkResult
+
+from tinkerflow.activities.specs import adam_config, lora_config
 
 log = logging.getLogger(__name__)
 REMEMBERED_ANSWERS = 4096
-GROUPED_KINDS = {"forward_backward", "sample"}
-CHECKPOINT_KINDS = {"save_checkpoint", "load_checkpoint", "load_snapshot"}
+# Kinds whose consecutive items run as ONE engine call (one pass over many adapters, one decode batch).
+GROUPED_KINDS = {WorkKind.FORWARD_BACKWARD, WorkKind.SAMPLE}
+CHECKPOINT_KINDS = {WorkKind.SAVE_CHECKPOINT, WorkKind.LOAD_CHECKPOINT, WorkKind.LOAD_SNAPSHOT}
 # Heartbeats tell Temporal a long batch is alive; a 5 ms optimizer step needs none (each one is an RPC).
 HEARTBEAT_EVERY_S = 5.0
 
@@ -64,15 +68,17 @@ def _heartbeats(every_s: float):
         thread.join()
 
 
-def _observe(kind: str, n: int, outcomes: list[Outcome], seconds: float) -> None:
-    metrics.ENGINE_OP_SECONDS.labels(kind).observe(seconds)
-    metrics.BATCH_ITEMS.labels(kind).observe(n)
+def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) -> None:
+    label = kind.value
+    metrics.ENGINE_OP_SECONDS.labels(label).observe(seconds)
+    metrics.BATCH_ITEMS.labels(label).observe(n)
     tokens = sum(int((o.json or {}).get("tokens", 0)) for o in outcomes if o.ok)
     if tokens:
-        metrics.ENGINE_TOKENS.labels(kind).inc(tokens)
-        metrics.ENGINE_TOKENS_PER_S.labels(kind).set(tokens / max(seconds, 1e-9))
-    if kind in ("create_adapter", "free_adapter"):
-        metrics.ADAPTER_SLOTS_USED.inc(sum(1 for o in outcomes if o.ok) * (1 if kind == "create_adapter" else -1))
+        metrics.ENGINE_TOKENS.labels(label).inc(tokens)
+        metrics.ENGINE_TOKENS_PER_S.labels(label).set(tokens / max(seconds, 1e-9))
+    if kind in (WorkKind.CREATE_ADAPTER, WorkKind.FREE_ADAPTER):
+        ok = sum(1 for o in outcomes if o.ok)
+        metrics.ADAPTER_SLOTS_USED.inc(ok if kind is WorkKind.CREATE_ADAPTER else -ok)
 
 
 class EngineActivities:
@@ -85,9 +91,21 @@ class EngineActivities:
         # callable(requester workflow id, WorkResult) -> concurrent.futures.Future of the signal, or None
         self.deliver = deliver
         self._answers: OrderedDict[str, Outcome] = OrderedDict()
-        self._snapshots: set[str] = set()
         self._delivered: set[str] = set()
         self._load_errors: dict[str, str] = {}  # saved weights a sample batch asked for that failed to load
+        # One handler per kind. Grouped kinds take the whole run of consecutive items; the others one item each.
+        self.handlers: dict[WorkKind, Callable[[list[WorkItem]], list[Outcome]]] = {
+            WorkKind.FORWARD_BACKWARD: self._forward_backward,
+            WorkKind.SAMPLE: self._sample,
+            WorkKind.CREATE_ADAPTER: self._single(self._create_adapter),
+            WorkKind.FREE_ADAPTER: self._single(self._free_adapter),
+            WorkKind.OPTIM_STEP: self._single(self._optim_step),
+            WorkKind.SNAPSHOT: self._single(self._snapshot),
+            WorkKind.DROP_SNAPSHOTS: self._single(self._drop_snapshots),
+            WorkKind.SAVE_CHECKPOINT: self._single(self._checkpoint(self._save_checkpoint)),
+            WorkKind.LOAD_CHECKPOINT: self._single(self._checkpoint(self._load_checkpoint)),
+            WorkKind.LOAD_SNAPSHOT: self._single(self._checkpoint(self._load_snapshot)),
+        }
 
     @activity.defn(name="run_batch")
     def run_batch(self, batch: Batch) -> BatchResult:
@@ -111,8 +129,8 @@ class EngineActivities:
             for i in batch.items])
 
     def _run_items(self, todo: list[WorkItem], sent: dict, progress: list[str]) -> None:
-        for kind, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
-            group = list(group)
+        for _, run in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
+            group = list(run)
             progress[0] = f"{group[0].kind} ×{len(group)}"
             started = time.perf_counter()
             try:
@@ -143,62 +161,86 @@ class EngineActivities:
             old, _ = self._answers.popitem(last=False)
             self._delivered.discard(old)
 
-    def _run_group(self, kind: str, items: list[WorkItem]) -> list[Outcome]:
-        if kind == "forward_backward":
-            return self._forward_backward(items)
-        if kind == "sample":
-            return self._sample(items)
-        (item,) = items
+    def _run_group(self, kind: WorkKind, items: list[WorkItem]) -> list[Outcome]:
+        handler = self.handlers.get(kind)
+        if handler is None:
+            return [Outcome.failed(f"unknown work kind {kind!r}", "server")] * len(items)
+        return handler(items)
+
+    @staticmethod
+    def _single(handle: Callable[[WorkItem], Outcome]) -> Callable[[list[WorkItem]], list[Outcome]]:
+        """A handler of one item; bad input (or a checkpoint that cannot be used) fails that item as `user`."""
+        def run(items: list[WorkItem]) -> list[Outcome]:
+            (item,) = items
+            try:
+                return [handle(item)]
+            except (InputError, CheckpointError) as e:
+                return [Outcome.failed(str(e), "user")]
+        return run
+
+    def _checkpoint(self, handle: Callable[[WorkItem], Outcome]) -> Callable[[WorkItem], Outcome]:
+        def run(item: WorkItem) -> Outcome:
+            if self.checkpoints is None:
+                return Outcome.failed("this JAX worker has no checkpoint storage configured (--checkpoint-root)",
+                                      "server")
+            return handle(item)
+        return run
+
+    def _create_adapter(self, item: WorkItem) -> Outcome:
+        if item.lora is None:
+            raise InputError("create_adapter needs a LoRA spec")
+        self.engine.create_adapter(item.slot, lora_config(item.lora))
+        return Outcome(json={"slot": item.slot})
+
+    def _free_adapter(self, item: WorkItem) -> Outcome:
+        self.engine.free_adapter(item.slot)
+        return Outcome(json={})
+
+    def _optim_step(self, item: WorkItem) -> Outcome:
+        if item.adam is None:
+            raise InputError("optim_step needs adam_params")
+        step_metrics = self.engine.optim_step(item.slot, adam_config(item.adam))
+        return Outcome(json={"metrics": wire.optim_step_metrics(step_metrics), "type": "optim_step"})
+
+    def _snapshot(self, item: WorkItem) -> Outcome:
+        self.engine.snapshot(item.slot, item.snapshot)
+        return Outcome(json={})
+
+    def _drop_snapshots(self, item: WorkItem) -> Outcome:
+        # The Coordinator resolves a session's prefix into keys from its record (the one record of snapshots). A
+        # prefix-only item can only be a batch an older Coordinator dispatched before an upgrade: nothing to name.
+        keys = sorted(item.drop.keys or []) if item.drop is not None else []
+        if item.drop is not None and item.drop.keys is None:
+            log.warning("drop_snapshots %s names a prefix (%r) and no keys; nothing dropped", item.key,
+                        item.drop.prefix)
+        for key in keys:
+            self.engine.drop_snapshot(key)
+        return Outcome(json={"dropped": len(keys)})
+
+    def _save_checkpoint(self, item: WorkItem) -> Outcome:
+        save = item.save
+        if save is None:
+            raise InputError("save_checkpoint needs a path and a manifest")
+        manifest = checkpoint_io.save(self.engine, self.checkpoints, item.slot, save.manifest,
+                                      overwrite=save.overwrite, age_recipients=list(save.age_recipients))
+        return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
+
+    def _load_checkpoint(self, item: WorkItem) -> Outcome:
+        if item.load is None:
+            raise InputError("load_checkpoint needs a path")
+        return Outcome(json=checkpoint_io.load(self.engine, self.checkpoints, item.slot, item.load.path,
+                                               optimizer=item.load.optimizer))
+
+    def _load_snapshot(self, item: WorkItem) -> Outcome:
+        """A sample call in this batch names saved weights this worker has not loaded."""
+        if item.load is None:
+            raise InputError("load_snapshot needs a path")
+        path = item.load.path
         try:
-            return [self._single(item)]
+            checkpoint_io.load_snapshot(self.engine, self.checkpoints, path)
+            self._load_errors.pop(path, None)
         except (InputError, CheckpointError) as e:
-            return [Outcome.failed(str(e), "user")]
-
-    def _single(self, item: WorkItem) -> Outcome:
-        p = item.params
-        if item.kind == "create_adapter":
-            self.engine.create_adapter(item.slot, LoraConfig(
-                rank=int(p["rank"]), seed=p.get("seed"), train_attn=p.get("train_attn", True),
-                train_mlp=p.get("train_mlp", True), train_unembed=p.get("train_unembed", True)))
-            return Outcome(json={"slot": item.slot})
-        if item.kind == "free_adapter":
-            self.engine.free_adapter(item.slot)
-            return Outcome(json={})
-        if item.kind == "optim_step":
-            metrics = self.engine.optim_step(item.slot, AdamConfig(**p))
-            return Outcome(json={"metrics": wire.optim_step_metrics(metrics), "type": "optim_step"})
-        if item.kind == "snapshot":
-            self.engine.snapshot(item.slot, p["key"])
-            self._snapshots.add(p["key"])
-            return Outcome(json={})
-        if item.kind in CHECKPOINT_KINDS:
-            return self._checkpoint_op(item)
-        if item.kind == "drop_snapshots":
-            keys = sorted(p["keys"] if "keys" in p else (k for k in self._snapshots if k.startswith(p["prefix"])))
-            for key in keys:
-                self.engine.drop_snapshot(key)
-                self._snapshots.discard(key)
-            return Outcome(json={"dropped": len(keys)})
-        return Outcome.failed(f"unknown work kind {item.kind!r}", "server")
-
-    def _checkpoint_op(self, item: WorkItem) -> Outcome:
-        if self.checkpoints is None:
-            return Outcome.failed("this JAX worker has no checkpoint storage configured (--checkpoint-root)", "server")
-        p = item.params
-        if item.kind == "save_checkpoint":
-            manifest = checkpoint_io.save(self.engine, self.checkpoints, item.slot, p["manifest"],
-                                          overwrite=bool(p.get("overwrite")),
-                                          age_recipients=list(p.get("age_recipients") or []))
-            return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
-        if item.kind == "load_checkpoint":
-            return Outcome(json=checkpoint_io.load(self.engine, self.checkpoints, item.slot, p["path"],
-                                                   optimizer=bool(p.get("optimizer"))))
-        try:  # load_snapshot: a sample call in this batch names saved weights this worker has not loaded
-            checkpoint_io.load_snapshot(self.engine, self.checkpoints, p["path"])
-            self._snapshots.add(p["path"])
-            self._load_errors.pop(p["path"], None)
-        except (InputError, CheckpointError) as e:
-            self._load_errors[p["path"]] = str(e)
+            self._load_errors[path] = str(e)
             raise
         return Outcome(json={})
 
@@ -218,7 +260,7 @@ class EngineActivities:
 
     def _sample(self, items: list[WorkItem]) -> list[Outcome]:
         def decode(item: WorkItem):
-            snapshot = item.params.get("snapshot")
+            snapshot = item.snapshot or None
             if snapshot in self._load_errors:
                 raise InputError(f"could not load sampler weights {snapshot}: {self._load_errors[snapshot]}")
             if snapshot and snapshot.startswith("tinker://") and self.checkpoints is not None \

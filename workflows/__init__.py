@@ -1,4 +1,6 @@
-"""Temporal workflows: SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWorkflow.
+"""Temporal workflows: SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWorkflow, CheckpointExpiry,
+StoreJanitor; the typed protocol they speak (work.py, messages.py) and the Coordinator's pure placement policy
+(placement.py).
 
-Deterministic and light by rule (DESIGN §2, house rule 6): nothing in this package imports jax or numpy or does I/O.
+Deterministic and light by rule (DESIGN §2, house rule 7): nothing in this package imports jax or numpy or does I/O.
 """

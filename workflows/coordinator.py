@@ -10,7 +10,6 @@ latency for a lone user. Each requester gets its share of the batch result back 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
@@ -20,49 +19,31 @@ from temporalio.exceptions import TimeoutError as TimeoutError_
 
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.fairness import fair_order, growing
-from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkerInfo, WorkItem, WorkResult
+from tinkerflow.workflows.messages import (
+    Batch, BatchResult, DropSnapshots, Outcome, WorkerInfo, WorkItem, WorkKind, WorkResult,
+)
+from tinkerflow.workflows.placement import CoordinatorState, Placement, WorkerSlots
+
+__all__ = ["Coordinator", "CoordinatorState", "WorkerSlots"]
 
 MAX_BATCH_ITEMS = 64
 # Under load signals keep arriving while the continue-as-new task runs, so Temporal rejects that task once and the
 # worker replays the whole history (~1.5 ms per event on 2 cores: 6 s at Temporal's ~4,100-event suggestion, during
 # which nothing is dispatched). A shorter history keeps that stall to a few seconds, at a drain every ~2,000 events.
 CONTINUE_AS_NEW_EVENTS = 2_000
-# An ephemeral sampler snapshot (save_weights_and_get_sampling_client) is collected once a newer one of the same run
-# exists and it has not been sampled for this long: RL loops make one per step, and none is reused for long.
-EPHEMERAL_SNAPSHOT_IDLE_S = 120.0
 
 KIND_LABELS = {
-    "forward_backward": "fwd/bwd",
-    "optim_step": "optim",
-    "sample": "sample",
-    "snapshot": "snapshot",
-    "create_adapter": "create adapter",
-    "free_adapter": "free adapter",
-    "drop_snapshots": "drop snapshots",
-    "save_checkpoint": "save checkpoint",
-    "load_checkpoint": "load checkpoint",
-    "load_snapshot": "load sampler weights",
+    WorkKind.FORWARD_BACKWARD: "fwd/bwd",
+    WorkKind.OPTIM_STEP: "optim",
+    WorkKind.SAMPLE: "sample",
+    WorkKind.SNAPSHOT: "snapshot",
+    WorkKind.CREATE_ADAPTER: "create adapter",
+    WorkKind.FREE_ADAPTER: "free adapter",
+    WorkKind.DROP_SNAPSHOTS: "drop snapshots",
+    WorkKind.SAVE_CHECKPOINT: "save checkpoint",
+    WorkKind.LOAD_CHECKPOINT: "load checkpoint",
+    WorkKind.LOAD_SNAPSHOT: "load sampler weights",
 }
-SLOT_KINDS = ("forward_backward", "optim_step", "snapshot", "free_adapter", "save_checkpoint", "load_checkpoint")
-
-
-@dataclass
-class WorkerSlots:
-    info: WorkerInfo
-    slots: dict[str, str] = field(default_factory=dict)  # str(slot) -> model_id (string keys: history is JSON)
-
-
-@dataclass
-class CoordinatorState:
-    base_model: str
-    pool: str
-    workers: dict[str, WorkerSlots] = field(default_factory=dict)  # task queue -> worker
-    placements: dict[str, list] = field(default_factory=dict)  # model_id -> [task queue, slot]
-    snapshots: dict[str, str] = field(default_factory=dict)  # snapshot key -> task queue
-    snapshot_runs: dict[str, str] = field(default_factory=dict)  # ephemeral snapshot key -> model_id it came from
-    snapshot_used: dict[str, float] = field(default_factory=dict)  # snapshot key -> last time routed (epoch s)
-    pending: list[WorkItem] = field(default_factory=list)
-    dispatched_batches: int = 0
 
 
 @workflow.defn(name="Coordinator")
@@ -70,6 +51,7 @@ class Coordinator:
     @workflow.init
     def __init__(self, state: CoordinatorState) -> None:
         self.s = state
+        self.placement = Placement(state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder)
         self._busy: set[str] = set()
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
         # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).
@@ -94,6 +76,12 @@ class Coordinator:
                     self._busy.add(queue)
                     asyncio.ensure_future(self._dispatch(queue, items))
 
+    @staticmethod
+    def _drops_per_holder() -> bool:
+        """A session's snapshot drop reaches every worker holding its snapshots. Patched: before, one drop went to
+        the first holder only, and a drop kept for a busy worker was resolved again and failed as finding nothing."""
+        return workflow.patched("coordinator-drop-every-holder-v1")
+
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
         return info.is_continue_as_new_suggested() or info.get_current_history_length() > CONTINUE_AS_NEW_EVENTS
@@ -102,15 +90,13 @@ class Coordinator:
 
     @workflow.signal
     def register_worker(self, info: WorkerInfo) -> None:
-        previous = self.s.workers.get(info.task_queue)
-        if previous is not None and previous.info.incarnation == info.incarnation:
+        restarted = info.task_queue in self.s.workers
+        if not self.placement.register(info):
             return  # the periodic re-registration of a live worker
-        if previous is not None:
-            # A restarted worker lost its in-memory adapters and snapshots: forget what we had placed there, so the
-            # runs that lived on it restore themselves instead of silently training a fresh adapter.
-            self._drop_worker(info.task_queue)
+        if restarted:
+            # A restarted worker lost its in-memory adapters and snapshots: what we had placed there is forgotten, so
+            # the runs that lived on it restore themselves instead of silently training a fresh adapter.
             workflow.logger.warning("worker %s re-registered; its adapters were lost", info.worker_id)
-        self.s.workers[info.task_queue] = WorkerSlots(info=info)
         self._changed = True
         self._set_details()
 
@@ -136,10 +122,10 @@ class Coordinator:
         queue = self.s.snapshots.get(tinker_path)
         if queue is None:
             return
-        self._forget_snapshot(tinker_path)
+        self.placement.forget_snapshot(tinker_path)
         self.s.pending.append(WorkItem(key=f"forget-{tinker_path}-{workflow.uuid4().hex[:8]}",
-                                       requester=workflow.info().workflow_id, kind="drop_snapshots",
-                                       params={"keys": [tinker_path], "queue": queue}))
+                                       requester=workflow.info().workflow_id, kind=WorkKind.DROP_SNAPSHOTS,
+                                       drop=DropSnapshots(keys=[tinker_path], queue=queue)))
         self._changed = True
 
     @workflow.query
@@ -157,8 +143,10 @@ class Coordinator:
             "pending": len(self.s.pending),
             # Work, not calls: one asample may ask for many samples of many tokens (items without the counts are
             # one sample of unknown length).
-            "pending_samples": sum(int(i.params.get("samples", 1)) for i in self.s.pending if i.kind == "sample"),
-            "pending_sample_tokens": sum(int(i.params.get("work", 0)) for i in self.s.pending if i.kind == "sample"),
+            "pending_samples": sum(i.sample.samples if i.sample else 1 for i in self.s.pending
+                                   if i.kind is WorkKind.SAMPLE),
+            "pending_sample_tokens": sum(i.sample.work if i.sample else 0 for i in self.s.pending
+                                         if i.kind is WorkKind.SAMPLE),
             "dispatched_batches": self.s.dispatched_batches,
         }
 
@@ -185,7 +173,7 @@ class Coordinator:
                 keep.append(item)
                 continue
             try:
-                target, routed = self._route(item)
+                target, routed = self.placement.route(item, self._busy, workflow.now().timestamp())
             except ApplicationError as e:
                 outcome = Outcome(error=e.message, category="user", worker_lost=e.type == ErrorType.ADAPTER_LOST)
                 self._answer(WorkResult(key=item.key, outcome=outcome), item.requester)
@@ -193,124 +181,16 @@ class Coordinator:
             if target is None:
                 keep.append(item)  # waits for a worker to register
             elif target == queue:
-                taken.extend(self._loads_for(routed, queue))
+                taken.extend(self.placement.loads_for(routed, queue, workflow.now().timestamp(),
+                                                      lambda key: f"load-{key}-{workflow.uuid4().hex[:8]}"))
                 taken.append(routed)
+            elif _resolved_drop(item, routed) and self._drops_per_holder():
+                keep.append(routed)  # routing a prefix drop forgets its keys: it must not be resolved twice
             else:
                 keep.append(item)
         self.s.pending = keep
+        self._set_details()  # routing may have placed adapters
         return taken
-
-    def _route(self, item: WorkItem) -> tuple[str | None, WorkItem]:
-        if item.kind == "create_adapter":
-            if item.model_id in self.s.placements:
-                queue, slot = self.s.placements[item.model_id]
-                return queue, _with_slot(item, slot)
-            queue, slot = self._allocate(item.model_id)
-            if queue is None:
-                return None, item
-            return queue, _with_slot(item, slot)
-        if item.kind in SLOT_KINDS:
-            placed = self.s.placements.get(item.model_id)
-            if placed is None:
-                if item.kind == "free_adapter":
-                    raise ApplicationError(f"{item.model_id} holds no adapter slot")
-                raise ApplicationError(
-                    f"training run {item.model_id} has no adapter on any worker of {self.s.base_model} "
-                    "(it was released, or its JAX worker died or restarted)", type=ErrorType.ADAPTER_LOST)
-            queue, slot = placed
-            if item.kind == "snapshot":
-                key = item.params["key"]
-                self._collect_ephemeral_snapshots(item.model_id, newest=key)
-                self.s.snapshots[key] = queue
-                self.s.snapshot_used[key] = workflow.now().timestamp()
-                if ":sample:" in key:
-                    self.s.snapshot_runs[key] = item.model_id
-            return queue, _with_slot(item, slot)
-        if item.kind == "sample":
-            key = item.params.get("snapshot") or ""
-            if key:
-                queue = self.s.snapshots.get(key)
-                if queue is None and key.startswith("tinker://"):
-                    # Saved sampler (or training) weights not in any worker's memory: the least busy worker loads
-                    # them from storage first, in the same batch (see _loads_for).
-                    queue = self._least_busy()
-                    if queue is None:
-                        return None, item
-                if queue is None:
-                    raise ApplicationError(
-                        f"sampler weights {key!r} are not loaded on any worker (collected after "
-                        f"{EPHEMERAL_SNAPSHOT_IDLE_S:g}s unused once a newer snapshot existed, expired, or never saved); "
-                        "save new sampler weights")
-                self.s.snapshot_used[key] = workflow.now().timestamp()
-                return queue, item
-            return self._least_busy(), item
-        if item.kind == "drop_snapshots" and "keys" in item.params:  # our own collection, for one worker's queue
-            if item.params["queue"] not in self.s.workers:
-                raise ApplicationError("the worker holding these snapshots is gone (and its snapshots with it)")
-            return item.params["queue"], item
-        if item.kind == "drop_snapshots":
-            prefix = item.params["prefix"]
-            holders = {q for k, q in self.s.snapshots.items() if k.startswith(prefix)}
-            for k in [k for k in self.s.snapshots if k.startswith(prefix)]:
-                self._forget_snapshot(k)
-            if not holders:
-                raise ApplicationError(f"no snapshots with prefix {prefix}")
-            return sorted(holders)[0], item
-        raise ApplicationError(f"unknown work kind {item.kind!r}")
-
-    def _loads_for(self, item: WorkItem, queue: str) -> list[WorkItem]:
-        """Work that must run before `item` on `queue`: loading saved weights a sample call names."""
-        key = item.params.get("snapshot") or "" if item.kind == "sample" else ""
-        if not key.startswith("tinker://") or self.s.snapshots.get(key) == queue:
-            return []
-        self.s.snapshots[key] = queue
-        self.s.snapshot_used[key] = workflow.now().timestamp()
-        return [WorkItem(key=f"load-{key}-{workflow.uuid4().hex[:8]}", requester=workflow.info().workflow_id,
-                         kind="load_snapshot", params={"path": key})]
-
-    def _collect_ephemeral_snapshots(self, model_id: str, newest: str) -> None:
-        """Queue drops for this run's older ephemeral snapshots that nobody sampled recently."""
-        now = workflow.now().timestamp()
-        stale: dict[str, list[str]] = {}
-        for key, run in self.s.snapshot_runs.items():
-            if run == model_id and key != newest and now - self.s.snapshot_used.get(key, 0.0) > EPHEMERAL_SNAPSHOT_IDLE_S:
-                stale.setdefault(self.s.snapshots[key], []).append(key)
-        for queue, keys in stale.items():
-            for key in keys:
-                self._forget_snapshot(key)
-            self.s.pending.append(WorkItem(
-                key=f"gc-{keys[0]}", requester=workflow.info().workflow_id, kind="drop_snapshots",
-                params={"keys": keys, "queue": queue}))
-
-    def _forget_snapshot(self, key: str) -> None:
-        self.s.snapshots.pop(key, None)
-        self.s.snapshot_runs.pop(key, None)
-        self.s.snapshot_used.pop(key, None)
-
-    def _allocate(self, model_id: str) -> tuple[str | None, int]:
-        if not self.s.workers:
-            return None, -1
-        candidates = sorted(
-            (len(w.slots), q) for q, w in self.s.workers.items() if len(w.slots) < w.info.max_adapters
-        )
-        if not candidates:
-            total = sum(w.info.max_adapters for w in self.s.workers.values())
-            raise ApplicationError(
-                f"no free LoRA adapter slot for base model {self.s.base_model}: all {total} are in use; "
-                "finish an idle session or start the JAX worker with a larger --max-lora-adapters"
-            )
-        queue = candidates[0][1]
-        worker = self.s.workers[queue]
-        slot = next(i for i in range(worker.info.max_adapters) if str(i) not in worker.slots)
-        worker.slots[str(slot)] = model_id
-        self.s.placements[model_id] = [queue, slot]
-        self._set_details()
-        return queue, slot
-
-    def _least_busy(self) -> str | None:
-        idle = [q for q in self.s.workers if q not in self._busy]
-        pool = idle or list(self.s.workers)
-        return sorted(pool)[0] if pool else None
 
     # --- dispatch ------------------------------------------------------------------------------------------------
 
@@ -359,30 +239,12 @@ class Coordinator:
     def _lose_worker(self, queue: str, incarnation: str) -> None:
         """Forget a dead worker (unless it already came back as a new process): its adapters and snapshots went with
         it. It registers again when it restarts; the runs that lived there restore themselves (TrainingRun)."""
-        worker = self.s.workers.get(queue)
-        if worker is None or worker.info.incarnation != incarnation:
-            return
-        self._drop_worker(queue)
-        self._set_details()
-
-    def _drop_worker(self, queue: str) -> None:
-        """Forget a worker with everything it held: its adapter placements and its sampler snapshots."""
-        for model_id in self.s.workers.pop(queue).slots.values():
-            self.s.placements.pop(model_id, None)
-        for key in [k for k, q in self.s.snapshots.items() if q == queue]:
-            self._forget_snapshot(key)
+        if self.placement.lose_worker(queue, incarnation):
+            self._set_details()
 
     def _after(self, item: WorkItem, result: WorkResult) -> None:
-        """Bookkeeping that depends on how the engine answered."""
-        if item.kind == "free_adapter" or (item.kind == "create_adapter" and not result.outcome.ok):
-            placed = self.s.placements.pop(item.model_id, None)
-            if placed is not None and placed[0] in self.s.workers:
-                self.s.workers[placed[0]].slots.pop(str(placed[1]), None)
+        if self.placement.after(item, result.outcome.ok):
             self._set_details()
-        if item.kind == "snapshot" and not result.outcome.ok:
-            self.s.snapshots.pop(item.params["key"], None)
-        if item.kind == "load_snapshot" and not result.outcome.ok:
-            self._forget_snapshot(item.params["path"])
 
     def _answer(self, result: WorkResult, requester: str) -> None:
         self._signals_in_flight += 1
@@ -397,18 +259,15 @@ class Coordinator:
             self._signals_in_flight -= 1
 
     def _set_details(self) -> None:
-        used = sum(len(w.slots) for w in self.s.workers.values())
-        total = sum(w.info.max_adapters for w in self.s.workers.values())
+        used, total = self.placement.slots_in_use()
         workflow.set_current_details(
             f"{self.s.base_model} · {len(self.s.workers)} worker(s) · adapter slots {used}/{total} in use"
         )
 
 
-def _with_slot(item: WorkItem, slot: int) -> WorkItem:
-    return WorkItem(
-        key=item.key, requester=item.requester, kind=item.kind, model_id=item.model_id, session_id=item.session_id,
-        payload=item.payload, params=item.params, slot=slot,
-    )
+def _resolved_drop(item: WorkItem, routed: WorkItem) -> bool:
+    return item.kind is WorkKind.DROP_SNAPSHOTS and item.drop is not None and item.drop.keys is None \
+        and routed.drop is not None and routed.drop.keys is not None
 
 
 def _summarise(items: list[WorkItem]) -> str:

@@ -9,6 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinkerflow.workflows.work import (
+    AdamSpec, DropSnapshots, LoadCheckpoint, LoraSpec, OpKind, SampleParams, SaveCheckpoint, SaveRequest, WorkKind,
+    from_legacy_adam, from_legacy_load, from_legacy_save_request, from_legacy_work_params,
+)
+
+__all__ = ["AdamSpec", "DropSnapshots", "LoadCheckpoint", "LoraSpec", "OpKind", "SampleParams", "SaveCheckpoint",
+           "SaveRequest", "WorkKind"]  # re-exported: the protocol's vocabulary lives in work.py
+
 
 @dataclass(frozen=True)
 class BlobRef:
@@ -26,15 +34,6 @@ class ModelCard:
     local_path: str  # resolved directory holding config, weights and tokenizer
     vocab_size: int
     max_context: int
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    rank: int
-    seed: int | None = None
-    train_attn: bool = True
-    train_mlp: bool = True
-    train_unembed: bool = True
 
 
 @dataclass(frozen=True)
@@ -137,15 +136,40 @@ class RunStart:
 
 @dataclass(frozen=True)
 class TrainingOp:
-    """One SDK request on a training client. `seq_id` orders it; `body_hash` tells a retry from a conflicting reuse."""
+    """One SDK request on a training client. `seq_id` orders it; `body_hash` tells a retry from a conflicting reuse.
+
+    Its parameters are typed per kind: `adam` (optim_step), `save` (the three saves), `load` (load_weights), `error`
+    (reject). `kind` stays a plain string when it is none of OpKind's (an API newer than this worker): the op then
+    fails through its future instead of at submit (DESIGN §6)."""
 
     seq_id: int
-    kind: str  # forward_backward | optim_step | save_weights | save_weights_for_sampler | save_weights_external
-    #            | load_weights | reject
+    kind: OpKind | str
     body_hash: str
-    payload: BlobRef | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    payload: BlobRef | None = None  # forward_backward: the request body in the claim-check store
+    params: dict[str, Any] = field(default_factory=dict)  # legacy (before typed fields): read by __post_init__
     owner: str = ""  # the caller's key hash; must be the run's owner
+    adam: AdamSpec | None = None
+    save: SaveRequest | None = None
+    load: LoadCheckpoint | None = None
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, OpKind) and self.kind in OpKind._value2member_map_:
+            object.__setattr__(self, "kind", OpKind(self.kind))
+        if not self.params:
+            return
+        p, typed = self.params, {}
+        if self.kind is OpKind.OPTIM_STEP:
+            typed["adam"] = from_legacy_adam(p)
+        elif self.kind in (OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_FOR_SAMPLER, OpKind.SAVE_WEIGHTS_EXTERNAL):
+            typed["save"] = from_legacy_save_request(p)
+        elif self.kind is OpKind.LOAD_WEIGHTS and p.get("path"):
+            typed["load"] = from_legacy_load(p)
+        elif self.kind is OpKind.REJECT:
+            typed["error"] = str(p.get("error", "rejected"))
+        for name, value in typed.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "params", {})
 
 
 @dataclass(frozen=True)
@@ -177,12 +201,32 @@ class RunState:
     lora: LoraSpec | None = None  # set at create (a seed drawn when none was given) and by loads
     # Recovery (DESIGN §6): the latest automatic snapshot, and the state-changing ops since (refs and params only).
     auto_snapshot: str = ""
-    since_snapshot: list[dict[str, Any]] = field(default_factory=list)
+    since_snapshot: list["LoggedOp"] = field(default_factory=list)
     recoveries: int = 0
 
     @property
     def lora_spec(self) -> LoraSpec:
         return self.lora or self.start.lora
+
+
+@dataclass(frozen=True)
+class LoggedOp:
+    """A state-changing op since a run's last automatic snapshot, as recovery replays it onto a fresh adapter:
+    forward_backward (payload), optim_step (adam) or load_checkpoint (load)."""
+
+    kind: WorkKind | str  # str only while reading a legacy entry (whose loads say "load_weights")
+    payload: BlobRef | None = None
+    adam: AdamSpec | None = None
+    load: LoadCheckpoint | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # legacy (before typed fields): read by __post_init__
+
+    def __post_init__(self) -> None:
+        kind = WorkKind.LOAD_CHECKPOINT if self.kind == "load_weights" else WorkKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        if self.params:
+            for name, value in from_legacy_work_params(kind, self.params).items():
+                object.__setattr__(self, name, value)
+            object.__setattr__(self, "params", {})
 
 
 # --- the coordinator and the JAX worker ---------------------------------------------------------------------------
@@ -200,17 +244,35 @@ class WorkerInfo:
 
 @dataclass(frozen=True)
 class WorkItem:
-    """A unit of engine work a requester workflow hands the coordinator; the answer comes back as a signal."""
+    """A unit of engine work a requester workflow hands the coordinator; the answer comes back as a signal.
+
+    Parameters are typed per kind (work.py): `lora` (create_adapter), `adam` (optim_step), `snapshot` (the key a
+    snapshot writes, or a sample reads; "" samples the base model), `sample`, `drop` (drop_snapshots), `save`
+    (save_checkpoint), `load` (load_checkpoint, load_snapshot)."""
 
     key: str  # unique: "<requester workflow id>#<n>"
     requester: str  # workflow id to signal the WorkResult to
-    kind: str  # create_adapter | free_adapter | forward_backward | optim_step | snapshot | drop_snapshots | sample
-    #            | save_checkpoint | load_checkpoint | load_snapshot
+    kind: WorkKind
     model_id: str = ""
     session_id: str = ""
     payload: BlobRef | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)  # legacy (before typed fields): read by __post_init__
     slot: int = -1  # filled in by the coordinator before dispatch
+    lora: LoraSpec | None = None
+    adam: AdamSpec | None = None
+    snapshot: str = ""
+    sample: SampleParams | None = None
+    drop: DropSnapshots | None = None
+    save: SaveCheckpoint | None = None
+    load: LoadCheckpoint | None = None
+
+    def __post_init__(self) -> None:
+        kind = WorkKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        if self.params:
+            for name, value in from_legacy_work_params(kind, self.params).items():
+                object.__setattr__(self, name, value)
+            object.__setattr__(self, "params", {})
 
 
 @dataclass(frozen=True)

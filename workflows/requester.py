@@ -7,7 +7,7 @@ from typing import Any
 
 from temporalio import workflow
 
-from tinkerflow.workflows.messages import BlobRef, Outcome, WorkItem, WorkResult
+from tinkerflow.workflows.messages import BlobRef, Outcome, WorkItem, WorkKind, WorkResult
 
 
 
@@ -26,21 +26,22 @@ class CoordinatorCalls:
     async def call(
         self,
         coordinator_id: str,
-        kind: str,
+        kind: WorkKind,
         *,
         model_id: str = "",
         session_id: str = "",
         payload: BlobRef | None = None,
-        params: dict[str, Any] | None = None,
         wait: bool = True,
         timeout: timedelta | None = None,
+        **params: Any,
     ) -> Outcome:
+        """`params`: the item's typed parameter fields for this kind (WorkItem: lora=, adam=, snapshot=, ...)."""
         info = workflow.info()
         self._counter += 1
         key = f"{info.run_id}-{self._counter}"
         item = WorkItem(
             key=key, requester=info.workflow_id, kind=kind, model_id=model_id, session_id=session_id,
-            payload=payload, params=params or {},
+            payload=payload, **params,
         )
         if wait:
             # Before the submit: the answer may arrive in the same activation that completes the signal.
@@ -65,10 +66,10 @@ class CoordinatorCalls:
         self._waiting.discard(key)
         return self._answers.pop(key)
 
-    async def call_many(self, coordinator_id: str, kind: str, payloads: list[BlobRef], *, session_id: str = "",
-                        params: dict[str, Any] | None = None, item_params: list[dict[str, Any]] | None = None
-                        ) -> list[Outcome]:
-        """Like `call` for many items of one kind, handed over in ONE signal (a batch of sample calls)."""
+    async def call_many(self, coordinator_id: str, kind: WorkKind, payloads: list[BlobRef], *, session_id: str = "",
+                        item_params: list[dict[str, Any]] | None = None, **params: Any) -> list[Outcome]:
+        """Like `call` for many items of one kind, handed over in ONE signal (a batch of sample calls); `params` are
+        every item's typed fields, `item_params` each item's own."""
         info = workflow.info()
         keys = []
         items = []
@@ -78,8 +79,7 @@ class CoordinatorCalls:
             keys.append(key)
             self._waiting.add(key)
             items.append(WorkItem(key=key, requester=info.workflow_id, kind=kind, session_id=session_id,
-                                  payload=payload,
-                                  params={**(params or {}), **(item_params[n] if item_params else {})}))
+                                  payload=payload, **{**params, **(item_params[n] if item_params else {})}))
         try:
             await workflow.get_external_workflow_handle(coordinator_id).signal("submit_many", items)
         except Exception as e:

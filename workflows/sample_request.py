@@ -12,7 +12,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import Outcome, SampleStart, WorkResult
+from tinkerflow.workflows.messages import Outcome, SampleParams, SampleStart, WorkKind, WorkResult
 from tinkerflow.workflows.requester import CoordinatorCalls
 
 
@@ -26,12 +26,13 @@ class SampleRequestWorkflow:
         sampler = start.sampler
         coordinator = names.coordinator_workflow_id(sampler.base_model, sampler.pool)
         workflow.set_current_details(f"{len(start.payloads)} sample call(s) on {sampler.sampler_id}")
-        item_params = None
+        counted = [SampleParams(sampler_id=sampler.sampler_id)] * len(start.payloads)
         if start.work and workflow.patched("sample-work"):  # patched: the items' params change what is signalled
-            item_params = [{"samples": s, "work": w} for s, w in zip(start.samples, start.work, strict=True)]
+            counted = [SampleParams(sampler_id=sampler.sampler_id, samples=s, work=w)
+                       for s, w in zip(start.samples, start.work, strict=True)]
         return await self._calls.call_many(
-            coordinator, "sample", start.payloads, session_id=names.session_of(sampler.sampler_id),
-            params={"snapshot": sampler.snapshot, "sampler_id": sampler.sampler_id}, item_params=item_params,
+            coordinator, WorkKind.SAMPLE, start.payloads, session_id=names.session_of(sampler.sampler_id),
+            snapshot=sampler.snapshot, item_params=[{"sample": c} for c in counted],
         )
 
     @workflow.signal

@@ -14,7 +14,9 @@ from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest, SessionStart, SessionState, WorkResult
+from tinkerflow.workflows.messages import (
+    DropSnapshots, SamplerInfo, SamplerRequest, SessionStart, SessionState, WorkKind, WorkResult,
+)
 from tinkerflow.workflows.requester import CoordinatorCalls
 
 CONTINUE_AS_NEW_EVENTS = 4_000
@@ -64,8 +66,8 @@ class SessionWorkflow:
         prefix = f"{self.s.session_id}:sample:"
         coordinators = {(i.base_model, i.pool) for i in self.s.samplers.values() if i.snapshot.startswith(prefix)}
         for base_model, pool in sorted(coordinators):
-            await self._calls.call(names.coordinator_workflow_id(base_model, pool), "drop_snapshots",
-                                   session_id=self.s.session_id, params={"prefix": prefix}, wait=False)
+            await self._calls.call(names.coordinator_workflow_id(base_model, pool), WorkKind.DROP_SNAPSHOTS,
+                                   session_id=self.s.session_id, drop=DropSnapshots(prefix=prefix), wait=False)
 
     # --- messages ------------------------------------------------------------------------------------------------
 

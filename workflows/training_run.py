@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -19,15 +20,16 @@ from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import (
-    Answered, BlobRef, LoraSpec, Outcome, RunStart, RunState, SamplerInfo, TrainingOp, WorkResult,
+    Answered, LoadCheckpoint, LoggedOp, LoraSpec, OpKind, Outcome, RunStart, RunState, SamplerInfo,
+    SaveCheckpoint, SaveRequest, TrainingOp, WorkKind, WorkResult,
 )
 from tinkerflow.workflows.requester import CoordinatorCalls
 
 ANSWERED_KEPT = 128
 # How long a run whose JAX worker died waits for a live worker to restore its adapter on.
 RECOVERY_WAIT = timedelta(minutes=5)
-RECOVERABLE_KINDS = {"forward_backward", "optim_step", "save_weights", "save_weights_external",
-                     "save_weights_for_sampler", "load_weights"}
+RECOVERABLE_KINDS = {OpKind.FORWARD_BACKWARD, OpKind.OPTIM_STEP, OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_EXTERNAL,
+                     OpKind.SAVE_WEIGHTS_FOR_SAMPLER, OpKind.LOAD_WEIGHTS}
 STEP_ATTRIBUTE_EVERY = 10
 # How far ahead of the run's next seq_id an op may be. The SDK numbers every op of a TrainingClient from one counter
 # and sends its chunks concurrently, so a real client is a few dozen ahead at most; an op far beyond would wait for
@@ -59,7 +61,7 @@ class TrainingRunWorkflow:
                 break
             workflow.continue_as_new(args=[start, self.s])
         if self.s.status == "ready":
-            await self._calls.call(self._coordinator, "free_adapter", model_id=start.model_id)
+            await self._calls.call(self._coordinator, WorkKind.FREE_ADAPTER, model_id=start.model_id)
         if self.s.auto_snapshot:  # only recovery needed it; the user's own checkpoints stay
             try:
                 await workflow.execute_activity(
@@ -89,7 +91,7 @@ class TrainingRunWorkflow:
             if outcome.ok and self.s.start.load_path:
                 outcome = await self._load(self.s.start.load_path, self.s.start.load_optimizer)
                 if not outcome.ok:  # the slot was placed; give it back
-                    await self._calls.call(self._coordinator, "free_adapter", model_id=self.s.start.model_id)
+                    await self._calls.call(self._coordinator, WorkKind.FREE_ADAPTER, model_id=self.s.start.model_id)
             if outcome.ok:
                 self.s.status = "ready"
             else:
@@ -190,12 +192,11 @@ class TrainingRunWorkflow:
 
     async def _execute_once(self, op: TrainingOp) -> Outcome:
         model_id = self.s.start.model_id
-        if op.kind == "forward_backward":
-            outcome = await self._calls.call(self._coordinator, "forward_backward", model_id=model_id,
-                                             payload=op.payload, params=op.params)
+        if op.kind is OpKind.FORWARD_BACKWARD:
+            outcome = await self._calls.call(self._coordinator, WorkKind.FORWARD_BACKWARD, model_id=model_id,
+                                             payload=op.payload)
             if outcome.ok:
-                self._log({"kind": "forward_backward", "payload": asdict(op.payload) if op.payload else None,
-                           "params": dict(op.params)})
+                self._log(LoggedOp(WorkKind.FORWARD_BACKWARD, payload=op.payload))
             if outcome.ok and outcome.json:
                 self.s.fwdbwd_count += 1
                 self.s.tokens_seen += int(outcome.json.get("tokens", 0))
@@ -203,56 +204,58 @@ class TrainingRunWorkflow:
                 # The proto result is what the SDK reads; the JSON summary was only for this run's state.
                 outcome = Outcome(blob=outcome.blob)
             return outcome
-        if op.kind == "optim_step":
-            outcome = await self._calls.call(self._coordinator, "optim_step", model_id=model_id, params=op.params)
+        if op.kind is OpKind.OPTIM_STEP:
+            outcome = await self._calls.call(self._coordinator, WorkKind.OPTIM_STEP, model_id=model_id, adam=op.adam)
             if outcome.ok:
                 self.s.step += 1
-                self._log({"kind": "optim_step", "params": dict(op.params)})
+                self._log(LoggedOp(WorkKind.OPTIM_STEP, adam=op.adam))
                 every = self.s.start.snapshot_every
                 if every and self.s.step % every == 0:
                     await self._auto_snapshot()
             return outcome
-        if op.kind == "save_weights_for_sampler":
-            return await self._save_for_sampler(op)
-        if op.kind in ("save_weights", "save_weights_external") and not op.params.get("path"):
+        save = op.save or SaveRequest()
+        if op.kind is OpKind.SAVE_WEIGHTS_FOR_SAMPLER:
+            return await self._save_for_sampler(save)
+        if op.kind in (OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_EXTERNAL) and not save.path:
             return Outcome.failed(f"{op.kind} needs a checkpoint name")
-        if op.kind == "save_weights":
-            return await self._save(op, "weights", "save_weights")
-        if op.kind == "save_weights_external":
-            return await self._save(op, "external_weights", "save_weights_external")
-        if op.kind == "load_weights" and op.params.get("path"):
-            outcome = await self._load(str(op.params["path"]), bool(op.params.get("optimizer")))
-            return Outcome(json={"model_id": model_id, "path": op.params["path"], "type": "load_weights"}) \
+        if op.kind is OpKind.SAVE_WEIGHTS:
+            return await self._save(save, "weights", "save_weights")
+        if op.kind is OpKind.SAVE_WEIGHTS_EXTERNAL:
+            return await self._save(save, "external_weights", "save_weights_external")
+        if op.kind is OpKind.LOAD_WEIGHTS and op.load is not None and op.load.path:
+            outcome = await self._load(op.load.path, op.load.optimizer)
+            return Outcome(json={"model_id": model_id, "path": op.load.path, "type": "load_weights"}) \
                 if outcome.ok else outcome
-        if op.kind == "reject":
-            return Outcome.failed(str(op.params.get("error", "rejected")))
+        if op.kind is OpKind.REJECT:
+            return Outcome.failed(op.error or "rejected")
         return Outcome.failed(f"unsupported training op {op.kind!r}")
 
-    async def _save(self, op: TrainingOp, segment: str, kind: str) -> Outcome:
+    async def _save(self, save: SaveRequest, segment: str, kind: str) -> Outcome:
         """save_state (orbax training state) or save_weights_external (PEFT files), written by the JAX worker."""
-        path = f"tinker://{self.s.start.model_id}/{segment}/{op.params['path']}"
-        outcome = await self._write_checkpoint(path, op)
+        path = f"tinker://{self.s.start.model_id}/{segment}/{save.path}"
+        outcome = await self._write_checkpoint(path, save)
         if not outcome.ok:
             return outcome
         if segment == "weights":
             self.s.last_checkpoint = path
-        result = {"path": path, "type": kind}
+        result: dict[str, Any] = {"path": path, "type": kind}
         if segment == "external_weights":
             result["size_bytes"] = int((outcome.json or {}).get("size_bytes", 0))
         return Outcome(json=result)
 
-    async def _write_checkpoint(self, path: str, op: TrainingOp) -> Outcome:
+    async def _write_checkpoint(self, path: str, save: SaveRequest) -> Outcome:
         start = self.s.start
-        ttl = op.params.get("ttl_seconds")
+        ttl = save.ttl_seconds
         expires_at = _rfc3339(workflow.now() + timedelta(seconds=int(ttl))) if ttl else None
         manifest = {"tinker_path": path, "owner": start.owner, "base_model": start.base_model,
                     "lora": asdict(self.s.lora_spec), "step": self.s.step, "expires_at": expires_at,
-                    "user_metadata": dict(op.params.get("user_metadata") or {})}
-        params = {"path": path, "overwrite": bool(op.params.get("overwrite")), "manifest": manifest}
+                    "user_metadata": dict(save.user_metadata)}
         # Only saves that name age recipients carry them (the API refused such saves before this change).
-        if op.params.get("age_recipients") and workflow.patched("age-encrypted-external-weights"):
-            params["age_recipients"] = list(op.params["age_recipients"])
-        outcome = await self._calls.call(self._coordinator, "save_checkpoint", model_id=start.model_id, params=params)
+        recipients = list(save.age_recipients) if save.age_recipients and workflow.patched(
+            "age-encrypted-external-weights") else []
+        outcome = await self._calls.call(
+            self._coordinator, WorkKind.SAVE_CHECKPOINT, model_id=start.model_id,
+            save=SaveCheckpoint(path=path, manifest=manifest, overwrite=save.overwrite, age_recipients=recipients))
         if outcome.ok and "/auto_weights/" not in path:
             await self._schedule_expiry(path, expires_at)
         return outcome
@@ -276,8 +279,9 @@ class TrainingRunWorkflow:
 
     async def _load(self, path: str, optimizer: bool) -> Outcome:
         """Load a checkpoint into this run's slot; its LoRA config becomes the run's (contract §3.8)."""
-        outcome = await self._calls.call(self._coordinator, "load_checkpoint", model_id=self.s.start.model_id,
-                                         params={"path": path, "optimizer": optimizer})
+        load = LoadCheckpoint(path=path, optimizer=optimizer)
+        outcome = await self._calls.call(self._coordinator, WorkKind.LOAD_CHECKPOINT, model_id=self.s.start.model_id,
+                                         load=load)
         if outcome.ok:
             info = outcome.json or {}
             self.s.lora = LoraSpec(**info["lora"]) if info.get("lora") else self.s.lora
@@ -287,7 +291,7 @@ class TrainingRunWorkflow:
             # The loaded checkpoint is the new base to restore from; what came before no longer matters.
             self.s.auto_snapshot = ""
             self.s.since_snapshot = []
-            self._log({"kind": "load_weights", "params": {"path": path, "optimizer": optimizer}})
+            self._log(LoggedOp(WorkKind.LOAD_CHECKPOINT, load=load))
         return outcome
 
     # --- recovery from a dead JAX worker (DESIGN §6) ---------------------------------------------------------------
@@ -295,20 +299,17 @@ class TrainingRunWorkflow:
     async def _create_adapter(self) -> Outcome:
         lora = self.s.lora_spec
         return await self._calls.call(
-            self._coordinator, "create_adapter", model_id=self.s.start.model_id, session_id=self.s.start.session_id,
-            params={"rank": lora.rank, "seed": lora.seed, "train_attn": lora.train_attn, "train_mlp": lora.train_mlp,
-                    "train_unembed": lora.train_unembed},
-            timeout=RECOVERY_WAIT if self.s.status == "ready" else None)
+            self._coordinator, WorkKind.CREATE_ADAPTER, model_id=self.s.start.model_id,
+            session_id=self.s.start.session_id, lora=lora, timeout=RECOVERY_WAIT if self.s.status == "ready" else None)
 
-    def _log(self, entry: dict) -> None:
+    def _log(self, entry: LoggedOp) -> None:
         """Remember a state-changing op since the last automatic snapshot (refs and params: history stays small)."""
         if self.s.start.snapshot_every:
             self.s.since_snapshot.append(entry)
 
     async def _auto_snapshot(self) -> None:
         path = f"tinker://{self.s.start.model_id}/auto_weights/latest"
-        outcome = await self._write_checkpoint(path, TrainingOp(seq_id=0, kind="auto", body_hash="",
-                                                                params={"overwrite": True}))
+        outcome = await self._write_checkpoint(path, SaveRequest(path="latest", overwrite=True))
         if outcome.ok:
             self.s.auto_snapshot, self.s.since_snapshot = path, []
         else:  # keep the log: recovery then replays from the previous snapshot
@@ -325,46 +326,37 @@ class TrainingRunWorkflow:
         workflow.set_current_details(f"restoring the adapter on a live JAX worker: {why}")
         outcome = await self._create_adapter()
         if outcome.ok and self.s.auto_snapshot:
-            outcome = await self._calls.call(self._coordinator, "load_checkpoint", model_id=self.s.start.model_id,
-                                             params={"path": self.s.auto_snapshot, "optimizer": True})
+            outcome = await self._calls.call(self._coordinator, WorkKind.LOAD_CHECKPOINT,
+                                             model_id=self.s.start.model_id,
+                                             load=LoadCheckpoint(path=self.s.auto_snapshot, optimizer=True))
         for entry in self.s.since_snapshot:
             if not outcome.ok:
                 break
-            kind, params = entry["kind"], entry.get("params") or {}
-            if kind == "forward_backward":
-                payload = BlobRef(**entry["payload"]) if entry.get("payload") else None
-                outcome = await self._calls.call(self._coordinator, "forward_backward",
-                                                 model_id=self.s.start.model_id, payload=payload, params=params)
-            elif kind == "load_weights":
-                outcome = await self._calls.call(self._coordinator, "load_checkpoint",
-                                                 model_id=self.s.start.model_id, params=params)
-            else:
-                outcome = await self._calls.call(self._coordinator, kind, model_id=self.s.start.model_id,
-                                                 params=params)
+            outcome = await self._calls.call(self._coordinator, WorkKind(entry.kind), model_id=self.s.start.model_id,
+                                             payload=entry.payload, adam=entry.adam, load=entry.load)
         self._publish()
         return "" if outcome.ok else outcome.error
 
-    async def _save_for_sampler(self, op: TrainingOp) -> Outcome:
+    async def _save_for_sampler(self, save: SaveRequest) -> Outcome:
         start = self.s.start
-        name = op.params.get("path")
+        name = save.path
         if name:
             key = f"tinker://{start.model_id}/sampler_weights/{name}"
             sampler_id = ""
         else:
-            seq = op.params.get("sampling_session_seq_id")
+            seq = save.sampling_session_seq_id
             if seq is None:
                 return Outcome.failed("save_weights_for_sampler needs a path or a sampling_session_seq_id")
             sampler_id = names.sampler_id_for(start.session_id, int(seq))
             key = sampler_id
         if not sampler_id:
             # Named weights persist as PEFT files (any later sampler, session or worker can load them) ...
-            outcome = await self._write_checkpoint(key, op)
+            outcome = await self._write_checkpoint(key, save)
             if not outcome.ok:
                 return outcome
             self.s.last_sampler_checkpoint = key
         # ... and stay loaded as an immutable in-memory snapshot for the samplers that follow right away.
-        outcome = await self._calls.call(self._coordinator, "snapshot", model_id=start.model_id,
-                                         params={"key": key})
+        outcome = await self._calls.call(self._coordinator, WorkKind.SNAPSHOT, model_id=start.model_id, snapshot=key)
         if not outcome.ok:
             return outcome
         self.s.sampler_count += 1

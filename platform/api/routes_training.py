@@ -34,7 +34,9 @@ from tinkerflow.api.services import Services
 from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import LoraSpec, RunStart, TrainingOp
+from tinkerflow.workflows.messages import (
+    AdamSpec, LoadCheckpoint, LoraSpec, OpKind, RunStart, SaveRequest, TrainingOp,
+)
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 router = APIRouter(prefix="/api/v1")
@@ -133,12 +135,12 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
     cap = svc.settings.max_datums_per_request
     if len(msg.data) > cap:  # in sequence: consume the seq_id, fail the future
-        op = TrainingOp(seq_id=msg.seq_id, kind="reject", body_hash=_hash(body), params={
-            "error": f"forward_backward: data has {len(msg.data)} datums, more than this server's limit of {cap} "
-                     "per request (--max-datums-per-request); send them in several calls"})
+        op = TrainingOp(seq_id=msg.seq_id, kind=OpKind.REJECT, body_hash=_hash(body), error=(
+            f"forward_backward: data has {len(msg.data)} datums, more than this server's limit of {cap} "
+            "per request (--max-datums-per-request); send them in several calls"))
         return await _submit(svc, msg.model_id, op, who)
     ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
-    op = TrainingOp(seq_id=msg.seq_id, kind="forward_backward", body_hash=_hash(body), payload=ref)
+    op = TrainingOp(seq_id=msg.seq_id, kind=OpKind.FORWARD_BACKWARD, body_hash=_hash(body), payload=ref)
     return await _submit(svc, msg.model_id, op, who)
 
 
@@ -153,10 +155,10 @@ async def optim_step(request: Request, svc: Services = Depends(services), who: s
         problem = adam_problem(req.optim_params)
     if problem:
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
-    params = req.optim_params
-    op = TrainingOp(seq_id=seq_id, kind="optim_step", body_hash=_hash(_canonical(raw)), params={
-        "learning_rate": params.learning_rate, "beta1": params.beta1, "beta2": params.beta2, "eps": params.eps,
-        "weight_decay": params.weight_decay, "grad_clip_norm": params.grad_clip_norm})
+    p = req.optim_params
+    adam = AdamSpec(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
+                    weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
+    op = TrainingOp(seq_id=seq_id, kind=OpKind.OPTIM_STEP, body_hash=_hash(_canonical(raw)), adam=adam)
     return await _submit(svc, model_id, op, who)
 
 
@@ -169,13 +171,13 @@ async def save_weights_for_sampler(request: Request, svc: Services = Depends(ser
     if req is None or metadata_problem(req.user_metadata):
         problem = problem or metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
-    params = {"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id, "kind": req.kind,
-              "ttl_seconds": req.ttl_seconds, "user_metadata": req.user_metadata or {}, "overwrite": True}
+    save = SaveRequest(path=req.path, sampling_session_seq_id=req.sampling_session_seq_id,
+                       ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata or {}, overwrite=True)
     if req.path is not None:  # named: PEFT files under tinker://<model_id>/sampler_weights/<name>
-        op = _checked_save(seq_id, "save_weights_for_sampler", raw, params)
+        op = _checked_save(seq_id, OpKind.SAVE_WEIGHTS_FOR_SAMPLER, raw, save)
     else:  # ephemeral: an in-memory snapshot behind a new sampling session
-        op = TrainingOp(seq_id=seq_id, kind="save_weights_for_sampler", body_hash=_hash(_canonical(raw)),
-                        params=params)
+        op = TrainingOp(seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS_FOR_SAMPLER, body_hash=_hash(_canonical(raw)),
+                        save=save)
     return await _submit(svc, model_id, op, who)
 
 
@@ -189,9 +191,9 @@ async def save_weights(request: Request, svc: Services = Depends(services), who:
         problem = problem or metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     name = req.path if req.path is not None else f"{seq_id:06d}"
-    params = {"path": name, "overwrite": req.overwrite, "ttl_seconds": req.ttl_seconds,
-              "user_metadata": req.user_metadata or {}}
-    return await _submit(svc, model_id, _checked_save(seq_id, "save_weights", raw, params), who)
+    save = SaveRequest(path=name, overwrite=req.overwrite, ttl_seconds=req.ttl_seconds,
+                       user_metadata=req.user_metadata or {})
+    return await _submit(svc, model_id, _checked_save(seq_id, OpKind.SAVE_WEIGHTS, raw, save), who)
 
 
 @router.post("/save_weights_external")
@@ -204,25 +206,26 @@ async def save_weights_external(request: Request, svc: Services = Depends(servic
     if req is None:
         op = _reject(seq_id, raw, problem)
     else:
-        params: dict[str, Any] = {"path": req.path, "overwrite": True, "ttl_seconds": req.ttl_seconds}
+        save = SaveRequest(path=req.path, overwrite=True, ttl_seconds=req.ttl_seconds)
         try:
             if req.age_encryption_recipients:
                 parse_recipients(req.age_encryption_recipients)  # a bad key fails this op's future, naming the field
-                params["age_recipients"] = [str(r).strip() for r in req.age_encryption_recipients]
+                save = dataclasses.replace(
+                    save, age_recipients=[str(r).strip() for r in req.age_encryption_recipients])
         except CheckpointError as e:
             op = _reject(seq_id, raw, str(e))
         else:
-            op = _checked_save(seq_id, "save_weights_external", raw, params)
+            op = _checked_save(seq_id, OpKind.SAVE_WEIGHTS_EXTERNAL, raw, save)
     return await _submit(svc, model_id, op, who)
 
 
-def _checked_save(seq_id: int, kind: str, raw: dict, params: dict) -> TrainingOp:
+def _checked_save(seq_id: int, kind: OpKind, raw: dict, save: SaveRequest) -> TrainingOp:
     try:
-        check_name(params["path"])
-        check_ttl(params.get("ttl_seconds"))
+        check_name(save.path)
+        check_ttl(save.ttl_seconds)
     except CheckpointError as e:
         return _reject(seq_id, raw, str(e))
-    return TrainingOp(seq_id=seq_id, kind=kind, body_hash=_hash(_canonical(raw)), params=params)
+    return TrainingOp(seq_id=seq_id, kind=kind, body_hash=_hash(_canonical(raw)), save=save)
 
 
 @router.post("/load_weights")
@@ -242,8 +245,8 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
                                       f"{state.start.base_model}")
         except CheckpointError as e:
             return await _submit(svc, model_id, _reject(seq_id, raw, str(e)), who)
-        op = TrainingOp(seq_id=seq_id, kind="load_weights", body_hash=_hash(_canonical(raw)),
-                        params={"path": req.path, "optimizer": req.optimizer})
+        op = TrainingOp(seq_id=seq_id, kind=OpKind.LOAD_WEIGHTS, body_hash=_hash(_canonical(raw)),
+                        load=LoadCheckpoint(path=req.path, optimizer=bool(req.optimizer)))
         return await _submit(svc, model_id, op, who)
     req = LoadWeightsRequest.model_validate(raw)
     if req.session_id is None or req.model_seq_id is None:
@@ -289,7 +292,7 @@ def _check_model_seq_id(model_seq_id: int | None) -> None:
 
 
 def _reject(seq_id: int, raw: dict[str, Any], message: str) -> TrainingOp:
-    return TrainingOp(seq_id=seq_id, kind="reject", body_hash=_hash(_canonical(raw)), params={"error": message})
+    return TrainingOp(seq_id=seq_id, kind=OpKind.REJECT, body_hash=_hash(_canonical(raw)), error=message)
 
 
 async def _submit(svc: Services, model_id: str, op: TrainingOp, who: str) -> dict:

@@ -67,6 +67,6 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
     store = ClaimCheckStore((tmp_path / "store").as_uri())
     acts = EngineActivities(Engine(), store, checkpoints=CheckpointStore((tmp_path / "ckpt").as_uri()))
     item = WorkItem(key="k", requester="r", kind="sample", payload=store.put(b"{}", "requests"),
-                    params={"snapshot": path})
+                    snapshot=path)
     acts._sample([item])
     assert reloaded == [path] and sampled == [path]

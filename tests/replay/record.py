@@ -1,6 +1,7 @@
 """Record the workflow histories of real runs into tests/replay/histories/ (the replay suite's input).
 
     .venv/bin/python -m tests.replay.record            # a few minutes on a laptop CPU; rewrites the directory
+    .venv/bin/python -m tests.replay.record --add v2   # keeps the files there, adds <WorkflowType>-v2-<n>.json
 
 Brings up `tinkerflow up` (tiny model) and drives it with the unmodified SDK through what the workflows do in
 production: training (forward_backward, optim_step), sampling, checkpoints (save_state, a load into a new client,
@@ -80,7 +81,7 @@ async def _wait_closed(address: str, workflow_id: str, timeout_s: float = 180) -
         await asyncio.sleep(1)
 
 
-async def dump(address: str, out: Path) -> list[str]:
+async def dump(address: str, out: Path, tag: str = "") -> list[str]:
     from temporalio.client import Client
 
     client = await Client.connect(address)
@@ -88,14 +89,22 @@ async def dump(address: str, out: Path) -> list[str]:
     async for wf in client.list_workflows():
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         counts[wf.workflow_type] = counts.get(wf.workflow_type, 0) + 1
-        name = f"{wf.workflow_type}-{counts[wf.workflow_type]}.json"
+        name = f"{wf.workflow_type}-{tag + '-' if tag else ''}{counts[wf.workflow_type]}.json"
         (out / name).write_text(json.dumps({"workflow_id": wf.id, "history": json.loads(history.to_json())}))
         written.append(name)
     return written
 
 
 def main() -> None:
+    import argparse
+
     from tinkerflow.cli.launch import launch
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--add", metavar="TAG", default="",
+                        help="keep the recorded histories and add these as <WorkflowType>-TAG-<n>.json (record the "
+                             "payload shapes of a new release beside the old ones)")
+    args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="tinkerflow-record-")) / "state"
     stack = launch(state, api_key=API_KEY, extra=["--session-timeout-s", "20", "--auto-snapshot-every", "2",
@@ -103,9 +112,10 @@ def main() -> None:
     try:
         drive(stack)
         time.sleep(2)  # let the last workflow tasks land in history
-        shutil.rmtree(OUT, ignore_errors=True)
-        OUT.mkdir(parents=True)
-        for name in asyncio.run(dump(stack.temporal_address, OUT)):
+        if not args.add:
+            shutil.rmtree(OUT, ignore_errors=True)
+        OUT.mkdir(parents=True, exist_ok=True)
+        for name in asyncio.run(dump(stack.temporal_address, OUT, args.add)):
             print(name, (OUT / name).stat().st_size, "bytes")
     finally:
         stack.stop()

@@ -20,16 +20,18 @@ from temporalio.worker import Worker
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart, parse_rfc3339
-from tinkerflow.workflows.messages import LoraSpec, RunState, TrainingOp
+from tinkerflow.workflows.messages import (
+    AdamSpec, LoadCheckpoint, LoraSpec, OpKind, RunState, SaveRequest, TrainingOp, WorkKind,
+)
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from wf_harness import Tinker, body_hash, eventually, unique_queue, within
+from wf_harness import Tinker, body_hash, eventually, fwd_seq, unique_queue, within
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 
 
-def save_op(seq_id: int, name: str, **params) -> TrainingOp:
-    return TrainingOp(seq_id=seq_id, kind="save_weights", body_hash=body_hash("save", seq_id, name, params),
-                      params={"path": name, **params})
+def save_op(seq_id: int, name: str, **fields) -> TrainingOp:
+    return TrainingOp(seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS, body_hash=body_hash("save", seq_id, name, fields),
+                      save=SaveRequest(path=name, **fields))
 
 
 async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_timer(tinker: Tinker) -> None:
@@ -39,8 +41,8 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
     path = f"tinker://{model_id}/weights/step-1"
     assert saved.json == {"path": path, "type": "save_weights"}
     [item] = tinker.engine.of_kind("save_checkpoint")
-    m = item.params["manifest"]
-    assert item.params["path"] == path and m["tinker_path"] == path and m["user_metadata"] == {"k": "v"}
+    m = item.save.manifest
+    assert item.save.path == path and m["tinker_path"] == path and m["user_metadata"] == {"k": "v"}
     # No seed was asked for: the run drew one (into history), so a recovery re-creates the same initial adapter.
     assert isinstance(m["lora"].pop("seed"), int)
     assert m["lora"] == {"rank": 8, "train_attn": True, "train_mlp": True, "train_unembed": True}
@@ -53,7 +55,7 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
 
     # Re-saving the name without a TTL (overwrite) clears the timer: the new files must not expire.
     again = await tinker.op(run, save_op(2, "step-1", overwrite=True))
-    assert again.ok and tinker.engine.of_kind("save_checkpoint")[1].params["manifest"]["expires_at"] is None
+    assert again.ok and tinker.engine.of_kind("save_checkpoint")[1].save.manifest["expires_at"] is None
     assert await within(timer.result()) == "expiry removed; the checkpoint is kept"
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.last_checkpoint == path and state.last_request_time.endswith("Z")
@@ -64,14 +66,14 @@ async def test_external_weights_report_their_size_and_a_load_takes_the_checkpoin
     sid, _ = await tinker.start_session()
     model_id, run = await tinker.ready_run(sid, 1)
     external = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_external", body_hash=body_hash("x"),
-                                               params={"path": "hf", "overwrite": True}))
+                                               save=SaveRequest(path="hf", overwrite=True)))
     assert external.json == {"path": f"tinker://{model_id}/external_weights/hf", "size_bytes": 1234,
                              "type": "save_weights_external"}
     loaded = await tinker.op(run, TrainingOp(seq_id=2, kind="load_weights", body_hash=body_hash("l"),
-                                             params={"path": "tinker://other:train:0/weights/a", "optimizer": True}))
+                                             load=LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)))
     assert loaded.json["type"] == "load_weights" and loaded.json["model_id"] == model_id
     [load] = tinker.engine.of_kind("load_checkpoint")
-    assert load.model_id == model_id and load.params == {"path": "tinker://other:train:0/weights/a", "optimizer": True}
+    assert load.model_id == model_id and load.load == LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.lora_spec == LoraSpec(rank=4, train_mlp=False) and state.step == 3
     assert state.loaded_from == "tinker://other:train:0/weights/a"
@@ -100,7 +102,7 @@ async def test_a_failed_create_via_load_gives_the_slot_back(tinker: Tinker) -> N
 
 
 async def _failing_load(tinker: Tinker, sid: str):
-    # The mock engine refuses items whose params carry {"bad": True}; a load's params come from the workflow, so
+    # The mock engine refuses forward_backward items flagged "bad"; a load's fields come from the workflow, so
     # refuse by path instead.
     original = tinker.engine.answer
 
@@ -180,24 +182,24 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
     assert outcome.ok
     model_id = names.model_id_for(sid, 1)
     optim = lambda n: TrainingOp(seq_id=n, kind="optim_step", body_hash=body_hash("o", n),  # noqa: E731
-                                 params={"learning_rate": 0.1})
+                                 adam=AdamSpec(learning_rate=0.1))
     for op in (tinker.fwd(1), optim(2), tinker.fwd(3), optim(4), tinker.fwd(5)):
         assert (await tinker.op(run, op)).ok
     auto = f"tinker://{model_id}/auto_weights/latest"
     [snap] = tinker.engine.of_kind("save_checkpoint")
-    assert snap.params["path"] == auto and snap.params["overwrite"] is True
+    assert snap.save.path == auto and snap.save.overwrite is True
 
     await tinker.register(tinker.queues[0])  # the same worker, restarted: the coordinator forgets its placements
     before = len(tinker.engine.items)
     assert (await tinker.op(run, tinker.fwd(6))).ok
     after = [i for i in tinker.engine.items[before:] if i.model_id == model_id]
     assert [i.kind for i in after] == ["create_adapter", "load_checkpoint", "forward_backward", "forward_backward"]
-    assert after[1].params == {"path": auto, "optimizer": True}
-    assert [i.params["seq"] for i in after[2:]] == [5, 6]
+    assert after[1].load == LoadCheckpoint(path=auto, optimizer=True)
+    assert [fwd_seq(i) for i in after[2:]] == [5, 6]
     create = next(i for i in tinker.engine.items if i.kind == "create_adapter" and i.model_id == model_id)
-    assert after[0].params == create.params  # the same rank, groups and (drawn) seed
+    assert after[0].lora == create.lora and create.lora.seed is not None  # the same rank, groups and (drawn) seed
     state: RunState = await run.query(TrainingRunWorkflow.describe)
-    assert state.recoveries == 1 and [e["kind"] for e in state.since_snapshot] == ["forward_backward"] * 2
+    assert state.recoveries == 1 and [e.kind for e in state.since_snapshot] == [WorkKind.FORWARD_BACKWARD] * 2
 
 
 async def test_without_automatic_snapshots_a_lost_adapter_fails_clearly(tinker: Tinker) -> None:

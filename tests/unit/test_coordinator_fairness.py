@@ -3,7 +3,7 @@ single request by more than the stated bound (its oldest item is in the next bat
 
 from __future__ import annotations
 
-from wf_harness import Tinker, blob, body_hash, eventually, within
+from wf_harness import Tinker, blob, body_hash, eventually, fwd_flags, within
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import MAX_BATCH_ITEMS
@@ -37,7 +37,7 @@ async def test_a_big_queue_of_one_tenant_does_not_delay_another_tenants_small_re
     _, run = await tinker.ready_run(sid, 1)
     engine = tinker.engine
     held = await tinker.submit(run, tinker.fwd(1, hold=True))  # the worker is busy: everything below queues
-    await engine.wait_for(lambda: any(i.params.get("hold") for i in engine.items))
+    await engine.wait_for(lambda: any("hold" in fwd_flags(i) for i in engine.items))
     busy = len(engine.batches)
 
     big_session, _ = await tinker.start_session()
@@ -69,7 +69,7 @@ async def test_the_sampling_queue_counts_samples_and_tokens_not_calls(tinker: Ti
     _, run = await tinker.ready_run(sid, 1)
     engine = tinker.engine
     held = await tinker.submit(run, tinker.fwd(1, hold=True))
-    await engine.wait_for(lambda: any(i.params.get("hold") for i in engine.items))
+    await engine.wait_for(lambda: any("hold" in fwd_flags(i) for i in engine.items))
 
     sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
     handle = await tinker.client.start_workflow(

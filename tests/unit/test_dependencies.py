@@ -92,7 +92,7 @@ def test_a_save_on_a_read_only_checkpoint_root_says_the_checkpoint_store_refused
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.common.checkpoints import CheckpointStore
     from tinkerflow.common.store import ClaimCheckStore
-    from tinkerflow.workflows.messages import Batch, WorkItem
+    from tinkerflow.workflows.messages import Batch, SaveCheckpoint, WorkItem
 
     root = (tmp_path / "ckpts").as_uri()
 
@@ -103,7 +103,8 @@ def test_a_save_on_a_read_only_checkpoint_root_says_the_checkpoint_store_refused
     acts = EngineActivities(engine=None, store=ClaimCheckStore((tmp_path / "store").as_uri()),
                             checkpoints=CheckpointStore(root))
     item = WorkItem(key="run#1", requester="run", kind="save_checkpoint", slot=0,
-                    params={"manifest": {"tinker_path": "tinker://s:train:0/weights/a"}})
+                    save=SaveCheckpoint(path="tinker://s:train:0/weights/a",
+                                        manifest={"tinker_path": "tinker://s:train:0/weights/a"}))
     (result,) = ActivityEnvironment().run(acts.run_batch, Batch(items=[item])).results
     assert result.outcome.category == "server"
     assert result.outcome.error.startswith(f"save_checkpoint failed: the checkpoint store ({root}) refused it: "

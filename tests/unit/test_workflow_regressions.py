@@ -135,10 +135,10 @@ async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(mon
 
 async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> None:
     """An RL loop makes one sampler snapshot per step; the coordinator must not keep them all on the worker."""
-    import tinkerflow.workflows.coordinator as coordinator_module
-    from tinkerflow.workflows.messages import TrainingOp
+    import tinkerflow.workflows.placement as placement_module
+    from tinkerflow.workflows.messages import SaveRequest, TrainingOp
 
-    monkeypatch.setattr(coordinator_module, "EPHEMERAL_SNAPSHOT_IDLE_S", 1.0)
+    monkeypatch.setattr(placement_module, "EPHEMERAL_SNAPSHOT_IDLE_S", 1.0)
     async with local_temporal() as env:
         async with tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
             sid, _ = await tinker.start_session()
@@ -147,7 +147,7 @@ async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> N
             async def save(seq: int) -> None:
                 outcome = await tinker.op(run, TrainingOp(
                     seq_id=seq, kind="save_weights_for_sampler", body_hash=body_hash("save", seq),
-                    params={"path": None, "sampling_session_seq_id": seq}))
+                    save=SaveRequest(path=None, sampling_session_seq_id=seq)))
                 assert outcome.ok, outcome.error
 
             await save(1)
@@ -156,6 +156,6 @@ async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> N
             await asyncio.sleep(1.5)
             await save(3)  # now 1 and 2 are idle and older than 3
             await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 1)
-            dropped = tinker.engine.of_kind("drop_snapshots")[0].params["keys"]
+            dropped = tinker.engine.of_kind("drop_snapshots")[0].drop.keys
             assert sorted(dropped) == [names.sampler_id_for(sid, 1), names.sampler_id_for(sid, 2)]
             assert (await tinker.describe_coordinator())["snapshots"] == 1

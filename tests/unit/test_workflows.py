@@ -21,6 +21,8 @@ from wf_harness import (
     blob,
     body_hash,
     eventually,
+    fwd_flags,
+    fwd_seq,
     jax_worker,
     local_temporal,
     new_queue,
@@ -31,8 +33,12 @@ from wf_harness import (
 )
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import (
+    AdamSpec,
     Batch,
     BatchResult,
+    LoadCheckpoint,
+    SampleParams,
+    SaveRequest,
     RunState,
     SamplerInfo,
     SampleStart,
@@ -46,7 +52,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def fwd_seqs(engine: MockEngine, model_id: str | None = None) -> list[int]:
-    return [i.params["seq"] for i in engine.of_kind("forward_backward") if model_id in (None, i.model_id)]
+    return [fwd_seq(i) for i in engine.of_kind("forward_backward") if model_id in (None, i.model_id)]
 
 
 def assert_seq_conflict(err: WorkflowUpdateFailedError) -> None:
@@ -76,7 +82,7 @@ async def test_ops_submitted_out_of_order_run_in_seq_order(tinker: Tinker) -> No
     assert (state.next_seq, state.fwdbwd_count, state.tokens_seen, state.last_loss) == (4, 3, 9, 1.0)
 
     optim = await tinker.op(run, TrainingOp(seq_id=4, kind="optim_step", body_hash=body_hash("optim", 4),
-                                            params={"learning_rate": 1e-4}))
+                                            adam=AdamSpec(learning_rate=1e-4)))
     assert optim.ok and optim.json == {"metrics": {"slot": 0}}
     state = await run.query(TrainingRunWorkflow.describe)
     assert (state.step, state.status) == (1, "ready")
@@ -289,7 +295,7 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     assert outcome.ok and outcome.json["sequences"] == [[1, 2, 3]]
     assert item.requester == handle.id and item.session_id == sid
     assert item.payload == blob("mem://sample-request/1")
-    assert item.params == {"snapshot": "", "sampler_id": sampler.sampler_id}
+    assert item.snapshot == "" and item.sample == SampleParams(sampler_id=sampler.sampler_id)
 
     bad = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
     [refused] = await within(tinker.client.execute_workflow(
@@ -310,21 +316,46 @@ async def test_sample_from_saved_weights_loads_them_first_in_the_same_batch(tink
             id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)), task_queue=tinker.workflow_queue))
         assert outcome.ok
     [load] = tinker.engine.of_kind("load_snapshot")
-    assert load.params == {"path": path}
+    assert load.load == LoadCheckpoint(path=path)
     first = next(b for b in tinker.engine.batches if any(i.kind == "sample" for i in b.items))
     assert [i.kind for i in first.items] == ["load_snapshot", "sample"]
     assert len(tinker.engine.of_kind("sample")) == 2
+
+
+async def test_a_finished_sessions_snapshots_are_dropped_on_every_worker_holding_them(temporal_env, tinker) -> None:
+    """Runs of one session on two workers each made a sampler snapshot; finishing the session drops both, each on
+    its own worker (before the patch only the first holder heard of it, and the other kept its copy)."""
+    second = new_queue()
+    async with jax_worker(temporal_env.client, tinker.engine, second):
+        await tinker.register(second)
+        sid, session = await tinker.start_session()
+        samplers = []
+        for n in (1, 2):
+            model_id, run = await tinker.ready_run(sid, n)
+            saved = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_for_sampler", body_hash=body_hash(n),
+                                                    save=SaveRequest(sampling_session_seq_id=n)))
+            assert saved.ok, saved
+            samplers.append(names.sampler_id_for(sid, n))
+        placements = (await tinker.describe_coordinator())["placements"]
+        assert len({queue for queue, _ in placements.values()}) == 2  # one run per worker
+        await session.signal(SessionWorkflow.finish, "bye")
+        await within(session.result())
+        await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 2)
+        drops = [i.drop for i in tinker.engine.of_kind("drop_snapshots")]
+        assert sorted(k for d in drops for k in d.keys) == sorted(samplers)
+        assert {d.queue for d in drops} == {queue for queue, _ in placements.values()}
+        assert (await tinker.describe_coordinator())["snapshots"] == 0
 
 
 async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) -> None:
     sid, session = await tinker.start_session()
     model_id, run = await tinker.ready_run(sid, 1)
     saved = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_for_sampler", body_hash=body_hash("save"),
-                                            params={"path": None, "sampling_session_seq_id": 7}))
+                                            save=SaveRequest(path=None, sampling_session_seq_id=7)))
     sampler_id = names.sampler_id_for(sid, 7)
     assert saved.json == {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
     [snap] = tinker.engine.of_kind("snapshot")
-    assert snap.model_id == model_id and snap.params == {"key": sampler_id}
+    assert snap.model_id == model_id and snap.snapshot == sampler_id
 
     info: SamplerInfo = await within(session.execute_update(SessionWorkflow.resolve_sampler, sampler_id))
     assert (info.snapshot, info.source_model_id) == (sampler_id, model_id)
@@ -334,19 +365,21 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
     assert outcome.ok and outcome.json["snapshot"] == sampler_id
 
     named = await tinker.op(run, TrainingOp(seq_id=2, kind="save_weights_for_sampler", body_hash=body_hash("named"),
-                                            params={"path": "ckpt-1"}))
+                                            save=SaveRequest(path="ckpt-1")))
     assert named.json == {"path": f"tinker://{model_id}/sampler_weights/ckpt-1", "type": "save_weights_for_sampler"}
     # Named weights are also written to storage (PEFT files) by the worker holding the adapter.
     [save] = tinker.engine.of_kind("save_checkpoint")
-    assert save.model_id == model_id and save.params["path"] == f"tinker://{model_id}/sampler_weights/ckpt-1"
-    assert save.params["manifest"]["lora"]["rank"] == 8 and save.params["manifest"]["expires_at"] is None
+    assert save.model_id == model_id and save.save.path == f"tinker://{model_id}/sampler_weights/ckpt-1"
+    assert save.save.manifest["lora"]["rank"] == 8 and save.save.manifest["expires_at"] is None
     assert (await tinker.describe_coordinator())["snapshots"] == 2
 
     # Finishing the session drops its ephemeral sampler weights (the named checkpoint stays).
     await session.signal(SessionWorkflow.finish, "bye")
     await within(session.result())
     await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 1)
-    assert tinker.engine.of_kind("drop_snapshots")[0].params == {"prefix": f"{sid}:sample:"}
+    # The session names a prefix; the Coordinator resolves it into the keys its record holds, for their worker.
+    dropped = tinker.engine.of_kind("drop_snapshots")[0].drop
+    assert dropped is not None and dropped.prefix == f"{sid}:sample:" and dropped.keys == [sampler_id]
     assert await eventually(lambda: _snapshots_are(tinker, 1))
 
 
@@ -363,7 +396,7 @@ async def test_reject_op_fails_its_own_future_and_the_next_seq_still_runs(tinker
     # Sent out of order: seq 2 waits for the rejected seq 1 to be answered.
     second = await tinker.submit(run, tinker.fwd(2))
     rejected = await tinker.op(run, TrainingOp(seq_id=1, kind="reject", body_hash=body_hash("reject"),
-                                               params={"error": "save_weights is not supported"}))
+                                               error="save_weights is not supported"))
     assert not rejected.ok and rejected.error == "save_weights is not supported" and rejected.category == "user"
     assert (await within(second.result())).ok
     assert fwd_seqs(tinker.engine, model_id) == [2]
@@ -384,7 +417,7 @@ async def test_a_failing_engine_batch_becomes_a_server_error(temporal_env) -> No
     original = engine.run_batch
 
     async def exploding(batch: Batch) -> BatchResult:
-        if any(i.params.get("explode") for i in batch.items):
+        if any("explode" in fwd_flags(i) for i in batch.items):
             await original(batch)  # recorded
             raise ApplicationError("engine fell over", type="InputError", non_retryable=True)
         return await original(batch)

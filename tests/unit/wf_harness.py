@@ -103,6 +103,18 @@ async def workflow_worker(client: Client, queue: str, **worker_kwargs: Any) -> A
 # --- the mocked JAX worker -----------------------------------------------------------------------------------------
 
 
+def fwd_flags(item: WorkItem) -> set[str]:
+    """The flags Tinker.fwd put in a forward_backward item's payload URI ("mem://request/<seq>/<tag>?hold&bad")."""
+    if item.payload is None or not item.payload.uri.startswith("mem://request/"):
+        return set()
+    return {f for f in item.payload.uri.partition("?")[2].split("&") if f}
+
+
+def fwd_seq(item: WorkItem) -> int:
+    """The seq_id of the op a forward_backward item came from (Tinker.fwd's payload URI)."""
+    return int(item.payload.uri.split("/")[3])
+
+
 def blob(uri: str) -> BlobRef:
     return BlobRef(uri=uri, size=3, sha256=hashlib.sha256(uri.encode()).hexdigest())
 
@@ -110,8 +122,8 @@ def blob(uri: str) -> BlobRef:
 class MockEngine:
     """Stands in for the JAX worker's `run_batch`: records every Batch and answers every WorkItem.
 
-    Items whose params carry {"bad": True} get an error Outcome; batches holding an item with {"hold": True}
-    wait until `release` is set (a slow engine), so work queued meanwhile can be watched being batched.
+    forward_backward items whose payload carries the flag "bad" (Tinker.fwd(..., bad=True)) get an error Outcome;
+    batches holding an item flagged "hold" wait until `release` is set (a slow engine), so work queued meanwhile can be watched being batched.
     """
 
     def __init__(self) -> None:
@@ -120,7 +132,7 @@ class MockEngine:
         self.changed = asyncio.Condition()
 
     def answer(self, item: WorkItem) -> Outcome:
-        if item.params.get("bad") or (item.payload is not None and item.payload.uri.startswith("bad:")):
+        if "bad" in fwd_flags(item) or (item.payload is not None and item.payload.uri.startswith("bad:")):
             return Outcome.failed(f"mock engine refused {item.kind} {item.key}", "user")
         if item.kind == "create_adapter":
             return Outcome(json={"slot": item.slot, "model_id": item.model_id})
@@ -129,23 +141,22 @@ class MockEngine:
         if item.kind == "optim_step":
             return Outcome(json={"metrics": {"slot": item.slot}})
         if item.kind == "sample":
-            return Outcome(json={"sequences": [[1, 2, 3]], "key": item.key, "snapshot": item.params.get("snapshot")},
+            return Outcome(json={"sequences": [[1, 2, 3]], "key": item.key, "snapshot": item.snapshot or None},
                            blob=blob(f"mem://sample/{item.key}"))
         if item.kind == "snapshot":
-            return Outcome(json={"key": item.params.get("key")})
+            return Outcome(json={"key": item.snapshot})
         if item.kind == "save_checkpoint":
-            return Outcome(json={"path": item.params["path"], "size_bytes": 1234})
+            return Outcome(json={"path": item.save.path, "size_bytes": 1234})
         if item.kind == "load_checkpoint":  # a checkpoint saved with rank 4, mlp untrained, after 3 steps
             lora = {"rank": 4, "seed": None, "train_attn": True, "train_mlp": False, "train_unembed": True}
-            return Outcome(json={"lora": lora, "step": 3 if item.params.get("optimizer") else 0,
-                                 "path": item.params["path"]})
+            return Outcome(json={"lora": lora, "step": 3 if item.load.optimizer else 0, "path": item.load.path})
         return Outcome(json={})  # free_adapter, drop_snapshots
 
     async def run_batch(self, batch: Batch) -> BatchResult:
         async with self.changed:
             self.batches.append(batch)
             self.changed.notify_all()
-        if any(i.params.get("hold") for i in batch.items):
+        if any("hold" in fwd_flags(i) for i in batch.items):
             await self.release.wait()
         return BatchResult(results=[WorkResult(key=i.key, outcome=self.answer(i)) for i in batch.items])
 
@@ -263,9 +274,11 @@ class Tinker:
         return names.model_id_for(session_id, n), handle
 
     @staticmethod
-    def fwd(seq_id: int, tag: str = "", **params: Any) -> TrainingOp:
-        return TrainingOp(seq_id=seq_id, kind="forward_backward", body_hash=body_hash("fwd", seq_id, tag, params),
-                          payload=blob(f"mem://request/{seq_id}/{tag}"), params={"seq": seq_id, **params})
+    def fwd(seq_id: int, tag: str = "", **flags: bool) -> TrainingOp:
+        """A forward_backward op; `flags` (hold=True, bad=True, ...) ride in its payload URI for the mock engine."""
+        query = "&".join(sorted(k for k, v in flags.items() if v))
+        return TrainingOp(seq_id=seq_id, kind="forward_backward", body_hash=body_hash("fwd", seq_id, tag, flags),
+                          payload=blob(f"mem://request/{seq_id}/{tag}" + (f"?{query}" if query else "")))
 
     @staticmethod
     async def submit(run: WorkflowHandle, op: TrainingOp, update_id: str | None = None) -> WorkflowUpdateHandle:

@@ -1,0 +1,18 @@
+"""The one place the protocol's specs (workflows/work.py) become the engine's configs: explicit, field by field, so
+a field added on either side is a choice made here rather than a silent `**dict`."""
+
+from __future__ import annotations
+
+from tinkerflow.workers.engine.types import AdamConfig, LoraConfig
+from tinkerflow.workflows.work import AdamSpec, LoraSpec
+
+
+def lora_config(spec: LoraSpec) -> LoraConfig:
+    return LoraConfig(rank=int(spec.rank), seed=spec.seed, train_attn=spec.train_attn, train_mlp=spec.train_mlp,
+                      train_unembed=spec.train_unembed)
+
+
+def adam_config(spec: AdamSpec) -> AdamConfig:
+    return AdamConfig(learning_rate=float(spec.learning_rate), beta1=float(spec.beta1), beta2=float(spec.beta2),
+                      eps=float(spec.eps), weight_decay=float(spec.weight_decay),
+                      grad_clip_norm=float(spec.grad_clip_norm))

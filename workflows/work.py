@@ -1,0 +1,172 @@
+"""The typed vocabulary of the run <-> Coordinator <-> JAX worker protocol: the kinds of work, the LoRA and Adam
+specs, and one small frozen dataclass of parameters per kind.
+
+Workflow code (stdlib only). Enums are `str`-valued so the JSON in Temporal history holds the same strings as before
+they existed ("forward_backward", ...). Histories recorded before typed parameters carry a `params` dict instead;
+the `from_legacy_*` converters at the end read those, and nothing else in the code looks at a dict.
+
+Adding a kind of engine work: a member of `WorkKind` (plus its parameter type here, if it has any), its routing in
+`placement.py` (`SLOT_KINDS` if it acts on a run's adapter slot, else a branch of `Placement.route`), a label in
+`coordinator.py`'s KIND_LABELS, and its handler in `activities/engine_activities.py` (`EngineActivities.handlers`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class WorkKind(str, enum.Enum):
+    """What a WorkItem asks the JAX worker to do."""
+
+    CREATE_ADAPTER = "create_adapter"
+    FREE_ADAPTER = "free_adapter"
+    FORWARD_BACKWARD = "forward_backward"
+    OPTIM_STEP = "optim_step"
+    SNAPSHOT = "snapshot"
+    DROP_SNAPSHOTS = "drop_snapshots"
+    SAMPLE = "sample"
+    SAVE_CHECKPOINT = "save_checkpoint"
+    LOAD_CHECKPOINT = "load_checkpoint"
+    LOAD_SNAPSHOT = "load_snapshot"
+
+    def __str__(self) -> str:  # f-strings and log lines show "forward_backward", not "WorkKind.FORWARD_BACKWARD"
+        return self.value
+
+
+class OpKind(str, enum.Enum):
+    """What an SDK request on a training client (a TrainingOp) is."""
+
+    FORWARD_BACKWARD = "forward_backward"
+    OPTIM_STEP = "optim_step"
+    SAVE_WEIGHTS = "save_weights"
+    SAVE_WEIGHTS_FOR_SAMPLER = "save_weights_for_sampler"
+    SAVE_WEIGHTS_EXTERNAL = "save_weights_external"
+    LOAD_WEIGHTS = "load_weights"
+    REJECT = "reject"  # a request the API refused; it fails its own future in sequence (DESIGN §6)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """The one LoRA spec carried from the API to the engine (the activity converts it to the engine's LoraConfig)."""
+
+    rank: int
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+
+@dataclass(frozen=True)
+class AdamSpec:
+    """torch.optim.AdamW hyper-parameters of one optim_step (the activity converts it to the engine's AdamConfig)."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass(frozen=True)
+class SampleParams:
+    """A sample item: which sampler asked, and its work (the Coordinator counts its queue in samples and tokens)."""
+
+    sampler_id: str = ""
+    samples: int = 1  # samples asked for (1 from API processes that did not count them)
+    work: int = 0  # samples x (prompt + max_tokens) tokens; 0 when unknown
+
+
+@dataclass(frozen=True)
+class DropSnapshots:
+    """Drop in-memory sampler snapshots: the named keys on one worker's queue, or (as sessions ask) all under a
+    prefix, which the Coordinator resolves into keys from its record before dispatch."""
+
+    keys: list[str] | None = None
+    queue: str = ""
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    """Write a run's adapter (and optimizer state) as the checkpoint `path`; `manifest` is its JSON document."""
+
+    path: str
+    manifest: dict[str, Any] = field(default_factory=dict)
+    overwrite: bool = False
+    age_recipients: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadCheckpoint:
+    """Load the checkpoint `path`: into the run's slot (load_checkpoint) or as a sampler snapshot (load_snapshot)."""
+
+    path: str
+    optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class SaveRequest:
+    """What the SDK asked of save_weights / save_weights_for_sampler / save_weights_external."""
+
+    path: str | None = None  # the checkpoint name (None: an ephemeral sampler snapshot)
+    sampling_session_seq_id: int | None = None
+    ttl_seconds: int | None = None
+    user_metadata: dict[str, Any] = field(default_factory=dict)
+    overwrite: bool = False
+    age_recipients: list[str] = field(default_factory=list)
+
+
+# --- histories written before typed parameters -------------------------------------------------------------------
+
+
+def from_legacy_lora(p: dict[str, Any]) -> LoraSpec:
+    return LoraSpec(rank=int(p["rank"]), seed=p.get("seed"), train_attn=bool(p.get("train_attn", True)),
+                    train_mlp=bool(p.get("train_mlp", True)), train_unembed=bool(p.get("train_unembed", True)))
+
+
+def from_legacy_adam(p: dict[str, Any]) -> AdamSpec:
+    names = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+    return AdamSpec(**{k: float(p[k]) for k in names if k in p})
+
+
+def from_legacy_save_request(p: dict[str, Any]) -> SaveRequest:
+    seq = p.get("sampling_session_seq_id")
+    ttl = p.get("ttl_seconds")
+    return SaveRequest(path=p.get("path"), sampling_session_seq_id=None if seq is None else int(seq),
+                       ttl_seconds=None if ttl is None else int(ttl), user_metadata=dict(p.get("user_metadata") or {}),
+                       overwrite=bool(p.get("overwrite")), age_recipients=list(p.get("age_recipients") or []))
+
+
+def from_legacy_load(p: dict[str, Any]) -> LoadCheckpoint:
+    return LoadCheckpoint(path=str(p["path"]), optimizer=bool(p.get("optimizer")))
+
+
+def from_legacy_work_params(kind: WorkKind, p: dict[str, Any]) -> dict[str, Any]:
+    """A WorkItem's legacy `params` dict as the typed fields that replace it (field name -> value)."""
+    if kind is WorkKind.CREATE_ADAPTER:
+        return {"lora": from_legacy_lora(p)}
+    if kind is WorkKind.OPTIM_STEP:
+        return {"adam": from_legacy_adam(p)}
+    if kind is WorkKind.SNAPSHOT:
+        return {"snapshot": str(p["key"])}
+    if kind is WorkKind.SAMPLE:
+        return {"snapshot": str(p.get("snapshot") or ""),
+                "sample": SampleParams(sampler_id=str(p.get("sampler_id") or ""), samples=int(p.get("samples", 1)),
+                                       work=int(p.get("work", 0)))}
+    if kind is WorkKind.DROP_SNAPSHOTS:
+        keys = p.get("keys")
+        return {"drop": DropSnapshots(keys=None if keys is None else list(keys), queue=str(p.get("queue") or ""),
+                                      prefix=str(p.get("prefix") or ""))}
+    if kind is WorkKind.SAVE_CHECKPOINT:
+        return {"save": SaveCheckpoint(path=str(p["path"]), manifest=dict(p.get("manifest") or {}),
+                                       overwrite=bool(p.get("overwrite")),
+                                       age_recipients=list(p.get("age_recipients") or []))}
+    if kind in (WorkKind.LOAD_CHECKPOINT, WorkKind.LOAD_SNAPSHOT):
+        return {"load": from_legacy_load(p)}
+    return {}  # free_adapter, forward_backward: no parameters
