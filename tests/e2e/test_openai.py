@@ -65,7 +65,9 @@ def test_checkpoint_completion_equals_the_sdk_sampling_client(oai, service_clien
 
 
 def test_chat_completion_applies_the_chat_template_and_n_choices(oai, base_model, tokenizer):
-    messages = [{"role": "system", "content": "You translate to Pig Latin."}, {"role": "user", "content": "hello"}]
+    # A short conversation: its rendered prompt (13 tokens) shares the sampler's compiled prompt bucket with the
+    # other tests' prompts, so this test compiles nothing new.
+    messages = [{"role": "user", "content": "hello"}]
     chat = oai.chat.completions.create(model=base_model, messages=messages, max_completion_tokens=10, temperature=0)
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     plain = oai.completions.create(model=base_model, prompt=tokenizer.encode(rendered, add_special_tokens=False),
@@ -144,3 +146,61 @@ def test_the_sdk_and_the_openai_endpoint_can_share_a_base_model(stack, base_mode
     out = s.sample(prompt=types.ModelInput.from_ints([5, 6, 7]), num_samples=1,
                    sampling_params=types.SamplingParams(max_tokens=3, temperature=0.0)).result()
     assert len(out.sequences[0].tokens) == 3
+
+
+@pytest.fixture(scope="module")
+def small_stack(tmp_path_factory):
+    """A stack of its own with a 2-sample queue limit and a 5 s session timeout."""
+    from tinkerflow.cli.launch import launch
+
+    s = launch(tmp_path_factory.mktemp("openai-small") / "state", api_key="tml-openai-small",
+               extra=["--max-queued-samples", "2", "--session-timeout-s", "5"])
+    yield s
+    s.stop()
+
+
+@pytest.mark.slow
+def test_a_full_queue_answers_429_with_retry_after_and_retrying_clients_all_complete(small_stack):
+    url, key = f"{small_stack.base_url}/v1", small_stack.api_key
+    model = small_stack.served_model()
+
+    async def wave(client: openai.AsyncOpenAI, n: int) -> list:
+        return await asyncio.gather(*(client.completions.create(model=model, prompt=f"story {i}", max_tokens=4,
+                                                                temperature=1.0, seed=i) for i in range(n)),
+                                    return_exceptions=True)
+
+    async def both() -> tuple[list, list]:
+        patient = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=50, timeout=600)
+        hasty = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=600)
+        first = asyncio.ensure_future(wave(patient, 10))  # queues up behind the first compile
+        await asyncio.sleep(1.5)
+        return await first, await wave(hasty, 30)
+
+    patient, hasty = asyncio.run(both())
+    assert all(isinstance(r, openai.types.Completion) for r in patient), patient
+    limited = [r for r in hasty if isinstance(r, openai.RateLimitError)]
+    assert limited, hasty
+    assert limited[0].response.headers["retry-after"] == "1" and limited[0].body["code"] == "rate_limit_exceeded"
+
+
+@pytest.mark.slow
+def test_the_tenant_session_ends_when_idle_and_the_next_call_starts_it_again(small_stack):
+    import time
+
+    oai = openai.OpenAI(base_url=f"{small_stack.base_url}/v1", api_key=small_stack.api_key, timeout=600)
+    model = small_stack.served_model()
+    assert oai.completions.create(model=model, prompt="a", max_tokens=2).usage.completion_tokens == 2
+    time.sleep(12)  # past the 5 s session timeout: the session ends (and its heartbeat throttle has lapsed)
+    assert oai.completions.create(model=model, prompt="a", max_tokens=2).usage.completion_tokens == 2
+    runs = _openai_session_runs(small_stack)
+    assert len(runs) >= 2 and {r[0] for r in runs} == {runs[0][0]}, runs  # one session id, started again
+
+
+def _openai_session_runs(stack) -> list[tuple[str, str]]:
+    from temporalio.client import Client
+
+    async def rows() -> list[tuple[str, str]]:
+        client = await Client.connect(stack.temporal_address)
+        return [(w.id, w.run_id) async for w in client.list_workflows("WorkflowId STARTS_WITH 'session/openai-'")]
+
+    return asyncio.run(rows())

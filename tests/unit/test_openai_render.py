@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from tinkerflow.api.openai_models import ChatCompletionRequest, CompletionRequest, first_error
+from tinkerflow.api.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    first_error,
+)
 from tinkerflow.api.openai_render import render, token_pieces
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import PreTrainedTokenizerFast
-
     from tinkerflow.workers.engine.tiny_model import EOS_TOKEN, build_tokenizer
+    from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), eos_token=EOS_TOKEN,
                                    clean_up_tokenization_spaces=False)
