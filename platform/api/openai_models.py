@@ -1,7 +1,7 @@
 """OpenAI's request bodies for /v1/completions and /v1/chat/completions, as pydantic models, and its error body.
 
 Only what this server can honour is accepted: a parameter it cannot honour with a value that would change the answer
-(penalties, logit_bias, tools, echo, best_of, top alternatives) is refused with a 400 naming it, never silently
+(penalties, logit_bias, tools, best_of, top alternatives of generated tokens) is refused with a 400 naming it, never silently
 ignored. Fields that change nothing here (`user`, `metadata`, `store`, `service_tier`, ...) are ignored, as OpenAI's
 own server ignores what it does not use.
 """
@@ -85,7 +85,7 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default for completions; 0 only with echo
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
@@ -99,16 +99,19 @@ class CompletionRequest(_Common):
         return list(p)  # type: ignore[arg-type]
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.echo:
-            return "echo", "echo is not supported"
+        if self.echo and self.stream:
+            return "echo", "echo is not supported with stream"
+        if self.max_tokens == 0 and not self.echo:
+            return "max_tokens", "max_tokens must be at least 1 (0 only with echo, to score the prompt)"
         if self.best_of is not None and self.best_of != self.n:
             return "best_of", "best_of is not supported (leave it unset)"
         if self.suffix:
             return "suffix", "suffix (insertion) is not supported"
-        if self.logprobs:
-            # The engine reports the sampled token's logprob, not the k most likely alternatives.
-            return "logprobs", ("logprobs > 0 (top alternatives) is not supported; logprobs=0 returns each sampled "
-                                "token's logprob")
+        if self.logprobs and not self.echo:
+            # The engine reports the sampled token's logprob, not the k most likely alternatives; it does compute
+            # the top-k alternatives at each prompt position, which echo returns.
+            return "logprobs", ("logprobs > 0 (top alternatives) is supported only with echo, for the prompt's "
+                                "tokens; logprobs=0 returns each sampled token's logprob")
         return super().unsupported()
 
 

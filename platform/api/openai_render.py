@@ -91,3 +91,22 @@ def chat_logprobs(pieces: list[str], logprobs: list[float]) -> dict[str, Any]:
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def echo_logprobs(tokenizer: Any, prompt: list[int], prompt_lps: list[float | None] | None,
+                  topk: list[list[tuple[int, float]] | None] | None, r: Rendered) -> dict[str, Any]:
+    """The logprobs object of an `echo` completion: the prompt's tokens (their logprobs, None for the first, which
+    has no context) followed by the completion's. top_logprobs holds the engine's top-k alternatives at each prompt
+    position (what lm-eval-harness reads to score a continuation); generated tokens have none computed ({})."""
+    pieces = token_pieces(tokenizer, prompt) + r.pieces
+    lps: list[float | None] = list(prompt_lps or [None] * len(prompt)) + list(r.logprobs)
+    lps[0] = None
+    out = completion_logprobs(Rendered("", pieces, lps, r.finish_reason, 0))  # type: ignore[arg-type]
+    if topk is not None:
+        def alternatives(row: list[tuple[int, float]] | None) -> dict[str, float] | None:
+            if row is None:
+                return None
+            return {tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in row}
+
+        out["top_logprobs"] = [alternatives(row) for row in topk] + [{} for _ in r.pieces]
+    return out

@@ -40,6 +40,7 @@ from tinkerflow.api.openai_render import (
     Rendered,
     chat_logprobs,
     completion_logprobs,
+    echo_logprobs,
     render,
     usage,
 )
@@ -140,12 +141,16 @@ def _budget(svc: Services, card: ModelCard, prompt: list[int], max_tokens: int |
 
 
 async def _sample(svc: Services, samplers: OpenAISamplers, who: str, target: Target, prompt: list[int],
-                  req: _Common, max_tokens: int) -> BatchItemRef:
+                  req: _Common, max_tokens: int, topk_prompt: int | None = None) -> BatchItemRef:
+    """Submit one prompt; `topk_prompt` (not None) also scores the prompt, with that many alternatives per token."""
     info = await samplers.sampler(svc, who, target.card.name, target.model_path)
-    raw = {"sampling_session_id": info.sampler_id, "seq_id": 0, "num_samples": req.n,
-           "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
-           "sampling_params": {"max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p,
-                               "top_k": req.top_k, "seed": req.seed, "stop": req.stop}}
+    raw: dict[str, Any] = {
+        "sampling_session_id": info.sampler_id, "seq_id": 0, "num_samples": req.n,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
+        "sampling_params": {"max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p,
+                            "top_k": req.top_k, "seed": req.seed, "stop": req.stop}}
+    if topk_prompt is not None:
+        raw.update(prompt_logprobs=True, topk_prompt_logprobs=topk_prompt)
     ref = await submit_sample(svc, info, raw, SampleRequest.model_validate(raw))
     if isinstance(ref, QueueFull):
         raise OpenAIError(429, ref.message, None, "rate_limit_exceeded")
@@ -192,13 +197,19 @@ async def completions(request: Request, svc: Services = Depends(services),
     tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
     token_lists = [_tokens(p, tokenizer, target.card) for p in prompts]
     budgets = [_budget(svc, target.card, t, req.max_tokens, "max_tokens") for t in token_lists]
-    refs = [await _sample(svc, samplers, who, target, t, req, b) for t, b in zip(token_lists, budgets, strict=True)]
+    # echo scores the prompt (lm-eval-harness's loglikelihood); max_tokens 0 samples one token and drops it.
+    score = req.logprobs if req.echo and req.logprobs is not None else None
+    refs = [await _sample(svc, samplers, who, target, t, req, max(b, 1), score)
+            for t, b in zip(token_lists, budgets, strict=True)]
     prompt_tokens = sum(len(t) for t in token_lists)
+    responses: list[Any] = []
 
     async def choices() -> list[Rendered]:
         out = []
-        for response in await asyncio.gather(*(_results(svc, r) for r in refs)):
-            out.extend(render(tokenizer, s.tokens, s.logprobs, s.stop_reason, req.stop) for s in response.sequences)
+        responses.extend(await asyncio.gather(*(_results(svc, r) for r in refs)))
+        for response in responses:
+            out.extend(render(tokenizer, s.tokens, s.logprobs, s.stop_reason, req.stop) if req.max_tokens != 0
+                       else Rendered("", [], [], "length", 0) for s in response.sequences)
         return out
 
     meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -206,10 +217,17 @@ async def completions(request: Request, svc: Services = Depends(services),
     if req.stream:
         return _stream(meta, choices(), prompt_tokens, req, chat=False)
     rendered = await choices()
-    return {**meta, "choices": [
-        {"index": i, "text": r.text, "finish_reason": r.finish_reason,
-         "logprobs": completion_logprobs(r) if req.logprobs is not None else None} for i, r in enumerate(rendered)],
-        "usage": usage(prompt_tokens, sum(r.completion_tokens for r in rendered))}
+    out = [{"index": i, "text": r.text, "finish_reason": r.finish_reason,
+            "logprobs": completion_logprobs(r) if req.logprobs is not None else None} for i, r in enumerate(rendered)]
+    if req.echo:
+        for i, choice in enumerate(out):
+            tokens, response = token_lists[i // req.n], responses[i // req.n]
+            choice["text"] = tokenizer.decode(tokens, skip_special_tokens=True) + choice["text"]
+            if req.logprobs is not None:
+                choice["logprobs"] = echo_logprobs(tokenizer, tokens, response.prompt_logprobs,
+                                                   response.topk_prompt_logprobs if req.logprobs else None,
+                                                   rendered[i])
+    return {**meta, "choices": out, "usage": usage(prompt_tokens, sum(r.completion_tokens for r in rendered))}
 
 
 @router.post("/chat/completions", response_model=None)

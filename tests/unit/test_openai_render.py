@@ -10,7 +10,7 @@ from tinkerflow.api.openai_models import (
     CompletionRequest,
     first_error,
 )
-from tinkerflow.api.openai_render import render, token_pieces
+from tinkerflow.api.openai_render import Rendered, echo_logprobs, render, token_pieces
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_render_cuts_at_the_first_stop_sequence_and_keeps_pieces_and_logprobs_al
 @pytest.mark.parametrize(("body", "param"), [
     ({"model": "m", "prompt": "x", "temperature": 2.5}, "temperature"),
     ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
-    ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
     ({"model": "m", "prompt": "x", "n": 0}, "n"),
     ({"model": "m", "prompt": "x", "stop": [""]}, "stop"),
     ({"model": "m"}, "prompt"),
@@ -72,8 +72,10 @@ def test_bad_completion_parameters_are_named(body, param):
 
 
 def test_unsupported_parameters_are_refused_not_ignored():
-    assert CompletionRequest(model="m", prompt="x", echo=True).unsupported()[0] == "echo"
+    assert CompletionRequest(model="m", prompt="x", echo=True, stream=True).unsupported()[0] == "echo"
     assert CompletionRequest(model="m", prompt="x", logprobs=2).unsupported()[0] == "logprobs"
+    assert CompletionRequest(model="m", prompt="x", max_tokens=0).unsupported()[0] == "max_tokens"
+    assert CompletionRequest(model="m", prompt="x", max_tokens=0, echo=True, logprobs=2).unsupported() is None
     assert CompletionRequest(model="m", prompt="x", logprobs=0).unsupported() is None
     chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], presence_penalty=1.0)
     assert chat.unsupported()[0] == "presence_penalty"
@@ -82,3 +84,19 @@ def test_unsupported_parameters_are_refused_not_ignored():
     assert parts.messages[0].as_template_input() == {"role": "user", "content": "ab"}
     assert CompletionRequest(model="m", prompt=[[1, 2], [3]]).prompts() == [[1, 2], [3]]
     assert CompletionRequest(model="m", prompt=[1, 2]).prompts() == [[1, 2]]
+
+
+def test_echo_logprobs_put_the_prompt_scores_before_the_completion(tokenizer):
+    prompt = tokenizer.encode("one two three")
+    completion = render(tokenizer, tokenizer.encode(" four"), [-0.25], "length", None)
+    lps = [None] + [-1.0 - i for i in range(len(prompt) - 1)]
+    topk = [None] + [[(prompt[i + 1], lps[i + 1]), (7, -9.0)] for i in range(len(prompt) - 1)]
+    out = echo_logprobs(tokenizer, prompt, lps, topk, completion)
+    assert "".join(out["tokens"]) == "one two three four"
+    assert out["token_logprobs"] == [*lps, -0.25]
+    assert out["top_logprobs"][0] is None and out["top_logprobs"][-1] == {}
+    second = tokenizer.decode([prompt[1]])
+    assert out["top_logprobs"][1][second] == lps[1]  # what lm-eval-harness compares for is_greedy
+    assert out["text_offset"][0] == 0 and out["text_offset"][-1] == len("one two three")
+    empty = echo_logprobs(tokenizer, prompt, lps, None, Rendered("", [], [], "length", 0))
+    assert empty["top_logprobs"] is None and len(empty["tokens"]) == len(prompt)
