@@ -10,7 +10,6 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tinkerflow.api import routes_openai
 from tinkerflow.common.checkpoints import CheckpointNotFound
 from tinkerflow.common.settings import Settings
