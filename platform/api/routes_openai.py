@@ -51,6 +51,7 @@ from tinkerflow.api.services import Services
 from tinkerflow.workflows.messages import ModelCard, Outcome
 
 RETRY_AFTER_S = 1
+KEEPALIVE_S = 15.0
 
 
 def _error_response(e: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -289,12 +290,19 @@ def _stream(meta: dict[str, Any], pending: Coroutine[Any, Any, list[Rendered]], 
         return event({**meta, "choices": [choice]})
 
     async def events() -> AsyncIterator[str]:
+        task = asyncio.ensure_future(pending)
         try:
-            rendered = await pending
+            # An SSE comment while the engine works (a first compile can take minutes): proxies and load balancers
+            # that cut idle connections keep this one, and clients ignore comments.
+            while not (await asyncio.wait({task}, timeout=KEEPALIVE_S))[0]:
+                yield ": waiting for the engine\n\n"
+            rendered = task.result()
         except OpenAIError as e:
             yield event(e.body())
             yield "data: [DONE]\n\n"
             return
+        finally:
+            task.cancel()  # the client went away: stop waiting (the sampled result is simply not read)
         for i, r in enumerate(rendered):
             if chat:
                 yield chunk(i, None, None, None, first=True)

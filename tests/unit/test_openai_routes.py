@@ -78,3 +78,25 @@ def test_hostile_bodies_get_a_4xx_in_openai_shape(client, body, chat):
     response = client.post(path, json=body, headers={"Authorization": f"Bearer {KEY}"})
     assert 400 <= response.status_code < 500, (body, response.text)
     _error(response, response.status_code)
+
+
+def test_a_stream_sends_keepalive_comments_while_the_engine_works_then_chunks_and_done(monkeypatch):
+    import asyncio
+
+    from tinkerflow.api.openai_render import Rendered
+
+    monkeypatch.setattr(routes_openai, "KEEPALIVE_S", 0.05)
+
+    async def slow() -> list[Rendered]:
+        await asyncio.sleep(0.3)
+        return [Rendered("ab", ["a", "b"], [-1.0, -2.0], "length", 2)]
+
+    async def collect() -> list[str]:
+        req = SimpleNamespace(logprobs=None, stream_options=None)
+        response = routes_openai._stream({"id": "x", "object": "text_completion"}, slow(), 3, req, chat=False)
+        return [part async for part in response.body_iterator]
+
+    parts = asyncio.run(collect())
+    assert parts[0].startswith(": ") and parts[-1] == "data: [DONE]\n\n"
+    data = [p for p in parts if p.startswith("data: {")]
+    assert len(data) == 3 and '"text":"a"' in data[0] and '"finish_reason":"length"' in data[-1]
