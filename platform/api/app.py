@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from tinkerflow.api import (
-    routes_checkpoints, routes_futures, routes_runs, routes_sampling, routes_service, routes_training,
+    routes_checkpoints, routes_futures, routes_openai, routes_runs, routes_sampling, routes_service, routes_training,
 )
 from tinkerflow.api.body_limits import BodyLimit
 from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal, classify
@@ -58,6 +58,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
+    app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
 
     @app.get("/api/v1/readyz", include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 
 from fastapi import APIRouter, Depends, Request
@@ -15,13 +13,12 @@ from tinkerflow.api.deps import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
+from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
 
-# What the engine samples when a request names no max_tokens (activities/wire.py sample_input).
-DEFAULT_MAX_TOKENS = 16
 router = APIRouter(prefix="/api/v1")
 log = logging.getLogger(__name__)
 
@@ -93,36 +90,16 @@ async def asample(request: Request, svc: Services = Depends(services),
                   who: str = Depends(owner)) -> dict | JSONResponse:
     raw = await json_body(request)
     req = SampleRequest.model_validate(raw)
-    limits = svc.settings
-    if req.num_samples > limits.max_samples_per_request:
-        raise http_error(400, f"num_samples {req.num_samples} is over this server's limit of "
-                              f"{limits.max_samples_per_request} per request (--max-samples-per-request)")
-    max_tokens = req.sampling_params.max_tokens
-    if max_tokens is not None and max_tokens > limits.max_sample_tokens:
-        raise http_error(400, f"sampling_params.max_tokens {max_tokens} is over this server's limit of "
-                              f"{limits.max_sample_tokens} (--max-sample-tokens)")
+    check_caps(svc, req.num_samples, req.sampling_params.max_tokens)
     if not req.sampling_session_id:
         raise http_error(400, "asample needs a sampling_session_id (create one with create_sampling_session)")
     info = await resolve_sampler(svc, req.sampling_session_id, who)
-    coordinator = names.coordinator_workflow_id(info.base_model, info.pool)
-    # The queue is counted in work, not calls: samples, and tokens (samples x (prompt + max_tokens)).
-    queued, queued_tokens = await svc.queued_samples(coordinator)
-    if queued >= limits.max_queued_samples or queued_tokens >= limits.max_queued_sample_tokens:
-        log.warning("asample: %d samples (%d tokens) queued for %s; answering 429", queued, queued_tokens,
-                    info.base_model)
-        return JSONResponse(status_code=429, headers={"Retry-After": "1"}, content={
-            "detail": f"sampling queue for {info.base_model} is full ({queued} samples, {queued_tokens:,} tokens "
-                      "waiting); retry shortly"})
-    prompt_tokens = sum(len(getattr(c, "tokens", ()) or ()) for c in req.prompt.chunks)
-    work = req.num_samples * (prompt_tokens + (max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS))
-    body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
-    ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
-    try:
-        wf_id, index = await svc.sample_batcher.submit(info, ref, samples=req.num_samples, work=work)
-    except Exception as e:
-        svc.store.delete(ref)
-        raise from_temporal(e, f"sampling session {info.sampler_id!r}") from None
+    ref = await submit_sample(svc, info, raw, req)
+    if isinstance(ref, QueueFull):
+        return JSONResponse(status_code=429, headers={"Retry-After": str(ref.retry_after_s)},
+                            content={"detail": ref.message})
+    wf_id, index = ref.workflow_id, ref.index
     # A retried call (same seq_id) may land in another batch and sample again: sampling changes no state, and the
     # client only ever sees one of the answers.
-    return {"request_id": request_ids.encode(request_ids.BatchItemRef(wf_id, index), svc.signing_key, who),
+    return {"request_id": request_ids.encode(ref, svc.signing_key, who),
             "sample_sequence_ids": [f"{wf_id}#{index}#{i}" for i in range(req.num_samples)]}

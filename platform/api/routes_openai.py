@@ -1,0 +1,338 @@
+"""OpenAI-compatible /v1/completions, /v1/chat/completions and /v1/models, for evaluation tools and plain `openai`
+clients: `openai.OpenAI(base_url="http://HOST:PORT/v1", api_key=<a tinkerflow key>)`.
+
+`model` is a served base model's name or a `tinker://` path of saved weights the caller may read (the same check and
+the same 404 for another tenant's private checkpoint as create_sampling_session). Requests go through the Tinker
+sampling path: the same caps, the same queue limit (429 + Retry-After), the same claim-check store and SampleBatcher
+(so they share decode batches with SDK calls), on a sampler of the tenant's one OpenAI session (openai_samplers).
+Errors use OpenAI's body shape. Streaming sends OpenAI's chunks after the engine has returned the whole sequences
+(the engine does not stream tokens), one chunk per token, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from temporalio.client import WorkflowFailureError
+from tinker.proto.response_conv import deserialize_sample_response
+from tinker.types import SampleRequest
+from tinkerflow.api.deps import metrics_caller, services
+from tinkerflow.api.lookups import checkpoint_of_caller, json_body
+from tinkerflow.api.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIError,
+    _Common,
+    first_error,
+)
+from tinkerflow.api.openai_render import (
+    Rendered,
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    render,
+    usage,
+)
+from tinkerflow.api.openai_samplers import OpenAISamplers
+from tinkerflow.api.request_ids import BatchItemRef
+from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
+from tinkerflow.api.services import Services
+from tinkerflow.workflows.messages import ModelCard, Outcome
+
+RETRY_AFTER_S = 1
+KEEPALIVE_S = 15.0
+
+
+def _error_response(e: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=e.status, content=e.body(), headers=headers)
+
+
+class OpenAIRoute(APIRoute):
+    """Every error of these routes (auth, validation, lookups) in OpenAI's body shape, which its clients parse."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except OpenAIError as e:
+                return _error_response(e, {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None)
+            except HTTPException as e:
+                code = {401: "invalid_api_key", 404: "not_found"}.get(e.status_code)
+                return _error_response(OpenAIError(e.status_code, str(e.detail), None, code), e.headers)
+            except (RequestValidationError, ValidationError) as e:
+                return _error_response(OpenAIError(400, f"invalid request: {e}", None, "invalid_value"))
+
+        return route
+
+
+router = APIRouter(prefix="/v1", route_class=OpenAIRoute)
+
+
+def _state(request: Request) -> OpenAISamplers:
+    state = getattr(request.app.state, "openai_samplers", None)
+    if state is None:
+        state = request.app.state.openai_samplers = OpenAISamplers()
+    return state
+
+
+@dataclass(frozen=True)
+class Target:
+    card: ModelCard
+    model_path: str  # "" for the base model
+
+
+async def _target(svc: Services, model: str, who: str) -> Target:
+    if model.startswith("tinker://"):
+        try:
+            base = (await checkpoint_of_caller(svc, model, who)).base_model
+        except HTTPException as e:  # 404: unknown, expired or another tenant's private checkpoint
+            raise OpenAIError(404 if e.status_code == 404 else 400, str(e.detail), "model", "model_not_found") from None
+        card = await svc.registry.get(base)
+        if card is None:
+            raise OpenAIError(404, f"{model} needs base model {base}, which no JAX worker serves", "model",
+                              "model_not_found")
+        return Target(card, model)
+    card = await svc.registry.get(model)
+    if card is None:
+        raise OpenAIError(404, f"the model {model!r} does not exist: use a served base model (GET /v1/models) or a "
+                               "tinker:// path of your saved weights", "model", "model_not_found")
+    return Target(card, "")
+
+
+def _parse(model: type[_Common], raw: dict[str, Any]) -> Any:
+    try:
+        req = model.model_validate(raw)
+    except ValidationError as e:
+        raise first_error(e) from None
+    bad = req.unsupported()
+    if bad:
+        raise OpenAIError(400, bad[1], bad[0], "unsupported_parameter")
+    return req
+
+
+def _caps(svc: Services, n: int, max_tokens: int | None, tokens_field: str) -> None:
+    try:
+        check_caps(svc, n, max_tokens, samples_field="n", tokens_field=tokens_field)
+    except HTTPException as e:
+        param = "n" if str(e.detail).startswith("n ") else tokens_field
+        raise OpenAIError(400, str(e.detail), param, "invalid_value") from None
+
+
+def _budget(svc: Services, card: ModelCard, prompt: list[int], max_tokens: int | None, field: str) -> int:
+    """max_tokens checked against the context (prompt + completion), or what the context leaves when unset."""
+    room = card.max_context - len(prompt)
+    asked = max_tokens if max_tokens is not None else min(room, svc.settings.max_sample_tokens)
+    if room < 1 or len(prompt) + asked > card.max_context:
+        raise OpenAIError(400, f"this model's context is {card.max_context} tokens; the prompt has {len(prompt)} and "
+                               f"{field} asks for {asked}", field if room >= 1 else "prompt", "context_length_exceeded")
+    return asked
+
+
+async def _sample(svc: Services, samplers: OpenAISamplers, who: str, target: Target, prompt: list[int],
+                  req: _Common, max_tokens: int, topk_prompt: int | None = None) -> BatchItemRef:
+    """Submit one prompt; `topk_prompt` (not None) also scores the prompt, with that many alternatives per token."""
+    info = await samplers.sampler(svc, who, target.card.name, target.model_path)
+    raw: dict[str, Any] = {
+        "sampling_session_id": info.sampler_id, "seq_id": 0, "num_samples": req.n,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
+        "sampling_params": {"max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p,
+                            "top_k": req.top_k, "seed": req.seed, "stop": req.stop}}
+    if topk_prompt is not None:
+        raw.update(prompt_logprobs=True, topk_prompt_logprobs=topk_prompt)
+    ref = await submit_sample(svc, info, raw, SampleRequest.model_validate(raw))
+    if isinstance(ref, QueueFull):
+        raise OpenAIError(429, ref.message, None, "rate_limit_exceeded")
+    return ref
+
+
+async def _results(svc: Services, ref: BatchItemRef) -> Any:
+    """Wait for the outcome of one submitted request (what retrieve_future long-polls), as the SDK's SampleResponse."""
+    handle = svc.client.get_workflow_handle(ref.workflow_id, result_type=list[Outcome])
+    try:
+        outcome = (await handle.result())[ref.index]
+    except WorkflowFailureError as e:
+        raise OpenAIError(500, f"sampling failed: {getattr(e.cause, 'message', None) or e}", None,
+                          "server_error") from None
+    if not outcome.ok:
+        status = 400 if outcome.category == "user" else 500
+        raise OpenAIError(status, outcome.error or "sampling failed", None, "sampling_failed")
+    assert outcome.blob is not None
+    return deserialize_sample_response(await asyncio.to_thread(svc.store.get, outcome.blob))
+
+
+def _tokens(prompt: str | list[int], tokenizer: Any, card: ModelCard) -> list[int]:
+    if isinstance(prompt, str):
+        tokens = list(tokenizer.encode(prompt))
+    else:
+        bad = [t for t in prompt if not 0 <= t < card.vocab_size]
+        if bad:
+            raise OpenAIError(400, f"token id {bad[0]} is outside the vocabulary [0, {card.vocab_size})", "prompt",
+                              "invalid_value")
+        tokens = list(prompt)
+    if not tokens:
+        raise OpenAIError(400, "the prompt is empty", "prompt", "invalid_value")
+    return tokens
+
+
+@router.post("/completions", response_model=None)
+async def completions(request: Request, svc: Services = Depends(services),
+                      who: str = Depends(metrics_caller)) -> dict | Response:
+    req: CompletionRequest = _parse(CompletionRequest, await json_body(request))
+    prompts = req.prompts()
+    _caps(svc, req.n * len(prompts), req.max_tokens, "max_tokens")
+    target = await _target(svc, req.model, who)
+    samplers = _state(request)
+    tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
+    token_lists = [_tokens(p, tokenizer, target.card) for p in prompts]
+    budgets = [_budget(svc, target.card, t, req.max_tokens, "max_tokens") for t in token_lists]
+    # echo scores the prompt (lm-eval-harness's loglikelihood); max_tokens 0 samples one token and drops it.
+    score = req.logprobs if req.echo and req.logprobs is not None else None
+    refs = [await _sample(svc, samplers, who, target, t, req, max(b, 1), score)
+            for t, b in zip(token_lists, budgets, strict=True)]
+    prompt_tokens = sum(len(t) for t in token_lists)
+    responses: list[Any] = []
+
+    async def choices() -> list[Rendered]:
+        out = []
+        responses.extend(await asyncio.gather(*(_results(svc, r) for r in refs)))
+        for response in responses:
+            out.extend(render(tokenizer, s.tokens, s.logprobs, s.stop_reason, req.stop) if req.max_tokens != 0
+                       else Rendered("", [], [], "length", 0) for s in response.sequences)
+        return out
+
+    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": req.model, "system_fingerprint": None}
+    if req.stream:
+        return _stream(meta, choices(), prompt_tokens, req, chat=False)
+    rendered = await choices()
+    out = [{"index": i, "text": r.text, "finish_reason": r.finish_reason,
+            "logprobs": completion_logprobs(r) if req.logprobs is not None else None} for i, r in enumerate(rendered)]
+    if req.echo:
+        for i, choice in enumerate(out):
+            tokens, response = token_lists[i // req.n], responses[i // req.n]
+            choice["text"] = tokenizer.decode(tokens, skip_special_tokens=True) + choice["text"]
+            if req.logprobs is not None:
+                choice["logprobs"] = echo_logprobs(tokenizer, tokens, response.prompt_logprobs,
+                                                   response.topk_prompt_logprobs if req.logprobs else None,
+                                                   rendered[i])
+    return {**meta, "choices": out, "usage": usage(prompt_tokens, sum(r.completion_tokens for r in rendered))}
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(request: Request, svc: Services = Depends(services),
+                           who: str = Depends(metrics_caller)) -> dict | Response:
+    req: ChatCompletionRequest = _parse(ChatCompletionRequest, await json_body(request))
+    limit = req.token_limit()
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    _caps(svc, req.n, limit, field)
+    target = await _target(svc, req.model, who)
+    samplers = _state(request)
+    tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise OpenAIError(400, f"the tokenizer of {target.card.name} has no chat template; use /v1/completions "
+                               "with a prompt you format yourself", "messages", "no_chat_template")
+    try:
+        messages = [m.as_template_input() for m in req.messages]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # the template itself raises on conversations it does not accept (roles, order)
+        raise OpenAIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
+    prompt = list(tokenizer.encode(text, add_special_tokens=False))
+    ref = await _sample(svc, samplers, who, target, prompt, req, _budget(svc, target.card, prompt, limit, field))
+
+    async def choices() -> list[Rendered]:
+        response = await _results(svc, ref)
+        return [render(tokenizer, s.tokens, s.logprobs, s.stop_reason, req.stop) for s in response.sequences]
+
+    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": req.model, "system_fingerprint": None}
+    if req.stream:
+        return _stream({**meta, "object": "chat.completion.chunk"}, choices(), len(prompt), req, chat=True)
+    rendered = await choices()
+    return {**meta, "choices": [
+        {"index": i, "message": {"role": "assistant", "content": r.text, "refusal": None},
+         "finish_reason": r.finish_reason,
+         "logprobs": chat_logprobs(r.pieces, r.logprobs) if req.logprobs else None} for i, r in enumerate(rendered)],
+        "usage": usage(len(prompt), sum(r.completion_tokens for r in rendered))}
+
+
+def _stream(meta: dict[str, Any], pending: Coroutine[Any, Any, list[Rendered]], prompt_tokens: int, req: Any,
+            chat: bool) -> StreamingResponse:
+    """OpenAI's server-sent events: one chunk per token piece and choice, a last chunk per choice with its
+    finish_reason, the usage chunk when stream_options.include_usage, then `data: [DONE]`."""
+    def event(body: dict[str, Any]) -> str:
+        return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+    def chunk(index: int, piece: str | None, lp: float | None, finish: str | None, first: bool = False) -> str:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else (
+                {"content": piece} if piece is not None else {})
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+            if req.logprobs and piece is not None and lp is not None:
+                choice["logprobs"] = chat_logprobs([piece], [lp])
+        else:
+            choice = {"index": index, "text": piece or "", "finish_reason": finish, "logprobs": None}
+            if req.logprobs is not None and piece is not None and lp is not None:
+                choice["logprobs"] = {"tokens": [piece], "token_logprobs": [lp], "top_logprobs": None,
+                                      "text_offset": [0]}
+        return event({**meta, "choices": [choice]})
+
+    async def events() -> AsyncIterator[str]:
+        task = asyncio.ensure_future(pending)
+        try:
+            # An SSE comment while the engine works (a first compile can take minutes): proxies and load balancers
+            # that cut idle connections keep this one, and clients ignore comments.
+            while not (await asyncio.wait({task}, timeout=KEEPALIVE_S))[0]:
+                yield ": waiting for the engine\n\n"
+            rendered = task.result()
+        except OpenAIError as e:
+            yield event(e.body())
+            yield "data: [DONE]\n\n"
+            return
+        finally:
+            task.cancel()  # the client went away: stop waiting (the sampled result is simply not read)
+        for i, r in enumerate(rendered):
+            if chat:
+                yield chunk(i, None, None, None, first=True)
+            for piece, lp in zip(r.pieces, r.logprobs, strict=True):
+                if piece:
+                    yield chunk(i, piece, lp, None)
+            yield chunk(i, None, None, r.finish_reason)
+        options = req.stream_options
+        if options is not None and options.include_usage:
+            yield event({**meta, "choices": [],
+                         "usage": usage(prompt_tokens, sum(r.completion_tokens for r in rendered))})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/models")
+async def models(svc: Services = Depends(services), _: str = Depends(metrics_caller)) -> dict:
+    cards = await svc.registry.cards()
+    return {"object": "list", "data": [_model(c) for c in cards.values()]}
+
+
+@router.get("/models/{model:path}")
+async def model_info(model: str, svc: Services = Depends(services), _: str = Depends(metrics_caller)) -> dict:
+    card = await svc.registry.get(model)
+    if card is None:
+        raise OpenAIError(404, f"the model {model!r} does not exist", "model", "model_not_found")
+    return _model(card)
+
+
+def _model(card: ModelCard) -> dict[str, Any]:
+    return {"id": card.name, "object": "model", "created": 0, "owned_by": "tinkerflow",
+            "max_model_len": card.max_context}
