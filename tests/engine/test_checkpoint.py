@@ -31,6 +31,7 @@ from tinkerflow.workers.engine.types import (
 TOL = 1e-4
 ADAM = AdamConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip_norm=1.0)
 GROUPS = {"attn": ("self_attn.",), "mlp": ("mlp.",), "unembed": ("lm_head.",)}
+UNEMBED = "base_model.model.model.unembed_tokens."  # Tinker's name for the unembedding LoRA (test_unembed_export.py)
 
 
 def ce(slot, tokens, *, forward_only=False):
@@ -159,8 +160,10 @@ def _peft_logprobs(model_dir, adapter_dir, tokens):
 
 @pytest.mark.parametrize("train_mlp", [True, False])
 def test_peft_export_loads_in_peft_and_back(engine, qwen3_dir, rng, tmp_path, train_mlp):
+    """Attention and MLP adapters load in PEFT as they are; the unembedding adapter carries Tinker's name, which PEFT
+    does not know (tinker-cookbook's build_lora_adapter renames it: test_unembed_export.py)."""
     pytest.importorskip("peft")
-    config = LoraConfig(rank=4, seed=5, train_mlp=train_mlp)
+    config = LoraConfig(rank=4, seed=5, train_mlp=train_mlp, train_unembed=False)
     engine.create_adapter(1, config)
     weights = random_weights(engine, 1, config, rng)
     engine.set_adapter_weights(1, weights)
@@ -168,24 +171,25 @@ def test_peft_export_loads_in_peft_and_back(engine, qwen3_dir, rng, tmp_path, tr
 
     written = json.loads((tmp_path / ADAPTER_CONFIG).read_text())
     mlp = ["gate_proj", "up_proj", "down_proj"] if train_mlp else []
-    assert set(written["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "lm_head", *mlp}
+    assert set(written["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", *mlp}
     assert (written["r"], written["lora_alpha"], written["peft_type"]) == (4, LORA_ALPHA, "LORA")
     from safetensors.numpy import load_file
 
     keys = set(load_file(str(tmp_path / ADAPTER_WEIGHTS)))
     assert "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight" in keys
-    assert "base_model.model.lm_head.lora_B.weight" in keys
-    assert len(keys) == 2 * (2 * (4 + len(mlp)) + 1)
+    assert len(keys) == 2 * 2 * (4 + len(mlp))
 
     assert_peft_logprobs_match(engine, 1, qwen3_dir, tmp_path, rng.integers(0, 300, size=13).astype(np.int32))
 
     read_config, read_weights = read_peft(tmp_path)
-    assert read_config == LoraConfig(rank=4, train_mlp=train_mlp)  # the seed is not part of a PEFT adapter
-    assert_named_equal(read_weights, {k: v for k, v in weights.items() if train_mlp or ".mlp." not in k})
+    assert read_config == LoraConfig(rank=4, train_mlp=train_mlp, train_unembed=False)  # no seed in PEFT
+    assert_named_equal(read_weights, {k: v for k, v in weights.items()
+                                      if (train_mlp or ".mlp." not in k) and "lm_head" not in k})  # fmt: skip
 
 
 def test_peft_keys_match_what_peft_saves(qwen3_dir, engine, tmp_path):
-    """Our key set is PEFT's own for the same target modules (less the frozen lm_head base weight PEFT copies)."""
+    """Our key set is PEFT's own for the same target modules (less the frozen lm_head base weight PEFT copies), the
+    unembedding LoRA under Tinker's name (`model.unembed_tokens`) rather than PEFT's (`lm_head`)."""
     import peft
     import torch
     from transformers import AutoModelForCausalLM
@@ -195,10 +199,12 @@ def test_peft_keys_match_what_peft_saves(qwen3_dir, engine, tmp_path):
     cfg = json.loads((tmp_path / ADAPTER_CONFIG).read_text())
     reference = peft.get_peft_model(
         AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32),
-        peft.LoraConfig(r=4, lora_alpha=cfg["lora_alpha"], target_modules=cfg["target_modules"], task_type="CAUSAL_LM"),
-    )
+        peft.LoraConfig(r=4, lora_alpha=cfg["lora_alpha"], task_type="CAUSAL_LM",
+                        target_modules=[m.replace("unembed_tokens", "lm_head") for m in cfg["target_modules"]]),
+    )  # fmt: skip
     state = peft.get_peft_model_state_dict(reference)
-    expected = {k: tuple(v.shape) for k, v in state.items() if "base_layer" not in k}
+    expected = {k.replace("base_model.model.lm_head.", UNEMBED): tuple(v.shape) for k, v in state.items()
+                if "base_layer" not in k}  # fmt: skip
     from safetensors.numpy import load_file
 
     assert {k: v.shape for k, v in load_file(str(tmp_path / ADAPTER_WEIGHTS)).items()} == expected

@@ -7,6 +7,11 @@
   `save_pretrained` writes them for a LoRA on a Hugging Face `AutoModelForCausalLM` (Qwen3, Llama), loadable by
   `peft.PeftModel.from_pretrained` and vLLM. PEFT's A is our A transposed ([r, in]), its B our B transposed
   ([out, r]); scaling lora_alpha / r equals ours with lora_alpha = LORA_ALPHA.
+  The unembedding LoRA is named as Tinker's own exports name it, `base_model.model.model.unembed_tokens.lora_{A,B}`
+  (target module `unembed_tokens`), because that is the name tinker-cookbook's `weights.build_hf_model` and
+  `build_lora_adapter` map: to `lm_head` when the model has one, else (tied embeddings) to `model.embed_tokens`,
+  the shared matrix, which is what the engine computes on a tied model too (lora.lora_embedding_delta). PEFT's own
+  `lm_head` name is still read. PEFT/vLLM take such an adapter through `build_lora_adapter`, as Tinker's.
 
 Weights are named as `Engine.adapter_weights` names them ("layers.0.self_attn.q_proj.lora_a", "lm_head.lora_b").
 """
@@ -33,14 +38,17 @@ STATE_FORMAT = "tinkerflow.slot_state.v1"
 MODULES = {
     "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
     "mlp": ("gate_proj", "up_proj", "down_proj"),
-    "unembed": ("lm_head",),
+    "unembed": ("unembed_tokens",),
 }
-_GROUP_OF = {m: g for g, mods in MODULES.items() for m in mods}
+_GROUP_OF = {m: g for g, mods in MODULES.items() for m in mods} | {"lm_head": "unembed"}  # PEFT's name, read too
+_UNEMBED_EXPORT = "model.unembed_tokens"
 _PEFT_PREFIX = "base_model.model."
 # Ours: layers.3.self_attn.q_proj.lora_a / lm_head.lora_b. PEFT: base_model.model.model.layers.3.self_attn.q_proj.
-# lora_A.weight / base_model.model.lm_head.lora_B.weight.
+# lora_A.weight / base_model.model.model.unembed_tokens.lora_B.weight (Tinker's; PEFT's base_model.model.lm_head.*
+# is read as the same adapter).
 _PEFT_KEY = re.compile(
-    r"^base_model\.model\.(?:model\.(layers\.\d+\.(?:self_attn|mlp)\.\w+)|(lm_head))\.lora_([AB])\.weight$"
+    r"^base_model\.model\.(?:model\.(layers\.\d+\.(?:self_attn|mlp)\.\w+)|(lm_head|model\.unembed_tokens))"
+    r"\.lora_([AB])\.weight$"
 )
 # Qwen3-MoE experts, per expert as PEFT names them on transformers 4's per-expert linears (vLLM's MoE LoRA layout):
 # base_model.model.model.layers.0.mlp.experts.5.up_proj.lora_A.weight; ours stack them: layers.0.mlp.experts.up_proj.
@@ -169,7 +177,7 @@ def write_peft(
                 key = f"{_PEFT_PREFIX}model.{parent}.{e}.{proj}.lora_{ab.upper()}.weight"
                 tensors[key] = np.ascontiguousarray(value[e].T)
             continue
-        key = _PEFT_PREFIX + (module if module == "lm_head" else "model." + module) + f".lora_{ab.upper()}.weight"
+        key = _PEFT_PREFIX + (_UNEMBED_EXPORT if module == "lm_head" else "model." + module) + f".lora_{ab.upper()}.weight"
         tensors[key] = np.ascontiguousarray(value.T)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -197,6 +205,7 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
         raise InputError(f"{ADAPTER_WEIGHTS} cannot be read: {e}") from None
 
     targets = {m for group, mods in MODULES.items() if _trained(config)[group] for m in mods}
+    groups = {group for group, on in _trained(config).items() if on}  # unembedding: either name, either target
     weights: dict[str, np.ndarray] = {}
     experts: dict[str, dict[int, np.ndarray]] = {}
     for key, value in tensors.items():
@@ -216,11 +225,14 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
         match = _PEFT_KEY.match(key)
         if match is None:
             raise InputError(f"{ADAPTER_WEIGHTS}: tensor {key!r} is not a LoRA A/B of a supported module")
-        module, ab = match.group(1) or match.group(2), match.group(3)
-        if module.rsplit(".", 1)[-1] not in targets:
+        module, ab = match.group(1) or "lm_head", match.group(3)  # group 2: either unembedding name
+        name = module.rsplit(".", 1)[-1]
+        if name not in targets and not (name == "lm_head" and "unembed" in groups):
             raise InputError(f"{ADAPTER_WEIGHTS}: tensor {key!r} is not in target_modules {sorted(targets)}")
         if value.ndim != 2 or value.shape[0 if ab == "A" else 1] != config.rank:
             raise InputError(f"{ADAPTER_WEIGHTS}: tensor {key!r} has shape {value.shape}, not rank r={config.rank}")
+        if f"{module}.lora_{ab.lower()}" in weights:
+            raise InputError(f"{ADAPTER_WEIGHTS}: the unembedding LoRA is there twice (lm_head and unembed_tokens)")
         ours = np.ascontiguousarray(value.astype(np.float32).T)
         weights[f"{module}.lora_{ab.lower()}"] = ours * np.float32(factor) if ab == "B" and factor != 1 else ours
     for name, by_expert in experts.items():

@@ -81,6 +81,30 @@ def lora_delta(
     return jnp.einsum("btr,bro->bto", h, b_rows) * routing.scale[:, None, None]
 
 
+def lora_embedding_delta(
+    tokens: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting | StackedLoraRouting
+) -> jax.Array:
+    """The input-side rows of an unembedding LoRA on a tied embedding matrix: [B, T, H] for tokens [B, T].
+
+    With tied embeddings the unembedding LoRA is a low-rank update of the one shared matrix W [V, H]:
+    W' = W + scale * (A @ B).T, read by both the output projection (`lora_delta`) and the embedding lookup, whose
+    row t gains scale * A @ B[:, t]. That is what merging the adapter into the model means (tinker-cookbook's
+    `build_hf_model` adds it to `embed_tokens`), so the service computes the same model as the merged one.
+    Only the looked-up columns of B are gathered, never a per-row copy of B [R, V]."""
+    if isinstance(routing, StackedLoraRouting):  # select per row, as _stacked_delta, never multiply by zero
+        out = None
+        for s in range(a.shape[0]):
+            keep = (routing.adapter == s)[:, None, None]
+            cols = jnp.take(b[s], tokens, axis=1)  # [R, B, T]
+            d = jnp.einsum("rbt,hr->bth", cols, a[s], preferred_element_type=jnp.float32)
+            d = jnp.where(keep, d * routing.scale[:, None, None], 0.0)
+            out = d if out is None else out + d
+        return out
+    cols = b[routing.adapter[:, None], :, tokens]  # [B, T, R]: slot b's B, column tokens[b, t]
+    a_rows = a[routing.adapter]  # [B, H, R]
+    return jnp.einsum("btr,bhr->bth", cols, a_rows) * routing.scale[:, None, None]
+
+
 class LoRALinear(nnx.Module):
     """y = x @ W + scale * (x @ A[slot]) @ B[slot]; W stored [in, out] (HF's weight transposed), no bias."""
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .config import ModelConfig
-from .lora import LoRALinear, LoraRouting, lora_delta
+from .lora import LoRALinear, LoraRouting, lora_delta, lora_embedding_delta
 from .moe import SparseMoeBlock
 
 
@@ -185,7 +185,8 @@ class Embedding(nnx.Module):
 
 
 class LMHead(nnx.Module):
-    """Unembedding with LoRA (train_unembed); reuses the embedding matrix when the checkpoint ties them."""
+    """Unembedding with LoRA (train_unembed); reuses the embedding matrix when the checkpoint ties them, and then
+    the LoRA is an update of that shared matrix, applied to the embedding lookup as well (`CausalLM.hidden`)."""
 
     def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, param_dtype=jnp.float32):
         if not config.tie_word_embeddings:
@@ -254,7 +255,10 @@ class CausalLM(nnx.Module):
     ) -> tuple[jax.Array, list[LayerCache] | None]:
         """Final-norm hidden states [B, T, H] (and the updated cache when one is given)."""
         rope = rope_tables(self.config, positions)
-        x = _constrain(self.embed_tokens(tokens), self.act_sharding)
+        x = self.embed_tokens(tokens)
+        if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
+            x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
+        x = _constrain(x, self.act_sharding)
         new_cache = [] if cache is not None else None
         for i, layer in enumerate(self.layers):
             if cache is None and self.remat:

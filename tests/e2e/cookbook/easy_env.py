@@ -80,3 +80,19 @@ def probe_targets(service_client: tinker.ServiceClient, base_model: str, prompts
                for p in prompts]  # fmt: skip
     counts = collections.Counter(t for f in futures for s in f.result().sequences for t in s.tokens)
     return [t for t, _ in counts.most_common(k)]
+
+
+def policy_reward(service_client: tinker.ServiceClient, base_model: str, prompts: list[tuple[int, ...]],
+                  targets: list[int], model_path: str | None = None, *, num_samples: int = 16, max_tokens: int = 24,
+                  seed: int = 1234) -> float:  # fmt: skip
+    """The env's mean reward for a policy (the base model, or the sampler checkpoint at `model_path`) with a fixed
+    sampling seed. The base model and a trained checkpoint are judged on the same seeded draws, so comparing the two
+    measures what training did to the weights, not the luck of the samples one training step happened to see."""
+    sampler = service_client.create_sampling_client(base_model=base_model, model_path=model_path)
+    params = tinker.SamplingParams(max_tokens=max_tokens, temperature=1.0, stop=[], seed=seed)
+    futures = [sampler.sample(tinker.ModelInput.from_ints(list(p)), num_samples=num_samples, sampling_params=params)
+               for p in prompts]  # fmt: skip
+    wanted = frozenset(targets)
+    rewards = [sum(t in wanted for t in s.tokens) / max(len(s.tokens), 1)
+               for f in futures for s in f.result().sequences]  # fmt: skip
+    return sum(rewards) / len(rewards)

@@ -77,3 +77,41 @@ def test_download_build_hf_model_and_build_lora_adapter(cookbook_env, base_model
     model = peft.PeftModel.from_pretrained(base, str(lora_dir)).eval()
     for got, ref in zip(ours, _reference_logprobs(model, torch)):
         np.testing.assert_allclose(got, ref, atol=PEFT_TOL, rtol=PEFT_TOL)
+
+
+@pytest.mark.timeout(1200)
+def test_train_unembed_checkpoint_merges_into_the_samplers_model(cookbook_env, base_model, service_client, tmp_path):
+    """train_unembed=True (the SDK's default) on the embedded model, whose embeddings are tied: the training
+    checkpoint downloads with the unembedding LoRA under Tinker's `unembed_tokens` name, the cookbook merges it into
+    the shared embedding matrix, and that model's logprobs in transformers are the service sampler's on the same
+    weights (sampler checkpoint) and the trainer's."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+    from tinker import types
+    from tinker_cookbook.weights import build_hf_model, download
+    from transformers import AutoModelForCausalLM
+
+    training = service_client.create_lora_training_client(base_model=base_model, rank=4, seed=7,
+                                                          train_unembed=True).result()  # fmt: skip
+    for _ in range(3):
+        training.forward_backward(_data(), "cross_entropy").result(timeout=300)
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=300)
+    ours = [np.asarray(o["logprobs"].data) for o in training.forward(_data(), "cross_entropy").result(timeout=300)
+            .loss_fn_outputs]  # fmt: skip
+    sampler = training.save_weights_and_get_sampling_client("unembed")
+    sampled = [sampler.compute_logprobs(types.ModelInput.from_ints(t)).result(timeout=300) for t in TOKENS]
+    state = training.save_state("unembed").result(timeout=300).path
+    base_dir = training.get_info().model_data.tokenizer_id
+
+    adapter = tmp_path / "adapter"
+    download(tinker_path=state, output_dir=str(adapter), base_url=cookbook_env.base_url)
+    keys = set(load_file(str(adapter / "adapter_model.safetensors")))
+    assert "base_model.model.model.unembed_tokens.lora_B.weight" in keys, sorted(keys)[:5]
+    merged = tmp_path / "merged"
+    build_hf_model(base_model=base_dir, adapter_path=str(adapter), output_path=str(merged), dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(str(merged), torch_dtype=torch.float32).eval()
+    assert model.config.tie_word_embeddings  # the case where the merge lands in the shared matrix
+    for got, from_sampler, ref in zip(ours, sampled, _reference_logprobs(model, torch)):
+        assert from_sampler[0] is None
+        np.testing.assert_allclose(got, ref, atol=PEFT_TOL, rtol=PEFT_TOL)
+        np.testing.assert_allclose(np.asarray(from_sampler[1:], np.float32), ref, atol=PEFT_TOL, rtol=PEFT_TOL)
