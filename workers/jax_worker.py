@@ -16,9 +16,10 @@ import concurrent.futures
 import logging
 import socket
 import uuid
+from datetime import timedelta
 
 import prometheus_client
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
@@ -79,8 +80,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
                                   checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
                                   incarnation=incarnation)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-    worker = Worker(client, task_queue=queue, activities=[activities.run_batch], activity_executor=executor,
-                    max_concurrent_activities=1)
+    worker = activity_worker(client, queue, activities.run_batch, executor)
     async with worker:
         info = WorkerInfo(worker_id=worker_id, task_queue=queue, max_adapters=settings.max_lora_adapters,
                           max_rank=settings.max_lora_rank, card=card, incarnation=incarnation)
@@ -109,6 +109,20 @@ def _enable_compile_cache(settings: Settings) -> None:
         from tinkerflow.workers.engine import compile_cache
 
         compile_cache.enable(directory)
+
+
+def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.futures.Executor) -> Worker:
+    """The Temporal worker of this process's queue: one activity at a time, on the engine thread.
+
+    Every heartbeat the engine thread makes (each HEARTBEAT_EVERY_S, also inside one long compile) is sent to Temporal.
+    By default the SDK throttles them to 0.8 x the activity's heartbeat timeout, 12 s of the coordinator's 15 s: only
+    3 s of slack, which a loaded dev server (RecordActivityTaskHeartbeat calls of 6-7 s were seen on a shared 2-core
+    box) eats, so the batch times out and the worker is taken for dead in the middle of a first compile. Sent every
+    5 s, three heartbeats fall in each timeout window and any one of them keeps the batch alive."""
+    from tinkerflow.activities.engine_activities import HEARTBEAT_EVERY_S
+
+    return Worker(client, task_queue=queue, activities=[run_batch], activity_executor=executor,
+                  max_concurrent_activities=1, max_heartbeat_throttle_interval=timedelta(seconds=HEARTBEAT_EVERY_S))
 
 
 def load_engine(settings: Settings, local_path: str):

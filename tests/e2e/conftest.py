@@ -56,6 +56,8 @@ def run_acceptance_script(stack: RunningStack, name: str, timeout_s: float) -> N
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    stack = getattr(item, "funcargs", {}).get("stack")
-    if report.failed and stack is not None:
-        report.sections.append(("tinkerflow logs", stack.logs()))
+    # Any stack the test used (the shared one, or a module's own such as the MoE stack): its parts' logs.
+    stacks = [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, RunningStack)]
+    if report.failed:
+        for stack in stacks:
+            report.sections.append((f"tinkerflow logs ({stack.state_dir})", stack.logs()))

@@ -15,8 +15,8 @@ from conftest import build_tokenizer
 H, INTER, MOE_INTER, HEADS, KV, HD, LAYERS, EXPERTS, TOP_K = 64, 128, 32, 4, 2, 16, 3, 8, 2
 
 
-def moe_layers(mlp_only: list[int], step: int) -> list[int]:
-    return [i for i in range(LAYERS) if i not in mlp_only and (i + 1) % step == 0]
+def moe_layers(mlp_only: list[int], step: int, layers: int = LAYERS) -> list[int]:
+    return [i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0]
 
 
 def build_moe_model(
@@ -28,6 +28,7 @@ def build_moe_model(
     decoder_sparse_step: int = 1,
     fused: bool = False,
     tie: bool = False,
+    layers: int = LAYERS,
 ) -> Path:
     from safetensors.numpy import save_file
     from transformers import Qwen3MoeConfig
@@ -35,7 +36,7 @@ def build_moe_model(
     directory.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(directory)
     config = Qwen3MoeConfig(
-        vocab_size=vocab, hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        vocab_size=vocab, hidden_size=H, num_hidden_layers=layers, num_attention_heads=HEADS,
         num_key_value_heads=KV, head_dim=HD, intermediate_size=INTER, moe_intermediate_size=MOE_INTER,
         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=norm_topk_prob,
         mlp_only_layers=list(mlp_only_layers), decoder_sparse_step=decoder_sparse_step, max_position_embeddings=256,
@@ -48,8 +49,8 @@ def build_moe_model(
     tensors = {"model.embed_tokens.weight": normal(vocab, H), "model.norm.weight": 1.0 + normal(H) * 0.4}
     if not tie:
         tensors["lm_head.weight"] = normal(vocab, H)
-    sparse = moe_layers(list(mlp_only_layers), decoder_sparse_step)
-    for i in range(LAYERS):
+    sparse = moe_layers(list(mlp_only_layers), decoder_sparse_step, layers)
+    for i in range(layers):
         pre = f"model.layers.{i}."
         tensors.update({
             pre + "self_attn.q_proj.weight": normal(HEADS * HD, H),
