@@ -118,6 +118,7 @@ async def asample(request: Request, svc: Services = Depends(services),
     body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
     ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
     try:
+        assert svc.sample_batcher is not None  # app.py always makes one
         wf_id, index = await svc.sample_batcher.submit(info, ref, samples=req.num_samples, work=work)
     except Exception as e:
         svc.store.delete(ref)

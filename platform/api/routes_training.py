@@ -153,6 +153,8 @@ async def optim_step(request: Request, svc: Services = Depends(services), who: s
         problem = adam_problem(req.optim_params)
     if problem:
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
+    # parse() gives a request or a problem, and a non-Adam optimizer is a problem (both answered above).
+    assert req is not None and isinstance(req.optim_params, AdamParams)
     params = req.optim_params
     op = TrainingOp(seq_id=seq_id, kind="optim_step", body_hash=_hash(_canonical(raw)), params={
         "learning_rate": params.learning_rate, "beta1": params.beta1, "beta2": params.beta2, "eps": params.eps,
@@ -167,7 +169,7 @@ async def save_weights_for_sampler(request: Request, svc: Services = Depends(ser
     model_id, seq_id = sequence_key(raw, "save_weights_for_sampler")
     req, problem = parse(SaveWeightsForSamplerRequest, raw, "save_weights_for_sampler")
     if req is None or metadata_problem(req.user_metadata):
-        problem = problem or metadata_problem(req.user_metadata)
+        problem = problem if req is None else metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     params = {"path": req.path, "sampling_session_seq_id": req.sampling_session_seq_id, "kind": req.kind,
               "ttl_seconds": req.ttl_seconds, "user_metadata": req.user_metadata or {}, "overwrite": True}
@@ -186,7 +188,7 @@ async def save_weights(request: Request, svc: Services = Depends(services), who:
     model_id, seq_id = sequence_key(raw, "save_weights")
     req, problem = parse(SaveWeightsRequest, raw, "save_weights")
     if req is None or metadata_problem(req.user_metadata):
-        problem = problem or metadata_problem(req.user_metadata)
+        problem = problem if req is None else metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     name = req.path if req.path is not None else f"{seq_id:06d}"
     params = {"path": name, "overwrite": req.overwrite, "ttl_seconds": req.ttl_seconds,

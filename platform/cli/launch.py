@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,14 +76,14 @@ class RunningStack:
                 self.proc.wait()
 
 
-def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: list[str] = (),
+def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: Sequence[str] = (),
            timeout_s: float = 600) -> RunningStack:
     state_dir.mkdir(parents=True, exist_ok=True)
     port, temporal_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "tinkerflow.cli.main", "up", "--state-dir", str(state_dir), "--port", str(port),
            "--temporal-port", str(temporal_port), "--headless", "--api-key", api_key, *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKERFLOW_")}
-    log = open(state_dir / "up.log", "ab")
+    log = open(state_dir / "up.log", "ab")  # noqa: SIM115 - the child writes to it for the stack's lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     stack = RunningStack(proc, state_dir, f"http://127.0.0.1:{port}", api_key, f"127.0.0.1:{temporal_port}")
     deadline = time.monotonic() + timeout_s

@@ -149,7 +149,7 @@ class Settings:
     def models_dir(self) -> Path:
         return self.state_dir / "models"
 
-    def with_args(self, args: argparse.Namespace) -> "Settings":
+    def with_args(self, args: argparse.Namespace) -> Settings:
         """Overlay the flags a user actually gave (argparse leaves the others as None)."""
         changes = {}
         for f in dataclasses.fields(self):
@@ -158,7 +158,7 @@ class Settings:
                 continue
             if f.name == "state_dir":
                 value = Path(value).expanduser().resolve()
-            if f.name == "api_keys":
+            elif f.name == "api_keys":
                 value = tuple(k for part in value for k in part.split(",") if k.strip())
             changes[f.name] = value
         return dataclasses.replace(self, **changes)
