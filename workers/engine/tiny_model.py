@@ -293,6 +293,7 @@ def _write_model(
 
     tok = build_tokenizer(SHAPE["vocab_size"])
     eos_id = tok.token_to_id(EOS_TOKEN)
+    assert eos_id is not None  # the vocabulary built above includes EOS
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,
