@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -48,19 +49,22 @@ SLOT_KINDS = ("forward_backward", "optim_step", "snapshot", "free_adapter", "sav
 @dataclass
 class WorkerSlots:
     info: WorkerInfo
-    slots: dict[str, str] = field(default_factory=dict)  # str(slot) -> model_id (string keys: history is JSON)
+    # str(slot) -> model_id (string keys: history is JSON)
+    slots: dict[str, str] = field(default_factory=dict[str, str])
 
 
 @dataclass
 class CoordinatorState:
     base_model: str
     pool: str
-    workers: dict[str, WorkerSlots] = field(default_factory=dict)  # task queue -> worker
-    placements: dict[str, list] = field(default_factory=dict)  # model_id -> [task queue, slot]
-    snapshots: dict[str, str] = field(default_factory=dict)  # snapshot key -> task queue
-    snapshot_runs: dict[str, str] = field(default_factory=dict)  # ephemeral snapshot key -> model_id it came from
-    snapshot_used: dict[str, float] = field(default_factory=dict)  # snapshot key -> last time routed (epoch s)
-    pending: list[WorkItem] = field(default_factory=list)
+    workers: dict[str, WorkerSlots] = field(default_factory=dict[str, WorkerSlots])  # task queue -> worker
+    placements: dict[str, list[Any]] = field(default_factory=dict[str, list[Any]])  # model_id -> [task queue, slot]
+    snapshots: dict[str, str] = field(default_factory=dict[str, str])  # snapshot key -> task queue
+    # ephemeral snapshot key -> model_id it came from
+    snapshot_runs: dict[str, str] = field(default_factory=dict[str, str])
+    # snapshot key -> last time routed (epoch s)
+    snapshot_used: dict[str, float] = field(default_factory=dict[str, float])
+    pending: list[WorkItem] = field(default_factory=list[WorkItem])
     dispatched_batches: int = 0
 
 
@@ -91,7 +95,8 @@ class Coordinator:
                 items = self._take_for(queue)
                 if items:
                     self._busy.add(queue)
-                    asyncio.ensure_future(self._dispatch(queue, items))
+                    # The workflow's event loop holds its tasks until they finish (temporalio keeps a set).
+                    asyncio.ensure_future(self._dispatch(queue, items))  # noqa: RUF006
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
@@ -142,7 +147,7 @@ class Coordinator:
         self._changed = True
 
     @workflow.query
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "base_model": self.s.base_model,
             "pool": self.s.pool,
@@ -334,7 +339,7 @@ class Coordinator:
             )
             results = result.results
         except ActivityError as e:
-            cause = e.cause.message if e.cause is not None and hasattr(e.cause, "message") else str(e)
+            cause = str(getattr(e.cause, "message", e))
             lost = isinstance(e.cause, TimeoutError_) or getattr(e.cause, "type", "") == "WorkerLost"
             workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
             if lost:
@@ -385,7 +390,7 @@ class Coordinator:
 
     def _answer(self, result: WorkResult, requester: str) -> None:
         self._signals_in_flight += 1
-        asyncio.ensure_future(self._signal(requester, result))
+        asyncio.ensure_future(self._signal(requester, result))  # noqa: RUF006 (the workflow loop holds it)
 
     async def _signal(self, workflow_id: str, result: WorkResult) -> None:
         try:

@@ -52,7 +52,7 @@ class Outcome:
         return not self.error
 
     @staticmethod
-    def failed(message: str, category: str = "user") -> "Outcome":
+    def failed(message: str, category: str = "user") -> Outcome:
         return Outcome(error=message, category=category)
 
 
@@ -63,8 +63,8 @@ class Outcome:
 class SessionStart:
     session_id: str
     owner: str  # hash of the API key that created it ("" when the API is open)
-    tags: list[str] = field(default_factory=list)
-    user_metadata: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list[str])
+    user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     sdk_version: str = ""
     heartbeat_timeout_s: float = 120.0
     display_name: str = ""
@@ -97,8 +97,8 @@ class SampleStart:
     payloads: list[BlobRef]
     # Per payload: samples asked for, and their work in tokens (samples x (prompt + max_tokens)); the coordinator
     # counts its queue in these, not in calls. Empty from API processes older than this field.
-    samples: list[int] = field(default_factory=list)
-    work: list[int] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list[int])
+    work: list[int] = field(default_factory=list[int])
 
 
 @dataclass
@@ -107,9 +107,9 @@ class SessionState:
     owner: str
     status: str = "active"  # active | finished | timed_out
     reason: str = ""
-    training_run_ids: list[str] = field(default_factory=list)
-    samplers: dict[str, SamplerInfo] = field(default_factory=dict)
-    user_metadata: dict[str, Any] = field(default_factory=dict)
+    training_run_ids: list[str] = field(default_factory=list[str])
+    samplers: dict[str, SamplerInfo] = field(default_factory=dict[str, SamplerInfo])
+    user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     heartbeats: int = 0
     display_name: str = ""
     project_id: str = ""
@@ -126,7 +126,7 @@ class RunStart:
     base_model: str
     lora: LoraSpec
     pool: str = "default"
-    user_metadata: dict[str, Any] = field(default_factory=dict)
+    user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     # Create-via-load (contract §3.8): the adapter starts from this checkpoint instead of a fresh init.
     load_path: str = ""
     load_optimizer: bool = False
@@ -144,7 +144,7 @@ class TrainingOp:
     #            | load_weights | reject
     body_hash: str
     payload: BlobRef | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict[str, Any])
     owner: str = ""  # the caller's key hash; must be the run's owner
 
 
@@ -168,7 +168,7 @@ class RunState:
     error: str = ""
     # str(seq_id) -> first answer of recent ops, so a retried seq_id gets the first answer even after
     # continue-as-new (Temporal's own update-id dedupe is per run). String keys: history is JSON.
-    answered: dict[str, "Answered"] = field(default_factory=dict)
+    answered: dict[str, Answered] = field(default_factory=dict[str, Answered])
     sampler_count: int = 0
     last_request_time: str = ""  # RFC3339, for the REST TrainingRun
     last_checkpoint: str = ""  # tinker:// path of the newest save_state
@@ -177,7 +177,7 @@ class RunState:
     lora: LoraSpec | None = None  # set at create (a seed drawn when none was given) and by loads
     # Recovery (DESIGN §6): the latest automatic snapshot, and the state-changing ops since (refs and params only).
     auto_snapshot: str = ""
-    since_snapshot: list[dict[str, Any]] = field(default_factory=list)
+    since_snapshot: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
     recoveries: int = 0
 
     @property
@@ -209,7 +209,7 @@ class WorkItem:
     model_id: str = ""
     session_id: str = ""
     payload: BlobRef | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict[str, Any])
     slot: int = -1  # filled in by the coordinator before dispatch
 
 

@@ -70,8 +70,8 @@ class CoordinatorCalls:
                         ) -> list[Outcome]:
         """Like `call` for many items of one kind, handed over in ONE signal (a batch of sample calls)."""
         info = workflow.info()
-        keys = []
-        items = []
+        keys: list[str] = []
+        items: list[WorkItem] = []
         for n, payload in enumerate(payloads):
             self._counter += 1
             key = f"{info.run_id}-{self._counter}"

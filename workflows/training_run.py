@@ -9,7 +9,8 @@ continue-as-new. A reused seq_id with a different body is rejected by the valida
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -235,7 +236,7 @@ class TrainingRunWorkflow:
             return outcome
         if segment == "weights":
             self.s.last_checkpoint = path
-        result = {"path": path, "type": kind}
+        result: dict[str, Any] = {"path": path, "type": kind}
         if segment == "external_weights":
             result["size_bytes"] = int((outcome.json or {}).get("size_bytes", 0))
         return Outcome(json=result)
@@ -247,7 +248,7 @@ class TrainingRunWorkflow:
         manifest = {"tinker_path": path, "owner": start.owner, "base_model": start.base_model,
                     "lora": asdict(self.s.lora_spec), "step": self.s.step, "expires_at": expires_at,
                     "user_metadata": dict(op.params.get("user_metadata") or {})}
-        params = {"path": path, "overwrite": bool(op.params.get("overwrite")), "manifest": manifest}
+        params: dict[str, Any] = {"path": path, "overwrite": bool(op.params.get("overwrite")), "manifest": manifest}
         # Only saves that name age recipients carry them (the API refused such saves before this change).
         if op.params.get("age_recipients") and workflow.patched("age-encrypted-external-weights"):
             params["age_recipients"] = list(op.params["age_recipients"])
@@ -299,7 +300,7 @@ class TrainingRunWorkflow:
                     "train_unembed": lora.train_unembed},
             timeout=RECOVERY_WAIT if self.s.status == "ready" else None)
 
-    def _log(self, entry: dict) -> None:
+    def _log(self, entry: dict[str, Any]) -> None:
         """Remember a state-changing op since the last automatic snapshot (refs and params: history stays small)."""
         if self.s.start.snapshot_every:
             self.s.since_snapshot.append(entry)
@@ -329,7 +330,8 @@ class TrainingRunWorkflow:
         for entry in self.s.since_snapshot:
             if not outcome.ok:
                 break
-            kind, params = entry["kind"], entry.get("params") or {}
+            kind: str = entry["kind"]
+            params: dict[str, Any] = entry.get("params") or {}
             if kind == "forward_backward":
                 payload = BlobRef(**entry["payload"]) if entry.get("payload") else None
                 outcome = await self._calls.call(self._coordinator, "forward_backward",
@@ -376,7 +378,7 @@ class TrainingRunWorkflow:
 
     # --- visibility ----------------------------------------------------------------------------------------------
 
-    async def _tell_session(self, signal: str, arg) -> None:
+    async def _tell_session(self, signal: str, arg: Any) -> None:
         try:
             handle = workflow.get_external_workflow_handle(names.session_workflow_id(self.s.start.session_id))
             await handle.signal(signal, arg)
@@ -394,9 +396,11 @@ class TrainingRunWorkflow:
         step_mark = s.step - s.step % STEP_ATTRIBUTE_EVERY
         if (s.status, step_mark) != self._published:
             self._published = (s.status, step_mark)
-            workflow.upsert_search_attributes([names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])
+            # temporalio types the legacy untyped form of this argument as partially unknown.
+            workflow.upsert_search_attributes(  # pyright: ignore[reportUnknownMemberType]
+                [names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])
 
 
 
-def _rfc3339(t) -> str:
+def _rfc3339(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
