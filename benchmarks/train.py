@@ -35,13 +35,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from benchmarks.common import emit, stats  # noqa: E402
-from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint  # noqa: E402
-from benchmarks.moe_shape import matmul_params as moe_matmul_params  # noqa: E402
+from benchmarks.common import emit, stats
+from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint
+from benchmarks.moe_shape import matmul_params as moe_matmul_params
 
 RANK = 32
 ROWS, SEQ = 4, 128
@@ -88,7 +88,7 @@ def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: i
     common = dict(shape=label, rows=len(seqs), seq=len(data[0].tokens), lora_rank=RANK, dtype=str(engine.dtype))
 
     def fb():
-        [res] = engine.forward_backward([request])
+        [res] = engine.forward_backward([request])  # noqa: F821 - fb is not called after `del engine` below
         return res
 
     adam = AdamConfig(learning_rate=1e-4)
