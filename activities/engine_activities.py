@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from itertools import groupby
+from typing import cast
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -110,7 +111,7 @@ class EngineActivities:
             for i in batch.items])
 
     def _run_items(self, todo: list[WorkItem], sent: dict, progress: list[str]) -> None:
-        for kind, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
+        for _, group in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
             group = list(group)
             progress[0] = f"{group[0].kind} ×{len(group)}"
             started = time.perf_counter()
@@ -205,6 +206,7 @@ class EngineActivities:
         def decode(item: WorkItem):
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
+            assert item.payload is not None  # the run always sends forward_backward's body by claim check
             return wire.forward_backward_input(wire.parse_forward_backward(self.store.get(item.payload)), item.slot,
                                                bounds)
 
@@ -226,6 +228,7 @@ class EngineActivities:
                     checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
                 except (InputError, CheckpointError) as e:
                     raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
+            assert item.payload is not None  # the session always sends the sample request by claim check
             return wire.sample_input(self.store.get(item.payload), snapshot)
 
         def encode(_inp, res) -> Outcome:
@@ -251,4 +254,4 @@ class EngineActivities:
                 outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
             else:
                 outcomes[n] = encode(inp, res)
-        return outcomes
+        return cast(list[Outcome], outcomes)  # every position was filled: by decode's error or by run's result
