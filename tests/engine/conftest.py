@@ -6,6 +6,7 @@ parity, sampling and training tests could not fail.
 
 from __future__ import annotations
 
+from typing import Any
 import logging
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def build_model(directory: Path, *, arch: str = "qwen3", tie: bool = False, seed
     directory.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(directory)
     h, inter, heads, kv, hd, layers = 64, 128, 4, 2, 16, 2
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab,
         hidden_size=h,
         num_hidden_layers=layers,

@@ -64,7 +64,7 @@ def main() -> None:
         assert dict(engine.mesh.shape) == want, engine.mesh.shape
         for name, arr in run(engine, quick=args.quick).items():
             results[f"{spec}/{name}"] = arr
-    np.savez(args.out, **results)
+    np.savez(args.out, **results)  # pyright: ignore[reportArgumentType] (numpy's savez stubs)
 
 
 def run(engine, quick: bool = False) -> dict:

@@ -16,7 +16,7 @@ def ce(slot, seqs, *, forward_only=False, weights=None):
     data = []
     for s in seqs:
         s = np.asarray(s, np.int32)
-        inputs = {"target_tokens": s[1:]}
+        inputs: dict[str, np.ndarray] = {"target_tokens": s[1:]}
         if weights is not None:
             inputs["weights"] = np.full(len(s) - 1, weights, np.float32)
         data.append(Datum(tokens=s[:-1], inputs=inputs))

@@ -13,9 +13,8 @@ from wf_harness import Tinker, local_temporal, tinker_world, workflow_worker
 
 @pytest_asyncio.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
-    async with local_temporal() as env:
-        async with workflow_worker(env.client):
-            yield env
+    async with local_temporal() as env, workflow_worker(env.client):
+        yield env
 
 
 @pytest_asyncio.fixture

@@ -1,3 +1,5 @@
+# pyright: reportOptionalMemberAccess=false
+# (this test reads Optional results where a None fails the test at once, as an assert would)
 """The four workflows end to end on a local Temporal dev server, with the JAX worker's `run_batch` mocked by name.
 
 What is under test is the real workflow code: seq_id ordering and retries on TrainingRun, batching and slot
@@ -143,7 +145,7 @@ async def test_reused_seq_id_with_a_different_body_is_rejected(tinker: Tinker) -
 
 async def test_forward_backward_of_two_runs_share_one_batch_while_the_engine_is_busy(tinker: Tinker) -> None:
     sid, _ = await tinker.start_session()
-    (a_id, run_a), (b_id, run_b), (c_id, run_c) = [await tinker.ready_run(sid, n) for n in (1, 2, 3)]
+    (_a_id, run_a), (b_id, run_b), (c_id, run_c) = [await tinker.ready_run(sid, n) for n in (1, 2, 3)]
     engine = tinker.engine
 
     slow = await tinker.submit(run_a, tinker.fwd(1, hold=True))
@@ -180,7 +182,7 @@ async def test_slots_run_out_with_a_clear_error_and_close_frees_one(tinker_facto
     async with tinker_factory(max_adapters=2) as tinker:
         sid, _ = await tinker.start_session()
         a_id, run_a = await tinker.ready_run(sid, 1)
-        b_id, run_b = await tinker.ready_run(sid, 2)
+        b_id, _run_b = await tinker.ready_run(sid, 2)
         slots = {i.model_id: i.slot for i in tinker.engine.of_kind("create_adapter")}
         assert sorted(slots.values()) == [0, 1]
 
@@ -197,7 +199,7 @@ async def test_slots_run_out_with_a_clear_error_and_close_frees_one(tinker_facto
         assert [i.model_id for i in tinker.engine.of_kind("free_adapter")] == [a_id]
         assert tinker.engine.of_kind("free_adapter")[0].slot == slots[a_id]
 
-        d_id, run_d = await tinker.ready_run(sid, 4)
+        d_id, _run_d = await tinker.ready_run(sid, 4)
         assert [i.slot for i in tinker.engine.of_kind("create_adapter") if i.model_id == d_id] == [slots[a_id]]
         described = await tinker.describe_coordinator()
         assert set(described["placements"]) == {b_id, d_id}
@@ -407,7 +409,7 @@ async def test_a_failing_engine_batch_becomes_a_server_error(temporal_env) -> No
 
 async def test_a_restarted_worker_lost_its_adapters(tinker: Tinker) -> None:
     sid, _ = await tinker.start_session()
-    model_id, run = await tinker.ready_run(sid, 1)
+    _model_id, run = await tinker.ready_run(sid, 1)
     await tinker.register(tinker.queues[0])  # the same worker registers again: its memory is gone
 
     outcome = await tinker.op(run, tinker.fwd(1))
@@ -423,7 +425,8 @@ async def test_a_restarted_worker_lost_its_adapters(tinker: Tinker) -> None:
 
 async def test_continue_as_new_keeps_coordinator_and_run_state() -> None:
     """A separate dev server whose history limit suggests continue-as-new after 60 events."""
-    async with local_temporal("limit.historyCount.suggestContinueAsNew=60") as env:
+    # The server, then what runs on it: two steps, two levels.
+    async with local_temporal("limit.historyCount.suggestContinueAsNew=60") as env:  # noqa: SIM117
         async with workflow_worker(env.client), tinker_world(env.client) as tinker:
             sid, session = await tinker.start_session()
             model_id, run = await tinker.ready_run(sid, 1)

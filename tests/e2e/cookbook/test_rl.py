@@ -7,6 +7,7 @@ the whole loss matrix and the streaming / async variants are `slow` (`bash scrip
 
 from __future__ import annotations
 
+from typing import Any
 import asyncio
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def make_config(cookbook_env, base_model, easy_task, log_path, *, loss_fn: str, 
     return train.Config(
         learning_rate=learning_rate, dataset_builder=TargetTokensDatasetBuilder(prompts=prompts, targets=targets),
         model_name=base_model, recipe_name="tinkerflow-e2e", max_tokens=24, log_path=str(log_path),
-        renderer_name="role_colon", loss_fn=loss_fn, lora_rank=8, base_url=cookbook_env.base_url, eval_every=0,
+        renderer_name="role_colon", loss_fn=loss_fn, lora_rank=8, base_url=cookbook_env.base_url, eval_every=0,  # pyright: ignore[reportArgumentType]
         save_every=3, max_steps=steps, num_groups_to_log=0, rollout_json_export=False, **extra,
     )  # fmt: skip
 
@@ -88,7 +89,7 @@ SLOW_LOSSES = ["gspo", "ppo", "cispo", "dro"]
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("loss_fn", LOSSES + [pytest.param(x, marks=pytest.mark.slow) for x in SLOW_LOSSES])
 def test_rl_train_main_raises_reward(cookbook_env, base_model, easy_task, tmp_path, loss_fn):
-    extra = {"loss_fn_config": {"beta": 0.05}} if loss_fn == "dro" else {}
+    extra: dict[str, Any] = {"loss_fn_config": {"beta": 0.05}} if loss_fn == "dro" else {}
     if loss_fn in SLOW_LOSSES:
         # dro barely moved at 1e-2 (0.016 -> 0.036 in 10 steps) and rose at 2e-2 (0.01 -> 0.86 in 6).
         extra.update(steps=SLOW_STEPS, learning_rate=2e-2 if loss_fn == "dro" else SLOW_LR)
