@@ -7,7 +7,8 @@ Shapes: `tiny` is the embedded tiny Qwen3 (make_tiny_model); `qwen3-0.6b` and `q
 checkpoints with Qwen3-0.6B's / Qwen3-8B's exact shapes, written in the Hugging Face layout to a temporary directory
 (float32 on CPU, bfloat16 on accelerators, as the engine stores them); `qwen3-30b-a3b-1l` is the MoE shape of
 benchmarks/moe_shape.py (Qwen3-30B-A3B's layer, 128 experts top-8, 1 layer). Without --shape: tiny and
-qwen3-0.6b, plus qwen3-8b on a GPU. The batch is 4 rows x 128 tokens of random ids, one LoRA adapter of rank 32 on every module.
+qwen3-0.6b, plus qwen3-8b on a GPU. The batch is 4 rows x 128 tokens of random ids, one LoRA adapter of rank 32 on every
+module.
 
 The bare baseline is the same model forward (the engine's NNX modules and LoRA) + cross-entropy + gradient w.r.t.
 the LoRA parameters under one jax.jit, fed device-resident arrays: no validation, no bucketing, no accumulator, no

@@ -243,7 +243,8 @@ class Coordinator:
                 if queue is None:
                     raise ApplicationError(
                         f"sampler weights {key!r} are not loaded on any worker (collected after "
-                        f"{EPHEMERAL_SNAPSHOT_IDLE_S:g}s unused once a newer snapshot existed, expired, or never saved); "
+                        f"{EPHEMERAL_SNAPSHOT_IDLE_S:g}s unused once a newer snapshot existed, expired, or never "
+                        "saved); "
                         "save new sampler weights")
                 self.s.snapshot_used[key] = workflow.now().timestamp()
                 return queue, item

@@ -160,7 +160,8 @@ class TrainingRunWorkflow:
                 f"({self.s.next_seq}); it would wait for the gap forever", type="SeqTooFar")
         if first is None and op.seq_id < self.s.next_seq:
             raise ApplicationError(
-                f"seq_id {op.seq_id} on {model_id} is older than the answers this run keeps (next is {self.s.next_seq})",
+                f"seq_id {op.seq_id} on {model_id} is older than the answers this run keeps "
+                f"(next is {self.s.next_seq})",
                 type="SeqConflict")
 
     @workflow.signal

@@ -1,4 +1,5 @@
-"""Tiny checkpoints in the Hugging Face layout (config by transformers' own config classes), plus a BPE tokenizer trained on a few sentences.
+"""Tiny checkpoints in the Hugging Face layout (config by transformers' own config classes), plus a BPE tokenizer
+trained on a few sentences.
 
 Weights are drawn with std 0.25 (norm weights near one): with HF's default std 0.02 the logits are nearly flat, and
 parity, sampling and training tests could not fail.

@@ -119,7 +119,8 @@ def test_seeds(engine):
     assert run(None) != run(None)
     # Batch composition does not change a seeded request's samples.
     res = engine.sample([SampleInput(prompt=PROMPT[:3], max_tokens=4, seed=1),
-                         SampleInput(prompt=PROMPT, num_samples=2, max_tokens=10, seed=7, stop_token_ids=[])])  # fmt: skip
+                         SampleInput(prompt=PROMPT, num_samples=2, max_tokens=10, seed=7,
+                                     stop_token_ids=[])])  # fmt: skip
     assert [s.tokens for s in res[1].sequences] == first
 
 

@@ -181,8 +181,10 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
     run, outcome = await tinker.create_run(sid, 1, snapshot_every=2)
     assert outcome.ok
     model_id = names.model_id_for(sid, 1)
-    optim = lambda n: TrainingOp(seq_id=n, kind="optim_step", body_hash=body_hash("o", n),  # noqa: E731
-                                 params={"learning_rate": 0.1})
+
+    def optim(n: int) -> TrainingOp:
+        return TrainingOp(seq_id=n, kind="optim_step", body_hash=body_hash("o", n), params={"learning_rate": 0.1})
+
     for op in (tinker.fwd(1), optim(2), tinker.fwd(3), optim(4), tinker.fwd(5)):
         assert (await tinker.op(run, op)).ok
     auto = f"tinker://{model_id}/auto_weights/latest"

@@ -1,4 +1,5 @@
-"""Decoder-only causal LM (Qwen3, Llama 3; Qwen3-MoE with the expert block of moe.py) in Flax NNX, with multi-LoRA on every linear and an optional KV cache.
+"""Decoder-only causal LM (Qwen3, Llama 3; Qwen3-MoE with the expert block of moe.py) in Flax NNX, with multi-LoRA on
+every linear and an optional KV cache.
 
 Attribute names mirror the Hugging Face module tree (`layers[i].self_attn.q_proj`, `mlp.gate_proj`, ...) so the
 loader maps safetensors names onto NNX state paths mechanically.
@@ -158,8 +159,8 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32,
-                 layer_idx: int = 0):  # fmt: skip
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
+                 param_dtype=jnp.float32, layer_idx: int = 0):  # fmt: skip
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, **kw)
