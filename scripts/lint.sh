@@ -19,5 +19,6 @@ else
 fi
 echo "lint: pyright"
 .venv/bin/python scripts/pyright_paths.py
-.venv/bin/pyright || fail=1
+# -p .: this checkout's pyproject.toml, never a pyrightconfig.json in a parent directory.
+.venv/bin/pyright -p . || fail=1
 exit "$fail"
