@@ -31,7 +31,8 @@ def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *,
     """Write one checkpoint; with `age_recipients` (external weights only) every file is stored as `<name>.age`."""
     started = time.perf_counter()
     state: SlotState = engine.export_slot(slot)
-    m = Manifest(**{**manifest, "time": now_rfc3339(), "lora": _lora_dict(state.config)})
+    fields: dict[str, Any] = {**manifest, "time": now_rfc3339(), "lora": _lora_dict(state.config)}
+    m = Manifest(**fields)
     p = m.path
     with scratch_dir() as staging:
         if p.segment in TRAINING_STATE_SEGMENTS:

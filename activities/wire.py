@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
-from tinker.types import SampleRequest
+from tinker.types import EncodedTextChunk, SampleRequest
 
 from tinkerflow.workers.engine.types import (
     Datum,
@@ -66,7 +66,7 @@ def _tensor(name: str, t: pb.Tensor, where: str, bounds: Bounds = Bounds()) -> n
                     f"{where}: sparse loss_fn_inputs[{name!r}] declares shape {list(shape)}, beyond this model's "
                     f"context ({bounds.max_rows} rows) or vocabulary ({bounds.max_cols} columns)")
             if len(crow) != shape[0] + 1 or len(col) != len(values) or (col.size and not (
-                    0 <= int(col.min()) and int(col.max()) < shape[1])):
+                    int(col.min()) >= 0 and int(col.max()) < shape[1])):
                 raise InputError(f"{where}: sparse loss_fn_inputs[{name!r}] has crow/col indices that do not fit "
                                  f"shape {list(shape)}")
             dense = np.full(shape, _PAD_VALUE, dtype=dtype)
@@ -169,7 +169,7 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
         raise InputError(f"malformed sample request: {e}") from None
     tokens = []
     for chunk in req.prompt.chunks:
-        if getattr(chunk, "type", "") != "encoded_text":
+        if not isinstance(chunk, EncodedTextChunk):
             raise InputError(f"{chunk.type} prompt chunks are not supported by this text-only model")
         tokens.extend(chunk.tokens)
     p = req.sampling_params
@@ -179,7 +179,7 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
     elif isinstance(stop, str):
         stop_ids, stop_strings = [], [stop]
     elif all(isinstance(s, int) for s in stop):
-        stop_ids, stop_strings = list(stop), []
+        stop_ids, stop_strings = [int(s) for s in stop], []
     else:
         stop_ids, stop_strings = [], [str(s) for s in stop]
     if req.num_samples < 1:

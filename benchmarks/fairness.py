@@ -29,10 +29,11 @@ def measure(base_url: str, api_key: str, reps: int, samples: int, max_tokens: in
     from tinker import types
 
     datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))
+                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     adam = types.AdamParams(learning_rate=1e-4)
     tenant_b = tinker.ServiceClient(base_url=base_url, api_key=api_key)
     model = tenant_b.get_server_capabilities().supported_models[0].model_name
+    assert model is not None  # the stack names every model it serves
     small = tenant_b.create_lora_training_client(base_model=model, rank=8).result(timeout=900)
 
     def step() -> None:

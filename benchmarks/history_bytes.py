@@ -55,7 +55,7 @@ def measure(iterations: int) -> dict:
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
         training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
         datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40, 50, 60, 70, 80]),
-                            loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50, 60, 70, 80, 90], weights=[1.0] * 8))
+                            loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50, 60, 70, 80, 90], weights=[1.0] * 8))  # pyright: ignore[reportArgumentType] (Datum converts lists)
         bytes0, events0, _ = asyncio.run(history_bytes(stack.temporal_address))
         db0, store0 = _db_bytes(state), _store_bytes(state)
         for _ in range(iterations):

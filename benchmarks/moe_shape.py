@@ -1,6 +1,7 @@
 """The MoE benchmark shape: Qwen3-30B-A3B's layer (hidden 2048, 32 q / 4 kv heads of 128, 128 experts of
 intermediate 768, top-8 with norm_topk_prob, vocab 151936) with 1 layer instead of 48, so that it fits (2.4 GB of
-float32 experts per layer) and runs on a shared CPU box. Random weights (std 0.02) in the published layout (`mlp.gate.weight`, `mlp.experts.{e}.up_proj.weight`, ...),
+float32 experts per layer) and runs on a shared CPU box. Random weights (std 0.02) in the published layout
+(`mlp.gate.weight`, `mlp.experts.{e}.up_proj.weight`, ...),
 one safetensors file per layer plus an index, as benchmarks.train writes the dense shapes.
 """
 
@@ -29,7 +30,8 @@ def matmul_params(shape: dict) -> int:
 
 def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
     """A Qwen3 (or, when `shape` has `num_experts`, Qwen3-MoE) checkpoint with random weights (std 0.02) in the
-    published layout: one safetensors file per layer plus an index. benchmarks.train and benchmarks.sample_moe use it."""
+    published layout: one safetensors file per layer plus an index. benchmarks.train and benchmarks.sample_moe use
+    it."""
     from safetensors.numpy import save_file
 
     moe = bool(shape.get("num_experts"))

@@ -15,12 +15,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
+import httpx
+import numpy as np
+import tinker
+from tinker import types
 
-from benchmarks.common import emit, pig_latin_examples, running_stack, stats, time_ms  # noqa: E402
+from benchmarks.common import emit, pig_latin_examples, running_stack, stats, time_ms
 
 API_KEY = "tml-bench-key"
 
@@ -39,7 +39,7 @@ def main() -> None:
         training = service.create_lora_training_client(base_model=base_model, rank=32).result()
         tokenizer = training.get_tokenizer()
         rows = pig_latin_examples(tokenizer)
-        batch = [types.Datum(model_input=types.ModelInput.from_ints(t), loss_fn_inputs=dict(target_tokens=y, weights=w))
+        batch = [types.Datum(model_input=types.ModelInput.from_ints(t), loss_fn_inputs=dict(target_tokens=y, weights=w))  # pyright: ignore[reportArgumentType] (Datum converts lists)
                  for t, y, w in rows]
         one = batch[:1]
         adam = types.AdamParams(learning_rate=1e-4)
@@ -58,7 +58,9 @@ def main() -> None:
             time_ms(fn, 3)  # warm-up: compiles every shape first
             sdk[name] = stats(time_ms(fn, args.iterations))
         # Same weights the stack serves (its directory is the tokenizer_id get_info reports); the stack is idle now.
-        engine = _engine_figures(training.get_info().model_data.tokenizer_id, rows, args.iterations)
+        model_dir = training.get_info().model_data.tokenizer_id
+        assert model_dir is not None  # this stack reports its model directory there
+        engine = _engine_figures(model_dir, rows, args.iterations)
     for name in sdk_ops:
         emit(figure=f"{name}_ms", path="sdk", **sdk[name])
         emit(figure=f"{name}_ms", path="engine", **engine[name])

@@ -31,7 +31,7 @@ def measure(mode: str, steps: int, snapshot_every: int) -> dict:
     from tinkerflow.common.settings import Settings
 
     datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))
+                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     adam = types.AdamParams(learning_rate=1e-3)
     temporal_port = free_port()
     settings = Settings(state_dir=Path(tempfile.mkdtemp(prefix="tinkerflow-bench-recovery-")), port=free_port(),

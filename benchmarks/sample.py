@@ -16,11 +16,11 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import numpy as np  # noqa: E402
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
+import numpy as np
+import tinker
+from tinker import types
 
-from benchmarks.common import emit, running_stack  # noqa: E402
+from benchmarks.common import emit, running_stack
 
 API_KEY = "tml-bench-key"
 NEW_TOKENS = 64
@@ -62,7 +62,9 @@ def sdk_figures(base_url: str, stack, repeats: int) -> tuple[dict, str]:
             seconds += time.perf_counter() - t0
         out[name] = {"tokens_per_s": round(tokens / seconds, 1), "tokens": tokens, "seconds": round(seconds, 3),
                      "compilations_during_timed_part": None if log_path is None else _compiles(log_path) - before}
-    return out, model.get_info().model_data.tokenizer_id
+    tokenizer_id = model.get_info().model_data.tokenizer_id
+    assert tokenizer_id is not None  # this stack reports its model directory there
+    return out, tokenizer_id
 
 
 def stack_model(base_url: str) -> str:
@@ -85,7 +87,7 @@ def _count_xla_compiles() -> None:
     """Count every XLA compile in this process (AotCache programs, jitted helpers and eager ops alike)."""
     import jax
 
-    def listener(event: str, duration: float, **kwargs) -> None:
+    def listener(event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             _XLA_COMPILES[0] += 1
 
@@ -96,7 +98,7 @@ def engine_figures(model_dir: str, repeats: int) -> dict:
     from transformers import AutoTokenizer
 
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.types import SampleInput
+    from tinkerflow.workers.engine.types import SampleInput, SampleResult
 
     engine = Engine.load(model_dir, max_lora_adapters=8, max_lora_rank=32, progress=False)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -104,7 +106,9 @@ def engine_figures(model_dir: str, repeats: int) -> dict:
     def run(n_requests: int, n_samples: int) -> int:
         reqs = [SampleInput(prompt=np.asarray(_prompt_tokens(tokenizer, i), np.int32), num_samples=n_samples,
                             max_tokens=NEW_TOKENS, temperature=1.0, stop_token_ids=[]) for i in range(n_requests)]
-        return sum(len(s.tokens) for r in engine.sample(reqs) for s in r.sequences)
+        results = engine.sample(reqs)
+        assert all(isinstance(r, SampleResult) for r in results), results  # valid prompts: no InputError
+        return sum(len(s.tokens) for r in results if isinstance(r, SampleResult) for s in r.sequences)
 
     def compiled() -> int:
         return sum(len(v._compiled) for v in vars(engine).values() if hasattr(v, "_compiled")) + sum(

@@ -16,12 +16,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from benchmarks.common import emit  # noqa: E402
-from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint  # noqa: E402
+from benchmarks.common import emit
+from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint
 
 NEW_TOKENS = 32
 PROMPT = 16

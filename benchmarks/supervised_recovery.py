@@ -40,7 +40,7 @@ def _datums(tokenizer):
         completion = tokenizer.encode(f" {example['output']}\n\n", add_special_tokens=False)
         tokens, weights = prompt + completion, [0] * len(prompt) + [1] * len(completion)
         out.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                               loss_fn_inputs=dict(weights=weights[1:], target_tokens=tokens[1:])))
+                               loss_fn_inputs=dict(weights=weights[1:], target_tokens=tokens[1:])))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     return out
 
 
@@ -72,9 +72,9 @@ def pig_latin_loop(stack, steps: int, kill_at: dict[int, str] | None = None, sam
         return result
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(tokenizer.encode("English: coding wizard\nPig Latin:"))
-    sample = sampler.sample(prompt=prompt, num_samples=1,
+    sampled = sampler.sample(prompt=prompt, num_samples=1,
                             sampling_params=types.SamplingParams(max_tokens=8, temperature=0.0, seed=SEED))
-    result.tokens = list(sample.result(timeout=900).sequences[0].tokens)
+    result.tokens = list(sampled.result(timeout=900).sequences[0].tokens)
     return result
 
 

@@ -7,7 +7,8 @@ Shapes: `tiny` is the embedded tiny Qwen3 (make_tiny_model); `qwen3-0.6b` and `q
 checkpoints with Qwen3-0.6B's / Qwen3-8B's exact shapes, written in the Hugging Face layout to a temporary directory
 (float32 on CPU, bfloat16 on accelerators, as the engine stores them); `qwen3-30b-a3b-1l` is the MoE shape of
 benchmarks/moe_shape.py (Qwen3-30B-A3B's layer, 128 experts top-8, 1 layer). Without --shape: tiny and
-qwen3-0.6b, plus qwen3-8b on a GPU. The batch is 4 rows x 128 tokens of random ids, one LoRA adapter of rank 32 on every module.
+qwen3-0.6b, plus qwen3-8b on a GPU. The batch is 4 rows x 128 tokens of random ids, one LoRA adapter of rank 32 on every
+module.
 
 The bare baseline is the same model forward (the engine's NNX modules and LoRA) + cross-entropy + gradient w.r.t.
 the LoRA parameters under one jax.jit, fed device-resident arrays: no validation, no bucketing, no accumulator, no
@@ -35,13 +36,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from benchmarks.common import emit, stats  # noqa: E402
-from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint  # noqa: E402
-from benchmarks.moe_shape import matmul_params as moe_matmul_params  # noqa: E402
+from benchmarks.common import emit, stats
+from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint
+from benchmarks.moe_shape import matmul_params as moe_matmul_params
 
 RANK = 32
 ROWS, SEQ = 4, 128
@@ -88,7 +89,7 @@ def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: i
     common = dict(shape=label, rows=len(seqs), seq=len(data[0].tokens), lora_rank=RANK, dtype=str(engine.dtype))
 
     def fb():
-        [res] = engine.forward_backward([request])
+        [res] = engine.forward_backward([request])  # noqa: F821 - fb is not called after `del engine` below
         return res
 
     adam = AdamConfig(learning_rate=1e-4)

@@ -19,3 +19,5 @@ spec="."
 case ",${extras}," in
   *,cookbook,*) .venv/bin/python -m pip install --quiet --no-deps "tinker-cookbook==0.6.1" ;;
 esac
+# pyright (and editors using it) cannot follow the mapped editable install: link tinkerflow.* into build/pyright.
+.venv/bin/python scripts/pyright_paths.py

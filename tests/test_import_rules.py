@@ -1,6 +1,7 @@
 """The layers' import rules (DESIGN §2, §5), read from the source with `ast` so a violation fails here, not in review.
 
-- `platform/` (the API, CLI and common code) never imports the JAX side: `tinkerflow.activities` or `tinkerflow.workers`.
+- `platform/` (the API, CLI and common code) never imports the JAX side: `tinkerflow.activities` or
+  `tinkerflow.workers`.
   The CLI is the one exception: it is the entry point that starts every process kind, the JAX worker included.
 - `workflows/` imports only the standard library, temporalio and itself (workflow code is replayed; anything else is a
   determinism or sandbox risk).

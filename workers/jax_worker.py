@@ -99,6 +99,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
         reregister.cancel()
     executor.shutdown(wait=False, cancel_futures=True)
     if multi_host:  # after the call in flight, if any (the driven engine serialises calls)
+        assert isinstance(engine, multihost.DrivenEngine)
         await asyncio.to_thread(engine.stop_followers)
 
 

@@ -1,6 +1,7 @@
 """Which weights a JAX worker serves: the embedded tiny default, a local HF directory, or an HF id in the local cache.
 
-Nothing is ever downloaded (house rule 2). The served *name* is what clients send as `base_model`. By default a local directory is served under its
+Nothing is ever downloaded (house rule 2). The served *name* is what clients send as `base_model`. By default a local
+directory is served under its
 absolute path (something `AutoTokenizer.from_pretrained` loads offline on the client) and a cached HF id under that
 id. `--served-model-name` (vLLM's convention) serves a local copy of a Hugging Face model under the id it is a copy
 of, so clients that look models up by name (tinker-cookbook's renderer and learning-rate tables) recognise it.

@@ -17,7 +17,7 @@ OWNER = SearchAttributeKey.for_keyword("TinkerflowOwner")
 SEARCH_ATTRIBUTES = (SESSION_ID, BASE_MODEL, STATUS, STEP, OWNER)
 
 
-def search_attributes(*pairs: tuple[SearchAttributeKey, Any]) -> TypedSearchAttributes:
+def search_attributes(*pairs: tuple[SearchAttributeKey[Any], Any]) -> TypedSearchAttributes:
     """Search attributes a workflow starts with, e.g. search_attributes((SESSION_ID, "sess-1"))."""
     return TypedSearchAttributes([SearchAttributePair(key, value) for key, value in pairs])
 

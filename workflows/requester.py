@@ -71,8 +71,8 @@ class CoordinatorCalls:
         """Like `call` for many items of one kind, handed over in ONE signal (a batch of sample calls); `params` are
         every item's typed fields, `item_params` each item's own."""
         info = workflow.info()
-        keys = []
-        items = []
+        keys: list[str] = []
+        items: list[WorkItem] = []
         for n, payload in enumerate(payloads):
             self._counter += 1
             key = f"{info.run_id}-{self._counter}"

@@ -136,4 +136,5 @@ class SessionWorkflow:
             f"{self.s.status} · {len(self.s.training_run_ids)} training run(s) · {len(self.s.samplers)} sampler(s)"
             + (f" · {self.s.reason}" if self.s.reason else "")
         )
-        workflow.upsert_search_attributes([names.STATUS.value_set(self.s.status)])
+        # temporalio types the legacy untyped form of this argument as partially unknown.
+        workflow.upsert_search_attributes([names.STATUS.value_set(self.s.status)])  # pyright: ignore[reportUnknownMemberType]

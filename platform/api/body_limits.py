@@ -11,7 +11,8 @@ the SDK, so the caller sees the message.
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 from tinkerflow.common.settings import Settings
 

@@ -15,8 +15,8 @@ from tinkerflow.common.checkpoints import CheckpointError, TinkerPath, check_run
 
 MAX_SESSION_CHARS = 64
 # What create_session mints (sess-<hex>) and copy_weights' runs use (copy-<hex>): a word, no ':' '/' '*' or quote.
-_SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,%d}" % (MAX_SESSION_CHARS - 1))
-_SAMPLER = re.compile(r"(%s):sample:\d{1,9}" % _SESSION.pattern)
+_SESSION = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_-]{{0,{MAX_SESSION_CHARS - 1}}}")
+_SAMPLER = re.compile(rf"({_SESSION.pattern}):sample:\d{{1,9}}")
 MAX_PROJECT_CHARS = 256
 
 

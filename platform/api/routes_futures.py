@@ -50,7 +50,7 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), w
         raise from_error(e) from None
     try:
         outcome = await asyncio.wait_for(_outcome(svc, ref), timeout=svc.settings.long_poll_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
     except (WorkflowUpdateFailedError, WorkflowFailureError) as e:
         cause = e.cause

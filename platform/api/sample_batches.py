@@ -32,6 +32,8 @@ class SampleBatcher:
     def __init__(self, client: Client):
         self._client = client
         self._queues: dict[str, _Queue] = {}
+        # The event loop holds tasks weakly: a drain nobody references could be collected mid-batch.
+        self._drains: set[asyncio.Task[None]] = set()
 
     async def submit(self, sampler: SamplerInfo, payload: BlobRef, *, samples: int = 1, work: int = 0
                      ) -> tuple[str, int]:
@@ -41,7 +43,9 @@ class SampleBatcher:
         queue.waiting.append((payload, samples, work, future))
         if not queue.starting:
             queue.starting = True
-            asyncio.create_task(self._drain(sampler, queue))
+            drain = asyncio.create_task(self._drain(sampler, queue))
+            self._drains.add(drain)
+            drain.add_done_callback(self._drains.discard)
         return await future
 
     async def _drain(self, sampler: SamplerInfo, queue: _Queue) -> None:

@@ -70,7 +70,7 @@ class Services:
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
     sample_batcher: SampleBatcher | None = None
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
-    _depths: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _depths: dict[str, tuple[float, tuple[int, int]]] = field(default_factory=dict)  # id -> (when, depth)
 
     async def queued_samples(self, coordinator_id: str) -> tuple[int, int]:
         """(samples, tokens of work) waiting in a coordinator's queue, from its query, refreshed at most every

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 from pathlib import Path
 
 from tinkerflow.cli import ray_plan, temporal_server
@@ -47,6 +48,7 @@ class RayGroup:
 
     def __init__(self, settings: Settings, group: ray_plan.GroupPlan, stop: threading.Event):
         import ray
+        import ray.exceptions  # loaded by `import ray` too; named so checkers see self.ray.exceptions
         from ray.util.placement_group import placement_group
 
         self.ray = ray
@@ -78,9 +80,9 @@ class RayGroup:
         env = ray_plan.actor_env(self.settings, self.group)
         self.actors = [
             remote.options(**self.group.actor_options(), scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=i)).remote(i, env)  # fmt: skip
+                self.pg, placement_group_bundle_index=i)).remote(i, env)
             for i in range(self.group.hosts)
-        ]
+        ]  # fmt: skip
 
     def _unplaceable(self, waited: float) -> str:
         return (f"Ray has not placed {self.group.hosts} bundles of {self.group.bundle} ({self.group.strategy}) "
@@ -171,7 +173,7 @@ class RayGroup:
             while True:
                 self._check_stop()
                 try:
-                    where = self.ray.get(actor.where.remote(), timeout=WAITING_LOG_EVERY_S)
+                    where: Whereabouts = self.ray.get(actor.where.remote(), timeout=WAITING_LOG_EVERY_S)
                     if where.pid != old.get(i) or where.node_id != self.where[i].node_id:
                         break
                     time.sleep(0.2)  # the kill has not reached the old process yet
@@ -213,7 +215,7 @@ class RayGroup:
         if self.stop.is_set():
             raise Stopping()
 
-    def _get(self, ref):
+    def _get(self, ref: Any) -> Any:
         while True:
             self._check_stop()
             ready, _ = self.ray.wait(ref if isinstance(ref, list) else [ref],
@@ -236,7 +238,7 @@ class DriverStack(Stack):
 
     def start(self, name: str, cmd: list[str], kind: str = "") -> Part:
         log_path = self.logs / f"{name}.log"
-        out = open(log_path, "ab")
+        out = open(log_path, "ab")  # noqa: SIM115 - the child writes to it for its lifetime
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
                                 start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))  # fmt: skip
         part = Part(name, proc, log_path, kind or name)

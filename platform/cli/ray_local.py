@@ -4,7 +4,8 @@ Ray job (`ray job submit`), exactly as on a real cluster.
 
 Every node gets its own loopback address (127.0.0.2, 127.0.0.3, …): Ray rewrites 127.0.0.1 itself to the machine's
 network address (`resolve_ip_for_localhost`), any other 127.x address it keeps, so all traffic between the nodes, the
-actors, the driver's Temporal and jax.distributed stays on loopback. Usage stats are off; the dashboard (which hosts Ray's job server and state API, both
+actors, the driver's Temporal and jax.distributed stays on loopback. Usage stats are off; the dashboard (which hosts
+Ray's job server and state API, both
 needed here) listens on loopback only. The cluster lives in its own short temp dir (Ray's socket paths must stay
 short), and `stop` ends exactly the processes whose command line names that dir, never another Ray on the machine.
 """
@@ -33,7 +34,8 @@ def ray_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TINKERFLOW_", "RAY_")) and k != "XLA_FLAGS"}
     # RAY_memory_monitor_refresh_ms=0: Ray's own OOM killer judges the whole machine's memory, so on a machine shared
     # with other work it killed this cluster's job driver and actors for memory they did not use.
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0", HF_HUB_OFFLINE="1", TINKER_TELEMETRY="0", PYTHONUNBUFFERED="1",
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0", HF_HUB_OFFLINE="1", TINKER_TELEMETRY="0",
+               PYTHONUNBUFFERED="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # fmt: skip
     return env
 
@@ -112,7 +114,8 @@ def node_ip(n: int) -> str:
 
 
 def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout_s: float = 180) -> LocalRayCluster:
-    """Head plus nodes-1 more nodes, node n on 127.0.0.{n+2}, each with `cpus_per_node` CPUs and a small object store."""
+    """Head plus nodes-1 more nodes, node n on 127.0.0.{n+2}, each with `cpus_per_node` CPUs and a small object
+    store."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))
     gcs_port, dashboard_port = free_port(), free_port()
     cluster = LocalRayCluster(temp_dir, f"{node_ip(0)}:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", nodes)

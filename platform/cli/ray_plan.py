@@ -46,7 +46,8 @@ def plan(settings: Settings) -> GroupPlan:
     strategy = settings.ray_strategy.upper()
     if strategy not in STRATEGIES:
         raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {settings.ray_strategy!r}")
-    for flag, value in (("--cpus-per-host", settings.ray_cpus_per_host), ("--gpus-per-host", settings.ray_gpus_per_host),
+    for flag, value in (("--cpus-per-host", settings.ray_cpus_per_host),
+                        ("--gpus-per-host", settings.ray_gpus_per_host),
                         ("--tpus-per-host", settings.ray_tpus_per_host)):  # fmt: skip
         if value < 0:
             raise ValueError(f"{flag} must be >= 0, got {value}")

@@ -154,7 +154,8 @@ class Stack:
         return part
 
     def start_worker(self, command: str, *extra: str, name: str | None = None) -> Part:
-        """`workflow-worker` or `jax-worker` (`name` tells two of a kind apart): ready when it touches its ready file."""
+        """`workflow-worker` or `jax-worker` (`name` tells two of a kind apart): ready when it touches its ready
+        file."""
         name = name or command
         (self.ready_dir / name).unlink(missing_ok=True)
         part = self.start_tinkerflow(command, *extra, name=name)

@@ -67,7 +67,7 @@ class TinkerPath:
         return f"tinker://{self.run}/{self.segment}/{self.name}"
 
     @staticmethod
-    def parse(path: str) -> "TinkerPath":
+    def parse(path: str) -> TinkerPath:
         """`tinker://<run>/<segment>/<name>`, as the SDK's ParsedCheckpointTinkerPath reads it (contract §9)."""
         if not isinstance(path, str) or not path.startswith("tinker://"):
             raise CheckpointError(f"{_shown(path)} is not a tinker:// path; expected tinker://<run>/<kind>/<name> "
@@ -83,7 +83,7 @@ class TinkerPath:
         return TinkerPath.of(run, segment, name)
 
     @staticmethod
-    def of(run: str, segment: str, name: str) -> "TinkerPath":
+    def of(run: str, segment: str, name: str) -> TinkerPath:
         if len(run) > MAX_PATH_PART or len(name) > MAX_PATH_PART:  # else "File name too long" from the store: a 500
             raise CheckpointError(f"training run id and checkpoint name are at most {MAX_PATH_PART} characters each")
         check_name(name)
@@ -93,7 +93,7 @@ class TinkerPath:
         return TinkerPath(run, segment, name)
 
     @staticmethod
-    def from_checkpoint_id(run: str, checkpoint_id: str) -> "TinkerPath":
+    def from_checkpoint_id(run: str, checkpoint_id: str) -> TinkerPath:
         segment, _, name = checkpoint_id.partition("/")
         return TinkerPath.of(run, segment, name)
 
@@ -186,7 +186,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @staticmethod
-    def from_json(data: bytes) -> "Manifest":
+    def from_json(data: bytes) -> Manifest:
         raw = json.loads(data)
         known = {f for f in Manifest.__dataclass_fields__}
         return Manifest(**{k: v for k, v in raw.items() if k in known})

@@ -58,7 +58,7 @@ class ClaimCheckStore:
     def get(self, ref: BlobRef) -> bytes:
         try:
             with fsspec.open(ref.uri if "://" in ref.uri else "file://" + ref.uri, "rb") as f:
-                data = f.read()
+                data = f.read()  # pyright: ignore[reportAttributeAccessIssue] (one path opens one file, not a list)
         except FileNotFoundError as e:
             raise StoreError(f"claim-check object {ref.uri} is gone (collected or never written)") from e
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 import pytest
 
 import os
@@ -14,7 +15,7 @@ OTHER_API_KEY = "tml-e2e-other"  # a second tenant on the same stack (tenant iso
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> RunningStack:
+def stack(tmp_path_factory) -> Iterator[RunningStack]:
     # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
     # 32 adapter slots: the session's tests open many training clients and leave them to the session's end.
     s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY,

@@ -19,7 +19,7 @@ def pig_latin(base_url: str, api_key: str, steps: int, on_step=None, sample: boo
 
     service = tinker.ServiceClient(base_url=base_url, api_key=api_key)
     model = service.get_server_capabilities().supported_models[0].model_name
-    training = service.create_lora_training_client(base_model=model, rank=8, seed=5).result()
+    training = service.create_lora_training_client(base_model=model, rank=8, seed=5).result()  # pyright: ignore[reportArgumentType] (the stack fills these)
     tokenizer = training.get_tokenizer()
     data, weights = [], []
     for english, pig in EXAMPLES:
@@ -27,7 +27,7 @@ def pig_latin(base_url: str, api_key: str, steps: int, on_step=None, sample: boo
         completion = tokenizer.encode(f" {pig}\n\n", add_special_tokens=False)
         tokens, w = prompt + completion, [0] * len(prompt) + [1] * len(completion)
         data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                                loss_fn_inputs=dict(weights=w[1:], target_tokens=tokens[1:])))  # fmt: skip
+                                loss_fn_inputs=dict(weights=w[1:], target_tokens=tokens[1:])))  # fmt: skip  # pyright: ignore[reportArgumentType] (Datum converts lists)
         weights += w[1:]
     weights = np.asarray(weights, np.float64)
     losses = []
@@ -44,5 +44,5 @@ def pig_latin(base_url: str, api_key: str, steps: int, on_step=None, sample: boo
     sampler = training.save_weights_and_get_sampling_client()
     result = sampler.sample(types.ModelInput.from_ints(tokenizer.encode("English: coding wizard\nPig Latin:")), 1,
                             types.SamplingParams(max_tokens=6, temperature=0.0)).result(timeout=900)  # fmt: skip
-    assert result.sequences[0].tokens and len(result.sequences[0].logprobs) == len(result.sequences[0].tokens)
+    assert result.sequences[0].tokens and len(result.sequences[0].logprobs) == len(result.sequences[0].tokens)  # pyright: ignore[reportArgumentType] (the stack fills these)
     return losses

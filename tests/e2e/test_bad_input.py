@@ -14,7 +14,7 @@ def _datum(tokens, targets=None, weights=None):
     targets = tokens[1:] + [tokens[0]] if targets is None else targets
     weights = [1.0] * len(targets) if weights is None else weights
     return types.Datum(model_input=types.ModelInput.from_ints(tokens=tokens),
-                       loss_fn_inputs=dict(target_tokens=targets, weights=weights))
+                       loss_fn_inputs=dict(target_tokens=targets, weights=weights))  # pyright: ignore[reportArgumentType] (Datum converts lists)
 
 
 GOOD = _datum([10, 20, 30, 40, 50])

@@ -26,7 +26,7 @@ def test_nan_and_inf_in_weights_or_advantages_fail_the_future(training_client):
     err = _failed_future(training_client.forward_backward(
         [_datum([1, 2, 3], weights=[1.0, math.nan, 1.0])], "cross_entropy"))
     assert "weights" in str(err)
-    rl = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs=dict(
+    rl = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs=dict(  # pyright: ignore[reportArgumentType] (Datum converts lists)
         target_tokens=[2, 3, 4], logprobs=[-1.0, -1.0, -1.0], advantages=[0.5, math.inf, 0.5]))
     err = _failed_future(training_client.forward_backward([rl], "importance_sampling"))
     assert "advantages" in str(err)
@@ -34,7 +34,7 @@ def test_nan_and_inf_in_weights_or_advantages_fail_the_future(training_client):
 
 
 def test_zero_length_sequence_fails_the_future(training_client):
-    empty = types.Datum(model_input=types.ModelInput.from_ints([]), loss_fn_inputs=dict(target_tokens=[], weights=[]))
+    empty = types.Datum(model_input=types.ModelInput.from_ints([]), loss_fn_inputs=dict(target_tokens=[], weights=[]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     err = _failed_future(training_client.forward_backward([empty], "cross_entropy"))
     assert "datum 0: model_input is empty" in str(err)
     _still_trains(training_client)

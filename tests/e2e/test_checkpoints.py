@@ -26,7 +26,7 @@ PEFT_TOL = 1e-4
 ADAM = types.AdamParams(learning_rate=2e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01)
 TOKENS = [[11, 42, 7, 99, 123, 5, 8, 301], [300, 12, 44, 13, 9, 250, 17, 3]]
 DATA = [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]),
-                    loss_fn_inputs=dict(target_tokens=t[1:], weights=[1.0] * (len(t) - 1))) for t in TOKENS]
+                    loss_fn_inputs=dict(target_tokens=t[1:], weights=[1.0] * (len(t) - 1))) for t in TOKENS]  # pyright: ignore[reportArgumentType] (Datum converts lists)
 
 
 def step(training) -> float:
@@ -120,7 +120,7 @@ def test_named_sampler_weights_persist_and_sample_in_another_session(stack, base
     other = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
     there = other.create_sampling_client(model_path=path).sample(prompt, 1, params).result(timeout=300)
     assert there.sequences[0].tokens == here.sequences[0].tokens
-    np.testing.assert_allclose(there.sequences[0].logprobs, here.sequences[0].logprobs, atol=1e-5)
+    np.testing.assert_allclose(there.sequences[0].logprobs, here.sequences[0].logprobs, atol=1e-5)  # pyright: ignore[reportArgumentType, reportCallIssue] (logprobs were asked for)
 
 
 def test_rest_client_runs_sessions_and_checkpoints(stack, base_model, service_client, rest):

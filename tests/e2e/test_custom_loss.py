@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 def test_forward_backward_custom_runs_a_client_side_loss(training_client):
     data = [types.Datum(model_input=types.ModelInput.from_ints([11, 12, 13, 14]),
-                        loss_fn_inputs=dict(target_tokens=[12, 13, 14, 15], weights=[0.0, 1.0, 1.0, 1.0]))]
+                        loss_fn_inputs=dict(target_tokens=[12, 13, 14, 15], weights=[0.0, 1.0, 1.0, 1.0]))]  # pyright: ignore[reportArgumentType] (Datum converts lists)
 
     def squared_logprob_loss(batch, logprobs_list):
         loss = sum((lp ** 2).sum() for lp in logprobs_list)

@@ -19,7 +19,7 @@ from tinkerflow.common.settings import Settings
 
 pytestmark = pytest.mark.e2e
 DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]))
+                    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
 ADAM = types.AdamParams(learning_rate=1e-3)
 
 
@@ -30,7 +30,7 @@ def parts(tmp_path, request):
                         temporal_address=f"127.0.0.1:{temporal_port}",
                         auto_snapshot_every=getattr(request, "param", 10))
     stack = Stack(settings)
-    stack.temporal_port = temporal_port
+    stack.temporal_port = temporal_port  # pyright: ignore[reportAttributeAccessIssue] (test instrumentation)
     try:
         stack.start_temporal(temporal_port, 0, headless=True)
         stack.start_worker("workflow-worker")

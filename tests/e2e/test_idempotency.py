@@ -3,6 +3,7 @@ same seq_id + different body = 409."""
 
 from __future__ import annotations
 
+from typing import Any
 import httpx
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from tinker.proto.response_conv import deserialize_forward_backward_output
 pytestmark = pytest.mark.e2e
 
 
-def _result(http: httpx.Client, request_id: str, proto: bool = False):
+def _result(http: httpx.Client, request_id: str, proto: bool = False) -> Any:
     for _ in range(40):
         r = http.post("/api/v1/retrieve_future", json={"request_id": request_id, "allow_metadata_only": False},
                       headers={"Accept": "application/x-protobuf"} if proto else {}, timeout=60)

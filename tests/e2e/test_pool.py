@@ -18,7 +18,7 @@ from tinkerflow.common.settings import Settings
 
 pytestmark = pytest.mark.e2e
 DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]))
+                    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
 
 
 def test_two_workers_share_the_runs_expose_metrics_and_take_over_a_dead_ones_runs(tmp_path):

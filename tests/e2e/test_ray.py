@@ -7,6 +7,7 @@ job leaves no actor and no placement group behind.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -96,7 +97,7 @@ def test_two_actors_on_two_nodes_train_like_one_process(ray_stack, reference_los
     diff = _max_rel(losses, reference_losses)
     print(json.dumps({"figure": "pig_latin_losses", "single_process": reference_losses, "ray_fsdp2": losses,
                       "max_rel_diff": diff}))  # fmt: skip
-    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert diff <= REL, f"losses differ by {diff:.2e} of their scale > {REL}: {losses} vs {reference_losses}"
 
 

@@ -20,6 +20,7 @@ at the baseline and the end, sampler snapshots held, compiles, coordinator conti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 import asyncio
 import json
 import os
@@ -70,7 +71,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> RunningStack:
+def stack(tmp_path_factory) -> Iterator[RunningStack]:
     """Its own stack: the soak must not share slots or queues with the session-wide one. Named `stack` so the
     e2e conftest attaches its logs to a failure."""
     s = launch(tmp_path_factory.mktemp("soak") / "state", api_key="tml-soak",
@@ -148,7 +149,7 @@ class Ledger:
 def _datum(rng: random.Random, n: int = 24) -> types.Datum:
     tokens = [rng.randrange(3, 1500) for _ in range(n + 1)]
     return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * n})
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * n})  # pyright: ignore[reportArgumentType] (Datum converts lists)
 
 
 def _check_fwdbwd(n_tokens: list[int]):
@@ -180,7 +181,7 @@ def _prompt(rng: random.Random) -> types.ModelInput:
 
 
 OOV = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 10**6, 3]),
-                  loss_fn_inputs={"target_tokens": [2, 3, 4, 5], "weights": [1.0] * 4})
+                  loss_fn_inputs={"target_tokens": [2, 3, 4, 5], "weights": [1.0] * 4})  # pyright: ignore[reportArgumentType] (Datum converts lists)
 
 
 def client_loop(c: SoakClient, model: str, ledger: Ledger, stop: threading.Event) -> None:
@@ -436,7 +437,7 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
     assert coordinator["pending"] == 0, coordinator
     assert not any(w["busy"] for w in coordinator["workers"].values()), coordinator
     assert len(runs) == CLIENTS, [r["start"]["model_id"] for r in runs]
-    sent = {c.training.model_id: c.training._request_id_counter for c in clients}
+    sent = {c.training.model_id: c.training._request_id_counter for c in clients}  # pyright: ignore[reportAttributeAccessIssue] (test instrumentation)
     for run in runs:
         model_id = run["start"]["model_id"]
         assert run["status"] == "ready", run

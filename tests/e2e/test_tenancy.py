@@ -11,7 +11,7 @@ from tinkerflow.cli.launch import launch
 
 pytestmark = pytest.mark.e2e
 DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30]),
-                    loss_fn_inputs=dict(target_tokens=[20, 30, 40], weights=[1.0, 1.0, 1.0]))
+                    loss_fn_inputs=dict(target_tokens=[20, 30, 40], weights=[1.0, 1.0, 1.0]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
 
 
 def test_tenants_are_isolated_and_keys_come_from_flags_and_a_file(tmp_path):

@@ -23,7 +23,7 @@ from tests.e2e.conftest import API_KEY, OTHER_API_KEY
 pytestmark = pytest.mark.e2e
 ALICE, BOB = API_KEY, OTHER_API_KEY  # two tenants of the session's shared stack
 DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30]),
-                    loss_fn_inputs=dict(target_tokens=[20, 30, 40], weights=[1.0, 1.0, 1.0]))
+                    loss_fn_inputs=dict(target_tokens=[20, 30, 40], weights=[1.0, 1.0, 1.0]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
 ADAM = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 SAMPLE = {"num_samples": 1, "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
           "sampling_params": {"max_tokens": 2, "seed": 3}, "type": "sample"}

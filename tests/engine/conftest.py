@@ -1,4 +1,5 @@
-"""Tiny checkpoints in the Hugging Face layout (config by transformers' own config classes), plus a BPE tokenizer trained on a few sentences.
+"""Tiny checkpoints in the Hugging Face layout (config by transformers' own config classes), plus a BPE tokenizer
+trained on a few sentences.
 
 Weights are drawn with std 0.25 (norm weights near one): with HF's default std 0.02 the logits are nearly flat, and
 parity, sampling and training tests could not fail.
@@ -6,6 +7,7 @@ parity, sampling and training tests could not fail.
 
 from __future__ import annotations
 
+from typing import Any
 import logging
 from pathlib import Path
 
@@ -49,7 +51,7 @@ def build_model(directory: Path, *, arch: str = "qwen3", tie: bool = False, seed
     directory.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(directory)
     h, inter, heads, kv, hd, layers = 64, 128, 4, 2, 16, 2
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab,
         hidden_size=h,
         num_hidden_layers=layers,

@@ -4,7 +4,8 @@ JAX fixes its device count when the backend starts, so the sharding tests run th
 
     python tests/engine/mesh_scenario.py MODEL_DIR OUT.npz --devices 2 --meshes 1x1,2x1,1x2 [--options ...]
 
-Each mesh ("FSDPxTP", or "FSDPxTPxEP" with an expert-parallel axis for MoE models) gets its own engine on the same checkpoint; the arrays it produced are saved under
+Each mesh ("FSDPxTP", or "FSDPxTPxEP" with an expert-parallel axis for MoE models) gets its own engine on the same
+checkpoint; the arrays it produced are saved under
 "<mesh>/<name>" in OUT.npz for the test to compare. `--expect-error FSDPxTP` instead loads on that mesh and prints
 the ValueError (exit 3 when none was raised).
 """
@@ -71,7 +72,7 @@ def main() -> None:
         assert dict(engine.mesh.shape) == want, engine.mesh.shape
         for name, arr in run(engine, quick=args.quick).items():
             results[f"{spec}/{name}"] = arr
-    np.savez(args.out, **results)
+    np.savez(args.out, **results)  # pyright: ignore[reportArgumentType] (numpy's savez stubs)
 
 
 def run(engine, quick: bool = False) -> dict:

@@ -82,7 +82,7 @@ def _run(engine, rng) -> dict:
         InputError,
         LoraConfig,
         SampleInput,
-    )  # fmt: skip
+    )
 
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     engine.create_adapter(1, LoraConfig(rank=2, seed=2))

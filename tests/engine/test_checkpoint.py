@@ -219,7 +219,7 @@ def test_reads_an_adapter_saved_by_peft(engine, qwen3_dir, rng, tmp_path):
 
     model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32),
                                 peft.LoraConfig(task_type="CAUSAL_LM"))  # fmt: skip
-    assert sorted(model.peft_config["default"].target_modules) == ["q_proj", "v_proj"]
+    assert sorted(model.peft_config["default"].target_modules) == ["q_proj", "v_proj"]  # pyright: ignore[reportAttributeAccessIssue] (peft's stubs)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -331,12 +331,12 @@ def test_malformed_peft_adapters_are_refused(engine, tmp_path, edit, message):
 
 
 def test_missing_files_are_refused(engine, tmp_path):
-    with pytest.raises(InputError, match="adapter_config.json is missing"):
+    with pytest.raises(InputError, match=r"adapter_config\.json is missing"):
         read_peft(tmp_path)
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     write_peft(LoraConfig(rank=4), engine.adapter_weights(0), tmp_path, base_model_name_or_path="x")
     with pytest.raises(InputError, match="not a training checkpoint"):
         read_training_state(tmp_path)
     (tmp_path / ADAPTER_WEIGHTS).unlink()
-    with pytest.raises(InputError, match="adapter_model.safetensors is missing"):
+    with pytest.raises(InputError, match=r"adapter_model\.safetensors is missing"):
         read_peft(tmp_path)

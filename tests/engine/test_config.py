@@ -16,7 +16,7 @@ def test_rope_theta_read_from_both_layouts():
 
 
 def test_unsupported_architecture_is_named():
-    with pytest.raises(ValueError, match="mixtral.*MixtralForCausalLM"):
+    with pytest.raises(ValueError, match=r"mixtral.*MixtralForCausalLM"):
         ModelConfig.from_hf({**BASE, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"]})
 
 

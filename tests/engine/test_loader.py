@@ -74,7 +74,7 @@ def test_sharded_checkpoint_reads_only_the_files_its_index_names(qwen3_dir, tmp_
 def test_sharded_checkpoint_missing_a_shard_names_it(qwen3_dir, tmp_path):
     sharded = write_sharded(qwen3_dir, tmp_path / "sharded", shards=2)
     (sharded / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"model-00002-of-00002\.safetensors"):
         load_model(str(sharded), max_adapters=1, max_rank=1, progress=False)
 
 
@@ -118,7 +118,7 @@ def test_hub_id_loads_from_the_local_cache_offline(qwen3_dir, engine, tmp_path, 
     for e in (hub, engine):
         e.create_adapter(0, LoraConfig(rank=4, seed=0))
         [res] = e.forward_backward([request])
-        results.append(res.outputs[0]["logprobs"])
+        results.append(res.outputs[0]["logprobs"])  # pyright: ignore[reportAttributeAccessIssue] (an InputError fails the test here)
     np.testing.assert_array_equal(results[0], results[1])
 
 

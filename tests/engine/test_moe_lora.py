@@ -1,3 +1,5 @@
+# pyright: reportOptionalMemberAccess=false
+# (this test reads Optional results where a None fails the test at once, as an assert would)
 r"""LoRA on Qwen3-MoE: PEFT parity (logprobs and gradients), fresh adapter == base, adapter isolation, module groups,
 PEFT export/import, and sampling through the KV-cache sampler against transformers' greedy generate.
 
@@ -125,16 +127,17 @@ def test_lora_logprobs_and_grads_match_peft(moe_engine, moe_dir):
     with torch.no_grad():
         for name, module, kind in _peft_modules(model):
             a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
-            a.zero_(), b.zero_()
+            a.zero_()  # pyright: ignore[reportCallIssue] (transformers' module stubs)
+            b.zero_()  # pyright: ignore[reportCallIssue] (transformers' module stubs)
             if kind == "linear":
-                a[:rank] = t(ours[f"{name}.lora_a"].T)
-                b[:, :rank] = t(ours[f"{name}.lora_b"].T)
+                a[:rank] = t(ours[f"{name}.lora_a"].T)  # pyright: ignore[reportIndexIssue] (transformers' module stubs)
+                b[:, :rank] = t(ours[f"{name}.lora_b"].T)  # pyright: ignore[reportIndexIssue] (transformers' module stubs)
                 seen.add(name)
                 continue
             # PEFT's expert e: A.weight.reshape(E, R, in)[e] [R, in]; B.weight.reshape(out, R, E)[..., e] [out, R].
-            r2 = a.shape[0] // EXPERTS
+            r2 = a.shape[0] // EXPERTS  # pyright: ignore[reportIndexIssue] (transformers' module stubs)
             assert r2 == (2 * rank if kind == "gate_up" else rank), "PEFT doubles the rank of the fused gate_up only"
-            a3, b3 = a.view(EXPERTS, r2, -1), b.view(b.shape[0], r2, EXPERTS)
+            a3, b3 = a.view(EXPERTS, r2, -1), b.view(b.shape[0], r2, EXPERTS)  # pyright: ignore[reportArgumentType, reportCallIssue, reportIndexIssue] (transformers' module stubs)
             if kind == "gate_up":
                 for half, proj in enumerate(("gate_proj", "up_proj")):
                     rows, cols = slice(half * rank, (half + 1) * rank), slice(half * MOE_INTER, (half + 1) * MOE_INTER)
@@ -166,11 +169,11 @@ def test_lora_logprobs_and_grads_match_peft(moe_engine, moe_dir):
     for name, module, kind in _peft_modules(model):
         ga, gb = module.lora_A["default"].weight.grad, module.lora_B["default"].weight.grad
         if kind == "linear":
-            check(f"{name}.a", grads[f"{name}.lora_a"], ga.numpy()[:rank].T)
-            check(f"{name}.b", grads[f"{name}.lora_b"], gb.numpy()[:, :rank].T)
+            check(f"{name}.a", grads[f"{name}.lora_a"], ga.numpy()[:rank].T)  # pyright: ignore[reportCallIssue] (transformers' module stubs)
+            check(f"{name}.b", grads[f"{name}.lora_b"], gb.numpy()[:, :rank].T)  # pyright: ignore[reportCallIssue] (transformers' module stubs)
             continue
-        r2 = ga.shape[0] // EXPERTS
-        ga3, gb3 = ga.view(EXPERTS, r2, -1).numpy(), gb.view(gb.shape[0], r2, EXPERTS).numpy()
+        r2 = ga.shape[0] // EXPERTS  # pyright: ignore[reportIndexIssue] (transformers' module stubs)
+        ga3, gb3 = ga.view(EXPERTS, r2, -1).numpy(), gb.view(gb.shape[0], r2, EXPERTS).numpy()  # pyright: ignore[reportArgumentType, reportCallIssue, reportIndexIssue] (transformers' module stubs)
         halves = [("gate_proj", 0), ("up_proj", 1)] if kind == "gate_up" else [("down_proj", 0)]
         for proj, half in halves:
             rows = slice(half * rank, (half + 1) * rank)
@@ -259,5 +262,5 @@ def test_greedy_sampling_matches_transformers_generate(moe_engine, moe_dir):
     hf = _hf(moe_dir)
     for p, res in zip(prompts, results):
         with torch.no_grad():
-            out = hf.generate(torch.from_numpy(p[None]).long(), max_new_tokens=8, do_sample=False, min_new_tokens=8)
+            out = hf.generate(torch.from_numpy(p[None]).long(), max_new_tokens=8, do_sample=False, min_new_tokens=8)  # pyright: ignore[reportAttributeAccessIssue] (transformers' module stubs)
         assert list(res.sequences[0].tokens) == out[0, len(p):].tolist()

@@ -122,6 +122,11 @@ def test_moe_matches_transformers_per_layer(tmp_path, variant):
                                rtol=COMPOSITE)  # fmt: skip
 
 
+def _grad_of_squares(matmul, x, w, sizes):
+    """d/dx sum(matmul(x, w, sizes) ** 2)."""
+    return jax.grad(lambda x: jnp.sum(matmul(x, jnp.asarray(w), jnp.asarray(sizes)) ** 2))(x)
+
+
 def test_blocked_grouped_matmul_equals_ragged_dot():
     """The CPU grouped matmul is exactly jax.lax.ragged_dot (including empty groups and rows in one group)."""
     rng = np.random.default_rng(0)
@@ -132,6 +137,6 @@ def test_blocked_grouped_matmul_equals_ragged_dot():
         want = jax.lax.ragged_dot(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sizes))
         got = _blocked_grouped_matmul(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sizes))
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-        dx = jax.grad(lambda x: jnp.sum(_blocked_grouped_matmul(x, jnp.asarray(w), jnp.asarray(sizes)) ** 2))(x)
-        dx_ref = jax.grad(lambda x: jnp.sum(jax.lax.ragged_dot(x, jnp.asarray(w), jnp.asarray(sizes)) ** 2))(x)
+        dx = _grad_of_squares(_blocked_grouped_matmul, x, w, sizes)
+        dx_ref = _grad_of_squares(jax.lax.ragged_dot, x, w, sizes)
         np.testing.assert_allclose(np.asarray(dx), np.asarray(dx_ref), rtol=1e-5, atol=1e-5)

@@ -4,6 +4,7 @@ subprocess as test_sharding.py does (JAX fixes its device count when its backend
 
 from __future__ import annotations
 
+from typing import Any
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,7 +24,7 @@ def _config(**kw) -> ModelConfig:
     return ModelConfig.from_hf({**hf, **kw})
 
 
-def _mesh(fsdp: int, tp: int, ep: int = 1):
+def _mesh(fsdp: int, tp: int, ep: int = 1) -> Any:  # a stand-in Mesh: the code under test reads .shape
     return SimpleNamespace(shape={"fsdp": fsdp, "tp": tp, **({"ep": ep} if ep > 1 else {})})
 
 

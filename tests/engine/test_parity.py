@@ -78,7 +78,7 @@ def test_lora_logits_and_grads_match_peft(qwen3_dir):
     (-(ref_lp * torch.from_numpy(w)).sum()).backward()
 
     [res] = engine.forward_backward([ForwardBackwardInput(slot=1, data=[_datum(tokens, w)], loss_fn="cross_entropy")])
-    np.testing.assert_allclose(res.outputs[0]["logprobs"], ref_lp.detach().numpy(), atol=TOL, rtol=TOL)
+    np.testing.assert_allclose(res.outputs[0]["logprobs"], ref_lp.detach().numpy(), atol=TOL, rtol=TOL)  # pyright: ignore[reportAttributeAccessIssue] (an InputError fails the test here)
     grads = engine.accumulated_grads(1)
     checked = 0
     for name, module in model.named_modules():

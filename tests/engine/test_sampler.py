@@ -3,6 +3,7 @@ continuous batching (more rows than slots, batch-independent results, no compile
 
 from __future__ import annotations
 
+from typing import Any
 import dataclasses
 
 import jax
@@ -98,7 +99,7 @@ def test_sampler_logprobs_equal_trainer_logprobs(engine, trained_snapshot):
 
 
 def test_greedy_is_deterministic_and_top_k_1_is_greedy(engine):
-    greedy = dict(prompt=PROMPT, max_tokens=10, temperature=0.0, stop_token_ids=[])
+    greedy: dict[str, Any] = dict(prompt=PROMPT, max_tokens=10, temperature=0.0, stop_token_ids=[])
     a, b, c = engine.sample([SampleInput(**greedy), SampleInput(**greedy, num_samples=2),
                              SampleInput(**{**greedy, "temperature": 1.0}, top_k=1, seed=5)])  # fmt: skip
     tokens = a.sequences[0].tokens
@@ -118,7 +119,8 @@ def test_seeds(engine):
     assert run(None) != run(None)
     # Batch composition does not change a seeded request's samples.
     res = engine.sample([SampleInput(prompt=PROMPT[:3], max_tokens=4, seed=1),
-                         SampleInput(prompt=PROMPT, num_samples=2, max_tokens=10, seed=7, stop_token_ids=[])])  # fmt: skip
+                         SampleInput(prompt=PROMPT, num_samples=2, max_tokens=10, seed=7,
+                                     stop_token_ids=[])])  # fmt: skip
     assert [s.tokens for s in res[1].sequences] == first
 
 

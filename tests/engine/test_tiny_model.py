@@ -119,7 +119,7 @@ def test_loads_and_generates(model_dir):
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)  # pyright: ignore[reportGeneralTypeIssues] (transformers' stubs)
     assert type(model).__name__ == "Qwen3ForCausalLM"
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert model.dtype == torch.float32

@@ -16,7 +16,7 @@ def ce(slot, seqs, *, forward_only=False, weights=None):
     data = []
     for s in seqs:
         s = np.asarray(s, np.int32)
-        inputs = {"target_tokens": s[1:]}
+        inputs: dict[str, np.ndarray] = {"target_tokens": s[1:]}
         if weights is not None:
             inputs["weights"] = np.full(len(s) - 1, weights, np.float32)
         data.append(Datum(tokens=s[:-1], inputs=inputs))
@@ -233,7 +233,8 @@ def test_topk_cross_entropy_targets(engine, rng):
     tokens = rng.integers(1, 300, 9).astype(np.int32)
     targets = rng.integers(1, 300, (8, 3))
     w = rng.uniform(0, 1, (8, 3)).astype(np.float32)
-    req = ForwardBackwardInput(slot=0, data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": targets, "weights": w})],
+    req = ForwardBackwardInput(slot=0, data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": targets,
+                                                                               "weights": w})],
                                loss_fn="cross_entropy", forward_only=True)  # fmt: skip
     [res] = engine.forward_backward([req])
     assert res.outputs[0]["logprobs"].shape == (8, 3)
@@ -254,12 +255,14 @@ BAD = [
     (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, -1])})],
                                   loss_fn="cross_entropy"), "token id -1"),
     (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2])})],
-                                  loss_fn="foo"), "unknown loss_fn 'foo'; supported: cross_entropy, importance_sampling"),
+                                  loss_fn="foo"),
+     "unknown loss_fn 'foo'; supported: cross_entropy, importance_sampling"),
     (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2]),
                                   "logprobs": np.zeros(2)})], loss_fn="importance_sampling"),
      "importance_sampling needs loss_fn_inputs\\['advantages'\\]"),
     (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2]),
-                                  "weights": np.array([1.0, np.nan])})], loss_fn="cross_entropy"), "weights contains non-finite"),
+                                  "weights": np.array([1.0, np.nan])})], loss_fn="cross_entropy"),
+     "weights contains non-finite"),
     (lambda: ForwardBackwardInput(slot=0, data=[], loss_fn="cross_entropy"), "at least one datum"),
     (lambda: ForwardBackwardInput(slot=3, data=[Datum(np.array([1]), {"target_tokens": np.array([1])})],
                                   loss_fn="cross_entropy"), "slot 3 is not allocated"),

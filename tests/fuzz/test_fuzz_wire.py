@@ -7,6 +7,7 @@ memory has stayed bounded. The fuzzer owns one run's seq_ids, so it knows which 
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ class FuzzRun:
         r = wire.post_json("/api/v1/create_model", {"session_id": session_id, "model_seq_id": 7000,
                                                     "base_model": base_model, "lora_config": {"rank": 4}})
         self.model_id = r.json()["model_id"]
-        assert "error" not in wire.answer_of(r)
+        assert "error" not in wire.answer_of(r)  # pyright: ignore[reportOperatorIssue] (a None fails the test)
         self.next_seq = 1
         r = wire.post_json("/api/v1/create_sampling_session", {
             "session_id": session_id, "sampling_session_seq_id": 7000, "base_model": base_model})
@@ -61,7 +62,7 @@ def _api_rss_kb(stack) -> int:
                          capture_output=True, text=True).stdout.split()
     if not out:
         return 0
-    for line in open(f"/proc/{out[0]}/status"):
+    for line in Path(f"/proc/{out[0]}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -23,14 +23,14 @@ def kubectl() -> str | None:
     return shutil.which("kubectl")
 
 
-@lru_cache(maxsize=None)
+@cache
 def render_kubectl(overlay: str) -> tuple[dict, ...]:
-    out = subprocess.run([kubectl(), "kustomize", str(K8S / overlay)], check=True, capture_output=True, text=True,
+    out = subprocess.run([kubectl(), "kustomize", str(K8S / overlay)], check=True, capture_output=True, text=True,  # pyright: ignore[reportArgumentType, reportCallIssue] (skipped when kubectl is absent)
                          timeout=60).stdout
     return tuple(d for d in yaml.safe_load_all(out) if d)
 
 
-@lru_cache(maxsize=None)
+@cache
 def render(overlay: str) -> tuple[dict, ...]:
     """The overlay as kustomize renders it: `kubectl kustomize` where a binary exists, else the built-in renderer."""
     if kubectl():

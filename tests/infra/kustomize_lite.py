@@ -78,9 +78,7 @@ def _build(directory: Path, component: bool, objects: list[dict[str, Any]] | Non
 def _matches(obj: dict[str, Any], target: dict[str, Any]) -> bool:
     if "kind" in target and obj.get("kind") != target["kind"]:
         return False
-    if "name" in target and obj.get("metadata", {}).get("name") != target["name"]:
-        return False
-    return True
+    return not ("name" in target and obj.get("metadata", {}).get("name") != target["name"])
 
 
 def _set_images(node: Any, image: dict[str, str]) -> None:

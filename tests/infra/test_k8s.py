@@ -101,7 +101,7 @@ def _jax_pod(overlay):
 
 
 def test_gpu_overlay_asks_for_h100s():
-    js, job = _jax_pod("gpu")
+    _, job = _jax_pod("gpu")
     pod = job["template"]["spec"]
     res = pod["containers"][0]["resources"]
     assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "8"

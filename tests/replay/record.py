@@ -35,7 +35,7 @@ def drive(stack) -> None:
     service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
     model = stack.served_model()
     datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))
+                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     adam = types.AdamParams(learning_rate=1e-3)
 
     # training + sampling

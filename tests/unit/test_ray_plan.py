@@ -85,7 +85,7 @@ def test_a_lost_node_is_reported_as_such_and_the_restart_budget_is_kept(tmp_path
 
     group = RayGroup.__new__(RayGroup)
     nodes = [{"NodeID": "a" * 56, "Alive": True}, {"NodeID": "b" * 56, "Alive": False}]
-    group.ray = SimpleNamespace(nodes=lambda: nodes)
+    group.ray = SimpleNamespace(nodes=lambda: nodes)  # pyright: ignore[reportAttributeAccessIssue] (test double)
     group.group = ray_plan.plan(_settings(["--hosts", "2", "--max-restarts", "1", "--state-dir", str(tmp_path)]))
     group.where = [Whereabouts(0, 100, "10.0.0.1", "a" * 56), Whereabouts(1, 200, "10.0.0.2", "b" * 56)]
     group.stop, group.serving = threading.Event(), {}

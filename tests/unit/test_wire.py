@@ -1,3 +1,5 @@
+# pyright: reportOptionalIterable=false, reportOptionalMemberAccess=false, reportOptionalSubscript=false
+# (this test reads Optional results where a None fails the test at once, as an assert would)
 """Our encoders against the SDK's own decoders, and the SDK's own encoder against our decoder."""
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from tinkerflow.workers.engine.types import ForwardBackwardResult, InputError, S
 
 def _request(data, loss_fn="cross_entropy", config=None) -> bytes:
     req = types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn, loss_fn_config=config),
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn, loss_fn_config=config),  # pyright: ignore[reportArgumentType]
         model_id="s:train:0", seq_id=3)
     return forward_backward_request_to_proto(req).SerializeToString()
 
 
 def test_forward_backward_request_decodes_tokens_inputs_and_config():
     datum = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
-                        loss_fn_inputs=dict(target_tokens=[6, 7, 8], weights=[0.0, 1.0, 0.5]))
+                        loss_fn_inputs=dict(target_tokens=[6, 7, 8], weights=[0.0, 1.0, 0.5]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     msg = wire.parse_forward_backward(_request([datum], "ppo", {"clip_low_threshold": 0.7, "mode": "x"}))
     inp = wire.forward_backward_input(msg, slot=2)
     assert inp.slot == 2 and inp.loss_fn == "ppo" and not inp.forward_only
@@ -75,7 +77,7 @@ def test_sample_request_stop_forms(stop, ids, strings):
 def test_image_chunks_are_a_user_error():
     msg = wire.parse_forward_backward(_request([types.Datum(
         model_input=types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)]),
-        loss_fn_inputs=dict(target_tokens=[1, 2, 3, 4]))]))
+        loss_fn_inputs=dict(target_tokens=[1, 2, 3, 4]))]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     with pytest.raises(InputError, match="image chunks are not supported"):
         wire.forward_backward_input(msg, slot=0)
 
@@ -95,7 +97,7 @@ def test_optim_step_metrics_cannot_overwrite_the_cookbooks_keys():
 def test_provenance_spans_become_the_sampled_target_positions():
     # As recipes.rl_loop builds it: a 3-token prompt and 4 sampled tokens; targets are shifted by one.
     datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 10, 11, 12]),
-                        loss_fn_inputs=dict(target_tokens=[2, 3, 10, 11, 12, 13], logprobs=[0.0] * 6,
+                        loss_fn_inputs=dict(target_tokens=[2, 3, 10, 11, 12, 13], logprobs=[0.0] * 6,  # pyright: ignore[reportArgumentType] (Datum converts lists)
                                             advantages=[0, 0, 1, 1, 1, 1]))
     datum = datum.with_provenance(
         model_input=[types.PromptProvenanceSpan(sequence_id="q", length=3),
@@ -104,7 +106,7 @@ def test_provenance_spans_become_the_sampled_target_positions():
                         types.SampledProvenanceSpan(sequence_id="q", length=4)])
     inp = wire.forward_backward_input(wire.parse_forward_backward(_request([datum], "stable_reinforce")), slot=0)
     assert inp.data[0].sampled_mask.tolist() == [0, 0, 1, 1, 1, 1]
-    plain = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs=dict(target_tokens=[2, 3]))
+    plain = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs=dict(target_tokens=[2, 3]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
     assert wire.forward_backward_input(wire.parse_forward_backward(_request([plain])), slot=0).data[0].sampled_mask is None
 
 

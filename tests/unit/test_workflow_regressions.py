@@ -65,7 +65,7 @@ async def test_conflicting_seq_id_is_refused_even_while_the_first_is_in_flight(t
 
 
 async def test_close_completes_and_frees_the_slot_while_an_op_waits_for_a_missing_seq(tinker: Tinker) -> None:
-    sid, session = await tinker.start_session()
+    sid, _session = await tinker.start_session()
     model_id, run = await tinker.ready_run(sid, 1)
     orphan = await tinker.submit(run, tinker.fwd(2))  # seq 1 never arrives
     await run.signal(TrainingRunWorkflow.close, "session finished")

@@ -127,7 +127,7 @@ def lora_config_from_peft(config: dict[str, Any]) -> LoraConfig:
 
 def peft_scaling(config: dict[str, Any]) -> float:
     """PEFT's LoRA scaling for an adapter_config.json: lora_alpha / r (or / sqrt(r) with use_rslora)."""
-    alpha, rank = config.get("lora_alpha", 8), config.get("r")
+    alpha, rank = config.get("lora_alpha", 8), config["r"]  # r: checked by lora_config_from_peft
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
         raise InputError(f"{ADAPTER_CONFIG}: lora_alpha must be a positive number, got {alpha!r}")
     if config.get("use_rslora", False) not in (True, False):

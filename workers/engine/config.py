@@ -52,7 +52,7 @@ class ModelConfig:
             )
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         """Build from a parsed config.json; raises ValueError for anything this engine cannot run exactly."""
         model_type = hf.get("model_type")
         if model_type not in _FAMILIES:

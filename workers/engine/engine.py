@@ -10,7 +10,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -128,7 +128,7 @@ class Engine:
         gradient_checkpointing: bool = False,
         dtype: Any = None,
         snapshot_budget_bytes: int = 0,
-    ) -> "Engine":
+    ) -> Engine:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
@@ -152,6 +152,7 @@ class Engine:
             num_layers=cfg.num_layers,
             hidden_size=cfg.hidden_size,
         )
+        assert loaded.placement is not None  # as_mesh always gives load_model a mesh
         mesh_shape = dict(loaded.placement.mesh.shape)
         log.info(
             "loaded %s (%s, %d layers, vocab %d, %s weights, mesh %s%s) with %d LoRA slots of rank <= %d in %.1fs",
@@ -484,7 +485,7 @@ class Engine:
         if not valid:
             return results  # type: ignore[return-value]
 
-        keys = tuple(dict.fromkeys(requests[r].snapshot for r, _ in valid if requests[r].snapshot is not None))
+        keys = tuple(dict.fromkeys(s for r, _ in valid if (s := requests[r].snapshot) is not None))
         stack_index = {k: i for i, k in enumerate(keys)}
         rows: list[SampleRow] = []
         owner: list[int] = []
@@ -497,7 +498,7 @@ class Engine:
                 rows.append(SampleRow(
                     prompt=p, max_tokens=min(req.max_tokens, max_len - len(p)), temperature=float(req.temperature),
                     top_k=int(req.top_k), top_p=float(req.top_p), seed=seed, sample_index=j, stop_ids=stops,
-                    adapter=stack_index[req.snapshot] if snap is not None else -1,
+                    adapter=stack_index[req.snapshot] if req.snapshot is not None else -1,
                     scale=snap.scale if snap is not None else 0.0,
                     prompt_logprobs=(bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0,
                     topk_prompt_logprobs=int(req.topk_prompt_logprobs) if j == 0 else 0,
@@ -511,7 +512,7 @@ class Engine:
         for r, _ in valid:
             results[r] = SampleResult(sequences=[])
         for r, out in zip(owner, outputs):
-            res = results[r]
+            res = cast(SampleResult, results[r])  # made just above for every row that has outputs
             res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason))
             if out.prompt_logprobs is not None and requests[r].include_prompt_logprobs:
                 res.prompt_logprobs = [None] + out.prompt_logprobs

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Any, Callable, Hashable
+from typing import Any
+from collections.abc import Callable, Hashable
 
 import jax
 

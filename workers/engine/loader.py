@@ -116,7 +116,7 @@ def load_model(
     max_rank: int,
     progress: bool = True,
     dtype: Any = jnp.float32,
-    mesh: "Mesh | None" = None,
+    mesh: Mesh | None = None,
     remat: bool = False,
 ) -> LoadedModel:
     """Read the checkpoint into base state (matrices in `dtype`, norms float32) and zero float32 LoRA state.
@@ -150,7 +150,7 @@ def load_model(
     skipped = []
     for f in files:
         with safe_open(f, framework="flax") as st:
-            for name in st.keys():
+            for name in st.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 bar.update(1)
                 if experts.take(name, st):
                     continue

@@ -66,6 +66,7 @@ def _stacked_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: StackedLor
         h = jnp.where(keep, h * routing.scale[:, None, None], 0.0)
         d = jnp.where(keep, jnp.matmul(h, b[s], preferred_element_type=jnp.float32), 0.0)
         out = d if out is None else out + d  # other adapters add an exact 0.0
+    assert out is not None  # the stack has a row for the base model at least
     return out
 
 

@@ -68,7 +68,7 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
         raise ValueError(f"coordinator_address must be host:port, got {coordinator_address!r}")
     import jax
 
-    if not jax.config.jax_cpu_collectives_implementation:
+    if not jax.config.jax_cpu_collectives_implementation:  # pyright: ignore[reportAttributeAccessIssue] (unstubbed flag)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,

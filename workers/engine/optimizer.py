@@ -60,7 +60,7 @@ class OptState:
     count: jax.Array  # int32 [S]
 
     @classmethod
-    def zeros_like(cls, lora: Any) -> "OptState":
+    def zeros_like(cls, lora: Any) -> OptState:
         zeros = jax.tree.map(jnp.zeros_like, lora)
         num_slots = jax.tree.leaves(lora)[0].shape[0]
         return cls(mu=zeros, nu=jax.tree.map(jnp.zeros_like, lora), count=jnp.zeros((num_slots,), jnp.int32))
@@ -144,7 +144,7 @@ def adamw_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, pac
 
 @partial(jax.jit, static_argnames=("placement",), donate_argnames=("lora", "grads", "opt"))
 def write_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, values: tuple[list, list, list],
-                      count: jax.Array, *, placement: "Placement | None" = None):  # fmt: skip
+                      count: jax.Array, *, placement: Placement | None = None):  # fmt: skip
     """Write-only half: `slot`'s weights, moments (`values` from adamw_slot_values) and step count set and its
     gradient accumulator zeroed, in place on the donated buffers; with a placement, outputs keep its shardings."""
 
@@ -161,7 +161,7 @@ def write_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, val
     return lora, grads, OptState(mu=mu, nu=nu, count=count)
 
 
-def adamw_slot_step(lora: Any, grads: Any, opt: OptState, slot: Any, packed: Any, placement: "Placement | None" = None):
+def adamw_slot_step(lora: Any, grads: Any, opt: OptState, slot: Any, packed: Any, placement: Placement | None = None):
     """One AdamW step of `slot` (lora, grads and opt are donated); returns (lora, grads with the slot zeroed, opt,
     metrics float32 [grad_norm before clipping, step]) with the metrics still on the device."""
     values, count, metrics = adamw_slot_values(lora, grads, opt, slot, packed)

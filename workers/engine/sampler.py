@@ -30,7 +30,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -329,7 +329,7 @@ class SampleRow:
 class RowOutput:
     tokens: list[int]
     logprobs: list[float]
-    stop_reason: str
+    stop_reason: Literal["stop", "length"]
     prompt_logprobs: list[float] | None = None  # [P - 1], for rows that asked
     # (token ids int32 [P - 1, k], log-probs float32 [P - 1, k]), for rows that asked for k > 0
     topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
@@ -427,8 +427,9 @@ class SlotSampler:
             max_tokens[i] = row.max_tokens
             stop_ids[i, : len(row.stop_ids)] = row.stop_ids
         put = self.placement.put_batch
-        params = put(RowParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seeds, sample_index=sample_index,
-                               max_tokens=max_tokens, stop_ids=stop_ids))  # fmt: skip
+        # numpy leaves, placed by put_batch; the fields name the traced type.
+        params = put(RowParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seeds, sample_index=sample_index,  # pyright: ignore[reportArgumentType]
+                               max_tokens=max_tokens, stop_ids=stop_ids))  # fmt: skip  # pyright: ignore[reportArgumentType]
         length = int(slots.tokens.shape[1])
         s = _stack_size(lora)
         label = f"slots={b} cache={length} adapters={s} stops={m} rows={r} prompt={plen}"
@@ -498,6 +499,7 @@ class SlotSampler:
                     occupant[s] = i
                     release[s] = False
                     if rows[i].prompt_logprobs:
+                        assert host_lp is not None  # a row that asks makes plp true, so prompt_lp is set
                         results[i] = _prompt_scores(rows[i], j, host_lp)
             strings = any(rows[i].stop_strings for i in occupant.values())
             steps = STOP_STRING_CHUNK if strings else length
@@ -515,7 +517,7 @@ class SlotSampler:
                     checked[i] = k
                 if cut is None and not done[s]:
                     continue
-                reason = "stop" if hit[s] else "length"
+                reason: Literal["stop", "length"] = "stop" if hit[s] else "length"
                 if cut is not None and cut <= k:
                     k, reason = cut, "stop"
                     release[s] = not done[s]

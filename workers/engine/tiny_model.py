@@ -71,7 +71,8 @@ SHAPE: dict[str, Any] = {
 
 # Qwen2/Qwen3's pre-tokenizer split (digits one at a time, words with their leading space or punctuation mark).
 QWEN_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 # ChatML, as Qwen uses it (no system-prompt or tool logic: enough for renderers that apply a chat template).
@@ -293,6 +294,7 @@ def _write_model(
 
     tok = build_tokenizer(SHAPE["vocab_size"])
     eos_id = tok.token_to_id(EOS_TOKEN)
+    assert eos_id is not None  # the vocabulary built above includes EOS
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,

@@ -79,20 +79,21 @@ def pack(rows: list[Row], batch: int, seq: int, k: int) -> TrainBatch:
         seq_mask[i, :n] = r.seq_mask
         per_row[:, i] = (r.clip_low, r.clip_high, r.beta, r.scale, float(r.train), r.loss_id)
         slots[i] = r.slot
+    # numpy leaves (host side, see the docstring): the jit call moves them; the fields name the traced type.
     return TrainBatch(
-        tokens=tokens,
-        targets=targets,
-        routing=LoraRouting(adapter=slots, scale=per_row[3]),
+        tokens=tokens,  # pyright: ignore[reportArgumentType]
+        targets=targets,  # pyright: ignore[reportArgumentType]
+        routing=LoraRouting(adapter=slots, scale=per_row[3]),  # pyright: ignore[reportArgumentType]
         loss=LossInputs(
             loss_id=per_row[5].astype(np.int32),
-            weights=weights,
-            mask=mask,
-            sampler_logprobs=old_lp,
-            advantages=adv,
+            weights=weights,  # pyright: ignore[reportArgumentType]
+            mask=mask,  # pyright: ignore[reportArgumentType]
+            sampler_logprobs=old_lp,  # pyright: ignore[reportArgumentType]
+            advantages=adv,  # pyright: ignore[reportArgumentType]
             clip_low=per_row[0],
             clip_high=per_row[1],
             beta=per_row[2],
-            seq_mask=seq_mask,
+            seq_mask=seq_mask,  # pyright: ignore[reportArgumentType]
         ),
         train=per_row[4],
     )
@@ -136,7 +137,7 @@ class StepFunctions:
         self.placement = placement
 
         def grad_step(lora, base, acc, batch):
-            grad_fn = jax.value_and_grad(lambda l: _forward(graphdef, l, base, batch), has_aux=True)
+            grad_fn = jax.value_and_grad(lambda lo: _forward(graphdef, lo, base, batch), has_aux=True)
             (_, (target_lp, per_token)), grads = grad_fn(lora)
             acc = placement.constrain_params(jax.tree.map(jnp.add, acc, grads))
             return acc, *placement.constrain_batch((target_lp, per_token))

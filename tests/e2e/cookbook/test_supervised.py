@@ -70,7 +70,7 @@ def test_supervised_train_main_loss_falls_checkpoints_and_resume_after_a_crash(c
     assert_steps_contiguous_from_zero(before)
 
     # Resume from log_path: the loop finds checkpoints.jsonl and continues from its last training state.
-    asyncio.run(train.main(build_config(*args[:4], STEPS)))
+    asyncio.run(train.main(build_config(*args[:4], STEPS)))  # pyright: ignore[reportCallIssue] (args holds the first four)
     rows = read_metrics(log_path)
     steps = assert_steps_contiguous_from_zero(rows)
     assert steps == list(range(STEPS)), steps

@@ -18,7 +18,7 @@ TOKENS = [[5, 17, 42, 99, 3, 250, 7, 11], [8, 1, 300, 64, 2, 9]]
 def _data():
     from tinker import types
 
-    return [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]), loss_fn_inputs={"target_tokens": t[1:]})
+    return [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]), loss_fn_inputs={"target_tokens": t[1:]})  # pyright: ignore[reportArgumentType] (Datum converts lists)
             for t in TOKENS]  # fmt: skip
 
 

@@ -1,0 +1,13 @@
+# See __init__.pyi: the X25519 keys of pyrage, as far as tinkerflow uses them.
+from typing import Self
+
+class Recipient:
+    @classmethod
+    def from_str(cls, v: str) -> Self: ...
+
+class Identity:
+    @classmethod
+    def from_str(cls, v: str) -> Self: ...
+    @classmethod
+    def generate(cls) -> Self: ...
+    def to_public(self) -> Recipient: ...
