@@ -45,7 +45,8 @@ class AdapterSlots:
         self.configs: dict[int, LoraConfig] = {}
 
         def write_slot(tree, slot, values):
-            return placement.constrain_params(jax.tree.map(lambda x, v: x.at[slot].set(v.astype(x.dtype)), tree, values))
+            written = jax.tree.map(lambda x, v: x.at[slot].set(v.astype(x.dtype)), tree, values)
+            return placement.constrain_params(written)
 
         def zero_slot(tree, slot):
             # Any pytree whose leaves carry the adapter axis first (LoRA-shaped trees, OptState with its counts).
@@ -179,14 +180,15 @@ class AdapterSlots:
         self.check_slot(slot, allocated=False)
         self.check_rank(state.config)
         weights = self.full(state.config, state.weights, "weights")
+        moments = None
         if optimizer:
             if not (isinstance(state.step, (int, np.integer)) and 0 <= state.step < 2**31):
                 raise InputError(f"optimizer step {state.step!r} must be an integer in [0, 2**31)")
-            mu, nu = self.full(state.config, state.mu, "mu"), self.full(state.config, state.nu, "nu")
+            moments = self.full(state.config, state.mu, "mu"), self.full(state.config, state.nu, "nu")
         self.lora = self.write_slot(self.lora, np.int32(slot), weights)
         self.zero_training_state(slot)
-        if optimizer:
-            s = np.int32(slot)
+        if moments is not None:
+            s, (mu, nu) = np.int32(slot), moments
             self.opt = self.put_opt(OptState(
                 mu=self.write_slot(self.opt.mu, s, mu), nu=self.write_slot(self.opt.nu, s, nu),
                 count=self.opt.count.at[slot].set(int(state.step)),

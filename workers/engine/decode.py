@@ -144,7 +144,9 @@ def _constrain(slots: Slots, placement: Placement) -> Slots:
     return Slots(cache=cache, **rest)
 
 
-def empty_slots(config: ModelConfig, dtype: Any, placement: Placement, *, slots: int, cache_len: int, stops: int) -> Slots:
+def empty_slots(
+    config: ModelConfig, dtype: Any, placement: Placement, *, slots: int, cache_len: int, stops: int
+) -> Slots:
     b = slots
     zeros = lambda shape, dt: jnp.zeros(shape, dt)  # noqa: E731
     params = RowParams(

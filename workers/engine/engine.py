@@ -146,7 +146,7 @@ class Engine:
             num_layers=cfg.num_layers,
             hidden_size=cfg.hidden_size,
         )
-        mesh_shape = dict(loaded.placement.mesh.shape)
+        mesh_shape = dict(loaded.placement.mesh.shape) if loaded.placement is not None else {}
         log.info(
             "loaded %s (%s, %d layers, vocab %d, %s weights, mesh %s%s) with %d LoRA slots of rank <= %d in %.1fs",
             path, cfg.arch, cfg.num_layers, cfg.vocab_size, _base_dtype(loaded.base), mesh_shape,

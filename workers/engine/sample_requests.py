@@ -43,7 +43,7 @@ def sample(
     if not valid:
         return results  # type: ignore[return-value]
 
-    keys = tuple(dict.fromkeys(requests[r].snapshot for r, _ in valid if requests[r].snapshot is not None))
+    keys = tuple(dict.fromkeys(key for r, _ in valid if (key := requests[r].snapshot) is not None))
     stack_index = {k: i for i, k in enumerate(keys)}
     rows: list[SampleRow] = []
     owner: list[int] = []
@@ -51,13 +51,14 @@ def sample(
         req = requests[r]
         seed = seed_words(int(req.seed if req.seed is not None else secrets.randbits(64)))
         stops = list(info.eos_token_ids) if req.stop_token_ids is None else list(req.stop_token_ids)
-        snap = snapshots[req.snapshot] if req.snapshot is not None else None
+        adapter, scale = -1, 0.0  # the base model
+        if req.snapshot is not None:
+            adapter, scale = stack_index[req.snapshot], snapshots[req.snapshot].scale
         for j in range(req.num_samples):
             rows.append(SampleRow(
                 prompt=p, max_tokens=min(req.max_tokens, max_len - len(p)), temperature=float(req.temperature),
                 top_k=int(req.top_k), top_p=float(req.top_p), seed=seed, sample_index=j, stop_ids=stops,
-                adapter=stack_index[req.snapshot] if snap is not None else -1,
-                scale=snap.scale if snap is not None else 0.0,
+                adapter=adapter, scale=scale,
                 prompt_logprobs=(bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0,
                 topk_prompt_logprobs=int(req.topk_prompt_logprobs) if j == 0 else 0,
                 stop_strings=list(req.stop_strings),
@@ -67,15 +68,16 @@ def sample(
     t0 = time.perf_counter()
     outputs = sampler.run(rows, snapshots.lora_stack(keys), base)
     log.debug("sample: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
-    for r, _ in valid:
-        results[r] = SampleResult(sequences=[])
+    answers = {r: SampleResult(sequences=[]) for r, _ in valid}
     for r, out in zip(owner, outputs):
-        res = results[r]
+        res = answers[r]
         res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason))
         if out.prompt_logprobs is not None and requests[r].include_prompt_logprobs:
             res.prompt_logprobs = [None] + out.prompt_logprobs
         if out.topk_prompt_logprobs is not None:
             res.topk_prompt_logprobs = _pad_first_position(*out.topk_prompt_logprobs)
+    for r, res in answers.items():
+        results[r] = res
     return results  # type: ignore[return-value]
 
 

@@ -53,7 +53,9 @@ def forward_backward(
                 o = outputs[i]
                 shape_1d = requests[r].data[i - lo].inputs["target_tokens"]
                 lp = o.target_logprobs if np.ndim(shape_1d) == 2 else o.target_logprobs[:, 0]
-                per_datum.append({"logprobs": lp.astype(np.float32), "elementwise_loss": o.token_loss.astype(np.float32)})
+                per_datum.append(
+                    {"logprobs": lp.astype(np.float32), "elementwise_loss": o.token_loss.astype(np.float32)}
+                )
                 total += float(np.sum(o.token_loss, dtype=np.float64))
             results[r] = ForwardBackwardResult(outputs=per_datum, metrics={"loss:sum": total})
     return results  # type: ignore[return-value]
