@@ -7,12 +7,17 @@ the engine holds device state and is not re-entrant, and JAX already uses every 
 Multi-host (`--num-processes N > 1`, one process per host): every process joins jax.distributed and loads the engine
 on a mesh over all their devices; process 0 alone talks to Temporal, through a `DrivenEngine` that has the others
 replay each engine call (`follow`), so all of them run the same SPMD steps (workers/engine/multihost.py).
+
+Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
+compiles the sampler's programs for the shapes a first sample usually has (`SamplerWarmUp`), so that first sample
+waits for no compile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import socket
 import uuid
@@ -31,6 +36,7 @@ from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
+from tinkerflow.workers.engine.types import SamplerWarmUp
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -43,7 +49,9 @@ def stable_worker_id(settings: Settings) -> str:
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
-                worker_id: str | None = None) -> None:
+                worker_id: str | None = None, warm_up: SamplerWarmUp | None = SamplerWarmUp()) -> None:
+    """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered. `warm_up`: the
+    sampler shapes compiled before registering (None: none, each compiles at its first use)."""
     from tinkerflow.activities.engine_activities import EngineActivities
 
     _enable_compile_cache(settings)
@@ -62,9 +70,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
     metrics.ADAPTER_SLOTS_TOTAL.set(settings.max_lora_adapters)
     name, local_path = resolve_base_model(settings)
     client = await connect(settings)
-    engine = await asyncio.to_thread(load_engine, settings, local_path)
-    if multi_host:  # every engine call is replayed by the other processes first (multihost.py)
-        engine = multihost.DrivenEngine(engine)
+    engine = await asyncio.to_thread(start_engine, settings, local_path, warm_up=warm_up)
     card = ModelCard(name=name, arch=engine.info.arch, local_path=str(engine.model_path),
                      vocab_size=engine.info.vocab_size, max_context=engine.info.max_position_embeddings)
     worker_id = worker_id or stable_worker_id(settings)
@@ -124,6 +130,20 @@ def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.
 
     return Worker(client, task_queue=queue, activities=[run_batch], activity_executor=executor,
                   max_concurrent_activities=1, max_heartbeat_throttle_interval=timedelta(seconds=HEARTBEAT_EVERY_S))
+
+
+def start_engine(settings: Settings, local_path: str, *, warm_up: SamplerWarmUp | None = SamplerWarmUp()):
+    """Process 0's engine, ready for work: loaded, driven when the worker spans several processes (every engine call
+    is replayed by the others first, multihost.py), and its sampler compiled for `warm_up`'s shapes (on every
+    process: the warm-up is an engine call like any other)."""
+    engine = load_engine(settings, local_path)
+    if settings.num_processes > 1:
+        from tinkerflow.workers.engine import multihost
+
+        engine = multihost.DrivenEngine(engine)
+    if warm_up is not None:
+        engine.warm_up_sampler(**dataclasses.asdict(warm_up))
+    return engine
 
 
 def load_engine(settings: Settings, local_path: str):

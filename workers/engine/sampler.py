@@ -1,11 +1,12 @@
-"""Continuous-batching sampler: a fixed set of decode slots, rows admitted into free slots, KV-cache decoding.
+"""Continuous-batching sampler, host side: a fixed set of decode slots, rows admitted into free slots, KV-cache decoding.
 
 Every sample of every request is one *row*. A `sample` call queues its rows; `SlotSampler.run` admits them into a
 fixed number of decode slots (a row bucket such as 8/64/256), prefills the newly admitted rows (their keys and values
 are written into their slots' part of the one shared KV cache), and runs jitted decode chunks over all slots at once.
 A row that finishes frees its slot; waiting rows are admitted at the next chunk boundary. Rows of different
-snapshots share decode steps: each slot carries its adapter index into a small stack of snapshot LoRAs (dense
-matmuls over the stack, see `StackedLoraRouting`), its own position, sampling parameters, PRNG stream and stop ids.
+snapshots share decode steps: each slot carries its adapter index into a small stack of snapshot LoRAs, its own
+position, sampling parameters, PRNG stream and stop ids. The device programs (slot state, sampling maths, the
+jitted admit and decode steps) are in `decode.py`; this module schedules rows onto them.
 
 Shapes are bucketed so a steady workload compiles nothing new: slots (a few row buckets), cache length (a power of
 two, at least MIN_CACHE_LEN), prompt length (round_up_seq_len), stop-id width and
@@ -14,13 +15,7 @@ adapter-stack size (powers of two); admissions always take slots/8 rows (several
 admission for every slot bucket, so coordinator batches of varying size
 (4 rows, then 252, ...) never compile in the middle of a workload; `warm_up` does the same ahead of time.
 
-A row's randomness depends only on (seed, sample index, token index): one uniform per row and step, turned into a
-token by inverse-CDF over the (temperature-scaled, top-k/top-p-filtered) distribution, so a seed reproduces its
-samples whatever else is in the batch. top-k/top-p filtering (a full-vocab sort) runs only in steps where some row
-uses it. Stop token ids are checked on device; stop strings on the host between chunks (only when some row has them).
-
-Reported logprobs are log_softmax of the unmodified logits (temperature 1, no top-k/top-p), the quantity the
-trainer computes, so sampler and trainer agree for the same weights.
+Stop token ids are checked on device; stop strings here, on the host, between chunks (only when some row has them).
 """
 
 from __future__ import annotations
@@ -40,10 +35,16 @@ from flax import nnx
 from tinkerflow.common.settings import env_setting
 
 from .config import ModelConfig, round_up_pow2, round_up_seq_len
+# The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
+from .decode import MAX_TOPK_PROMPT_LOGPROBS, RowParams, Slots, admit, decode, empty_slots
 from .jit_cache import AotCache
-from .lora import StackedLoraRouting
-from .model import LayerCache, empty_cache
 from .sharding import Placement
+
+__all__ = [
+    "DEFAULT_SAMPLE_SLOTS", "MAX_TOPK_PROMPT_LOGPROBS", "MIN_CACHE_LEN", "MIN_STOP_IDS", "STOP_STRING_CHUNK",
+    "RowOutput", "RowParams", "SampleRow", "SlotSampler", "Slots", "admission_rows", "first_stop_string_end",
+    "seed_words", "slot_buckets",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -55,255 +56,6 @@ STOP_STRING_CHUNK = 16
 MIN_CACHE_LEN = 128
 # Smallest stop-id width (stop lists are padded with -1 to a power of two).
 MIN_STOP_IDS = 8
-# Block size of the two-level inverse-CDF search.
-_CDF_BLOCK = 64
-# Prompt scoring always computes this many top tokens per prompt position (one compiled program whatever k a
-# request asks for); each row keeps its own k <= this. Distillation recipes ask for k around 20.
-MAX_TOPK_PROMPT_LOGPROBS = 20
-
-
-@jax.tree_util.register_dataclass
-@dataclass
-class RowParams:
-    """Per-row sampling settings."""
-
-    temperature: jax.Array  # float32 [B]; 0 = greedy
-    top_k: jax.Array  # int32 [B]; <= 0 = off
-    top_p: jax.Array  # float32 [B]; 1 = off
-    seed: jax.Array  # uint32 [B, 2] (low, high words)
-    sample_index: jax.Array  # int32 [B]
-    max_tokens: jax.Array  # int32 [B]
-    stop_ids: jax.Array  # int32 [B, M]; -1 = unused
-
-
-@jax.tree_util.register_dataclass
-@dataclass
-class Slots:
-    """The decode slots: KV cache, per-slot parameters and routing, and generation state. Free slots are done."""
-
-    cache: list[LayerCache]  # [B, L, kv_heads, head_dim] per layer
-    params: RowParams
-    adapter: jax.Array  # int32 [B]: index into the LoRA stack, -1 = base model
-    scale: jax.Array  # float32 [B]
-    last_token: jax.Array  # int32 [B]: the token to feed next
-    pos: jax.Array  # int32 [B]: its position
-    n_gen: jax.Array  # int32 [B]: tokens generated so far
-    done: jax.Array  # bool [B]
-    hit_stop_id: jax.Array  # bool [B]: finished on a stop token (vs. max_tokens)
-    tokens: jax.Array  # int32 [B, L]
-    logprobs: jax.Array  # float32 [B, L]
-
-
-# ---------------------------------------------------------------------------------------------- device functions
-
-
-def _filter_top_k_top_p(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Mask logits outside each row's top-k, then outside the smallest set whose probability reaches top_p."""
-    vocab = scaled.shape[-1]
-    k = jnp.where(top_k <= 0, vocab, jnp.minimum(top_k, vocab))
-    ordered = -jnp.sort(-scaled, axis=-1)
-    kth = jnp.take_along_axis(ordered, (k - 1)[:, None], axis=-1)
-    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
-    ordered = jnp.where(jnp.arange(vocab)[None, :] < k[:, None], ordered, -jnp.inf)
-    probs = jax.nn.softmax(ordered, axis=-1)
-    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]  # the most likely token is always kept
-    last_kept = jnp.maximum(jnp.sum(keep, axis=-1) - 1, 0)
-    threshold = jnp.take_along_axis(ordered, last_kept[:, None], axis=-1)
-    return jnp.where(scaled < threshold, -jnp.inf, scaled)
-
-
-def _uniforms(p: RowParams, step: jax.Array) -> jax.Array:
-    """One uniform in [0, 1) per row from (seed, sample index, token index) alone."""
-
-    def one(seed, index, t):
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed[0]), seed[1]), index), t)
-        return jax.random.uniform(key, (), jnp.float32)
-
-    return jax.vmap(one)(p.seed, p.sample_index, step)
-
-
-def _last_true(mask: jax.Array) -> jax.Array:
-    return mask.shape[-1] - 1 - jnp.argmax(mask[..., ::-1], axis=-1)
-
-
-def _inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
-    """Index i with P(i) = weights[i] / sum(weights) for u ~ U[0, 1), per row; O(vocab) with a two-level search
-    (block sums, then a cumulative sum inside the chosen block). Never returns a zero-weight index."""
-    b, vocab = weights.shape
-    pad = (-vocab) % _CDF_BLOCK
-    blocks = jnp.pad(weights, ((0, 0), (0, pad))).reshape(b, -1, _CDF_BLOCK)
-    sums = jnp.sum(blocks, axis=-1)  # [B, NB]
-    ends = jnp.cumsum(sums, axis=-1)
-    target = u * ends[:, -1]
-    blk = jnp.minimum(jnp.sum(ends <= target[:, None], axis=-1), blocks.shape[1] - 1)
-    inner = jnp.take_along_axis(blocks, blk[:, None, None], axis=1)[:, 0]  # [B, BLOCK]
-    start = jnp.take_along_axis(ends - sums, blk[:, None], axis=-1)
-    positive = inner > 0
-    hit = ((start + jnp.cumsum(inner, axis=-1)) > target[:, None]) & positive
-    within = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), _last_true(positive))
-    # Rounding can only land on a block without weight when the row's mass is all elsewhere: take its mode.
-    return jnp.where(jnp.any(positive, axis=-1), blk * _CDF_BLOCK + within, jnp.argmax(weights, axis=-1))
-
-
-def _choose(logits: jax.Array, p: RowParams, step: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Next token per row and its log-prob under the unmodified model distribution."""
-    scaled = logits / jnp.maximum(p.temperature, 1e-6)[:, None]
-    filtering = jnp.any((p.top_k > 0) | (p.top_p < 1))
-    scaled = jax.lax.cond(filtering, _filter_top_k_top_p, lambda s, k, q: s, scaled, p.top_k, p.top_p)
-    weights = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
-    drawn = _inverse_cdf(weights, _uniforms(p, step))
-    token = jnp.where(p.temperature == 0, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    return token, jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0] - lse
-
-
-def _is_stop(token: jax.Array, p: RowParams) -> jax.Array:
-    return jnp.any(token[:, None] == p.stop_ids, axis=-1)
-
-
-def _constrain(slots: Slots, placement: Placement) -> Slots:
-    """Pin the slots to their layout (cache rows on fsdp and kv heads on tp, the rest rows on fsdp), so every
-    compiled function takes and returns the same shardings."""
-    cache_sharding = placement.cache_sharding()
-    cache = [LayerCache(*(jax.lax.with_sharding_constraint(x, cache_sharding) for x in c)) for c in slots.cache]
-    rest = placement.constrain_batch({k: v for k, v in vars(slots).items() if k != "cache"})
-    return Slots(cache=cache, **rest)
-
-
-def empty_slots(config: ModelConfig, dtype: Any, placement: Placement, *, slots: int, cache_len: int, stops: int) -> Slots:
-    b = slots
-    zeros = lambda shape, dt: jnp.zeros(shape, dt)  # noqa: E731
-    params = RowParams(
-        temperature=zeros((b,), jnp.float32), top_k=zeros((b,), jnp.int32), top_p=jnp.ones((b,), jnp.float32),
-        seed=zeros((b, 2), jnp.uint32), sample_index=zeros((b,), jnp.int32), max_tokens=jnp.ones((b,), jnp.int32),
-        stop_ids=jnp.full((b, stops), -1, jnp.int32),
-    )  # fmt: skip
-    out = Slots(
-        cache=empty_cache(config, b, cache_len, dtype), params=params,
-        adapter=jnp.full((b,), -1, jnp.int32), scale=zeros((b,), jnp.float32),
-        last_token=zeros((b,), jnp.int32), pos=zeros((b,), jnp.int32), n_gen=zeros((b,), jnp.int32),
-        done=jnp.ones((b,), bool), hit_stop_id=zeros((b,), bool),
-        tokens=zeros((b, cache_len), jnp.int32), logprobs=zeros((b, cache_len), jnp.float32),
-    )  # fmt: skip
-    return _constrain(out, placement)
-
-
-def admit(
-    graphdef: nnx.GraphDef,
-    placement: Placement,
-    lora: Any,
-    base: Any,
-    slots: Slots,
-    prompt: jax.Array,  # int32 [R, P]
-    prompt_len: jax.Array,  # int32 [R]
-    index: jax.Array,  # int32 [R]: the slot each row goes to; out of range (= slots) for padding rows
-    params: RowParams,  # [R]
-    adapter: jax.Array,  # int32 [R]
-    scale: jax.Array,  # float32 [R]
-    *,
-    prompt_logprobs: bool,
-) -> tuple[Slots, tuple[jax.Array, jax.Array, jax.Array] | None]:
-    """Prefill R new rows, sample their first token and write them (cache, parameters, state) into their slots.
-
-    With `prompt_logprobs`, also scores the prompt: (log-prob of each prompt token [R, P-1], and the
-    MAX_TOPK_PROMPT_LOGPROBS most likely tokens at each position, ids and log-probs [R, P-1, K]).
-    """
-    model = nnx.merge(graphdef, lora, base)
-    r, plen = prompt.shape
-    routing = StackedLoraRouting(adapter=adapter, scale=scale)
-    positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (r, plen))
-    local = empty_cache(model.config, r, plen, model.dtype)
-    h, local = model.hidden(prompt, positions, routing, local)
-    last = jnp.take_along_axis(h, (prompt_len - 1)[:, None, None], axis=1)  # [R, 1, H]
-    logits = model.logits(last, routing)[:, 0]
-    token, lp = _choose(logits, params, jnp.zeros((r,), jnp.int32))
-    hit = _is_stop(token, params)
-    length = slots.tokens.shape[1]
-
-    def put(dst, src):
-        return dst.at[index].set(src.astype(dst.dtype), mode="drop")
-
-    cols = jnp.arange(plen)[None, :]
-    cache = [
-        LayerCache(
-            old.k.at[index[:, None], cols].set(new.k.astype(old.k.dtype), mode="drop"),
-            old.v.at[index[:, None], cols].set(new.v.astype(old.v.dtype), mode="drop"),
-        )
-        for old, new in zip(slots.cache, local)
-    ]
-    out = Slots(
-        cache=cache,
-        params=jax.tree.map(put, slots.params, params),
-        adapter=put(slots.adapter, adapter),
-        scale=put(slots.scale, scale),
-        last_token=put(slots.last_token, token),
-        pos=put(slots.pos, prompt_len),
-        n_gen=put(slots.n_gen, jnp.ones((r,), jnp.int32)),
-        done=put(slots.done, hit | (params.max_tokens <= 1)),
-        hit_stop_id=put(slots.hit_stop_id, hit),
-        tokens=put(slots.tokens, jnp.zeros((r, length), jnp.int32).at[:, 0].set(token)),
-        logprobs=put(slots.logprobs, jnp.zeros((r, length), jnp.float32).at[:, 0].set(lp)),
-    )
-    prompt_lp = None
-    if prompt_logprobs:
-        full = jax.nn.log_softmax(model.logits(h, routing), axis=-1)
-        token_lp = jnp.take_along_axis(full[:, :-1], prompt[:, 1:, None], axis=-1)[..., 0]  # [R, P-1]
-        top_lp, top_ids = jax.lax.top_k(full[:, :-1], min(MAX_TOPK_PROMPT_LOGPROBS, full.shape[-1]))
-        prompt_lp = placement.constrain_batch((token_lp, top_ids.astype(jnp.int32), top_lp))
-    return _constrain(out, placement), prompt_lp
-
-
-def decode(
-    graphdef: nnx.GraphDef,
-    placement: Placement,
-    lora: Any,
-    base: Any,
-    slots: Slots,
-    release: jax.Array,  # bool [B]: slots the host finished (stop strings); marked done first
-    steps: jax.Array,  # int32 scalar
-    target_done: jax.Array,  # int32 scalar
-) -> Slots:
-    """Up to `steps` decode steps over every slot, stopping early once `target_done` slots are done (free slots
-    count as done); finished rows keep their state."""
-    model = nnx.merge(graphdef, lora, base)
-    rows = jnp.arange(slots.tokens.shape[0])
-    length = slots.tokens.shape[1]
-    p = slots.params
-    routing = StackedLoraRouting(adapter=slots.adapter, scale=slots.scale)
-
-    def step(carry):
-        i, s = carry
-        h, cache = model.hidden(s.last_token[:, None], s.pos[:, None], routing, s.cache)
-        logits = model.logits(h, routing)[:, 0]
-        token, lp = _choose(logits, p, s.n_gen)
-        active = ~s.done
-        col = jnp.minimum(s.n_gen, length - 1)
-        hit = _is_stop(token, p) & active
-        n_gen = s.n_gen + active
-        return i + 1, Slots(
-            cache=cache,
-            params=p,
-            adapter=s.adapter,
-            scale=s.scale,
-            last_token=jnp.where(active, token, s.last_token),
-            pos=s.pos + active,
-            n_gen=n_gen,
-            done=s.done | hit | (n_gen >= p.max_tokens),
-            hit_stop_id=s.hit_stop_id | hit,
-            tokens=s.tokens.at[rows, col].set(jnp.where(active, token, s.tokens[rows, col])),
-            logprobs=s.logprobs.at[rows, col].set(jnp.where(active, lp, s.logprobs[rows, col])),
-        )
-
-    def more(carry):
-        i, s = carry
-        return (i < steps) & (jnp.sum(s.done) < target_done)
-
-    slots = Slots(**{**vars(slots), "done": slots.done | release})
-    _, slots = jax.lax.while_loop(more, step, (jnp.int32(0), slots))
-    return _constrain(slots, placement)
-
-
-# ---------------------------------------------------------------------------------------------- host side
 
 
 @dataclass

@@ -6,6 +6,10 @@ snapshots faster than they age out (an RL loop, with an 8B model at rank 32) wou
 engine keeps them in this cache, sized in bytes, and evicts the least recently sampled one when a new one would go
 over. Snapshots of saved weights (keys `tinker://…`) are reloaded from the checkpoint store on their next use; an
 ephemeral one cannot be, and a request naming it fails with a message that says so (never a hang, never garbage).
+
+`SamplerSnapshots` is the engine's record of them: taken from a training slot (a copy, so later training of the
+slot cannot change it) or loaded from named weights, dropped, and stacked on a leading axis for a sampling batch
+(`lora_stack`, the form the decode programs route rows into).
 """
 
 from __future__ import annotations
@@ -13,9 +17,19 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import round_up_pow2
+from .lora import LORA_ALPHA
+from .types import LoraConfig
+
+if TYPE_CHECKING:
+    from .adapter_slots import AdapterSlots
 
 log = logging.getLogger(__name__)
 REMEMBERED_EVICTIONS = 65536  # keys remembered as evicted, for the clear error (bounded too)
@@ -82,3 +96,74 @@ class SnapshotCache(OrderedDict):
         self.sizes.pop(key, None)
         self.evicted.pop(key, None)  # dropped on purpose: no longer "evicted"
         return super().pop(key, *default)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    lora: Any  # LoRA state without the adapter axis
+    scale: float
+
+
+class SamplerSnapshots:
+    """key -> immutable Snapshot under the byte budget (`cache`), and the stacked LoRA of a sampling batch."""
+
+    def __init__(self, slots: AdapterSlots, budget_bytes: int):
+        self._slots = slots
+        # 0: a tenth of the device's memory.
+        self.cache = SnapshotCache(budget_bytes or default_budget_bytes())
+        placement = slots.placement
+
+        def stack(snaps, like, size):
+            def one(slot_leaf, *leaves):
+                zero = jnp.zeros(slot_leaf.shape[1:], slot_leaf.dtype)
+                return jnp.stack([*leaves] + [zero] * (size - len(leaves)))
+
+            return placement.constrain_params(jax.tree.map(one, like, *snaps))
+
+        self._stack = jax.jit(stack, static_argnums=2)
+        self._stack_cache: tuple[tuple, Any] | None = None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.cache
+
+    def __getitem__(self, key: str) -> Snapshot:
+        return self.cache[key]  # marks it used
+
+    def keys(self) -> set[str]:
+        return set(self.cache)
+
+    def take(self, slot: int, key: str) -> None:
+        """Snapshot training slot `slot` as `key`."""
+        self._slots.check_slot(slot)
+        lora = self._slots.take_slot(self._slots.lora, np.int32(slot))  # a copy (see AdapterSlots.take_slot)
+        self.cache[key] = Snapshot(lora=lora, scale=self._slots.scale(slot))
+        self._stack_cache = None
+
+    def load(self, key: str, config: LoraConfig, weights: dict[str, np.ndarray]) -> None:
+        """A snapshot from named weights (as AdapterSlots.named gives them; missing ones are zero), no slot involved."""
+        self._slots.check_rank(config)
+        full = self._slots.full(config, weights, "weights")
+        # Through an adapter axis of one, so the snapshot is placed exactly as take() places one.
+        lora = self._slots.take_slot(self._slots.put_lora(jax.tree.map(lambda x: x[None], full)), np.int32(0))
+        self.cache[key] = Snapshot(lora=lora, scale=LORA_ALPHA / config.rank)
+        self._stack_cache = None
+
+    def evicted(self, key: str) -> bool:
+        """True when `key` was a snapshot here and the byte budget pushed it out (saved weights reload on demand)."""
+        return key in self.cache.evicted and key not in self.cache
+
+    def drop(self, key: str) -> None:
+        self.cache.pop(key, None)
+        self._stack_cache = None
+
+    def lora_stack(self, keys: tuple[str, ...]) -> Any:
+        """The snapshots' LoRA state stacked on a leading axis [len(keys) padded to a power of two, at least 1]."""
+        if self._stack_cache is not None and self._stack_cache[0] == keys:
+            return self._stack_cache[1]
+        stacked = self._stack(tuple(self.cache[k].lora for k in keys), self._slots.lora, round_up_pow2(len(keys)))
+        self._stack_cache = (keys, stacked)
+        return stacked
+
+    def zero_stack(self, size: int) -> Any:
+        """A stack of `size` (a power of two) zero adapters, shaped like a real one: for compiling ahead of traffic."""
+        return self._stack((), self._slots.lora, size)

@@ -116,3 +116,18 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     num_layers: int
     hidden_size: int
+
+
+@dataclass(frozen=True)
+class SamplerWarmUp:
+    """The shape families `Engine.warm_up_sampler` compiles, each for every slot bucket; the JAX worker warms these
+    before it registers. The defaults are a first request's usual shape: prompt + max_tokens within 128 tokens, a
+    prompt of up to 16 (a quick start, the test suite), the base model or one snapshot per batch, no prompt
+    logprobs. Each further prompt bucket costs one admission compile per slot bucket at every worker start (about
+    4 CPU-seconds each for the tiny test model), so longer prompts are left to compile their family at first use
+    (all slot buckets at once, so never again mid-workload)."""
+
+    cache_lens: tuple[int, ...] = (128,)  # powers of two >= 128 (sampler.MIN_CACHE_LEN): prompt + max_tokens
+    prompt_lens: tuple[int, ...] = (16,)  # prompt buckets (16, 24, 32, 48, 64, ...)
+    num_adapters: tuple[int, ...] = (1,)  # distinct snapshots in a batch (stack sizes are powers of two)
+    prompt_logprobs: tuple[bool, ...] = (False,)

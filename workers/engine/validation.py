@@ -16,7 +16,7 @@ from .losses import (
     LOSS_REQUIRED_INPUTS,
     LOSSES_NEEDING_PROVENANCE,
 )
-from .sampler import MAX_TOPK_PROMPT_LOGPROBS
+from .decode import MAX_TOPK_PROMPT_LOGPROBS
 from .train import Row
 from .types import Datum, ForwardBackwardInput, InputError, SampleInput
 

@@ -1,0 +1,65 @@
+"""The engine as the activities see it: the methods `run_batch` and the checkpoint I/O call, and nothing else.
+
+Two classes implement it: `Engine` (engine.py), which runs the calls, and the multi-host `DrivenEngine`
+(multihost.py), which first has the other processes of its group replay each call. Activities type their engine
+as `EngineApi`, so either fits, and a method added here must be added to both (tests/engine/test_interface.py
+compares the signatures). Everything else the worker or tests reach for (warm-up, named weights, the sampler's
+slot count) is outside this contract on purpose: the activities must not depend on it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .types import (
+    AdamConfig,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    InputError,
+    LoraConfig,
+    ModelInfo,
+    SampleInput,
+    SampleResult,
+    SlotState,
+)
+
+__all__ = ["EngineApi"]
+
+
+@runtime_checkable
+class EngineApi(Protocol):
+    """One base model with LoRA slots and sampler snapshots. Calls come from one thread at a time; a bad request
+    raises (or, in a batch, yields in its place) an InputError and changes no state."""
+
+    @property
+    def info(self) -> ModelInfo:
+        """The base model's facts (vocab size, context length, eos ids) the activities check requests against."""
+        ...
+
+    # adapter slots
+    def create_adapter(self, slot: int, config: LoraConfig) -> None: ...
+
+    def free_adapter(self, slot: int) -> None: ...
+
+    def export_slot(self, slot: int) -> SlotState: ...
+
+    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None: ...
+
+    # training
+    def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]: ...
+
+    def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]: ...
+
+    # sampler snapshots
+    def snapshot(self, slot: int, key: str) -> None: ...
+
+    def load_snapshot(self, key: str, config: LoraConfig, weights: dict[str, np.ndarray]) -> None: ...
+
+    def snapshot_evicted(self, key: str) -> bool: ...
+
+    def drop_snapshot(self, key: str) -> None: ...
+
+    # sampling
+    def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]: ...

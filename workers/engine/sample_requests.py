@@ -1,0 +1,104 @@
+"""Sampling requests in, results out: the engine's `sample` between `SampleInput`s and the sampler's rows.
+
+Each request is validated on its own (a bad one, or one naming an evicted snapshot, yields an InputError in its
+place); every sample of every valid request becomes one `SampleRow` routed to its snapshot's index in this batch's
+LoRA stack (-1: the base model); `SlotSampler.run` decodes them all together, and its row outputs are gathered back
+per request in the SDK's shapes (prompt logprobs with the first position padded). `warm_up` compiles the sampler's
+programs for given shape buckets ahead of traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+import numpy as np
+
+from .config import round_up_pow2
+from .sampler import MIN_STOP_IDS, SampleRow, SlotSampler, seed_words
+from .snapshots import SamplerSnapshots, evicted_message
+from .types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
+from .validation import check_sample
+
+log = logging.getLogger(__name__)
+
+
+def sample(
+    sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, requests: list[SampleInput], *, info: ModelInfo,
+) -> list[SampleResult | InputError]:  # fmt: skip
+    results: list[SampleResult | InputError | None] = [None] * len(requests)
+    max_len = info.max_position_embeddings
+    valid: list[tuple[int, np.ndarray]] = []
+    for r, req in enumerate(requests):
+        try:
+            if req.snapshot is not None and snapshots.evicted(req.snapshot):
+                raise InputError(evicted_message(req.snapshot, snapshots.cache.budget_bytes))
+            prompt = check_sample(req, vocab=info.vocab_size, max_len=max_len, snapshots=snapshots.keys())
+        except InputError as e:
+            results[r] = e
+            continue
+        valid.append((r, prompt))
+    if not valid:
+        return results  # type: ignore[return-value]
+
+    keys = tuple(dict.fromkeys(key for r, _ in valid if (key := requests[r].snapshot) is not None))
+    stack_index = {k: i for i, k in enumerate(keys)}
+    rows: list[SampleRow] = []
+    owner: list[int] = []
+    for r, p in valid:
+        req = requests[r]
+        seed = seed_words(int(req.seed if req.seed is not None else secrets.randbits(64)))
+        stops = list(info.eos_token_ids) if req.stop_token_ids is None else list(req.stop_token_ids)
+        adapter, scale = -1, 0.0  # the base model
+        if req.snapshot is not None:
+            adapter, scale = stack_index[req.snapshot], snapshots[req.snapshot].scale
+        for j in range(req.num_samples):
+            rows.append(SampleRow(
+                prompt=p, max_tokens=min(req.max_tokens, max_len - len(p)), temperature=float(req.temperature),
+                top_k=int(req.top_k), top_p=float(req.top_p), seed=seed, sample_index=j, stop_ids=stops,
+                adapter=adapter, scale=scale,
+                prompt_logprobs=(bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0,
+                topk_prompt_logprobs=int(req.topk_prompt_logprobs) if j == 0 else 0,
+                stop_strings=list(req.stop_strings),
+            ))  # fmt: skip
+            owner.append(r)
+
+    t0 = time.perf_counter()
+    outputs = sampler.run(rows, snapshots.lora_stack(keys), base)
+    log.debug("sample: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
+    answers = {r: SampleResult(sequences=[]) for r, _ in valid}
+    for r, out in zip(owner, outputs):
+        res = answers[r]
+        res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason))
+        if out.prompt_logprobs is not None and requests[r].include_prompt_logprobs:
+            res.prompt_logprobs = [None] + out.prompt_logprobs
+        if out.topk_prompt_logprobs is not None:
+            res.topk_prompt_logprobs = _pad_first_position(*out.topk_prompt_logprobs)
+    for r, res in answers.items():
+        results[r] = res
+    return results  # type: ignore[return-value]
+
+
+def warm_up(
+    sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, *, cache_lens: tuple[int, ...],
+    prompt_lens: tuple[int, ...], num_adapters: tuple[int, ...], prompt_logprobs: tuple[bool, ...],
+) -> int:  # fmt: skip
+    """Compile the decode chunk and admissions of every slot bucket for each (cache length, prompt length, adapter
+    count, prompt_logprobs) family, default stop lists; returns the number of programs compiled."""
+    t0 = time.perf_counter()
+    before = sampler.compile_count()
+    for n in num_adapters:
+        sampler.warm_up(snapshots.zero_stack(round_up_pow2(n)), base, cache_lens=cache_lens, prompt_lens=prompt_lens,
+                        stop_width=MIN_STOP_IDS, prompt_logprobs=prompt_logprobs)  # fmt: skip
+    compiled = sampler.compile_count() - before
+    log.info("sampler warm-up: %d programs in %.1fs", compiled, time.perf_counter() - t0)
+    return compiled
+
+
+def _pad_first_position(ids: np.ndarray, lps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k rows for prompt positions 1..P-1 -> P rows, row 0 the SDK's padding (nothing predicts token 0)."""
+    k = ids.shape[1]
+    return (np.concatenate([np.zeros((1, k), np.int32), ids.astype(np.int32)]),
+            np.concatenate([np.full((1, k), TOPK_PAD_LOGPROB, np.float32), lps.astype(np.float32)]))

@@ -1,0 +1,95 @@
+"""Training on the adapter slots: batched forward_backward (gradients accumulate per slot) and a per-slot AdamW step.
+
+The jitted programs are in `train.py` (the micro-batched grad step) and `optimizer.py` (AdamW on one slot's slice);
+this module turns the engine's requests into them. Each request of a batch is validated on its own: a bad one
+yields an InputError in its place and never touches any slot's state, and an optimizer step whose result would not
+be finite is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from .adapter_slots import AdapterSlots
+from .optimizer import adamw_slot_values, pack_hparams, write_slot_values
+from .train import Row, StepFunctions, run_rows
+from .types import AdamConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
+from .validation import forward_backward_rows
+
+log = logging.getLogger(__name__)
+
+
+def forward_backward(
+    slots: AdapterSlots, steps: StepFunctions, base: Any, requests: list[ForwardBackwardInput], *,
+    info: ModelInfo, micro_batch_tokens: int,
+) -> list[ForwardBackwardResult | InputError]:  # fmt: skip
+    """One pass over every valid request's rows (slots mixed in one batch); gradients add into `slots.grads`."""
+    results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
+    rows: list[Row] = []
+    spans: dict[int, tuple[int, int]] = {}
+    for r, req in enumerate(requests):
+        try:
+            slots.check_slot(req.slot)
+            new = forward_backward_rows(
+                req, slot_scale=slots.scale(req.slot), vocab=info.vocab_size, max_len=info.max_position_embeddings,
+            )  # fmt: skip
+        except InputError as e:
+            results[r] = e
+            continue
+        spans[r] = (len(rows), len(rows) + len(new))
+        rows.extend(new)
+    if rows:
+        t0 = time.perf_counter()
+        slots.grads, outputs = run_rows(steps, slots.lora, base, slots.grads, rows, micro_batch_tokens)
+        log.debug("forward_backward: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
+        for r, (lo, hi) in spans.items():
+            per_datum = []
+            total = 0.0
+            for i in range(lo, hi):
+                o = outputs[i]
+                shape_1d = requests[r].data[i - lo].inputs["target_tokens"]
+                lp = o.target_logprobs if np.ndim(shape_1d) == 2 else o.target_logprobs[:, 0]
+                per_datum.append(
+                    {"logprobs": lp.astype(np.float32), "elementwise_loss": o.token_loss.astype(np.float32)}
+                )
+                total += float(np.sum(o.token_loss, dtype=np.float64))
+            results[r] = ForwardBackwardResult(outputs=per_datum, metrics={"loss:sum": total})
+    return results  # type: ignore[return-value]
+
+
+def optim_step(slots: AdapterSlots, slot: int, adam: AdamConfig) -> dict[str, float]:
+    """AdamW on `slot` with its accumulated gradients, which it then clears; returns grad_norm, learning_rate, step."""
+    slots.check_slot(slot)
+    values = (adam.learning_rate, adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.grad_clip_norm)
+    if not all(np.isfinite(v) for v in values) or adam.learning_rate < 0 or adam.eps < 0:
+        raise InputError(f"invalid AdamConfig {adam}")
+    if not (0 <= adam.beta1 < 1 and 0 <= adam.beta2 < 1):
+        raise InputError(f"AdamConfig betas must be in [0, 1), got beta1={adam.beta1} beta2={adam.beta2}")
+    cfg = slots.configs[slot]
+    packed = pack_hparams(values, cfg.rank, (cfg.train_attn, cfg.train_mlp, cfg.train_unembed))
+    # Only the slot's slice is read and written (in place, the state is donated); the outputs keep the
+    # placement's shardings, and the two metrics come back in one small transfer.
+    new, count, metrics = adamw_slot_values(slots.lora, slots.grads, slots.opt, np.int32(slot), packed)
+    grad_norm, step, finite = np.asarray(slots.placement.to_host(metrics), np.float64).tolist()
+    if not finite:
+        # Refused before the weights or moments are written, so the run never holds NaN for good and keeps
+        # working (a lower learning_rate, or a load_state). The step consumed its gradients as a good step does:
+        # NaN ones kept in the accumulator would poison every later step.
+        slots.grads = slots.zero_slot(slots.grads, np.int32(slot))
+        why = (f"the accumulated gradients are not finite (grad_norm={grad_norm}): the forward_backward calls "
+               "since the last step produced NaN or infinity, typically because earlier steps made the weights "
+               "too large" if not np.isfinite(grad_norm) else
+               f"learning_rate={adam.learning_rate} (grad_norm={grad_norm}) would make the weights not finite")
+        raise InputError(f"optim_step not applied: {why}; the weights and Adam moments are unchanged and the "
+                         "accumulated gradients were dropped. Lower the learning_rate, or load_state an earlier "
+                         "checkpoint")
+    # Only the slot's slice is written (in place, the state is donated); the outputs keep the placement's
+    # shardings.
+    slots.lora, slots.grads, slots.opt = write_slot_values(
+        slots.lora, slots.grads, slots.opt, np.int32(slot), new, count, placement=slots.placement
+    )
+    return {"grad_norm": grad_norm, "learning_rate": float(adam.learning_rate), "step": step}
