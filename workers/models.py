@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tinkerflow.common.errors import UnknownModelError  # noqa: F401  (the taxonomy's; raised by this name)
+from tinkerflow.common.errors import UnknownModelError
 from tinkerflow.common.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from tinkerflow.common.errors import BadRequestId  # noqa: F401  (the taxonomy's; raised by this name)
+from tinkerflow.common.errors import BadRequestId
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import fsspec
 
-from tinkerflow.common.errors import CheckpointError, CheckpointNotFound  # noqa: F401  (the taxonomy's; raised by this name)
+from tinkerflow.common.errors import CheckpointError, CheckpointNotFound
 from tinkerflow.common.store import write_whole
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from datetime import datetime
 
 import fsspec
 
-from tinkerflow.common.errors import StoreError  # noqa: F401  (the taxonomy's; raised by this name)
+from tinkerflow.common.errors import StoreError
 from tinkerflow.workflows.messages import BlobRef
 
 log = logging.getLogger(__name__)

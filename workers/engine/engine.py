@@ -122,7 +122,7 @@ class Engine:
         gradient_checkpointing: bool = False,
         dtype: Any = None,
         snapshot_budget_bytes: int = 0,
-    ) -> "Engine":
+    ) -> Engine:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
