@@ -51,7 +51,7 @@ class Outcome:
         return not self.error
 
     @staticmethod
-    def failed(message: str, category: str = "user") -> "Outcome":
+    def failed(message: str, category: str = "user") -> Outcome:
         return Outcome(error=message, category=category)
 
 
@@ -192,7 +192,7 @@ class RunState:
     error: str = ""
     # str(seq_id) -> first answer of recent ops, so a retried seq_id gets the first answer even after
     # continue-as-new (Temporal's own update-id dedupe is per run). String keys: history is JSON.
-    answered: dict[str, "Answered"] = field(default_factory=dict)
+    answered: dict[str, Answered] = field(default_factory=dict)
     sampler_count: int = 0
     last_request_time: str = ""  # RFC3339, for the REST TrainingRun
     last_checkpoint: str = ""  # tinker:// path of the newest save_state
@@ -201,7 +201,7 @@ class RunState:
     lora: LoraSpec | None = None  # set at create (a seed drawn when none was given) and by loads
     # Recovery (DESIGN §6): the latest automatic snapshot, and the state-changing ops since (refs and params only).
     auto_snapshot: str = ""
-    since_snapshot: list["LoggedOp"] = field(default_factory=list)
+    since_snapshot: list[LoggedOp] = field(default_factory=list)
     recoveries: int = 0
 
     @property
