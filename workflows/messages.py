@@ -62,8 +62,8 @@ class Outcome:
 class SessionStart:
     session_id: str
     owner: str  # hash of the API key that created it ("" when the API is open)
-    tags: list[str] = field(default_factory=list)
-    user_metadata: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list[str])
+    user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     sdk_version: str = ""
     heartbeat_timeout_s: float = 120.0
     display_name: str = ""
@@ -96,8 +96,8 @@ class SampleStart:
     payloads: list[BlobRef]
     # Per payload: samples asked for, and their work in tokens (samples x (prompt + max_tokens)); the coordinator
     # counts its queue in these, not in calls. Empty from API processes older than this field.
-    samples: list[int] = field(default_factory=list)
-    work: list[int] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list[int])
+    work: list[int] = field(default_factory=list[int])
 
 
 @dataclass
@@ -106,9 +106,9 @@ class SessionState:
     owner: str
     status: str = "active"  # active | finished | timed_out
     reason: str = ""
-    training_run_ids: list[str] = field(default_factory=list)
-    samplers: dict[str, SamplerInfo] = field(default_factory=dict)
-    user_metadata: dict[str, Any] = field(default_factory=dict)
+    training_run_ids: list[str] = field(default_factory=list[str])
+    samplers: dict[str, SamplerInfo] = field(default_factory=dict[str, SamplerInfo])
+    user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     heartbeats: int = 0
     display_name: str = ""
     project_id: str = ""
@@ -125,7 +125,7 @@ class RunStart:
     base_model: str
     lora: LoraSpec
     pool: str = "default"
-    user_metadata: dict[str, Any] = field(default_factory=dict)
+    user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     # Create-via-load (contract §3.8): the adapter starts from this checkpoint instead of a fresh init.
     load_path: str = ""
     load_optimizer: bool = False
@@ -146,7 +146,7 @@ class TrainingOp:
     kind: OpKind | str
     body_hash: str
     payload: BlobRef | None = None  # forward_backward: the request body in the claim-check store
-    params: dict[str, Any] = field(default_factory=dict)  # legacy (before typed fields): read by __post_init__
+    params: dict[str, Any] = field(default_factory=dict[str, Any])  # legacy (before typed fields): read by __post_init__
     owner: str = ""  # the caller's key hash; must be the run's owner
     adam: AdamSpec | None = None
     save: SaveRequest | None = None
@@ -158,7 +158,8 @@ class TrainingOp:
             object.__setattr__(self, "kind", OpKind(self.kind))
         if not self.params:
             return
-        p, typed = self.params, {}
+        p = self.params
+        typed: dict[str, Any] = {}
         if self.kind is OpKind.OPTIM_STEP:
             typed["adam"] = from_legacy_adam(p)
         elif self.kind in (OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_FOR_SAMPLER, OpKind.SAVE_WEIGHTS_EXTERNAL):
@@ -192,7 +193,7 @@ class RunState:
     error: str = ""
     # str(seq_id) -> first answer of recent ops, so a retried seq_id gets the first answer even after
     # continue-as-new (Temporal's own update-id dedupe is per run). String keys: history is JSON.
-    answered: dict[str, Answered] = field(default_factory=dict)
+    answered: dict[str, Answered] = field(default_factory=dict[str, Answered])
     sampler_count: int = 0
     last_request_time: str = ""  # RFC3339, for the REST TrainingRun
     last_checkpoint: str = ""  # tinker:// path of the newest save_state
@@ -201,7 +202,7 @@ class RunState:
     lora: LoraSpec | None = None  # set at create (a seed drawn when none was given) and by loads
     # Recovery (DESIGN §6): the latest automatic snapshot, and the state-changing ops since (refs and params only).
     auto_snapshot: str = ""
-    since_snapshot: list[LoggedOp] = field(default_factory=list)
+    since_snapshot: list[LoggedOp] = field(default_factory=lambda: list[LoggedOp]())
     recoveries: int = 0
 
     @property
@@ -218,7 +219,7 @@ class LoggedOp:
     payload: BlobRef | None = None
     adam: AdamSpec | None = None
     load: LoadCheckpoint | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # legacy (before typed fields): read by __post_init__
+    params: dict[str, Any] = field(default_factory=dict[str, Any])  # legacy (before typed fields): read by __post_init__
 
     def __post_init__(self) -> None:
         kind = WorkKind.LOAD_CHECKPOINT if self.kind == "load_weights" else WorkKind(self.kind)
@@ -256,7 +257,7 @@ class WorkItem:
     model_id: str = ""
     session_id: str = ""
     payload: BlobRef | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # legacy (before typed fields): read by __post_init__
+    params: dict[str, Any] = field(default_factory=dict[str, Any])  # legacy (before typed fields): read by __post_init__
     slot: int = -1  # filled in by the coordinator before dispatch
     lora: LoraSpec | None = None
     adam: AdamSpec | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
@@ -28,19 +29,19 @@ SLOT_KINDS = frozenset({WorkKind.FORWARD_BACKWARD, WorkKind.OPTIM_STEP, WorkKind
 @dataclass
 class WorkerSlots:
     info: WorkerInfo
-    slots: dict[str, str] = field(default_factory=dict)  # str(slot) -> model_id (string keys: history is JSON)
+    slots: dict[str, str] = field(default_factory=dict[str, str])  # str(slot) -> model_id (string keys: history is JSON)
 
 
 @dataclass
 class CoordinatorState:
     base_model: str
     pool: str
-    workers: dict[str, WorkerSlots] = field(default_factory=dict)  # task queue -> worker
-    placements: dict[str, list] = field(default_factory=dict)  # model_id -> [task queue, slot]
-    snapshots: dict[str, str] = field(default_factory=dict)  # snapshot key -> task queue
-    snapshot_runs: dict[str, str] = field(default_factory=dict)  # ephemeral snapshot key -> model_id it came from
-    snapshot_used: dict[str, float] = field(default_factory=dict)  # snapshot key -> last time routed (epoch s)
-    pending: list[WorkItem] = field(default_factory=list)
+    workers: dict[str, WorkerSlots] = field(default_factory=dict[str, WorkerSlots])  # task queue -> worker
+    placements: dict[str, list[Any]] = field(default_factory=dict[str, list[Any]])  # model_id -> [task queue, slot]
+    snapshots: dict[str, str] = field(default_factory=dict[str, str])  # snapshot key -> task queue
+    snapshot_runs: dict[str, str] = field(default_factory=dict[str, str])  # ephemeral snapshot key -> model_id it came from
+    snapshot_used: dict[str, float] = field(default_factory=dict[str, float])  # snapshot key -> last time routed (epoch s)
+    pending: list[WorkItem] = field(default_factory=list[WorkItem])
     dispatched_batches: int = 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class WorkKind(str, enum.Enum):
+class WorkKind(str, enum.Enum):  # noqa: UP042  (StrEnum changes str(member); kept until its uses in history/messages are audited)
     """What a WorkItem asks the JAX worker to do."""
 
     CREATE_ADAPTER = "create_adapter"
@@ -35,7 +35,7 @@ class WorkKind(str, enum.Enum):
         return self.value
 
 
-class OpKind(str, enum.Enum):
+class OpKind(str, enum.Enum):  # noqa: UP042  (StrEnum changes str(member); kept until its uses in history/messages are audited)
     """What an SDK request on a training client (a TrainingOp) is."""
 
     FORWARD_BACKWARD = "forward_backward"
@@ -97,9 +97,9 @@ class SaveCheckpoint:
     """Write a run's adapter (and optimizer state) as the checkpoint `path`; `manifest` is its JSON document."""
 
     path: str
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict[str, Any])
     overwrite: bool = False
-    age_recipients: list[str] = field(default_factory=list)
+    age_recipients: list[str] = field(default_factory=list[str])
 
 
 @dataclass(frozen=True)
@@ -117,9 +117,9 @@ class SaveRequest:
     path: str | None = None  # the checkpoint name (None: an ephemeral sampler snapshot)
     sampling_session_seq_id: int | None = None
     ttl_seconds: int | None = None
-    user_metadata: dict[str, Any] = field(default_factory=dict)
+    user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     overwrite: bool = False
-    age_recipients: list[str] = field(default_factory=list)
+    age_recipients: list[str] = field(default_factory=list[str])
 
 
 # --- histories written before typed parameters -------------------------------------------------------------------
