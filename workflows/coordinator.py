@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.exceptions import TimeoutError as TimeoutError_
 
 from tinkerflow.workflows.errors import ErrorType
@@ -58,6 +59,8 @@ class Coordinator:
         # The loop wakes only on a change: routing that finds nothing to do must not spin (a workflow that loops
         # without yielding is killed by the deadlock detector and takes the whole base model down with it).
         self._changed = True
+        # Strong references to the fire-and-forget tasks (dispatches, signal deliveries) until they finish.
+        self._tasks: set[asyncio.Future[None]] = set()
 
     @workflow.run
     async def run(self, state: CoordinatorState) -> None:
@@ -74,7 +77,7 @@ class Coordinator:
                 items = self._take_for(queue)
                 if items:
                     self._busy.add(queue)
-                    asyncio.ensure_future(self._dispatch(queue, items))
+                    self._keep(asyncio.ensure_future(self._dispatch(queue, items)))
 
     @staticmethod
     def _drops_per_holder() -> bool:
@@ -129,7 +132,7 @@ class Coordinator:
         self._changed = True
 
     @workflow.query
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "base_model": self.s.base_model,
             "pool": self.s.pool,
@@ -215,7 +218,8 @@ class Coordinator:
             )
             results = result.results
         except ActivityError as e:
-            cause = e.cause.message if e.cause is not None and hasattr(e.cause, "message") else str(e)
+            # An ActivityError's cause is a FailureError (ApplicationError, TimeoutError, ...), which has a message.
+            cause = e.cause.message if isinstance(e.cause, FailureError) else str(e)
             lost = isinstance(e.cause, TimeoutError_) or getattr(e.cause, "type", "") == "WorkerLost"
             workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
             if lost:
@@ -242,13 +246,17 @@ class Coordinator:
         if self.placement.lose_worker(queue, incarnation):
             self._set_details()
 
+    def _keep(self, task: asyncio.Future[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _after(self, item: WorkItem, result: WorkResult) -> None:
         if self.placement.after(item, result.outcome.ok):
             self._set_details()
 
     def _answer(self, result: WorkResult, requester: str) -> None:
         self._signals_in_flight += 1
-        asyncio.ensure_future(self._signal(requester, result))
+        self._keep(asyncio.ensure_future(self._signal(requester, result)))
 
     async def _signal(self, workflow_id: str, result: WorkResult) -> None:
         try:
@@ -271,7 +279,7 @@ def _resolved_drop(item: WorkItem, routed: WorkItem) -> bool:
 
 
 def _summarise(items: list[WorkItem]) -> str:
-    counts: dict[str, int] = {}
+    counts: dict[WorkKind, int] = {}
     for i in items:
         counts[i.kind] = counts.get(i.kind, 0) + 1
     runs = len({i.model_id for i in items if i.model_id})

@@ -9,7 +9,7 @@ continue-as-new. A reused seq_id with a different body is rejected by the valida
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -369,7 +369,7 @@ class TrainingRunWorkflow:
 
     # --- visibility ----------------------------------------------------------------------------------------------
 
-    async def _tell_session(self, signal: str, arg) -> None:
+    async def _tell_session(self, signal: str, arg: object) -> None:
         try:
             handle = workflow.get_external_workflow_handle(names.session_workflow_id(self.s.start.session_id))
             await handle.signal(signal, arg)
@@ -387,9 +387,10 @@ class TrainingRunWorkflow:
         step_mark = s.step - s.step % STEP_ATTRIBUTE_EVERY
         if (s.status, step_mark) != self._published:
             self._published = (s.status, step_mark)
-            workflow.upsert_search_attributes([names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])
+            # pyright: ignore below: temporalio annotates the parameter with a bare generic (Sequence[SearchAttributeUpdate]).
+            workflow.upsert_search_attributes([names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])  # pyright: ignore[reportUnknownMemberType]
 
 
 
-def _rfc3339(t) -> str:
+def _rfc3339(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
