@@ -39,6 +39,8 @@ from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
 from tinkerflow.workers.engine.types import SamplerWarmUp
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
 
+DEFAULT_WARM_UP = SamplerWarmUp()  # frozen; the shapes warmed up when a caller names none
+
 log = logging.getLogger(__name__)
 REREGISTER_EVERY_S = 30.0
 
@@ -49,7 +51,7 @@ def stable_worker_id(settings: Settings) -> str:
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
-                worker_id: str | None = None, warm_up: SamplerWarmUp | None = SamplerWarmUp()) -> None:
+                worker_id: str | None = None, warm_up: SamplerWarmUp | None = DEFAULT_WARM_UP) -> None:
     """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered. `warm_up`: the
     sampler shapes compiled before registering (None: none, each compiles at its first use)."""
     from tinkerflow.activities.engine_activities import EngineActivities
@@ -132,7 +134,7 @@ def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.
                   max_concurrent_activities=1, max_heartbeat_throttle_interval=timedelta(seconds=HEARTBEAT_EVERY_S))
 
 
-def start_engine(settings: Settings, local_path: str, *, warm_up: SamplerWarmUp | None = SamplerWarmUp()):
+def start_engine(settings: Settings, local_path: str, *, warm_up: SamplerWarmUp | None = DEFAULT_WARM_UP):
     """Process 0's engine, ready for work: loaded, driven when the worker spans several processes (every engine call
     is replayed by the others first, multihost.py), and its sampler compiled for `warm_up`'s shapes (on every
     process: the warm-up is an engine call like any other)."""

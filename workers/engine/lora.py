@@ -100,6 +100,7 @@ def lora_embedding_delta(
             d = jnp.einsum("rbt,hr->bth", cols, a[s], preferred_element_type=jnp.float32)
             d = jnp.where(keep, d * routing.scale[:, None, None], 0.0)
             out = d if out is None else out + d
+        assert out is not None  # a holds at least one adapter slot (max_adapters >= 1)
         return out
     cols = b[routing.adapter[:, None], :, tokens]  # [B, T, R]: slot b's B, column tokens[b, t]
     a_rows = a[routing.adapter]  # [B, H, R]

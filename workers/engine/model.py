@@ -11,7 +11,7 @@ rope, softmax, LoRA parameters and logits stay float32, so with float32 weights 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +72,7 @@ class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
         self.config = config
         h, hd = config.hidden_size, config.head_dim
-        lora = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        lora: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.q_proj = LoRALinear(h, config.num_heads * hd, **lora)
         self.k_proj = LoRALinear(h, config.num_kv_heads * hd, **lora)
         self.v_proj = LoRALinear(h, config.num_kv_heads * hd, **lora)
@@ -148,7 +148,7 @@ def _decode_attention(q, k, v, positions, groups: int, head_dim: int) -> jax.Arr
 class MLP(nnx.Module):
     def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
         h, i = config.hidden_size, config.intermediate_size
-        lora = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        lora: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.gate_proj = LoRALinear(h, i, **lora)
         self.up_proj = LoRALinear(h, i, **lora)
         self.down_proj = LoRALinear(i, h, **lora)
@@ -160,7 +160,7 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32,
                  layer_idx: int = 0):  # fmt: skip
-        kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, **kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -235,7 +235,7 @@ class CausalLM(nnx.Module):
         self.config = config
         self.remat = remat
         self.act_sharding = act_sharding
-        kw = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, param_dtype)
         self.layers = nnx.List([DecoderLayer(config, **kw, layer_idx=i) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -267,6 +267,7 @@ class CausalLM(nnx.Module):
                 x = _layer_no_cache(layer, x, positions, rope, routing)
             else:
                 x, layer_cache = layer(x, positions, rope, routing, cache[i])
+                assert new_cache is not None  # a list whenever cache is given (set above)
                 new_cache.append(layer_cache)
             x = _constrain(x, self.act_sharding)
         return self.norm(x), new_cache
