@@ -387,7 +387,7 @@ class TrainingRunWorkflow:
         step_mark = s.step - s.step % STEP_ATTRIBUTE_EVERY
         if (s.status, step_mark) != self._published:
             self._published = (s.status, step_mark)
-            # pyright: ignore below: temporalio annotates the parameter with a bare generic (Sequence[SearchAttributeUpdate]).
+            # The ignore below: temporalio annotates the parameter with a bare generic (Sequence[SearchAttributeUpdate]).
             workflow.upsert_search_attributes([names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])  # pyright: ignore[reportUnknownMemberType]
 
 
