@@ -15,9 +15,9 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -54,7 +54,12 @@ RETRY_AFTER_S = 1
 KEEPALIVE_S = 15.0
 
 
-def _error_response(e: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
+def _stops(req: _Common) -> list[str] | None:
+    """`req.stop` as validated: the field's validator turns a single string into a one-element list."""
+    return cast("list[str] | None", req.stop)
+
+
+def _error_response(e: OpenAIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(status_code=e.status, content=e.body(), headers=headers)
 
 
@@ -209,7 +214,7 @@ async def completions(request: Request, svc: Services = Depends(services),
         out = []
         responses.extend(await asyncio.gather(*(_results(svc, r) for r in refs)))
         for response in responses:
-            out.extend(render(tokenizer, s.tokens, s.logprobs, s.stop_reason, req.stop) if req.max_tokens != 0
+            out.extend(render(tokenizer, s.tokens, s.logprobs, s.stop_reason, _stops(req)) if req.max_tokens != 0
                        else Rendered("", [], [], "length", 0) for s in response.sequences)
         return out
 
@@ -254,7 +259,7 @@ async def chat_completions(request: Request, svc: Services = Depends(services),
 
     async def choices() -> list[Rendered]:
         response = await _results(svc, ref)
-        return [render(tokenizer, s.tokens, s.logprobs, s.stop_reason, req.stop) for s in response.sequences]
+        return [render(tokenizer, s.tokens, s.logprobs, s.stop_reason, _stops(req)) for s in response.sequences]
 
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": req.model, "system_fingerprint": None}

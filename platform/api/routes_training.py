@@ -155,6 +155,8 @@ async def optim_step(request: Request, svc: Services = Depends(services), who: s
         problem = adam_problem(req.optim_params)
     if problem:
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
+    # parse returns no request only with a problem, and a non-Adam optimizer is a problem (above).
+    assert req is not None and isinstance(req.optim_params, AdamParams)
     p = req.optim_params
     adam = AdamSpec(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
                     weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
@@ -169,7 +171,9 @@ async def save_weights_for_sampler(request: Request, svc: Services = Depends(ser
     model_id, seq_id = sequence_key(raw, "save_weights_for_sampler")
     req, problem = parse(SaveWeightsForSamplerRequest, raw, "save_weights_for_sampler")
     if req is None or metadata_problem(req.user_metadata):
-        problem = problem or metadata_problem(req.user_metadata)
+        if not problem:
+            assert req is not None  # parse returns no request only with a problem
+            problem = metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     save = SaveRequest(path=req.path, sampling_session_seq_id=req.sampling_session_seq_id,
                        ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata or {}, overwrite=True)
@@ -188,7 +192,9 @@ async def save_weights(request: Request, svc: Services = Depends(services), who:
     model_id, seq_id = sequence_key(raw, "save_weights")
     req, problem = parse(SaveWeightsRequest, raw, "save_weights")
     if req is None or metadata_problem(req.user_metadata):
-        problem = problem or metadata_problem(req.user_metadata)
+        if not problem:
+            assert req is not None  # parse returns no request only with a problem
+            problem = metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     name = req.path if req.path is not None else f"{seq_id:06d}"
     save = SaveRequest(path=name, overwrite=req.overwrite, ttl_seconds=req.ttl_seconds,

@@ -103,7 +103,7 @@ def _shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_name(name: str) -> None:
+def check_name(name: str | None) -> None:  # None (or any non-str) is refused like a bad name
     if (not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or not _NAME.fullmatch(name)
             or name in (".", "..")):
         raise CheckpointError(f"checkpoint name {_shown(name)} must be non-empty, at most {MAX_NAME_CHARS} "
