@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +76,7 @@ class RunningStack:
                 self.proc.wait()
 
 
-def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: list[str] = (),
+def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: Sequence[str] = (),
            timeout_s: float = 600) -> RunningStack:
     state_dir.mkdir(parents=True, exist_ok=True)
     port, temporal_port = free_port(), free_port()
@@ -85,8 +86,8 @@ def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: list[str] 
     # exception is the compilation cache, which a test session shares across its stacks (tests/conftest.py).
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TINKERFLOW_") or k == "TINKERFLOW_COMPILATION_CACHE_DIR"}
-    log = open(state_dir / "up.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with open(state_dir / "up.log", "ab") as log:  # the child keeps its own descriptor; ours closes here
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     stack = RunningStack(proc, state_dir, f"http://127.0.0.1:{port}", api_key, f"127.0.0.1:{temporal_port}")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

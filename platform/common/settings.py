@@ -101,7 +101,8 @@ def _cwd_state_dir() -> Path:
 @dataclass(frozen=True)
 class Settings:
     # --- common to every process kind
-    state_dir: Path = setting(_cwd_state_dir, "directory for the Temporal database, models and the local store",
+    # The RUF009 exemption below: setting() returns a dataclasses.field() (a field specifier), not a shared default value.
+    state_dir: Path = setting(_cwd_state_dir, "directory for the Temporal database, models and the local store",  # noqa: RUF009
                               COMMON, shown="./.tinkerflow", parse=_parse_path)
     temporal_address: str = setting("127.0.0.1:7233", "host:port of the Temporal frontend; `up` and `ray` start "
                                     "a dev server unless it is given", COMMON)
