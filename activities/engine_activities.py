@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import groupby
+from typing import cast
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -32,7 +33,7 @@ from tinkerflow.common.storage_faults import storage_fault
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import InputError
 from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import Batch, BatchResult, Outcome, WorkItem, WorkKind, WorkResult
+from tinkerflow.workflows.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
 
 from tinkerflow.activities.specs import adam_config, lora_config
 
@@ -217,18 +218,22 @@ class EngineActivities:
             self.engine.drop_snapshot(key)
         return Outcome(json={"dropped": len(keys)})
 
+    def _checkpoint_store(self) -> CheckpointStore:
+        assert self.checkpoints is not None, "checkpoint work needs EngineActivities(checkpoints=...)"  # the worker passes one
+        return self.checkpoints
+
     def _save_checkpoint(self, item: WorkItem) -> Outcome:
         save = item.save
         if save is None:
             raise InputError("save_checkpoint needs a path and a manifest")
-        manifest = checkpoint_io.save(self.engine, self.checkpoints, item.slot, save.manifest,
+        manifest = checkpoint_io.save(self.engine, self._checkpoint_store(), item.slot, save.manifest,
                                       overwrite=save.overwrite, age_recipients=list(save.age_recipients))
         return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
 
     def _load_checkpoint(self, item: WorkItem) -> Outcome:
         if item.load is None:
             raise InputError("load_checkpoint needs a path")
-        return Outcome(json=checkpoint_io.load(self.engine, self.checkpoints, item.slot, item.load.path,
+        return Outcome(json=checkpoint_io.load(self.engine, self._checkpoint_store(), item.slot, item.load.path,
                                                optimizer=item.load.optimizer))
 
     def _load_snapshot(self, item: WorkItem) -> Outcome:
@@ -237,7 +242,7 @@ class EngineActivities:
             raise InputError("load_snapshot needs a path")
         path = item.load.path
         try:
-            checkpoint_io.load_snapshot(self.engine, self.checkpoints, path)
+            checkpoint_io.load_snapshot(self.engine, self._checkpoint_store(), path)
             self._load_errors.pop(path, None)
         except (InputError, CheckpointError) as e:
             self._load_errors[path] = str(e)
@@ -248,7 +253,7 @@ class EngineActivities:
         def decode(item: WorkItem):
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
-            return wire.forward_backward_input(wire.parse_forward_backward(self.store.get(item.payload)), item.slot,
+            return wire.forward_backward_input(wire.parse_forward_backward(self.store.get(_payload(item))), item.slot,
                                                bounds)
 
         def encode(inp, res) -> Outcome:
@@ -269,7 +274,7 @@ class EngineActivities:
                     checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
                 except (InputError, CheckpointError) as e:
                     raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
-            return wire.sample_input(self.store.get(item.payload), snapshot)
+            return wire.sample_input(self.store.get(_payload(item)), snapshot)
 
         def encode(_inp, res) -> Outcome:
             return Outcome(blob=self.store.put(wire.sample_output(res), "results"),
@@ -294,4 +299,10 @@ class EngineActivities:
                 outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
             else:
                 outcomes[n] = encode(inp, res)
-        return outcomes
+        # Every position is filled: by its failed decode, or by the engine's one result per input.
+        return cast(list[Outcome], outcomes)
+
+
+def _payload(item: WorkItem) -> BlobRef:
+    assert item.payload is not None, f"{item.kind} work item {item.key} has no payload"  # the API always sends one
+    return item.payload
