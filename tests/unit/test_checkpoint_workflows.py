@@ -6,6 +6,7 @@ milliseconds, and the timer is the same durable Temporal timer a real server kee
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
 import uuid
@@ -204,7 +205,7 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
 
 async def test_without_automatic_snapshots_a_lost_adapter_fails_clearly(tinker: Tinker) -> None:
     sid, _ = await tinker.start_session()
-    model_id, run = await tinker.ready_run(sid, 1)
+    _model_id, run = await tinker.ready_run(sid, 1)
     await tinker.register(tinker.queues[0])
     lost = await tinker.op(run, tinker.fwd(1))
     assert not lost.ok and "died or restarted" in lost.error and "snapshots are off" in lost.error
@@ -228,7 +229,7 @@ async def test_the_janitor_sweeps_on_its_interval(skipping_env: WorkflowEnvironm
         await skipping_env.sleep(3 * 3600 + 60)
         await handle.terminate("test over")
     assert len(sweeps) == 4  # at start, then hourly
-    assert all(3500 < b - a < 3700 for a, b in zip(sweeps, sweeps[1:]))
+    assert all(3500 < b - a < 3700 for a, b in itertools.pairwise(sweeps))
 
 
 async def test_a_live_workers_periodic_registration_changes_nothing(tinker: Tinker) -> None:

@@ -44,7 +44,7 @@ def placement(*workers: WorkerInfo) -> Placement:
 def test_adapters_spread_over_workers_and_fill_the_lowest_free_slot() -> None:
     p = placement(worker("q1"), worker("q2"))
     assert [create(p, f"s:train:{n}") for n in range(4)] == [("q1", 0), ("q2", 0), ("q1", 1), ("q2", 1)]
-    with pytest.raises(ApplicationError, match="no free LoRA adapter slot.*all 4 are in use"):
+    with pytest.raises(ApplicationError, match=r"no free LoRA adapter slot.*all 4 are in use"):
         create(p, "s:train:9")
     p.after(item(WorkKind.FREE_ADAPTER, "s:train:0"), ok=True)
     assert create(p, "s:train:9") == ("q1", 0)
