@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,7 +204,8 @@ def test_no_code_reads_the_environment_behind_settings():
 
 def test_as_env_carries_every_field_to_a_child_process(monkeypatch, tmp_path):
     """What `up` hands its parts: every field reads back the same from the variables (nothing left at a default)."""
-    values = {f.name: _sample(f)[1] for f in FIELDS}
+    # Any: each sample is typed `object` by _sample, but is built to match its own field's type.
+    values: dict[str, Any] = {f.name: _sample(f)[1] for f in FIELDS}
     values["state_dir"] = tmp_path
     parent = Settings(**values)
     env = parent.as_env()
