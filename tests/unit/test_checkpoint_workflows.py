@@ -42,6 +42,7 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
     path = f"tinker://{model_id}/weights/step-1"
     assert saved.json == {"path": path, "type": "save_weights"}
     [item] = tinker.engine.of_kind("save_checkpoint")
+    assert item.save is not None
     m = item.save.manifest
     assert item.save.path == path and m["tinker_path"] == path and m["user_metadata"] == {"k": "v"}
     # No seed was asked for: the run drew one (into history), so a recovery re-creates the same initial adapter.
@@ -56,7 +57,9 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
 
     # Re-saving the name without a TTL (overwrite) clears the timer: the new files must not expire.
     again = await tinker.op(run, save_op(2, "step-1", overwrite=True))
-    assert again.ok and tinker.engine.of_kind("save_checkpoint")[1].save.manifest["expires_at"] is None
+    assert again.ok
+    resaved = tinker.engine.of_kind("save_checkpoint")[1].save
+    assert resaved is not None and resaved.manifest["expires_at"] is None
     assert await within(timer.result()) == "expiry removed; the checkpoint is kept"
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.last_checkpoint == path and state.last_request_time.endswith("Z")
@@ -72,7 +75,7 @@ async def test_external_weights_report_their_size_and_a_load_takes_the_checkpoin
                              "type": "save_weights_external"}
     loaded = await tinker.op(run, TrainingOp(seq_id=2, kind="load_weights", body_hash=body_hash("l"),
                                              load=LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)))
-    assert loaded.json["type"] == "load_weights" and loaded.json["model_id"] == model_id
+    assert loaded.json is not None and loaded.json["type"] == "load_weights" and loaded.json["model_id"] == model_id
     [load] = tinker.engine.of_kind("load_checkpoint")
     assert load.model_id == model_id and load.load == LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)
     state: RunState = await run.query(TrainingRunWorkflow.describe)
@@ -188,7 +191,7 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
         assert (await tinker.op(run, op)).ok
     auto = f"tinker://{model_id}/auto_weights/latest"
     [snap] = tinker.engine.of_kind("save_checkpoint")
-    assert snap.save.path == auto and snap.save.overwrite is True
+    assert snap.save is not None and snap.save.path == auto and snap.save.overwrite is True
 
     await tinker.register(tinker.queues[0])  # the same worker, restarted: the coordinator forgets its placements
     before = len(tinker.engine.items)
@@ -198,7 +201,7 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
     assert after[1].load == LoadCheckpoint(path=auto, optimizer=True)
     assert [fwd_seq(i) for i in after[2:]] == [5, 6]
     create = next(i for i in tinker.engine.items if i.kind == "create_adapter" and i.model_id == model_id)
-    assert after[0].lora == create.lora and create.lora.seed is not None  # the same rank, groups and (drawn) seed
+    assert after[0].lora == create.lora and create.lora is not None and create.lora.seed is not None  # the same rank, groups and (drawn) seed
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.recoveries == 1 and [e.kind for e in state.since_snapshot] == [WorkKind.FORWARD_BACKWARD] * 2
 

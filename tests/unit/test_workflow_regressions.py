@@ -154,6 +154,8 @@ async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> N
         await asyncio.sleep(1.5)
         await save(3)  # now 1 and 2 are idle and older than 3
         await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 1)
-        dropped = tinker.engine.of_kind("drop_snapshots")[0].drop.keys
+        drop = tinker.engine.of_kind("drop_snapshots")[0].drop
+        assert drop is not None and drop.keys is not None
+        dropped = drop.keys
         assert sorted(dropped) == [names.sampler_id_for(sid, 1), names.sampler_id_for(sid, 2)]
         assert (await tinker.describe_coordinator())["snapshots"] == 1

@@ -267,7 +267,8 @@ async def test_heartbeats_keep_a_session_open_and_finish_ends_it(tinker: Tinker)
         await asyncio.sleep(0.5)
     state: SessionState = await session.query(SessionWorkflow.describe)
     assert state.status == "active" and state.heartbeats == 8
-    assert (await session.describe()).status.name == "RUNNING"
+    status = (await session.describe()).status
+    assert status is not None and status.name == "RUNNING"
     assert (await tinker.op(run_a, tinker.fwd(1))).ok  # its run is still alive
 
     await session.signal(SessionWorkflow.finish, "")
@@ -369,6 +370,7 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
     assert named.json == {"path": f"tinker://{model_id}/sampler_weights/ckpt-1", "type": "save_weights_for_sampler"}
     # Named weights are also written to storage (PEFT files) by the worker holding the adapter.
     [save] = tinker.engine.of_kind("save_checkpoint")
+    assert save.save is not None
     assert save.model_id == model_id and save.save.path == f"tinker://{model_id}/sampler_weights/ckpt-1"
     assert save.save.manifest["lora"]["rank"] == 8 and save.save.manifest["expires_at"] is None
     assert (await tinker.describe_coordinator())["snapshots"] == 2
