@@ -9,6 +9,7 @@ first tenant's checkpoint, and each tenant gets one OpenAI session however many 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import openai
 import pytest
@@ -109,7 +110,7 @@ def test_another_tenant_gets_404_on_the_checkpoint_and_bad_input_names_the_param
     other = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=OTHER_API_KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError) as e:
         other.completions.create(model=sampler_checkpoint, prompt=PROMPT, max_tokens=4)
-    assert e.value.body["param"] == "model"
+    assert _param(e.value) == "model"
     with pytest.raises(openai.NotFoundError):
         oai.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
     with pytest.raises(openai.AuthenticationError):
@@ -120,13 +121,19 @@ def test_another_tenant_gets_404_on_the_checkpoint_and_bad_input_names_the_param
         args = {"model": base_model, "prompt": PROMPT, "max_tokens": 4, **extra}
         with pytest.raises(openai.BadRequestError) as e:
             oai.completions.create(**args)
-        assert e.value.body["param"] == param, (extra, e.value.body)
+        assert _param(e.value) == param, (extra, e.value.body)
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model=base_model, messages=[{"role": "user", "content": "x"}], logprobs=True,
                                     top_logprobs=3)
-    assert e.value.body["param"] == "top_logprobs"
+    assert _param(e.value) == "top_logprobs"
     # The tenant's calls (above and in this module) share one OpenAI session; the other tenant made none.
     assert _openai_sessions(stack) == 1
+
+
+def _param(error: openai.APIStatusError) -> Any:
+    """The `param` of an error answer; the SDK types `body` as `object | None`, ours is always the JSON error object."""
+    assert isinstance(error.body, dict), error.body
+    return error.body["param"]
 
 
 def _openai_sessions(stack) -> int:
@@ -217,9 +224,11 @@ def test_the_tenant_session_ends_when_idle_and_the_next_call_starts_it_again(sma
 
     oai = openai.OpenAI(base_url=f"{small_stack.base_url}/v1", api_key=small_stack.api_key, timeout=600)
     model = small_stack.served_model()
-    assert oai.completions.create(model=model, prompt="a", max_tokens=2).usage.completion_tokens == 2
+    usage = oai.completions.create(model=model, prompt="a", max_tokens=2).usage
+    assert usage is not None and usage.completion_tokens == 2
     time.sleep(12)  # past the 5 s session timeout: the session ends (and its heartbeat throttle has lapsed)
-    assert oai.completions.create(model=model, prompt="a", max_tokens=2).usage.completion_tokens == 2
+    usage = oai.completions.create(model=model, prompt="a", max_tokens=2).usage
+    assert usage is not None and usage.completion_tokens == 2
     runs = _openai_session_runs(small_stack)
     assert len(runs) >= 2 and {r[0] for r in runs} == {runs[0][0]}, runs  # one session id, started again
 

@@ -19,8 +19,8 @@ def main(model_dir: str, cache_dir: str) -> None:
     compile_cache.enable(Path(cache_dir))  # before anything compiles, as the JAX worker does
 
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.types import (AdamConfig, Datum, ForwardBackwardInput, LoraConfig,
-                                                 SampleInput)  # fmt: skip
+    from tinkerflow.workers.engine.types import (AdamConfig, Datum, ForwardBackwardInput, ForwardBackwardResult,
+                                                 LoraConfig, SampleInput, SampleResult)  # fmt: skip
 
     engine = Engine.load(model_dir, max_lora_adapters=2, max_lora_rank=8, progress=False)
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
@@ -30,6 +30,7 @@ def main(model_dir: str, cache_dir: str) -> None:
     engine.optim_step(0, AdamConfig(learning_rate=1e-3))
     engine.snapshot(0, "s")
     (sampled,) = engine.sample([SampleInput(prompt=tokens[:8], max_tokens=4, seed=3, snapshot="s")])
+    assert isinstance(fb, ForwardBackwardResult) and isinstance(sampled, SampleResult), (fb, sampled)
     counts = compile_cache.counts()
     print(json.dumps({"hits": counts.hits, "misses": counts.misses, "loss": fb.metrics["loss:sum"],
                       "tokens": sampled.sequences[0].tokens}))  # fmt: skip

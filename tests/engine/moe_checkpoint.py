@@ -37,7 +37,7 @@ def build_moe_model(
     vocab = build_tokenizer(directory)
     config = Qwen3MoeConfig(
         vocab_size=vocab, hidden_size=H, num_hidden_layers=layers, num_attention_heads=HEADS,
-        num_key_value_heads=KV, head_dim=HD, intermediate_size=INTER, moe_intermediate_size=MOE_INTER,
+        num_key_value_heads=KV, head_dim=HD, intermediate_size=INTER, moe_intermediate_size=MOE_INTER,  # pyright: ignore[reportCallIssue]  (transformers 5 types the config fields it declares; head_dim is taken as a kwarg and set)
         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=norm_topk_prob,
         mlp_only_layers=list(mlp_only_layers), decoder_sparse_step=decoder_sparse_step, max_position_embeddings=256,
         tie_word_embeddings=tie, eos_token_id=0, architectures=["Qwen3MoeForCausalLM"],

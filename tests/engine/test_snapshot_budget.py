@@ -49,6 +49,7 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
     from tinkerflow.common.checkpoints import CheckpointStore
     from tinkerflow.common.store import ClaimCheckStore
     from tinkerflow.workflows.messages import WorkItem
+    from tinkerflow.workflows.work import WorkKind
 
     path = "tinker://s:train:0/sampler_weights/w"
     reloaded, sampled = [], []
@@ -66,7 +67,7 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
                                                                                    snapshot=snapshot))
     store = ClaimCheckStore((tmp_path / "store").as_uri())
     acts = EngineActivities(Engine(), store, checkpoints=CheckpointStore((tmp_path / "ckpt").as_uri()))
-    item = WorkItem(key="k", requester="r", kind="sample", payload=store.put(b"{}", "requests"),
+    item = WorkItem(key="k", requester="r", kind=WorkKind.SAMPLE, payload=store.put(b"{}", "requests"),
                     snapshot=path)
     acts._sample([item])
     assert reloaded == [path] and sampled == [path]

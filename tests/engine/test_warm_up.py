@@ -7,7 +7,7 @@ import numpy as np
 
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers import jax_worker
-from tinkerflow.workers.engine.types import LoraConfig, SampleInput, SamplerWarmUp
+from tinkerflow.workers.engine.types import LoraConfig, SampleInput, SampleResult, SamplerWarmUp
 
 from conftest import MAX_ADAPTERS, MAX_RANK
 
@@ -31,7 +31,9 @@ def test_a_warmed_worker_engine_compiles_nothing_for_its_first_samples(qwen3_dir
     many = engine.sample([SampleInput(prompt=np.arange(1, 3 + i % 14, dtype=np.int32), num_samples=3, max_tokens=20,
                                       seed=i, snapshot="warm" if i % 2 else None) for i in range(30)])  # fmt: skip
     assert sampler.compile_count() == warmed
+    assert isinstance(base, SampleResult) and isinstance(lora, SampleResult), (base, lora)
+    assert all(isinstance(r, SampleResult) for r in many), many
     assert len(base.sequences[0].tokens) >= 1 and len(lora.sequences[0].tokens) >= 1
-    assert all(len(r.sequences) == 3 for r in many)
+    assert all(isinstance(r, SampleResult) and len(r.sequences) == 3 for r in many)
     # The same again: warm-up of shapes already compiled compiles nothing.
     assert engine.warm_up_sampler() == 0

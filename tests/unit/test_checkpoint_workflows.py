@@ -6,6 +6,7 @@ milliseconds, and the timer is the same durable Temporal timer a real server kee
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
 import uuid
@@ -41,6 +42,7 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
     path = f"tinker://{model_id}/weights/step-1"
     assert saved.json == {"path": path, "type": "save_weights"}
     [item] = tinker.engine.of_kind("save_checkpoint")
+    assert item.save is not None
     m = item.save.manifest
     assert item.save.path == path and m["tinker_path"] == path and m["user_metadata"] == {"k": "v"}
     # No seed was asked for: the run drew one (into history), so a recovery re-creates the same initial adapter.
@@ -55,7 +57,9 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
 
     # Re-saving the name without a TTL (overwrite) clears the timer: the new files must not expire.
     again = await tinker.op(run, save_op(2, "step-1", overwrite=True))
-    assert again.ok and tinker.engine.of_kind("save_checkpoint")[1].save.manifest["expires_at"] is None
+    assert again.ok
+    resaved = tinker.engine.of_kind("save_checkpoint")[1].save
+    assert resaved is not None and resaved.manifest["expires_at"] is None
     assert await within(timer.result()) == "expiry removed; the checkpoint is kept"
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.last_checkpoint == path and state.last_request_time.endswith("Z")
@@ -71,7 +75,7 @@ async def test_external_weights_report_their_size_and_a_load_takes_the_checkpoin
                              "type": "save_weights_external"}
     loaded = await tinker.op(run, TrainingOp(seq_id=2, kind="load_weights", body_hash=body_hash("l"),
                                              load=LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)))
-    assert loaded.json["type"] == "load_weights" and loaded.json["model_id"] == model_id
+    assert loaded.json is not None and loaded.json["type"] == "load_weights" and loaded.json["model_id"] == model_id
     [load] = tinker.engine.of_kind("load_checkpoint")
     assert load.model_id == model_id and load.load == LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)
     state: RunState = await run.query(TrainingRunWorkflow.describe)
@@ -187,7 +191,7 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
         assert (await tinker.op(run, op)).ok
     auto = f"tinker://{model_id}/auto_weights/latest"
     [snap] = tinker.engine.of_kind("save_checkpoint")
-    assert snap.save.path == auto and snap.save.overwrite is True
+    assert snap.save is not None and snap.save.path == auto and snap.save.overwrite is True
 
     await tinker.register(tinker.queues[0])  # the same worker, restarted: the coordinator forgets its placements
     before = len(tinker.engine.items)
@@ -197,14 +201,14 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
     assert after[1].load == LoadCheckpoint(path=auto, optimizer=True)
     assert [fwd_seq(i) for i in after[2:]] == [5, 6]
     create = next(i for i in tinker.engine.items if i.kind == "create_adapter" and i.model_id == model_id)
-    assert after[0].lora == create.lora and create.lora.seed is not None  # the same rank, groups and (drawn) seed
+    assert after[0].lora == create.lora and create.lora is not None and create.lora.seed is not None  # the same rank, groups and (drawn) seed
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.recoveries == 1 and [e.kind for e in state.since_snapshot] == [WorkKind.FORWARD_BACKWARD] * 2
 
 
 async def test_without_automatic_snapshots_a_lost_adapter_fails_clearly(tinker: Tinker) -> None:
     sid, _ = await tinker.start_session()
-    model_id, run = await tinker.ready_run(sid, 1)
+    _model_id, run = await tinker.ready_run(sid, 1)
     await tinker.register(tinker.queues[0])
     lost = await tinker.op(run, tinker.fwd(1))
     assert not lost.ok and "died or restarted" in lost.error and "snapshots are off" in lost.error
@@ -228,7 +232,7 @@ async def test_the_janitor_sweeps_on_its_interval(skipping_env: WorkflowEnvironm
         await skipping_env.sleep(3 * 3600 + 60)
         await handle.terminate("test over")
     assert len(sweeps) == 4  # at start, then hourly
-    assert all(3500 < b - a < 3700 for a, b in zip(sweeps, sweeps[1:]))
+    assert all(3500 < b - a < 3700 for a, b in itertools.pairwise(sweeps))
 
 
 async def test_a_live_workers_periodic_registration_changes_nothing(tinker: Tinker) -> None:

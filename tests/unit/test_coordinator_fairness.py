@@ -10,10 +10,11 @@ from tinkerflow.workflows.coordinator import MAX_BATCH_ITEMS
 from tinkerflow.workflows.fairness import fair_order
 from tinkerflow.workflows.messages import SampleStart, SamplerInfo, WorkItem
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
+from tinkerflow.workflows.work import WorkKind
 
 
 def _item(key: str, session: str) -> WorkItem:
-    return WorkItem(key=key, requester=f"req-{session}", kind="sample", session_id=session)
+    return WorkItem(key=key, requester=f"req-{session}", kind=WorkKind.SAMPLE, session_id=session)
 
 
 def test_fair_order_is_round_robin_over_sessions_and_keeps_each_sessions_order():

@@ -95,6 +95,7 @@ def test_a_save_on_a_read_only_checkpoint_root_says_the_checkpoint_store_refused
     from tinkerflow.common.checkpoints import CheckpointStore
     from tinkerflow.common.store import ClaimCheckStore
     from tinkerflow.workflows.messages import Batch, SaveCheckpoint, WorkItem
+    from tinkerflow.workflows.work import WorkKind
 
     root = (tmp_path / "ckpts").as_uri()
 
@@ -104,7 +105,7 @@ def test_a_save_on_a_read_only_checkpoint_root_says_the_checkpoint_store_refused
     monkeypatch.setattr(checkpoint_io, "save", read_only)
     acts = EngineActivities(engine=None, store=ClaimCheckStore((tmp_path / "store").as_uri()),
                             checkpoints=CheckpointStore(root))
-    item = WorkItem(key="run#1", requester="run", kind="save_checkpoint", slot=0,
+    item = WorkItem(key="run#1", requester="run", kind=WorkKind.SAVE_CHECKPOINT, slot=0,
                     save=SaveCheckpoint(path="tinker://s:train:0/weights/a",
                                         manifest={"tinker_path": "tinker://s:train:0/weights/a"}))
     (result,) = ActivityEnvironment().run(acts.run_batch, Batch(items=[item])).results

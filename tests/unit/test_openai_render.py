@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 from tinkerflow.api.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -67,20 +68,29 @@ def test_render_cuts_at_the_first_stop_sequence_and_keeps_pieces_and_logprobs_al
 def test_bad_completion_parameters_are_named(body, param):
     with pytest.raises(Exception) as e:
         CompletionRequest.model_validate(body)
+    assert isinstance(e.value, ValidationError), e.value
     err = first_error(e.value)
     assert (err.status, err.param) == (400, param)
 
 
+def _first_unsupported(request: CompletionRequest | ChatCompletionRequest) -> str:
+    unsupported = request.unsupported()
+    assert unsupported is not None
+    return unsupported[0]
+
+
 def test_unsupported_parameters_are_refused_not_ignored():
-    assert CompletionRequest(model="m", prompt="x", echo=True, stream=True).unsupported()[0] == "echo"
-    assert CompletionRequest(model="m", prompt="x", logprobs=2).unsupported()[0] == "logprobs"
-    assert CompletionRequest(model="m", prompt="x", max_tokens=0).unsupported()[0] == "max_tokens"
+    assert _first_unsupported(CompletionRequest(model="m", prompt="x", echo=True, stream=True)) == "echo"
+    assert _first_unsupported(CompletionRequest(model="m", prompt="x", logprobs=2)) == "logprobs"
+    assert _first_unsupported(CompletionRequest(model="m", prompt="x", max_tokens=0)) == "max_tokens"
     assert CompletionRequest(model="m", prompt="x", max_tokens=0, echo=True, logprobs=2).unsupported() is None
     assert CompletionRequest(model="m", prompt="x", logprobs=0).unsupported() is None
-    chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], presence_penalty=1.0)
-    assert chat.unsupported()[0] == "presence_penalty"
-    parts = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                                    {"type": "text", "text": "b"}]}])
+    # model_validate: the messages are given as the JSON dicts a client sends, which pydantic validates into ChatMessage.
+    chat = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                 "presence_penalty": 1.0})
+    assert _first_unsupported(chat) == "presence_penalty"
+    parts = ChatCompletionRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
     assert parts.messages[0].as_template_input() == {"role": "user", "content": "ab"}
     assert CompletionRequest(model="m", prompt=[[1, 2], [3]]).prompts() == [[1, 2], [3]]
     assert CompletionRequest(model="m", prompt=[1, 2]).prompts() == [[1, 2]]
@@ -89,8 +99,10 @@ def test_unsupported_parameters_are_refused_not_ignored():
 def test_echo_logprobs_put_the_prompt_scores_before_the_completion(tokenizer):
     prompt = tokenizer.encode("one two three")
     completion = render(tokenizer, tokenizer.encode(" four"), [-0.25], "length", None)
-    lps = [None] + [-1.0 - i for i in range(len(prompt) - 1)]
-    topk = [None] + [[(prompt[i + 1], lps[i + 1]), (7, -9.0)] for i in range(len(prompt) - 1)]
+    scores = [-1.0 - i for i in range(len(prompt) - 1)]
+    lps: list[float | None] = [None, *scores]
+    topk: list[list[tuple[int, float]] | None] = [None] + [[(prompt[i + 1], scores[i]), (7, -9.0)]
+                                                            for i in range(len(prompt) - 1)]
     out = echo_logprobs(tokenizer, prompt, lps, topk, completion)
     assert "".join(out["tokens"]) == "one two three four"
     assert out["token_logprobs"] == [*lps, -0.25]

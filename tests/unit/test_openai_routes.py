@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from fastapi import FastAPI
@@ -94,7 +95,7 @@ def test_a_stream_sends_keepalive_comments_while_the_engine_works_then_chunks_an
     async def collect() -> list[str]:
         req = SimpleNamespace(logprobs=None, stream_options=None)
         response = routes_openai._stream({"id": "x", "object": "text_completion"}, slow(), 3, req, chat=False)
-        return [part async for part in response.body_iterator]
+        return [cast(str, part) async for part in response.body_iterator]  # _stream's events are str
 
     parts = asyncio.run(collect())
     assert parts[0].startswith(": ") and parts[-1] == "data: [DONE]\n\n"

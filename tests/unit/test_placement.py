@@ -44,7 +44,7 @@ def placement(*workers: WorkerInfo) -> Placement:
 def test_adapters_spread_over_workers_and_fill_the_lowest_free_slot() -> None:
     p = placement(worker("q1"), worker("q2"))
     assert [create(p, f"s:train:{n}") for n in range(4)] == [("q1", 0), ("q2", 0), ("q1", 1), ("q2", 1)]
-    with pytest.raises(ApplicationError, match="no free LoRA adapter slot.*all 4 are in use"):
+    with pytest.raises(ApplicationError, match=r"no free LoRA adapter slot.*all 4 are in use"):
         create(p, "s:train:9")
     p.after(item(WorkKind.FREE_ADAPTER, "s:train:0"), ok=True)
     assert create(p, "s:train:9") == ("q1", 0)
@@ -78,7 +78,7 @@ def test_samples_follow_their_snapshot_and_saved_weights_load_first_on_the_least
     queue, routed = p.route(saved, {"q1"}, 12.0)
     assert queue == "q2"
     (load,) = p.loads_for(routed, queue, 12.0, lambda path: f"load-{path}")
-    assert load.kind is WorkKind.LOAD_SNAPSHOT and load.load.path == saved.snapshot
+    assert load.kind is WorkKind.LOAD_SNAPSHOT and load.load is not None and load.load.path == saved.snapshot
     assert p.loads_for(routed, queue, 13.0, lambda path: "again") == []  # loaded once per worker
     assert p.route(item(WorkKind.SAMPLE, n=4), {"q1"}, 0.0)[0] == "q2"  # the base model: the least busy worker
 
@@ -89,7 +89,7 @@ def test_a_session_prefix_is_resolved_into_the_keys_the_record_holds() -> None:
     for n in range(2):
         p.route(item(WorkKind.SNAPSHOT, "s:train:0", n, snapshot=f"s:sample:{n}"), set(), float(n))
     queue, routed = p.route(item(WorkKind.DROP_SNAPSHOTS, drop=DropSnapshots(prefix="s:sample:")), set(), 5.0)
-    assert queue == "q1" and routed.drop.keys == ["s:sample:0", "s:sample:1"]
+    assert queue == "q1" and routed.drop is not None and routed.drop.keys == ["s:sample:0", "s:sample:1"]
     assert p.s.snapshots == {}
     with pytest.raises(ApplicationError, match="no snapshots with prefix"):
         p.route(item(WorkKind.DROP_SNAPSHOTS, drop=DropSnapshots(prefix="s:sample:")), set(), 5.0)
@@ -103,7 +103,7 @@ def test_a_sessions_snapshots_on_several_workers_are_dropped_on_each(every_holde
         create(p, f"s:train:{n}")
         p.route(item(WorkKind.SNAPSHOT, f"s:train:{n}", n, snapshot=f"s:sample:{n}"), set(), 0.0)
     queue, routed = p.route(item(WorkKind.DROP_SNAPSHOTS, "", 9, drop=DropSnapshots(prefix="s:")), set(), 1.0)
-    assert queue == "q1" and routed.drop.keys == ["s:sample:0"] and p.s.snapshots == {}
+    assert queue == "q1" and routed.drop is not None and routed.drop.keys == ["s:sample:0"] and p.s.snapshots == {}
     if every_holder:
         (other,) = p.s.pending
         assert p.route(other, set(), 1.0)[0] == "q2" and other.drop == DropSnapshots(keys=["s:sample:1"], queue="q2")

@@ -115,9 +115,10 @@ def test_every_recorded_work_item_decodes_into_typed_fields(paths: list[Path]) -
     assert {WorkKind.CREATE_ADAPTER, WorkKind.FORWARD_BACKWARD, WorkKind.OPTIM_STEP, WorkKind.SNAPSHOT,
             WorkKind.SAMPLE, WorkKind.SAVE_CHECKPOINT, WorkKind.LOAD_CHECKPOINT} <= set(kinds), kinds
     creates = [i for i in items if i.kind is WorkKind.CREATE_ADAPTER]
-    assert all(i.lora.rank == 4 and i.lora.seed is not None for i in creates)  # record.py: rank=4, a drawn seed
+    assert all(i.lora is not None and i.lora.rank == 4 and i.lora.seed is not None for i in creates)  # record.py: rank=4, a drawn seed
     adams = [i.adam for i in items if i.kind is WorkKind.OPTIM_STEP]
-    assert all(a.learning_rate == pytest.approx(1e-3) and a.beta2 == pytest.approx(0.95) for a in adams)
+    assert all(a is not None and a.learning_rate == pytest.approx(1e-3) and a.beta2 == pytest.approx(0.95)
+               for a in adams)
 
 
 @pytest.mark.parametrize("paths", [LEGACY, TYPED], ids=["legacy", "typed"])
@@ -134,7 +135,7 @@ def test_every_recorded_training_op_decodes_into_typed_fields(paths: list[Path])
             assert op.save is not None
     kinds = {op.kind for op in ops}
     assert {OpKind.FORWARD_BACKWARD, OpKind.OPTIM_STEP, OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_FOR_SAMPLER} <= kinds
-    named = [op.save for op in ops if op.kind is OpKind.SAVE_WEIGHTS_FOR_SAMPLER and op.save.path]
+    named = [op.save for op in ops if op.kind is OpKind.SAVE_WEIGHTS_FOR_SAMPLER and op.save is not None and op.save.path]
     assert [s.ttl_seconds for s in named] == [3600]  # record.py: "replay-weights", ttl_seconds=3600
 
 

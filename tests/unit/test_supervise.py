@@ -120,6 +120,7 @@ def _alive(pid: int) -> bool:
 def test_parts_die_when_up_is_killed_with_sigkill(tmp_path):
     up = subprocess.Popen([sys.executable, "-c", _FAKE_UP, str(tmp_path / "state")], stdout=subprocess.PIPE,
                           text=True, cwd=REPO)
+    assert up.stdout is not None  # stdout=PIPE
     try:
         pids = [int(p) for p in up.stdout.readline().split()]
         assert len(pids) == 2 and all(_alive(p) for p in pids)

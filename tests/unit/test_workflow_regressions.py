@@ -120,17 +120,16 @@ async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(mon
     # RESOLVE_TIMEOUT is 30 s; shorten it. The module global is only patchable outside the sandbox, so this test has
     # its own dev server whose workflow worker runs unsandboxed.
     monkeypatch.setattr(session_module, "RESOLVE_TIMEOUT", timedelta(seconds=1))
-    async with local_temporal() as env:
-        async with tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
-            sid, session = await tinker.start_session()
-            finished, result = await outcome_within(
-                session.execute_update(SessionWorkflow.resolve_sampler, names.sampler_id_for(sid, 9)))
-            assert finished, "the update is never answered: the session's workflow task fails instead"
-            assert isinstance(result, WorkflowUpdateFailedError)
+    async with local_temporal() as env, tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
+        sid, session = await tinker.start_session()
+        finished, result = await outcome_within(
+            session.execute_update(SessionWorkflow.resolve_sampler, names.sampler_id_for(sid, 9)))
+        assert finished, "the update is never answered: the session's workflow task fails instead"
+        assert isinstance(result, WorkflowUpdateFailedError)
 
-            await session.signal(SessionWorkflow.heartbeat)
-            finished, state = await outcome_within(session.query(SessionWorkflow.describe))
-            assert finished and isinstance(state, SessionState) and state.status == "active"
+        await session.signal(SessionWorkflow.heartbeat)
+        finished, state = await outcome_within(session.query(SessionWorkflow.describe))
+        assert finished and isinstance(state, SessionState) and state.status == "active"
 
 
 async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> None:
@@ -139,23 +138,24 @@ async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> N
     from tinkerflow.workflows.messages import SaveRequest, TrainingOp
 
     monkeypatch.setattr(placement_module, "EPHEMERAL_SNAPSHOT_IDLE_S", 1.0)
-    async with local_temporal() as env:
-        async with tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
-            sid, _ = await tinker.start_session()
-            _, run = await tinker.ready_run(sid, 1)
+    async with local_temporal() as env, tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
+        sid, _ = await tinker.start_session()
+        _, run = await tinker.ready_run(sid, 1)
 
-            async def save(seq: int) -> None:
-                outcome = await tinker.op(run, TrainingOp(
-                    seq_id=seq, kind="save_weights_for_sampler", body_hash=body_hash("save", seq),
-                    save=SaveRequest(path=None, sampling_session_seq_id=seq)))
-                assert outcome.ok, outcome.error
+        async def save(seq: int) -> None:
+            outcome = await tinker.op(run, TrainingOp(
+                seq_id=seq, kind="save_weights_for_sampler", body_hash=body_hash("save", seq),
+                save=SaveRequest(path=None, sampling_session_seq_id=seq)))
+            assert outcome.ok, outcome.error
 
-            await save(1)
-            await save(2)  # snapshot 1 is not idle yet: both stay
-            assert tinker.engine.of_kind("drop_snapshots") == []
-            await asyncio.sleep(1.5)
-            await save(3)  # now 1 and 2 are idle and older than 3
-            await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 1)
-            dropped = tinker.engine.of_kind("drop_snapshots")[0].drop.keys
-            assert sorted(dropped) == [names.sampler_id_for(sid, 1), names.sampler_id_for(sid, 2)]
-            assert (await tinker.describe_coordinator())["snapshots"] == 1
+        await save(1)
+        await save(2)  # snapshot 1 is not idle yet: both stay
+        assert tinker.engine.of_kind("drop_snapshots") == []
+        await asyncio.sleep(1.5)
+        await save(3)  # now 1 and 2 are idle and older than 3
+        await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 1)
+        drop = tinker.engine.of_kind("drop_snapshots")[0].drop
+        assert drop is not None and drop.keys is not None
+        dropped = drop.keys
+        assert sorted(dropped) == [names.sampler_id_for(sid, 1), names.sampler_id_for(sid, 2)]
+        assert (await tinker.describe_coordinator())["snapshots"] == 1

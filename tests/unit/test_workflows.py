@@ -150,7 +150,7 @@ async def test_reused_seq_id_with_a_different_body_is_rejected(tinker: Tinker) -
 
 async def test_forward_backward_of_two_runs_share_one_batch_while_the_engine_is_busy(tinker: Tinker) -> None:
     sid, _ = await tinker.start_session()
-    (a_id, run_a), (b_id, run_b), (c_id, run_c) = [await tinker.ready_run(sid, n) for n in (1, 2, 3)]
+    (_a_id, run_a), (b_id, run_b), (c_id, run_c) = [await tinker.ready_run(sid, n) for n in (1, 2, 3)]
     engine = tinker.engine
 
     slow = await tinker.submit(run_a, tinker.fwd(1, hold=True))
@@ -187,7 +187,7 @@ async def test_slots_run_out_with_a_clear_error_and_close_frees_one(tinker_facto
     async with tinker_factory(max_adapters=2) as tinker:
         sid, _ = await tinker.start_session()
         a_id, run_a = await tinker.ready_run(sid, 1)
-        b_id, run_b = await tinker.ready_run(sid, 2)
+        b_id, _run_b = await tinker.ready_run(sid, 2)
         slots = {i.model_id: i.slot for i in tinker.engine.of_kind("create_adapter")}
         assert sorted(slots.values()) == [0, 1]
 
@@ -204,7 +204,7 @@ async def test_slots_run_out_with_a_clear_error_and_close_frees_one(tinker_facto
         assert [i.model_id for i in tinker.engine.of_kind("free_adapter")] == [a_id]
         assert tinker.engine.of_kind("free_adapter")[0].slot == slots[a_id]
 
-        d_id, run_d = await tinker.ready_run(sid, 4)
+        d_id, _run_d = await tinker.ready_run(sid, 4)
         assert [i.slot for i in tinker.engine.of_kind("create_adapter") if i.model_id == d_id] == [slots[a_id]]
         described = await tinker.describe_coordinator()
         assert set(described["placements"]) == {b_id, d_id}
@@ -267,7 +267,8 @@ async def test_heartbeats_keep_a_session_open_and_finish_ends_it(tinker: Tinker)
         await asyncio.sleep(0.5)
     state: SessionState = await session.query(SessionWorkflow.describe)
     assert state.status == "active" and state.heartbeats == 8
-    assert (await session.describe()).status.name == "RUNNING"
+    status = (await session.describe()).status
+    assert status is not None and status.name == "RUNNING"
     assert (await tinker.op(run_a, tinker.fwd(1))).ok  # its run is still alive
 
     await session.signal(SessionWorkflow.finish, "")
@@ -331,7 +332,7 @@ async def test_a_finished_sessions_snapshots_are_dropped_on_every_worker_holding
         sid, session = await tinker.start_session()
         samplers = []
         for n in (1, 2):
-            model_id, run = await tinker.ready_run(sid, n)
+            _model_id, run = await tinker.ready_run(sid, n)
             saved = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_for_sampler", body_hash=body_hash(n),
                                                     save=SaveRequest(sampling_session_seq_id=n)))
             assert saved.ok, saved
@@ -369,6 +370,7 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
     assert named.json == {"path": f"tinker://{model_id}/sampler_weights/ckpt-1", "type": "save_weights_for_sampler"}
     # Named weights are also written to storage (PEFT files) by the worker holding the adapter.
     [save] = tinker.engine.of_kind("save_checkpoint")
+    assert save.save is not None
     assert save.model_id == model_id and save.save.path == f"tinker://{model_id}/sampler_weights/ckpt-1"
     assert save.save.manifest["lora"]["rank"] == 8 and save.save.manifest["expires_at"] is None
     assert (await tinker.describe_coordinator())["snapshots"] == 2
@@ -443,7 +445,7 @@ async def test_a_failing_engine_batch_becomes_a_server_error(temporal_env) -> No
 
 async def test_a_restarted_worker_lost_its_adapters(tinker: Tinker) -> None:
     sid, _ = await tinker.start_session()
-    model_id, run = await tinker.ready_run(sid, 1)
+    _model_id, run = await tinker.ready_run(sid, 1)
     await tinker.register(tinker.queues[0])  # the same worker registers again: its memory is gone
 
     outcome = await tinker.op(run, tinker.fwd(1))
@@ -459,39 +461,38 @@ async def test_a_restarted_worker_lost_its_adapters(tinker: Tinker) -> None:
 
 async def test_continue_as_new_keeps_coordinator_and_run_state() -> None:
     """A separate dev server whose history limit suggests continue-as-new after 60 events."""
-    async with local_temporal("limit.historyCount.suggestContinueAsNew=60") as env:
-        async with tinker_world(env.client) as tinker:
-            sid, session = await tinker.start_session()
-            model_id, run = await tinker.ready_run(sid, 1)
-            coordinator_runs, training_runs = set(), set()
-            first = None
-            for seq in range(1, 13):
-                op = tinker.fwd(seq) if seq % 2 else TrainingOp(seq_id=seq, kind="optim_step",
-                                                               body_hash=body_hash("o", seq))
-                outcome = await tinker.op(run, op)
-                assert outcome.ok, outcome
-                first = first or outcome
-                coordinator_runs.add((await tinker.coordinator.describe()).run_id)
-                training_runs.add((await run.describe()).run_id)
-            assert len(coordinator_runs) > 1 and len(training_runs) > 1, "continue-as-new never happened"
+    async with local_temporal("limit.historyCount.suggestContinueAsNew=60") as env, tinker_world(env.client) as tinker:
+        sid, session = await tinker.start_session()
+        model_id, run = await tinker.ready_run(sid, 1)
+        coordinator_runs, training_runs = set(), set()
+        first = None
+        for seq in range(1, 13):
+            op = tinker.fwd(seq) if seq % 2 else TrainingOp(seq_id=seq, kind="optim_step",
+                                                           body_hash=body_hash("o", seq))
+            outcome = await tinker.op(run, op)
+            assert outcome.ok, outcome
+            first = first or outcome
+            coordinator_runs.add((await tinker.coordinator.describe()).run_id)
+            training_runs.add((await run.describe()).run_id)
+        assert len(coordinator_runs) > 1 and len(training_runs) > 1, "continue-as-new never happened"
 
-            state: RunState = await run.query(TrainingRunWorkflow.describe)
-            assert (state.next_seq, state.fwdbwd_count, state.step, state.tokens_seen) == (13, 6, 6, 18)
-            described = await tinker.describe_coordinator()
-            assert described["placements"] == {model_id: [tinker.queues[0], 0]}
-            assert described["dispatched_batches"] == len(tinker.engine.batches)
-            # seq 1 was answered several runs ago; a retry still gets the first answer and runs nothing.
-            retried = await tinker.submit(run, tinker.fwd(1))
-            assert await within(retried.result()) == first
-            assert fwd_seqs(tinker.engine) == [1, 3, 5, 7, 9, 11]
-            # The session keeps its registry across its own continue-as-new (heartbeats fill its history here).
-            session_run = (await session.describe()).run_id
-            for _ in range(30):
-                await session.signal(SessionWorkflow.heartbeat)
-            await eventually(lambda: _run_id_changed(session, session_run))
-            carried: SessionState = await session.query(SessionWorkflow.describe)
-            assert carried.training_run_ids == [model_id] and carried.status == "active"
-            assert carried.heartbeats == 30
+        state: RunState = await run.query(TrainingRunWorkflow.describe)
+        assert (state.next_seq, state.fwdbwd_count, state.step, state.tokens_seen) == (13, 6, 6, 18)
+        described = await tinker.describe_coordinator()
+        assert described["placements"] == {model_id: [tinker.queues[0], 0]}
+        assert described["dispatched_batches"] == len(tinker.engine.batches)
+        # seq 1 was answered several runs ago; a retry still gets the first answer and runs nothing.
+        retried = await tinker.submit(run, tinker.fwd(1))
+        assert await within(retried.result()) == first
+        assert fwd_seqs(tinker.engine) == [1, 3, 5, 7, 9, 11]
+        # The session keeps its registry across its own continue-as-new (heartbeats fill its history here).
+        session_run = (await session.describe()).run_id
+        for _ in range(30):
+            await session.signal(SessionWorkflow.heartbeat)
+        await eventually(lambda: _run_id_changed(session, session_run))
+        carried: SessionState = await session.query(SessionWorkflow.describe)
+        assert carried.training_run_ids == [model_id] and carried.status == "active"
+        assert carried.heartbeats == 30
 
 
 async def _run_id_changed(handle, run_id: str) -> bool:

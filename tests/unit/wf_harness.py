@@ -112,6 +112,7 @@ def fwd_flags(item: WorkItem) -> set[str]:
 
 def fwd_seq(item: WorkItem) -> int:
     """The seq_id of the op a forward_backward item came from (Tinker.fwd's payload URI)."""
+    assert item.payload is not None
     return int(item.payload.uri.split("/")[3])
 
 
@@ -146,8 +147,10 @@ class MockEngine:
         if item.kind == "snapshot":
             return Outcome(json={"key": item.snapshot})
         if item.kind == "save_checkpoint":
+            assert item.save is not None
             return Outcome(json={"path": item.save.path, "size_bytes": 1234})
         if item.kind == "load_checkpoint":  # a checkpoint saved with rank 4, mlp untrained, after 3 steps
+            assert item.load is not None
             lora = {"rank": 4, "seed": None, "train_attn": True, "train_mlp": False, "train_unembed": True}
             return Outcome(json={"lora": lora, "step": 3 if item.load.optimizer else 0, "path": item.load.path})
         return Outcome(json={})  # free_adapter, drop_snapshots

@@ -96,7 +96,7 @@ def _train_teacher(service_client, base_model, token: int) -> str:
         seq = tok.encode(p) + [token] * 12
         weights = [0.0] * (len(seq) - 13) + [1.0] * 12
         data.append(types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                                loss_fn_inputs={"target_tokens": seq[1:], "weights": weights}))  # fmt: skip
+                                loss_fn_inputs={"target_tokens": seq[1:], "weights": weights}))  # fmt: skip  # pyright: ignore[reportArgumentType]  (Datum.__post_init__ converts lists; the field is typed TensorData only)
     # The target is a token the base model already emits often: the student then samples it and the reverse-KL
     # advantage pulls it up. Towards a token it never samples (8 steps at 5e-2, 36 nats/token away; 2 steps at 2e-2,
     # 9 nats away) the loop's gradient (no baseline) only pushes the sampled tokens down and the KL did not fall.

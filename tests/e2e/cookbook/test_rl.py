@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -17,6 +18,9 @@ from tests.e2e.cookbook.conftest import (
 )  # fmt: skip
 
 require_cookbook()
+
+if TYPE_CHECKING:
+    from tinker.types import LossFnType
 
 PROMPT_TEXTS = ["Say something:", "Tell me a story:", "Write a word:", "Go on:"]
 STEPS = 6
@@ -54,7 +58,7 @@ def easy_task(stack, base_model):
     return prompts, probe_targets(service, base_model, prompts)
 
 
-def make_config(cookbook_env, base_model, easy_task, log_path, *, loss_fn: str, steps: int = STEPS,
+def make_config(cookbook_env, base_model, easy_task, log_path, *, loss_fn: LossFnType, steps: int = STEPS,
                 learning_rate: float = 2e-2, **extra):
     from tinker_cookbook.rl import train
 
@@ -119,7 +123,7 @@ def test_rl_train_main_raises_reward(cookbook_env, base_model, easy_task, learne
     # dro: the cookbook has no learning rate of its own for it (rl.train steps every loss with Config.learning_rate
     # and the same AdamParams) and no default beta (loss_fn_config goes through as given); 0.05 is the contract's.
     # At the sampler's own weights its gradient is importance_sampling's, so it runs at the matrix's rate.
-    extra = {"loss_fn_config": {"beta": 0.05}} if loss_fn == "dro" else {}
+    extra: dict[str, Any] = {"loss_fn_config": {"beta": 0.05}} if loss_fn == "dro" else {}
     if loss_fn in SLOW_LOSSES:
         extra.update(steps=SLOW_STEPS, learning_rate=SLOW_LR)
     run_and_check(make_config(cookbook_env, base_model, easy_task, tmp_path / loss_fn, loss_fn=loss_fn, **extra),
