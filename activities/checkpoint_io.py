@@ -15,10 +15,16 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from tinkerflow.common.checkpoints import (
-    TRAINING_STATE_SEGMENTS, CheckpointError, CheckpointStore, Manifest, scratch_dir, TinkerPath, now_rfc3339,
-)
 from tinkerflow.common.age_export import encrypt_tree
+from tinkerflow.common.checkpoints import (
+    TRAINING_STATE_SEGMENTS,
+    CheckpointError,
+    CheckpointStore,
+    Manifest,
+    TinkerPath,
+    now_rfc3339,
+    scratch_dir,
+)
 from tinkerflow.common.settings import env_setting
 from tinkerflow.workers.engine import checkpoint as formats
 from tinkerflow.workers.engine.types import LoraConfig, SlotState
@@ -26,8 +32,15 @@ from tinkerflow.workers.engine.types import LoraConfig, SlotState
 log = logging.getLogger(__name__)
 
 
-def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *, overwrite: bool,
-         age_recipients: list[str] | None = None) -> Manifest:
+def save(
+    engine,
+    store: CheckpointStore,
+    slot: int,
+    manifest: dict[str, Any],
+    *,
+    overwrite: bool,
+    age_recipients: list[str] | None = None,
+) -> Manifest:
     """Write one checkpoint; with `age_recipients` (external weights only) every file is stored as `<name>.age`."""
     started = time.perf_counter()
     state: SlotState = engine.export_slot(slot)
@@ -44,8 +57,9 @@ def save(engine, store: CheckpointStore, slot: int, manifest: dict[str, Any], *,
             if age_recipients:
                 encrypt_tree(staging, age_recipients)
                 m = replace(m, format="peft+age")
-        committed = store.commit(m, staging, overwrite=overwrite,
-                                 pause_before_manifest_s=env_setting("fault_pause_before_commit_s"))
+        committed = store.commit(
+            m, staging, overwrite=overwrite, pause_before_manifest_s=env_setting("fault_pause_before_commit_s")
+        )
     log.info("saved %s (%d bytes) in %.2fs", p, committed.size_bytes, time.perf_counter() - started)
     return committed
 
@@ -56,8 +70,10 @@ def read_state(store: CheckpointStore, path: str) -> tuple[Manifest, SlotState]:
     with scratch_dir() as staging:
         m = store.download(p, staging)
         if m.format.endswith("+age"):
-            raise CheckpointError(f"{path} is age-encrypted to its owner's keys; the service cannot load it. "
-                                  "Save it again without age_encryption_recipients to sample or train from it")
+            raise CheckpointError(
+                f"{path} is age-encrypted to its owner's keys; the service cannot load it. "
+                "Save it again without age_encryption_recipients to sample or train from it"
+            )
         if p.segment in TRAINING_STATE_SEGMENTS:
             return m, formats.read_training_state(staging)
         config, weights = formats.read_peft(staging)
@@ -68,8 +84,10 @@ def read_state(store: CheckpointStore, path: str) -> tuple[Manifest, SlotState]:
 def load(engine, store: CheckpointStore, slot: int, path: str, *, optimizer: bool) -> dict[str, Any]:
     m, state = read_state(store, path)
     if optimizer and not m.has_optimizer:
-        raise CheckpointError(f"{path} holds weights only (no optimizer state); load it without the optimizer, or "
-                              "load a save_state checkpoint (tinker://…/weights/…)")
+        raise CheckpointError(
+            f"{path} holds weights only (no optimizer state); load it without the optimizer, or "
+            "load a save_state checkpoint (tinker://…/weights/…)"
+        )
     engine.import_slot(slot, state, optimizer=optimizer)
     log.info("loaded %s into slot %d (optimizer %s)", path, slot, optimizer)
     return {"lora": _lora_dict(state.config), "step": state.step if optimizer else 0, "path": path}
@@ -81,6 +99,10 @@ def load_snapshot(engine, store: CheckpointStore, path: str) -> None:
 
 
 def _lora_dict(config: LoraConfig) -> dict[str, Any]:
-    return {"rank": config.rank, "seed": config.seed, "train_attn": config.train_attn,
-            "train_mlp": config.train_mlp, "train_unembed": config.train_unembed}
-
+    return {
+        "rank": config.rank,
+        "seed": config.seed,
+        "train_attn": config.train_attn,
+        "train_mlp": config.train_mlp,
+        "train_unembed": config.train_unembed,
+    }

@@ -27,6 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.activities import checkpoint_io, wire
+from tinkerflow.activities.specs import adam_config, lora_config
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.storage_faults import storage_fault
@@ -34,8 +35,6 @@ from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import InputError
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
-
-from tinkerflow.activities.specs import adam_config, lora_config
 
 log = logging.getLogger(__name__)
 REMEMBERED_ANSWERS = 4096
@@ -83,8 +82,14 @@ def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) ->
 
 
 class EngineActivities:
-    def __init__(self, engine, store: ClaimCheckStore, deliver=None, checkpoints: CheckpointStore | None = None,
-                 incarnation: str = ""):
+    def __init__(
+        self,
+        engine,
+        store: ClaimCheckStore,
+        deliver=None,
+        checkpoints: CheckpointStore | None = None,
+        incarnation: str = "",
+    ):
         self.engine = engine
         self.incarnation = incarnation
         self.store = store
@@ -112,9 +117,12 @@ class EngineActivities:
     def run_batch(self, batch: Batch) -> BatchResult:
         if batch.incarnation and self.incarnation and batch.incarnation != self.incarnation:
             # A retry of a batch placed on this worker's previous process: the slots it names are not ours.
-            raise ApplicationError(f"this batch was placed on an earlier process of this JAX worker "
-                                   f"({batch.incarnation[:8]}, now {self.incarnation[:8]}), which died or restarted",
-                                   type=ErrorType.WORKER_LOST, non_retryable=True)
+            raise ApplicationError(
+                f"this batch was placed on an earlier process of this JAX worker "
+                f"({batch.incarnation[:8]}, now {self.incarnation[:8]}), which died or restarted",
+                type=ErrorType.WORKER_LOST,
+                non_retryable=True,
+            )
         todo = [i for i in batch.items if i.key not in self._answers]
         sent: dict[str, concurrent.futures.Future] = {}
         with _heartbeats(HEARTBEAT_EVERY_S) as progress:
@@ -125,9 +133,12 @@ class EngineActivities:
                 self._delivered.add(key)
             except Exception as e:
                 log.info("early delivery of %s failed (%s); the coordinator will deliver it", key, e)
-        return BatchResult(results=[
-            WorkResult(key=i.key, outcome=self._answers[i.key], delivered=i.key in self._delivered)
-            for i in batch.items])
+        return BatchResult(
+            results=[
+                WorkResult(key=i.key, outcome=self._answers[i.key], delivered=i.key in self._delivered)
+                for i in batch.items
+            ]
+        )
 
     def _run_items(self, todo: list[WorkItem], sent: dict, progress: list[str]) -> None:
         for _, run in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
@@ -139,13 +150,18 @@ class EngineActivities:
             except Exception as e:  # an engine bug must not take the other requests of the batch with it
                 fault = storage_fault(e)
                 if fault:  # the storage, not the engine: say which store and why, not an internal path
-                    which, url = (("checkpoint", self.checkpoints.url)
-                                  if group[0].kind in CHECKPOINT_KINDS and self.checkpoints is not None
-                                  else ("claim-check", self.store.url))
-                    log.error("%s ×%d: the %s store %s refused: %s (%s)", group[0].kind, len(group), which, url,
-                              fault, e)
-                    message = (f"{group[0].kind} failed: the {which} store ({url}) refused it: {fault}. A server-side "
-                               "storage fault: the operator must free or fix that storage")
+                    which, url = (
+                        ("checkpoint", self.checkpoints.url)
+                        if group[0].kind in CHECKPOINT_KINDS and self.checkpoints is not None
+                        else ("claim-check", self.store.url)
+                    )
+                    log.error(
+                        "%s ×%d: the %s store %s refused: %s (%s)", group[0].kind, len(group), which, url, fault, e
+                    )
+                    message = (
+                        f"{group[0].kind} failed: the {which} store ({url}) refused it: {fault}. A server-side "
+                        "storage fault: the operator must free or fix that storage"
+                    )
                 else:
                     log.exception("engine failed on %s ×%d", group[0].kind, len(group))
                     message = f"engine error in {group[0].kind}: {e}"
@@ -171,20 +187,24 @@ class EngineActivities:
     @staticmethod
     def _single(handle: Callable[[WorkItem], Outcome]) -> Callable[[list[WorkItem]], list[Outcome]]:
         """A handler of one item; bad input (or a checkpoint that cannot be used) fails that item as `user`."""
+
         def run(items: list[WorkItem]) -> list[Outcome]:
             (item,) = items
             try:
                 return [handle(item)]
             except (InputError, CheckpointError) as e:
                 return [Outcome.failed(str(e), "user")]
+
         return run
 
     def _checkpoint(self, handle: Callable[[WorkItem], Outcome]) -> Callable[[WorkItem], Outcome]:
         def run(item: WorkItem) -> Outcome:
             if self.checkpoints is None:
-                return Outcome.failed("this JAX worker has no checkpoint storage configured (--checkpoint-root)",
-                                      "server")
+                return Outcome.failed(
+                    "this JAX worker has no checkpoint storage configured (--checkpoint-root)", "server"
+                )
             return handle(item)
+
         return run
 
     def _create_adapter(self, item: WorkItem) -> Outcome:
@@ -212,29 +232,41 @@ class EngineActivities:
         # prefix-only item can only be a batch an older Coordinator dispatched before an upgrade: nothing to name.
         keys = sorted(item.drop.keys or []) if item.drop is not None else []
         if item.drop is not None and item.drop.keys is None:
-            log.warning("drop_snapshots %s names a prefix (%r) and no keys; nothing dropped", item.key,
-                        item.drop.prefix)
+            log.warning(
+                "drop_snapshots %s names a prefix (%r) and no keys; nothing dropped", item.key, item.drop.prefix
+            )
         for key in keys:
             self.engine.drop_snapshot(key)
         return Outcome(json={"dropped": len(keys)})
 
     def _checkpoint_store(self) -> CheckpointStore:
-        assert self.checkpoints is not None, "checkpoint work needs EngineActivities(checkpoints=...)"  # the worker passes one
+        assert self.checkpoints is not None, (
+            "checkpoint work needs EngineActivities(checkpoints=...)"
+        )  # the worker passes one
         return self.checkpoints
 
     def _save_checkpoint(self, item: WorkItem) -> Outcome:
         save = item.save
         if save is None:
             raise InputError("save_checkpoint needs a path and a manifest")
-        manifest = checkpoint_io.save(self.engine, self._checkpoint_store(), item.slot, save.manifest,
-                                      overwrite=save.overwrite, age_recipients=list(save.age_recipients))
+        manifest = checkpoint_io.save(
+            self.engine,
+            self._checkpoint_store(),
+            item.slot,
+            save.manifest,
+            overwrite=save.overwrite,
+            age_recipients=list(save.age_recipients),
+        )
         return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
 
     def _load_checkpoint(self, item: WorkItem) -> Outcome:
         if item.load is None:
             raise InputError("load_checkpoint needs a path")
-        return Outcome(json=checkpoint_io.load(self.engine, self._checkpoint_store(), item.slot, item.load.path,
-                                               optimizer=item.load.optimizer))
+        return Outcome(
+            json=checkpoint_io.load(
+                self.engine, self._checkpoint_store(), item.slot, item.load.path, optimizer=item.load.optimizer
+            )
+        )
 
     def _load_snapshot(self, item: WorkItem) -> Outcome:
         """A sample call in this batch names saved weights this worker has not loaded."""
@@ -253,13 +285,16 @@ class EngineActivities:
         def decode(item: WorkItem):
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
-            return wire.forward_backward_input(wire.parse_forward_backward(self.store.get(_payload(item))), item.slot,
-                                               bounds)
+            return wire.forward_backward_input(
+                wire.parse_forward_backward(self.store.get(_payload(item))), item.slot, bounds
+            )
 
         def encode(inp, res) -> Outcome:
             tokens = sum(len(d.tokens) for d in inp.data)
-            return Outcome(blob=self.store.put(wire.forward_backward_output(res), "results"),
-                           json={"loss": float(res.metrics.get("loss:sum", 0.0)), "tokens": tokens})
+            return Outcome(
+                blob=self.store.put(wire.forward_backward_output(res), "results"),
+                json={"loss": float(res.metrics.get("loss:sum", 0.0)), "tokens": tokens},
+            )
 
         return self._one_engine_call(items, decode, self.engine.forward_backward, encode)
 
@@ -268,8 +303,12 @@ class EngineActivities:
             snapshot = item.snapshot or None
             if snapshot in self._load_errors:
                 raise InputError(f"could not load sampler weights {snapshot}: {self._load_errors[snapshot]}")
-            if snapshot and snapshot.startswith("tinker://") and self.checkpoints is not None \
-                    and self.engine.snapshot_evicted(snapshot):
+            if (
+                snapshot
+                and snapshot.startswith("tinker://")
+                and self.checkpoints is not None
+                and self.engine.snapshot_evicted(snapshot)
+            ):
                 try:  # saved weights the snapshot budget pushed out: read them again (ephemeral ones fail clearly)
                     checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
                 except (InputError, CheckpointError) as e:
@@ -277,8 +316,10 @@ class EngineActivities:
             return wire.sample_input(self.store.get(_payload(item)), snapshot)
 
         def encode(_inp, res) -> Outcome:
-            return Outcome(blob=self.store.put(wire.sample_output(res), "results"),
-                           json={"tokens": sum(len(s.tokens) for s in res.sequences)})
+            return Outcome(
+                blob=self.store.put(wire.sample_output(res), "results"),
+                json={"tokens": sum(len(s.tokens) for s in res.sequences)},
+            )
 
         return self._one_engine_call(items, decode, self.engine.sample, encode)
 

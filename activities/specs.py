@@ -8,11 +8,21 @@ from tinkerflow.workflows.work import AdamSpec, LoraSpec
 
 
 def lora_config(spec: LoraSpec) -> LoraConfig:
-    return LoraConfig(rank=int(spec.rank), seed=spec.seed, train_attn=spec.train_attn, train_mlp=spec.train_mlp,
-                      train_unembed=spec.train_unembed)
+    return LoraConfig(
+        rank=int(spec.rank),
+        seed=spec.seed,
+        train_attn=spec.train_attn,
+        train_mlp=spec.train_mlp,
+        train_unembed=spec.train_unembed,
+    )
 
 
 def adam_config(spec: AdamSpec) -> AdamConfig:
-    return AdamConfig(learning_rate=float(spec.learning_rate), beta1=float(spec.beta1), beta2=float(spec.beta2),
-                      eps=float(spec.eps), weight_decay=float(spec.weight_decay),
-                      grad_clip_norm=float(spec.grad_clip_norm))
+    return AdamConfig(
+        learning_rate=float(spec.learning_rate),
+        beta1=float(spec.beta1),
+        beta2=float(spec.beta2),
+        eps=float(spec.eps),
+        weight_decay=float(spec.weight_decay),
+        grad_clip_norm=float(spec.grad_clip_norm),
+    )

@@ -37,8 +37,9 @@ class StorageActivities:
             n, b = self.store.sweep(kind, self.retention_s)
             objects, freed = objects + n, freed + b
         if objects:
-            log.info("claim-check store: collected %d objects (%d bytes) older than %gs", objects, freed,
-                     self.retention_s)
+            log.info(
+                "claim-check store: collected %d objects (%d bytes) older than %gs", objects, freed, self.retention_s
+            )
         return {"objects": objects, "bytes": freed}
 
     @activity.defn(name="delete_expired_checkpoint")
@@ -47,8 +48,11 @@ class StorageActivities:
         p = TinkerPath.parse(tinker_path)
         m = self.checkpoints.manifest(p, include_expired=True)
         if m is None or m.expires_at != expires_at:
-            log.info("not deleting %s: it is gone or its expiry changed (%s)", tinker_path,
-                     m.expires_at if m else "no manifest")
+            log.info(
+                "not deleting %s: it is gone or its expiry changed (%s)",
+                tinker_path,
+                m.expires_at if m else "no manifest",
+            )
             return False
         self.checkpoints.delete(p)
         log.info("deleted expired checkpoint %s (expired at %s)", tinker_path, expires_at)

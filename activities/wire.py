@@ -24,8 +24,11 @@ from tinkerflow.workers.engine.types import (
 )
 
 _PROTO_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
-_NUMPY_TO_PROTO = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.int64): pb.DTYPE_INT64,
-                   np.dtype(np.int32): pb.DTYPE_INT32}
+_NUMPY_TO_PROTO = {
+    np.dtype(np.float32): pb.DTYPE_FLOAT32,
+    np.dtype(np.int64): pb.DTYPE_INT64,
+    np.dtype(np.int32): pb.DTYPE_INT32,
+}
 # Densified sparse inputs are padded with 0 for every key the SDK sends sparse (target_tokens, weights).
 _PAD_VALUE = 0
 
@@ -64,11 +67,16 @@ def _tensor(name: str, t: pb.Tensor, where: str, bounds: Bounds = Bounds()) -> n
             if shape[0] > bounds.max_rows or shape[1] > bounds.max_cols:
                 raise InputError(
                     f"{where}: sparse loss_fn_inputs[{name!r}] declares shape {list(shape)}, beyond this model's "
-                    f"context ({bounds.max_rows} rows) or vocabulary ({bounds.max_cols} columns)")
-            if len(crow) != shape[0] + 1 or len(col) != len(values) or (col.size and not (
-                    int(col.min()) >= 0 and int(col.max()) < shape[1])):
-                raise InputError(f"{where}: sparse loss_fn_inputs[{name!r}] has crow/col indices that do not fit "
-                                 f"shape {list(shape)}")
+                    f"context ({bounds.max_rows} rows) or vocabulary ({bounds.max_cols} columns)"
+                )
+            if (
+                len(crow) != shape[0] + 1
+                or len(col) != len(values)
+                or (col.size and not (int(col.min()) >= 0 and int(col.max()) < shape[1]))
+            ):
+                raise InputError(
+                    f"{where}: sparse loss_fn_inputs[{name!r}] has crow/col indices that do not fit shape {list(shape)}"
+                )
             dense = np.full(shape, _PAD_VALUE, dtype=dtype)
             for row in range(shape[0]):
                 lo, hi = int(crow[row]), int(crow[row + 1])
@@ -113,19 +121,25 @@ def _sampled_mask(spans, where: str) -> np.ndarray | None:
     return np.concatenate(parts)
 
 
-def forward_backward_input(msg: pb.ForwardBackwardRequest, slot: int, bounds: Bounds = Bounds()
-                           ) -> ForwardBackwardInput:
+def forward_backward_input(
+    msg: pb.ForwardBackwardRequest, slot: int, bounds: Bounds = Bounds()
+) -> ForwardBackwardInput:
     data = []
     for i, d in enumerate(msg.data):
         where = f"datum {i}"
-        data.append(Datum(tokens=_tokens(d.model_input, where),
-                          inputs={k: _tensor(k, v, where, bounds) for k, v in d.loss_fn_inputs.items()},
-                          sampled_mask=_sampled_mask(d.loss_fn_input_spans, where)))
+        data.append(
+            Datum(
+                tokens=_tokens(d.model_input, where),
+                inputs={k: _tensor(k, v, where, bounds) for k, v in d.loss_fn_inputs.items()},
+                sampled_mask=_sampled_mask(d.loss_fn_input_spans, where),
+            )
+        )
     config: dict[str, float | str] = dict(msg.loss_fn_config)
     for k, v in msg.loss_fn_config_v2.items():  # v2 carries every entry, strings included: prefer it
         config[k] = v.text if v.WhichOneof("value") == "text" else v.number
-    return ForwardBackwardInput(slot=slot, data=data, loss_fn=msg.loss_fn, loss_fn_config=config,
-                                forward_only=msg.forward_only)
+    return ForwardBackwardInput(
+        slot=slot, data=data, loss_fn=msg.loss_fn, loss_fn_config=config, forward_only=msg.forward_only
+    )
 
 
 def forward_backward_output(result: ForwardBackwardResult) -> bytes:
@@ -187,10 +201,17 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
     if p.max_tokens is not None and p.max_tokens < 1:
         raise InputError(f"max_tokens must be at least 1, got {p.max_tokens}")
     return SampleInput(
-        prompt=np.asarray(tokens, dtype=np.int32), num_samples=req.num_samples,
-        max_tokens=p.max_tokens if p.max_tokens is not None else 16, temperature=p.temperature,
-        top_k=p.top_k, top_p=p.top_p, seed=p.seed, stop_token_ids=stop_ids, stop_strings=stop_strings,
-        include_prompt_logprobs=bool(req.prompt_logprobs), topk_prompt_logprobs=int(req.topk_prompt_logprobs or 0),
+        prompt=np.asarray(tokens, dtype=np.int32),
+        num_samples=req.num_samples,
+        max_tokens=p.max_tokens if p.max_tokens is not None else 16,
+        temperature=p.temperature,
+        top_k=p.top_k,
+        top_p=p.top_p,
+        seed=p.seed,
+        stop_token_ids=stop_ids,
+        stop_strings=stop_strings,
+        include_prompt_logprobs=bool(req.prompt_logprobs),
+        topk_prompt_logprobs=int(req.topk_prompt_logprobs or 0),
         snapshot=snapshot or None,
     )
 

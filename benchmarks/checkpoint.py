@@ -37,14 +37,23 @@ def main() -> None:
     engine = Engine.load(model, max_lora_adapters=2, max_lora_rank=args.rank, progress=False)
     engine.create_adapter(0, LoraConfig(rank=args.rank, seed=0))
     rng = np.random.default_rng(0)
-    engine.set_adapter_weights(0, {k: rng.normal(0, 0.02, v.shape).astype(np.float32)
-                                   for k, v in engine.adapter_weights(0).items()})
+    engine.set_adapter_weights(
+        0, {k: rng.normal(0, 0.02, v.shape).astype(np.float32) for k, v in engine.adapter_weights(0).items()}
+    )
     store = CheckpointStore(args.root or (scratch / "ckpts").as_uri())
     common = {"model": Path(model).name, "lora_rank": args.rank, "root": store.url.split("://")[0]}
 
     def manifest(path: str) -> dict:
-        return {"tinker_path": path, "owner": "bench", "base_model": model, "lora": {}, "time": now_rfc3339(),
-                "step": 0, "expires_at": None, "user_metadata": {}}
+        return {
+            "tinker_path": path,
+            "owner": "bench",
+            "base_model": model,
+            "lora": {},
+            "time": now_rfc3339(),
+            "step": 0,
+            "expires_at": None,
+            "user_metadata": {},
+        }
 
     state, peft = "tinker://bench:train:0/weights/s", "tinker://bench:train:0/sampler_weights/s"
     saved = {}
@@ -55,9 +64,12 @@ def main() -> None:
     def save_peft():
         saved["peft"] = checkpoint_io.save(engine, store, 0, manifest(peft), overwrite=True)
 
-    for name, fn in (("save_state", save_state), ("save_peft", save_peft),
-                     ("load_state", lambda: checkpoint_io.load(engine, store, 1, state, optimizer=True)),
-                     ("load_sampler_snapshot", lambda: checkpoint_io.load_snapshot(engine, store, peft))):
+    for name, fn in (
+        ("save_state", save_state),
+        ("save_peft", save_peft),
+        ("load_state", lambda: checkpoint_io.load(engine, store, 1, state, optimizer=True)),
+        ("load_sampler_snapshot", lambda: checkpoint_io.load_snapshot(engine, store, peft)),
+    ):
         fn()  # warm-up (first orbax / safetensors use)
         size = saved["peft" if "peft" in name or "sampler" in name else "state"].size_bytes
         emit(figure=f"checkpoint_{name}", **common, size_bytes=size, **stats(time_ms(fn, args.iterations)))

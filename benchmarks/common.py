@@ -35,8 +35,11 @@ def time_ms(fn, n: int) -> list[float]:
 
 def stats(samples: list[float]) -> dict:
     s = sorted(samples)
-    return {"median_ms": round(statistics.median(s), 3), "p90_ms": round(s[min(len(s) - 1, int(0.9 * len(s)))], 3),
-            "n": len(s)}
+    return {
+        "median_ms": round(statistics.median(s), 3),
+        "p90_ms": round(s[min(len(s) - 1, int(0.9 * len(s)))], 3),
+        "n": len(s),
+    }
 
 
 def pig_latin_examples(tokenizer) -> list[tuple[list[int], list[int], list[float]]]:

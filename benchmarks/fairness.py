@@ -28,8 +28,10 @@ def measure(base_url: str, api_key: str, reps: int, samples: int, max_tokens: in
     import tinker
     from tinker import types
 
-    datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
     adam = types.AdamParams(learning_rate=1e-4)
     tenant_b = tinker.ServiceClient(base_url=base_url, api_key=api_key)
     model = tenant_b.get_server_capabilities().supported_models[0].model_name
@@ -71,8 +73,14 @@ def measure(base_url: str, api_key: str, reps: int, samples: int, max_tokens: in
     time.sleep(2.0)  # the flood is under way
     under_load = timed(reps)
     stop.set()
-    emit(figure="small_step_under_big_sampling", samples_per_call=samples, max_tokens=max_tokens,
-         concurrent_calls=concurrency, big_calls_done=done[0], **stats(under_load))
+    emit(
+        figure="small_step_under_big_sampling",
+        samples_per_call=samples,
+        max_tokens=max_tokens,
+        concurrent_calls=concurrency,
+        big_calls_done=done[0],
+        **stats(under_load),
+    )
     try:
         sampler.sample(prompt, num_samples=20_000, sampling_params=params).result(timeout=900)
         refused = False

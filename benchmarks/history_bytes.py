@@ -54,8 +54,10 @@ def measure(iterations: int) -> dict:
     try:
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
         training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
-        datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40, 50, 60, 70, 80]),
-                            loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50, 60, 70, 80, 90], weights=[1.0] * 8))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints([10, 20, 30, 40, 50, 60, 70, 80]),
+            loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50, 60, 70, 80, 90], weights=[1.0] * 8),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+        )
         bytes0, events0, _ = asyncio.run(history_bytes(stack.temporal_address))
         db0, store0 = _db_bytes(state), _store_bytes(state)
         for _ in range(iterations):
@@ -63,18 +65,24 @@ def measure(iterations: int) -> dict:
             training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=600)
             sampler = training.save_weights_and_get_sampling_client().result()
             sampler.sample(types.ModelInput.from_ints([10, 20]), 1, types.SamplingParams(max_tokens=8)).result(
-                timeout=600)
+                timeout=600
+            )
         total, events, executions = asyncio.run(history_bytes(stack.temporal_address))
         ops = iterations * OPS_PER_ITERATION
         per_op = (total - bytes0) / ops
         db_per_op = (_db_bytes(state) - db0) / ops
         store_per_op = (_store_bytes(state) - store0) / ops
-        return {"iterations": iterations, "ops": ops, "executions": executions,
-                "history_bytes_per_op": round(per_op), "history_events_per_op": round((events - events0) / ops, 1),
-                "sqlite_bytes_per_op": round(db_per_op),
-                "sqlite_gb_per_million_ops": round(db_per_op * 1e6 / 1e9, 2),
-                "store_bytes_per_op": round(store_per_op),
-                "store_gb_per_million_ops": round(store_per_op * 1e6 / 1e9, 2)}
+        return {
+            "iterations": iterations,
+            "ops": ops,
+            "executions": executions,
+            "history_bytes_per_op": round(per_op),
+            "history_events_per_op": round((events - events0) / ops, 1),
+            "sqlite_bytes_per_op": round(db_per_op),
+            "sqlite_gb_per_million_ops": round(db_per_op * 1e6 / 1e9, 2),
+            "store_bytes_per_op": round(store_per_op),
+            "store_gb_per_million_ops": round(store_per_op * 1e6 / 1e9, 2),
+        }
     finally:
         stack.stop()
 

@@ -58,8 +58,11 @@ def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: 
         return np.ones(n, np_dtype)
 
     def mlp(prefix: str, inter: int) -> dict:
-        return {prefix + "gate_proj.weight": normal(inter, h), prefix + "up_proj.weight": normal(inter, h),
-                prefix + "down_proj.weight": normal(h, inter)}
+        return {
+            prefix + "gate_proj.weight": normal(inter, h),
+            prefix + "up_proj.weight": normal(inter, h),
+            prefix + "down_proj.weight": normal(h, inter),
+        }
 
     weight_map = {}
 

@@ -39,8 +39,10 @@ def main() -> None:
         training = service.create_lora_training_client(base_model=base_model, rank=32).result()
         tokenizer = training.get_tokenizer()
         rows = pig_latin_examples(tokenizer)
-        batch = [types.Datum(model_input=types.ModelInput.from_ints(t), loss_fn_inputs=dict(target_tokens=y, weights=w))  # pyright: ignore[reportArgumentType] (Datum converts lists)
-                 for t, y, w in rows]
+        batch = [
+            types.Datum(model_input=types.ModelInput.from_ints(t), loss_fn_inputs=dict(target_tokens=y, weights=w))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+            for t, y, w in rows
+        ]
         one = batch[:1]
         adam = types.AdamParams(learning_rate=1e-4)
         info_body = {"model_id": training.model_id, "type": "get_info"}
@@ -64,8 +66,11 @@ def main() -> None:
     for name in sdk_ops:
         emit(figure=f"{name}_ms", path="sdk", **sdk[name])
         emit(figure=f"{name}_ms", path="engine", **engine[name])
-        emit(figure=f"{name}_overhead_ms", median_ms=round(sdk[name]["median_ms"] - engine[name]["median_ms"], 3),
-             p90_ms=round(sdk[name]["p90_ms"] - engine[name]["p90_ms"], 3))
+        emit(
+            figure=f"{name}_overhead_ms",
+            median_ms=round(sdk[name]["median_ms"] - engine[name]["median_ms"], 3),
+            p90_ms=round(sdk[name]["p90_ms"] - engine[name]["p90_ms"], 3),
+        )
 
 
 def _engine_figures(model_dir: str, rows, iterations: int) -> dict:
@@ -74,14 +79,19 @@ def _engine_figures(model_dir: str, rows, iterations: int) -> dict:
 
     engine = Engine.load(model_dir, max_lora_adapters=8, max_lora_rank=32, progress=False)
     engine.create_adapter(0, LoraConfig(rank=32))
-    data = [Datum(tokens=np.asarray(t, np.int32), inputs={"target_tokens": np.asarray(y, np.int64),
-                                                          "weights": np.asarray(w, np.float32)}) for t, y, w in rows]
+    data = [
+        Datum(
+            tokens=np.asarray(t, np.int32),
+            inputs={"target_tokens": np.asarray(y, np.int64), "weights": np.asarray(w, np.float32)},
+        )
+        for t, y, w in rows
+    ]
     ops = {
         "get_info": lambda: engine.info,
-        "forward_1_datum": lambda: engine.forward_backward([ForwardBackwardInput(0, data[:1], "cross_entropy",
-                                                                                 forward_only=True)]),
-        "forward_backward_pig_latin": lambda: engine.forward_backward([ForwardBackwardInput(0, data,
-                                                                                            "cross_entropy")]),
+        "forward_1_datum": lambda: engine.forward_backward(
+            [ForwardBackwardInput(0, data[:1], "cross_entropy", forward_only=True)]
+        ),
+        "forward_backward_pig_latin": lambda: engine.forward_backward([ForwardBackwardInput(0, data, "cross_entropy")]),
         "optim_step": lambda: engine.optim_step(0, AdamConfig(learning_rate=1e-4)),
     }
     out = {}

@@ -30,13 +30,20 @@ def measure(mode: str, steps: int, snapshot_every: int) -> dict:
     from tinkerflow.cli.up import Stack
     from tinkerflow.common.settings import Settings
 
-    datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
     adam = types.AdamParams(learning_rate=1e-3)
     temporal_port = free_port()
-    settings = Settings(state_dir=Path(tempfile.mkdtemp(prefix="tinkerflow-bench-recovery-")), port=free_port(),
-                        api_keys=("tml-bench",), temporal_address=f"127.0.0.1:{temporal_port}", max_lora_adapters=2,
-                        auto_snapshot_every=snapshot_every)
+    settings = Settings(
+        state_dir=Path(tempfile.mkdtemp(prefix="tinkerflow-bench-recovery-")),
+        port=free_port(),
+        api_keys=("tml-bench",),
+        temporal_address=f"127.0.0.1:{temporal_port}",
+        max_lora_adapters=2,
+        auto_snapshot_every=snapshot_every,
+    )
     stack = Stack(settings)
     try:
         stack.start_temporal(temporal_port, 0, headless=True)
@@ -64,22 +71,33 @@ def measure(mode: str, steps: int, snapshot_every: int) -> dict:
         if mode == "restart":
             stack.start_worker("jax-worker", "--worker-id", worker_id, name=f"jax-worker-{worker_id[1:]}")
         pending.result(timeout=900)
-        return {"seconds_to_answer": round(time.perf_counter() - killed, 2),
-                "ops_replayed": 2 * (steps % snapshot_every)}
+        return {
+            "seconds_to_answer": round(time.perf_counter() - killed, 2),
+            "ops_replayed": 2 * (steps % snapshot_every),
+        }
     finally:
         stack.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["survivor", "restart"], action="append",
-                        help="which recovery to time (repeatable; default both)")
+    parser.add_argument(
+        "--mode",
+        choices=["survivor", "restart"],
+        action="append",
+        help="which recovery to time (repeatable; default both)",
+    )
     parser.add_argument("--steps", type=int, default=3, help="training steps before the kill (default 3)")
     parser.add_argument("--snapshot-every", type=int, default=10, help="--auto-snapshot-every (default 10)")
     args = parser.parse_args()
     for mode in args.mode or ["survivor", "restart"]:
-        emit(figure="recovery_after_worker_kill", mode=mode, steps_before_kill=args.steps,
-             snapshot_every=args.snapshot_every, **measure(mode, args.steps, args.snapshot_every))
+        emit(
+            figure="recovery_after_worker_kill",
+            mode=mode,
+            steps_before_kill=args.steps,
+            snapshot_every=args.snapshot_every,
+            **measure(mode, args.steps, args.snapshot_every),
+        )
 
 
 if __name__ == "__main__":

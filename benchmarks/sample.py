@@ -41,13 +41,18 @@ def sdk_figures(base_url: str, stack, repeats: int) -> tuple[dict, str]:
     params = types.SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, stop=[])
 
     def single() -> int:
-        r = sampler.sample(prompt=types.ModelInput.from_ints(_prompt_tokens(tokenizer, 0)), num_samples=1,
-                           sampling_params=params).result()
+        r = sampler.sample(
+            prompt=types.ModelInput.from_ints(_prompt_tokens(tokenizer, 0)), num_samples=1, sampling_params=params
+        ).result()
         return sum(len(s.tokens) for s in r.sequences)
 
     def concurrent() -> int:
-        futures = [sampler.sample(prompt=types.ModelInput.from_ints(_prompt_tokens(tokenizer, i)), num_samples=4,
-                                  sampling_params=params) for i in range(64)]
+        futures = [
+            sampler.sample(
+                prompt=types.ModelInput.from_ints(_prompt_tokens(tokenizer, i)), num_samples=4, sampling_params=params
+            )
+            for i in range(64)
+        ]
         return sum(len(s.tokens) for f in futures for s in f.result().sequences)
 
     out = {}
@@ -60,8 +65,12 @@ def sdk_figures(base_url: str, stack, repeats: int) -> tuple[dict, str]:
             t0 = time.perf_counter()
             tokens += fn()
             seconds += time.perf_counter() - t0
-        out[name] = {"tokens_per_s": round(tokens / seconds, 1), "tokens": tokens, "seconds": round(seconds, 3),
-                     "compilations_during_timed_part": None if log_path is None else _compiles(log_path) - before}
+        out[name] = {
+            "tokens_per_s": round(tokens / seconds, 1),
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
+            "compilations_during_timed_part": None if log_path is None else _compiles(log_path) - before,
+        }
     tokenizer_id = model.get_info().model_data.tokenizer_id
     assert tokenizer_id is not None  # this stack reports its model directory there
     return out, tokenizer_id
@@ -104,16 +113,27 @@ def engine_figures(model_dir: str, repeats: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
     def run(n_requests: int, n_samples: int) -> int:
-        reqs = [SampleInput(prompt=np.asarray(_prompt_tokens(tokenizer, i), np.int32), num_samples=n_samples,
-                            max_tokens=NEW_TOKENS, temperature=1.0, stop_token_ids=[]) for i in range(n_requests)]
+        reqs = [
+            SampleInput(
+                prompt=np.asarray(_prompt_tokens(tokenizer, i), np.int32),
+                num_samples=n_samples,
+                max_tokens=NEW_TOKENS,
+                temperature=1.0,
+                stop_token_ids=[],
+            )
+            for i in range(n_requests)
+        ]
         results = engine.sample(reqs)
         assert all(isinstance(r, SampleResult) for r in results), results  # valid prompts: no InputError
         return sum(len(s.tokens) for r in results if isinstance(r, SampleResult) for s in r.sequences)
 
     def compiled() -> int:
         return sum(len(v._compiled) for v in vars(engine).values() if hasattr(v, "_compiled")) + sum(
-            len(v._compiled) for obj in vars(engine).values() for v in getattr(obj, "__dict__", {}).values()
-            if hasattr(v, "_compiled"))
+            len(v._compiled)
+            for obj in vars(engine).values()
+            for v in getattr(obj, "__dict__", {}).values()
+            if hasattr(v, "_compiled")
+        )
 
     _count_xla_compiles()
 
@@ -125,9 +145,13 @@ def engine_figures(model_dir: str, repeats: int) -> dict:
         for _ in range(repeats):
             tokens += run(n, k)
         seconds = time.perf_counter() - t0
-        out[name] = {"tokens_per_s": round(tokens / seconds, 1), "tokens": tokens, "seconds": round(seconds, 3),
-                     "compilations_during_timed_part": compiled() - before,
-                     "xla_compilations_during_timed_part": _XLA_COMPILES[0] - xla_before}
+        out[name] = {
+            "tokens_per_s": round(tokens / seconds, 1),
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
+            "compilations_during_timed_part": compiled() - before,
+            "xla_compilations_during_timed_part": _XLA_COMPILES[0] - xla_before,
+        }
     return out
 
 
@@ -135,8 +159,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="measure a running stack (compilations are then not counted)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--moe", action="store_true", help="instead: the Qwen3-30B-A3B-layer MoE shape, engine vs a "
-                        "bare jitted decode loop (benchmarks/sample_moe.py)")
+    parser.add_argument(
+        "--moe",
+        action="store_true",
+        help="instead: the Qwen3-30B-A3B-layer MoE shape, engine vs a "
+        "bare jitted decode loop (benchmarks/sample_moe.py)",
+    )
     args = parser.parse_args()
     if args.moe:
         from benchmarks.sample_moe import main as moe_main
@@ -149,8 +177,11 @@ def main() -> None:
     for path, figures in (("sdk", sdk), ("engine", engine)):
         for name, f in figures.items():
             emit(figure=f"sample_{name}_tokens_per_s", path=path, new_tokens=NEW_TOKENS, **f)
-        emit(figure="sample_concurrency_speedup", path=path,
-             ratio=round(figures["concurrent_64x4"]["tokens_per_s"] / figures["single_1x1"]["tokens_per_s"], 2))
+        emit(
+            figure="sample_concurrency_speedup",
+            path=path,
+            ratio=round(figures["concurrent_64x4"]["tokens_per_s"] / figures["single_1x1"]["tokens_per_s"], 2),
+        )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,12 @@ def _datums(tokenizer):
         prompt = tokenizer.encode(f"English: {example['input']}\nPig Latin:", add_special_tokens=True)
         completion = tokenizer.encode(f" {example['output']}\n\n", add_special_tokens=False)
         tokens, weights = prompt + completion, [0] * len(prompt) + [1] * len(completion)
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                               loss_fn_inputs=dict(weights=weights[1:], target_tokens=tokens[1:])))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs=dict(weights=weights[1:], target_tokens=tokens[1:]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+            )
+        )
     return out
 
 
@@ -72,8 +76,9 @@ def pig_latin_loop(stack, steps: int, kill_at: dict[int, str] | None = None, sam
         return result
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(tokenizer.encode("English: coding wizard\nPig Latin:"))
-    sampled = sampler.sample(prompt=prompt, num_samples=1,
-                            sampling_params=types.SamplingParams(max_tokens=8, temperature=0.0, seed=SEED))
+    sampled = sampler.sample(
+        prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=8, temperature=0.0, seed=SEED)
+    )
     result.tokens = list(sampled.result(timeout=900).sequences[0].tokens)
     return result
 
@@ -82,8 +87,9 @@ def launch_stack(state_dir: Path, api_key: str = "tml-supervised"):
     from tinkerflow.cli.launch import launch
 
     # A short first backoff: the figures are about recovery, not about waiting out the default 1 s.
-    return launch(state_dir, api_key=api_key, extra=["--auto-snapshot-every", str(SNAPSHOT_EVERY),
-                                                     "--restart-backoff-s", "0.5"])
+    return launch(
+        state_dir, api_key=api_key, extra=["--auto-snapshot-every", str(SNAPSHOT_EVERY), "--restart-backoff-s", "0.5"]
+    )
 
 
 def main() -> None:
@@ -99,11 +105,20 @@ def main() -> None:
         reference = pig_latin_loop(stack, steps)
         faulted = pig_latin_loop(stack, steps, kill_at)
         for part, seconds in faulted.seconds_to_answer.items():
-            emit(figure="answer_after_kill_under_up", part=part, seconds_to_answer=seconds,
-                 snapshot_every=SNAPSHOT_EVERY, restarts=stack.parts()[part]["restarts"])
-        emit(figure="losses_after_kills_equal_fault_free", parts_killed=len(kill_at), steps=steps,
-             equal=faulted.losses == reference.losses and faulted.tokens == reference.tokens,
-             max_abs_diff=max(abs(a - b) for a, b in zip(faulted.losses, reference.losses)))
+            emit(
+                figure="answer_after_kill_under_up",
+                part=part,
+                seconds_to_answer=seconds,
+                snapshot_every=SNAPSHOT_EVERY,
+                restarts=stack.parts()[part]["restarts"],
+            )
+        emit(
+            figure="losses_after_kills_equal_fault_free",
+            parts_killed=len(kill_at),
+            steps=steps,
+            equal=faulted.losses == reference.losses and faulted.tokens == reference.tokens,
+            max_abs_diff=max(abs(a - b) for a, b in zip(faulted.losses, reference.losses)),
+        )
     finally:
         stack.stop()
 

@@ -121,8 +121,15 @@ def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: i
         extra = mfu(mfu_params, engine_tps)
     emit(figure="forward_backward_tokens_per_s", path="engine", **common, tokens_per_s=round(engine_tps, 1),
          **stats(fb_ms), **extra)  # fmt: skip
-    emit(figure="forward_backward_tokens_per_s", path="bare_jax", **common, tokens_per_s=round(bare_tps, 1),
-         **stats(bare_ms), compile_s=round(bare_compile_s, 2), **(mfu(mfu_params, bare_tps) if mfu_params else {}))
+    emit(
+        figure="forward_backward_tokens_per_s",
+        path="bare_jax",
+        **common,
+        tokens_per_s=round(bare_tps, 1),
+        **stats(bare_ms),
+        compile_s=round(bare_compile_s, 2),
+        **(mfu(mfu_params, bare_tps) if mfu_params else {}),
+    )
     emit(figure="engine_vs_bare_ratio", **common, ratio=round(engine_tps / bare_tps, 3))
     emit(figure="optim_step_ms", path="engine", **common, **stats(opt_ms))
     del engine
@@ -220,8 +227,12 @@ def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=["tiny", *SHAPES], action="append",
-                        help="repeatable; default: tiny and qwen3-0.6b (+ qwen3-8b on GPU)")
+    parser.add_argument(
+        "--shape",
+        choices=["tiny", *SHAPES],
+        action="append",
+        help="repeatable; default: tiny and qwen3-0.6b (+ qwen3-8b on GPU)",
+    )
     parser.add_argument("--steps", type=int, help="timed steps after one warm-up (default 20 tiny, 3 larger)")
     parser.add_argument("--with-sdk", action="store_true", help="also measure through the SDK against tinkerflow up")
     parser.add_argument("--workdir", help="where to write checkpoints (default: a temporary directory)")

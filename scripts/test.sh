@@ -10,10 +10,8 @@ if [ ! -x .venv-checkov/bin/checkov ]; then
 fi
 export CHECKOV="$PWD/.venv-checkov/bin/checkov"
 export HF_HUB_OFFLINE=1 TINKER_TELEMETRY=0
-# Lint and types first (scripts/lint.sh); TINKERFLOW_LINT=0 skips them for a quick run of a few tests.
-# TINKERFLOW_LINT_FORMAT defaults to 0 until the one whole-tree format commit (`ruff check --select I --fix .` and
-# `ruff format .`) lands; that commit changes the default below to 1.
+# Lint, format and types first (scripts/lint.sh); TINKERFLOW_LINT=0 skips them for a quick run of a few tests.
 if [ "${TINKERFLOW_LINT:-1}" != "0" ]; then
-  TINKERFLOW_LINT_FORMAT="${TINKERFLOW_LINT_FORMAT:-0}" bash scripts/lint.sh
+  bash scripts/lint.sh
 fi
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -60,18 +60,25 @@ def test_common_imports_neither_engine_nor_api():
 
 def test_workflows_import_only_stdlib_temporalio_and_themselves():
     def allowed(mod: str) -> bool:
-        return (_top(mod) in sys.stdlib_module_names or _top(mod) == "temporalio"
-                or mod == "tinkerflow.workflows" or mod.startswith("tinkerflow.workflows."))
+        return (
+            _top(mod) in sys.stdlib_module_names
+            or _top(mod) == "temporalio"
+            or mod == "tinkerflow.workflows"
+            or mod.startswith("tinkerflow.workflows.")
+        )
 
     assert _violations("workflows", allowed) == []
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import jax\n", ["x.py:1 imports jax"]),
-    ("from tinkerflow.workers.engine import model\n", ["x.py:1 imports tinkerflow.workers.engine"]),
-    ("def f():\n    import numpy\n", ["x.py:2 imports numpy"]),
-    ("from . import names\nimport asyncio\n", []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import jax\n", ["x.py:1 imports jax"]),
+        ("from tinkerflow.workers.engine import model\n", ["x.py:1 imports tinkerflow.workers.engine"]),
+        ("def f():\n    import numpy\n", ["x.py:2 imports numpy"]),
+        ("from . import names\nimport asyncio\n", []),
+    ],
+)
 def test_the_rule_checker_sees_violations(tmp_path, monkeypatch, source, expected):
     # The checker itself must fail on what it forbids; a rule test that passes on everything proves nothing.
     (tmp_path / "workflows").mkdir()

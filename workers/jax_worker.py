@@ -30,13 +30,13 @@ from temporalio.worker import Worker
 
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
-from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
+from tinkerflow.workers.engine.types import SamplerWarmUp
+from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
-from tinkerflow.workers.engine.types import SamplerWarmUp
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
 
 DEFAULT_WARM_UP = SamplerWarmUp()  # frozen; the shapes warmed up when a caller names none
@@ -50,8 +50,13 @@ def stable_worker_id(settings: Settings) -> str:
     return settings.worker_id or f"{socket.gethostname()}-{settings.pool}-0"
 
 
-async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
-                worker_id: str | None = None, warm_up: SamplerWarmUp | None = DEFAULT_WARM_UP) -> None:
+async def serve(
+    settings: Settings,
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+    worker_id: str | None = None,
+    warm_up: SamplerWarmUp | None = DEFAULT_WARM_UP,
+) -> None:
     """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered. `warm_up`: the
     sampler shapes compiled before registering (None: none, each compiles at its first use)."""
     from tinkerflow.activities.engine_activities import EngineActivities
@@ -73,8 +78,13 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
     name, local_path = resolve_base_model(settings)
     client = await connect(settings)
     engine = await asyncio.to_thread(start_engine, settings, local_path, warm_up=warm_up)
-    card = ModelCard(name=name, arch=engine.info.arch, local_path=str(engine.model_path),
-                     vocab_size=engine.info.vocab_size, max_context=engine.info.max_position_embeddings)
+    card = ModelCard(
+        name=name,
+        arch=engine.info.arch,
+        local_path=str(engine.model_path),
+        vocab_size=engine.info.vocab_size,
+        max_context=engine.info.max_position_embeddings,
+    )
     worker_id = worker_id or stable_worker_id(settings)
     queue = names.worker_task_queue(name, settings.pool, worker_id)
     loop = asyncio.get_running_loop()
@@ -84,14 +94,24 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
         return asyncio.run_coroutine_threadsafe(client.get_workflow_handle(requester).signal("deliver", result), loop)
 
     incarnation = uuid.uuid4().hex  # this process; a batch placed for an earlier one is refused (WorkerLost)
-    activities = EngineActivities(engine, ClaimCheckStore(settings.resolved_store_url), deliver=deliver,
-                                  checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
-                                  incarnation=incarnation)
+    activities = EngineActivities(
+        engine,
+        ClaimCheckStore(settings.resolved_store_url),
+        deliver=deliver,
+        checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
+        incarnation=incarnation,
+    )
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
     worker = activity_worker(client, queue, activities.run_batch, executor)
     async with worker:
-        info = WorkerInfo(worker_id=worker_id, task_queue=queue, max_adapters=settings.max_lora_adapters,
-                          max_rank=settings.max_lora_rank, card=card, incarnation=incarnation)
+        info = WorkerInfo(
+            worker_id=worker_id,
+            task_queue=queue,
+            max_adapters=settings.max_lora_adapters,
+            max_rank=settings.max_lora_rank,
+            card=card,
+            incarnation=incarnation,
+        )
         await register(client, settings, info)
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
         if settings.resolved_compilation_cache_dir is not None:
@@ -130,8 +150,14 @@ def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.
     5 s, three heartbeats fall in each timeout window and any one of them keeps the batch alive."""
     from tinkerflow.activities.engine_activities import HEARTBEAT_EVERY_S
 
-    return Worker(client, task_queue=queue, activities=[run_batch], activity_executor=executor,
-                  max_concurrent_activities=1, max_heartbeat_throttle_interval=timedelta(seconds=HEARTBEAT_EVERY_S))
+    return Worker(
+        client,
+        task_queue=queue,
+        activities=[run_batch],
+        activity_executor=executor,
+        max_concurrent_activities=1,
+        max_heartbeat_throttle_interval=timedelta(seconds=HEARTBEAT_EVERY_S),
+    )
 
 
 def start_engine(settings: Settings, local_path: str, *, warm_up: SamplerWarmUp | None = DEFAULT_WARM_UP):
@@ -203,9 +229,15 @@ async def register(client, settings: Settings, info: WorkerInfo) -> WorkflowHand
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         start_signal="register_worker",
         start_signal_args=[info],
-        memo={"model": {"name": card.name, "arch": card.arch, "local_path": card.local_path,
-                        "vocab_size": card.vocab_size, "max_context": card.max_context}},
+        memo={
+            "model": {
+                "name": card.name,
+                "arch": card.arch,
+                "local_path": card.local_path,
+                "vocab_size": card.vocab_size,
+                "max_context": card.max_context,
+            }
+        },
         search_attributes=None,
         static_summary=f"batching for {card.name} on pool {settings.pool}",
     )
-

@@ -16,9 +16,9 @@ from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
+from tinkerflow.workflows.coordinator import Coordinator
 from tinkerflow.workflows.janitor import WORKFLOW_ID as JANITOR_ID
 from tinkerflow.workflows.janitor import StoreJanitor
-from tinkerflow.workflows.coordinator import Coordinator
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
@@ -30,21 +30,31 @@ WORKFLOWS = [SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWor
 async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
     client = await connect(settings)
     await ensure_search_attributes(client, settings.temporal_namespace)
-    storage = StorageActivities(CheckpointStore(settings.resolved_checkpoint_root),
-                                ClaimCheckStore(settings.resolved_store_url), retention_s=settings.store_retention_s)
+    storage = StorageActivities(
+        CheckpointStore(settings.resolved_checkpoint_root),
+        ClaimCheckStore(settings.resolved_store_url),
+        retention_s=settings.store_retention_s,
+    )
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="storage")
-    worker = Worker(client, task_queue=names.WORKFLOW_TASK_QUEUE, workflows=WORKFLOWS,
-                    activities=[storage.delete_expired_checkpoint, storage.delete_internal_checkpoint,
-                                storage.sweep_claim_checks],
-                    activity_executor=executor,
-                    max_concurrent_workflow_tasks=200)
+    worker = Worker(
+        client,
+        task_queue=names.WORKFLOW_TASK_QUEUE,
+        workflows=WORKFLOWS,
+        activities=[storage.delete_expired_checkpoint, storage.delete_internal_checkpoint, storage.sweep_claim_checks],
+        activity_executor=executor,
+        max_concurrent_workflow_tasks=200,
+    )
     log.info("workflow worker polling %s on %s", names.WORKFLOW_TASK_QUEUE, settings.temporal_address)
     async with worker:
         if settings.store_retention_s > 0:
             await client.start_workflow(
-                StoreJanitor.run, min(3600.0, settings.store_retention_s / 4), id=JANITOR_ID,
-                task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                static_summary=f"collects claim-check objects older than {settings.store_retention_s:g}s")
+                StoreJanitor.run,
+                min(3600.0, settings.store_retention_s / 4),
+                id=JANITOR_ID,
+                task_queue=names.WORKFLOW_TASK_QUEUE,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                static_summary=f"collects claim-check objects older than {settings.store_retention_s:g}s",
+            )
         if ready is not None:
             ready.set()
         await (stop.wait() if stop is not None else asyncio.Event().wait())

@@ -46,22 +46,27 @@ class CheckpointExpiry:
             self._changed = False
             if delay > timedelta(0):
                 try:
-                    await workflow.wait_condition(lambda: self._changed, timeout=delay,
-                                                  timeout_summary=f"expire {start.tinker_path}")
+                    await workflow.wait_condition(
+                        lambda: self._changed, timeout=delay, timeout_summary=f"expire {start.tinker_path}"
+                    )
                     continue  # moved or removed: start over with the new expiry
                 except TimeoutError:
                     pass
             deleted = await workflow.execute_activity(
-                "delete_expired_checkpoint", args=[start.tinker_path, self._expires_at], result_type=bool,
+                "delete_expired_checkpoint",
+                args=[start.tinker_path, self._expires_at],
+                result_type=bool,
                 start_to_close_timeout=timedelta(minutes=5),  # on this workflow's own task queue
                 retry_policy=RetryPolicy(maximum_interval=timedelta(minutes=1)),
-                summary=f"delete expired {start.tinker_path}")
+                summary=f"delete expired {start.tinker_path}",
+            )
             if self._changed:  # the TTL moved while the delete ran; it deleted nothing (expiry mismatch)
                 continue
             if deleted and start.base_model:
                 # A sampler that has these weights loaded must not keep serving them.
                 coordinator = workflow.get_external_workflow_handle(
-                    names.coordinator_workflow_id(start.base_model, start.pool))
+                    names.coordinator_workflow_id(start.base_model, start.pool)
+                )
                 try:
                     await coordinator.signal("forget_checkpoint", start.tinker_path)
                 except Exception as e:

@@ -21,7 +21,14 @@ from temporalio.exceptions import TimeoutError as TimeoutError_
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.fairness import fair_order, growing
 from tinkerflow.workflows.messages import (
-    Batch, BatchResult, DropSnapshots, Outcome, WorkerInfo, WorkItem, WorkKind, WorkResult,
+    Batch,
+    BatchResult,
+    DropSnapshots,
+    Outcome,
+    WorkerInfo,
+    WorkItem,
+    WorkKind,
+    WorkResult,
 )
 from tinkerflow.workflows.placement import CoordinatorState, Placement, WorkerSlots
 
@@ -126,9 +133,14 @@ class Coordinator:
         if queue is None:
             return
         self.placement.forget_snapshot(tinker_path)
-        self.s.pending.append(WorkItem(key=f"forget-{tinker_path}-{workflow.uuid4().hex[:8]}",
-                                       requester=workflow.info().workflow_id, kind=WorkKind.DROP_SNAPSHOTS,
-                                       drop=DropSnapshots(keys=[tinker_path], queue=queue)))
+        self.s.pending.append(
+            WorkItem(
+                key=f"forget-{tinker_path}-{workflow.uuid4().hex[:8]}",
+                requester=workflow.info().workflow_id,
+                kind=WorkKind.DROP_SNAPSHOTS,
+                drop=DropSnapshots(keys=[tinker_path], queue=queue),
+            )
+        )
         self._changed = True
 
     @workflow.query
@@ -137,8 +149,12 @@ class Coordinator:
             "base_model": self.s.base_model,
             "pool": self.s.pool,
             "workers": {
-                q: {"worker_id": w.info.worker_id, "slots_used": len(w.slots), "max_adapters": w.info.max_adapters,
-                    "busy": q in self._busy}
+                q: {
+                    "worker_id": w.info.worker_id,
+                    "slots_used": len(w.slots),
+                    "max_adapters": w.info.max_adapters,
+                    "busy": q in self._busy,
+                }
                 for q, w in self.s.workers.items()
             },
             "placements": dict(self.s.placements),
@@ -146,10 +162,12 @@ class Coordinator:
             "pending": len(self.s.pending),
             # Work, not calls: one asample may ask for many samples of many tokens (items without the counts are
             # one sample of unknown length).
-            "pending_samples": sum(i.sample.samples if i.sample else 1 for i in self.s.pending
-                                   if i.kind is WorkKind.SAMPLE),
-            "pending_sample_tokens": sum(i.sample.work if i.sample else 0 for i in self.s.pending
-                                         if i.kind is WorkKind.SAMPLE),
+            "pending_samples": sum(
+                i.sample.samples if i.sample else 1 for i in self.s.pending if i.kind is WorkKind.SAMPLE
+            ),
+            "pending_sample_tokens": sum(
+                i.sample.work if i.sample else 0 for i in self.s.pending if i.kind is WorkKind.SAMPLE
+            ),
             "dispatched_batches": self.s.dispatched_batches,
         }
 
@@ -184,8 +202,11 @@ class Coordinator:
             if target is None:
                 keep.append(item)  # waits for a worker to register
             elif target == queue:
-                taken.extend(self.placement.loads_for(routed, queue, workflow.now().timestamp(),
-                                                      lambda key: f"load-{key}-{workflow.uuid4().hex[:8]}"))
+                taken.extend(
+                    self.placement.loads_for(
+                        routed, queue, workflow.now().timestamp(), lambda key: f"load-{key}-{workflow.uuid4().hex[:8]}"
+                    )
+                )
                 taken.append(routed)
             elif _resolved_drop(item, routed) and self._drops_per_holder():
                 keep.append(routed)  # routing a prefix drop forgets its keys: it must not be resolved twice
@@ -224,18 +245,24 @@ class Coordinator:
             workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
             if lost:
                 self._lose_worker(queue, incarnation)
-                message = (f"the JAX worker on {queue} died or restarted while running this ({cause}); "
-                           "its adapters are restored from their latest snapshot")
+                message = (
+                    f"the JAX worker on {queue} died or restarted while running this ({cause}); "
+                    "its adapters are restored from their latest snapshot"
+                )
             else:
                 message = f"the JAX worker failed this batch: {cause}"
-            results = [WorkResult(key=i.key, outcome=Outcome(error=message, category="server", worker_lost=lost))
-                       for i in items]
+            results = [
+                WorkResult(key=i.key, outcome=Outcome(error=message, category="server", worker_lost=lost))
+                for i in items
+            ]
         finally:
             self._busy.discard(queue)
             self._changed = True
         by_key = {r.key: r for r in results}
         for item in items:
-            r = by_key.get(item.key) or WorkResult(item.key, Outcome.failed("the JAX worker returned no result", "server"))
+            r = by_key.get(item.key) or WorkResult(
+                item.key, Outcome.failed("the JAX worker returned no result", "server")
+            )
             self._after(item, r)
             if not r.delivered:
                 self._answer(r, item.requester)
@@ -274,8 +301,13 @@ class Coordinator:
 
 
 def _resolved_drop(item: WorkItem, routed: WorkItem) -> bool:
-    return item.kind is WorkKind.DROP_SNAPSHOTS and item.drop is not None and item.drop.keys is None \
-        and routed.drop is not None and routed.drop.keys is not None
+    return (
+        item.kind is WorkKind.DROP_SNAPSHOTS
+        and item.drop is not None
+        and item.drop.keys is None
+        and routed.drop is not None
+        and routed.drop.keys is not None
+    )
 
 
 def _summarise(items: list[WorkItem]) -> str:

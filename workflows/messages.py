@@ -10,12 +10,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinkerflow.workflows.work import (
-    AdamSpec, DropSnapshots, LoadCheckpoint, LoraSpec, OpKind, SampleParams, SaveCheckpoint, SaveRequest, WorkKind,
-    from_legacy_adam, from_legacy_load, from_legacy_save_request, from_legacy_work_params,
+    AdamSpec,
+    DropSnapshots,
+    LoadCheckpoint,
+    LoraSpec,
+    OpKind,
+    SampleParams,
+    SaveCheckpoint,
+    SaveRequest,
+    WorkKind,
+    from_legacy_adam,
+    from_legacy_load,
+    from_legacy_save_request,
+    from_legacy_work_params,
 )
 
-__all__ = ["AdamSpec", "DropSnapshots", "LoadCheckpoint", "LoraSpec", "OpKind", "SampleParams", "SaveCheckpoint",
-           "SaveRequest", "WorkKind"]  # re-exported: the protocol's vocabulary lives in work.py
+__all__ = [
+    "AdamSpec",
+    "DropSnapshots",
+    "LoadCheckpoint",
+    "LoraSpec",
+    "OpKind",
+    "SampleParams",
+    "SaveCheckpoint",
+    "SaveRequest",
+    "WorkKind",
+]  # re-exported: the protocol's vocabulary lives in work.py
 
 
 @dataclass(frozen=True)
@@ -146,7 +166,9 @@ class TrainingOp:
     kind: OpKind | str
     body_hash: str
     payload: BlobRef | None = None  # forward_backward: the request body in the claim-check store
-    params: dict[str, Any] = field(default_factory=dict[str, Any])  # legacy (before typed fields): read by __post_init__
+    params: dict[str, Any] = field(
+        default_factory=dict[str, Any]
+    )  # legacy (before typed fields): read by __post_init__
     owner: str = ""  # the caller's key hash; must be the run's owner
     adam: AdamSpec | None = None
     save: SaveRequest | None = None
@@ -219,7 +241,9 @@ class LoggedOp:
     payload: BlobRef | None = None
     adam: AdamSpec | None = None
     load: LoadCheckpoint | None = None
-    params: dict[str, Any] = field(default_factory=dict[str, Any])  # legacy (before typed fields): read by __post_init__
+    params: dict[str, Any] = field(
+        default_factory=dict[str, Any]
+    )  # legacy (before typed fields): read by __post_init__
 
     def __post_init__(self) -> None:
         kind = WorkKind.LOAD_CHECKPOINT if self.kind == "load_weights" else WorkKind(self.kind)
@@ -257,7 +281,9 @@ class WorkItem:
     model_id: str = ""
     session_id: str = ""
     payload: BlobRef | None = None
-    params: dict[str, Any] = field(default_factory=dict[str, Any])  # legacy (before typed fields): read by __post_init__
+    params: dict[str, Any] = field(
+        default_factory=dict[str, Any]
+    )  # legacy (before typed fields): read by __post_init__
     slot: int = -1  # filled in by the coordinator before dispatch
     lora: LoraSpec | None = None
     adam: AdamSpec | None = None
@@ -281,6 +307,7 @@ class WorkResult:
     key: str
     outcome: Outcome
     delivered: bool = False  # the JAX worker already signalled it to the requester
+
 
 @dataclass(frozen=True)
 class Batch:

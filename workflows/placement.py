@@ -22,14 +22,24 @@ from tinkerflow.workflows.messages import DropSnapshots, LoadCheckpoint, WorkerI
 # exists and it has not been sampled for this long: RL loops make one per step, and none is reused for long.
 EPHEMERAL_SNAPSHOT_IDLE_S = 120.0
 # Work on a run's adapter: routed to the worker (and slot) holding it.
-SLOT_KINDS = frozenset({WorkKind.FORWARD_BACKWARD, WorkKind.OPTIM_STEP, WorkKind.SNAPSHOT, WorkKind.FREE_ADAPTER,
-                        WorkKind.SAVE_CHECKPOINT, WorkKind.LOAD_CHECKPOINT})
+SLOT_KINDS = frozenset(
+    {
+        WorkKind.FORWARD_BACKWARD,
+        WorkKind.OPTIM_STEP,
+        WorkKind.SNAPSHOT,
+        WorkKind.FREE_ADAPTER,
+        WorkKind.SAVE_CHECKPOINT,
+        WorkKind.LOAD_CHECKPOINT,
+    }
+)
 
 
 @dataclass
 class WorkerSlots:
     info: WorkerInfo
-    slots: dict[str, str] = field(default_factory=dict[str, str])  # str(slot) -> model_id (string keys: history is JSON)
+    slots: dict[str, str] = field(
+        default_factory=dict[str, str]
+    )  # str(slot) -> model_id (string keys: history is JSON)
 
 
 @dataclass
@@ -39,8 +49,12 @@ class CoordinatorState:
     workers: dict[str, WorkerSlots] = field(default_factory=dict[str, WorkerSlots])  # task queue -> worker
     placements: dict[str, list[Any]] = field(default_factory=dict[str, list[Any]])  # model_id -> [task queue, slot]
     snapshots: dict[str, str] = field(default_factory=dict[str, str])  # snapshot key -> task queue
-    snapshot_runs: dict[str, str] = field(default_factory=dict[str, str])  # ephemeral snapshot key -> model_id it came from
-    snapshot_used: dict[str, float] = field(default_factory=dict[str, float])  # snapshot key -> last time routed (epoch s)
+    snapshot_runs: dict[str, str] = field(
+        default_factory=dict[str, str]
+    )  # ephemeral snapshot key -> model_id it came from
+    snapshot_used: dict[str, float] = field(
+        default_factory=dict[str, float]
+    )  # snapshot key -> last time routed (epoch s)
     pending: list[WorkItem] = field(default_factory=list[WorkItem])
     dispatched_batches: int = 0
 
@@ -51,8 +65,9 @@ class Placement:
     snapshots sit on several workers) whether each holder gets its drop; the Coordinator answers with a
     `workflow.patched`, since histories from before sent one drop, to the first holder, and leaked the others."""
 
-    def __init__(self, state: CoordinatorState, self_id: str,
-                 drop_on_every_holder: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self, state: CoordinatorState, self_id: str, drop_on_every_holder: Callable[[], bool] = lambda: True
+    ) -> None:
         self.s = state
         self.self_id = self_id
         self.drop_on_every_holder = drop_on_every_holder
@@ -64,9 +79,7 @@ class Placement:
         (None, -1) while no worker exists; an ApplicationError when every slot is taken."""
         if not self.s.workers:
             return None, -1
-        candidates = sorted(
-            (len(w.slots), q) for q, w in self.s.workers.items() if len(w.slots) < w.info.max_adapters
-        )
+        candidates = sorted((len(w.slots), q) for q, w in self.s.workers.items() if len(w.slots) < w.info.max_adapters)
         if not candidates:
             total = sum(w.info.max_adapters for w in self.s.workers.values())
             raise ApplicationError(
@@ -137,7 +150,9 @@ class Placement:
                     raise ApplicationError(f"{item.model_id} holds no adapter slot")
                 raise ApplicationError(
                     f"training run {item.model_id} has no adapter on any worker of {self.s.base_model} "
-                    "(it was released, or its JAX worker died or restarted)", type=ErrorType.ADAPTER_LOST)
+                    "(it was released, or its JAX worker died or restarted)",
+                    type=ErrorType.ADAPTER_LOST,
+                )
             queue, slot = placed
             if item.kind is WorkKind.SNAPSHOT:
                 self._record_snapshot(item.model_id, item.snapshot, queue, now)
@@ -170,7 +185,8 @@ class Placement:
             raise ApplicationError(
                 f"sampler weights {key!r} are not loaded on any worker (collected after "
                 f"{EPHEMERAL_SNAPSHOT_IDLE_S:g}s unused once a newer snapshot existed, expired, or never saved); "
-                "save new sampler weights")
+                "save new sampler weights"
+            )
         self.s.snapshot_used[key] = now
         return queue, item
 
@@ -190,8 +206,14 @@ class Placement:
         if others and self.drop_on_every_holder():
             for queue in others:  # routed as our own collection once this item is taken
                 keys = sorted(k for k, q in matching.items() if q == queue)
-                self.s.pending.append(WorkItem(key=f"{item.key}@{queue}", requester=self.self_id,
-                                               kind=WorkKind.DROP_SNAPSHOTS, drop=DropSnapshots(keys=keys, queue=queue)))
+                self.s.pending.append(
+                    WorkItem(
+                        key=f"{item.key}@{queue}",
+                        requester=self.self_id,
+                        kind=WorkKind.DROP_SNAPSHOTS,
+                        drop=DropSnapshots(keys=keys, queue=queue),
+                    )
+                )
         keys = sorted(k for k, q in matching.items() if q == first)
         return first, replace(item, drop=DropSnapshots(keys=keys, queue=first, prefix=drop.prefix))
 
@@ -203,8 +225,11 @@ class Placement:
             return []
         self.s.snapshots[key] = queue
         self.s.snapshot_used[key] = now
-        return [WorkItem(key=new_key(key), requester=self.self_id, kind=WorkKind.LOAD_SNAPSHOT,
-                         load=LoadCheckpoint(path=key))]
+        return [
+            WorkItem(
+                key=new_key(key), requester=self.self_id, kind=WorkKind.LOAD_SNAPSHOT, load=LoadCheckpoint(path=key)
+            )
+        ]
 
     def after(self, item: WorkItem, ok: bool) -> bool:
         """Bookkeeping that depends on how the engine answered; True when adapter slots changed."""
@@ -229,8 +254,14 @@ class Placement:
         for queue, keys in stale.items():
             for key in keys:
                 self.forget_snapshot(key)
-            self.s.pending.append(WorkItem(key=f"gc-{keys[0]}", requester=self.self_id,
-                                           kind=WorkKind.DROP_SNAPSHOTS, drop=DropSnapshots(keys=keys, queue=queue)))
+            self.s.pending.append(
+                WorkItem(
+                    key=f"gc-{keys[0]}",
+                    requester=self.self_id,
+                    kind=WorkKind.DROP_SNAPSHOTS,
+                    drop=DropSnapshots(keys=keys, queue=queue),
+                )
+            )
 
     def forget_snapshot(self, key: str) -> None:
         self.s.snapshots.pop(key, None)

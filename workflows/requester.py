@@ -10,7 +10,6 @@ from temporalio import workflow
 from tinkerflow.workflows.messages import BlobRef, Outcome, WorkItem, WorkKind, WorkResult
 
 
-
 class CoordinatorCalls:
     """Composition helper: each workflow owns one and forwards its `deliver` signal to `on_deliver`."""
 
@@ -40,8 +39,13 @@ class CoordinatorCalls:
         self._counter += 1
         key = f"{info.run_id}-{self._counter}"
         item = WorkItem(
-            key=key, requester=info.workflow_id, kind=kind, model_id=model_id, session_id=session_id,
-            payload=payload, **params,
+            key=key,
+            requester=info.workflow_id,
+            kind=kind,
+            model_id=model_id,
+            session_id=session_id,
+            payload=payload,
+            **params,
         )
         if wait:
             # Before the submit: the answer may arrive in the same activation that completes the signal.
@@ -50,8 +54,9 @@ class CoordinatorCalls:
             await workflow.get_external_workflow_handle(coordinator_id).signal("submit", item)
         except Exception as e:
             self._waiting.discard(key)
-            return Outcome.failed(f"no coordinator {coordinator_id!r} is running: is a JAX worker serving it? ({e})",
-                                  "user")
+            return Outcome.failed(
+                f"no coordinator {coordinator_id!r} is running: is a JAX worker serving it? ({e})", "user"
+            )
         if not wait:
             return Outcome()
         # No timer in the common case: a timer per op costs a command and a workflow task. The coordinator answers
@@ -66,8 +71,16 @@ class CoordinatorCalls:
         self._waiting.discard(key)
         return self._answers.pop(key)
 
-    async def call_many(self, coordinator_id: str, kind: WorkKind, payloads: list[BlobRef], *, session_id: str = "",
-                        item_params: list[dict[str, Any]] | None = None, **params: Any) -> list[Outcome]:
+    async def call_many(
+        self,
+        coordinator_id: str,
+        kind: WorkKind,
+        payloads: list[BlobRef],
+        *,
+        session_id: str = "",
+        item_params: list[dict[str, Any]] | None = None,
+        **params: Any,
+    ) -> list[Outcome]:
         """Like `call` for many items of one kind, handed over in ONE signal (a batch of sample calls); `params` are
         every item's typed fields, `item_params` each item's own."""
         info = workflow.info()
@@ -78,14 +91,23 @@ class CoordinatorCalls:
             key = f"{info.run_id}-{self._counter}"
             keys.append(key)
             self._waiting.add(key)
-            items.append(WorkItem(key=key, requester=info.workflow_id, kind=kind, session_id=session_id,
-                                  payload=payload, **{**params, **(item_params[n] if item_params else {})}))
+            items.append(
+                WorkItem(
+                    key=key,
+                    requester=info.workflow_id,
+                    kind=kind,
+                    session_id=session_id,
+                    payload=payload,
+                    **{**params, **(item_params[n] if item_params else {})},
+                )
+            )
         try:
             await workflow.get_external_workflow_handle(coordinator_id).signal("submit_many", items)
         except Exception as e:
             self._waiting.difference_update(keys)
-            failed = Outcome.failed(f"no coordinator {coordinator_id!r} is running: is a JAX worker serving it? ({e})",
-                                    "user")
+            failed = Outcome.failed(
+                f"no coordinator {coordinator_id!r} is running: is a JAX worker serving it? ({e})", "user"
+            )
             return [failed] * len(keys)
         await workflow.wait_condition(lambda: all(k in self._answers for k in keys))
         self._waiting.difference_update(keys)

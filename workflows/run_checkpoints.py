@@ -53,15 +53,27 @@ class RunCheckpoints:
         start = self.s.start
         ttl = save.ttl_seconds
         expires_at = rfc3339(workflow.now() + timedelta(seconds=int(ttl))) if ttl else None
-        manifest = {"tinker_path": path, "owner": start.owner, "base_model": start.base_model,
-                    "lora": asdict(self.s.lora_spec), "step": self.s.step, "expires_at": expires_at,
-                    "user_metadata": dict(save.user_metadata)}
+        manifest = {
+            "tinker_path": path,
+            "owner": start.owner,
+            "base_model": start.base_model,
+            "lora": asdict(self.s.lora_spec),
+            "step": self.s.step,
+            "expires_at": expires_at,
+            "user_metadata": dict(save.user_metadata),
+        }
         # Only saves that name age recipients carry them (the API refused such saves before this change).
-        recipients = list(save.age_recipients) if save.age_recipients and workflow.patched(
-            "age-encrypted-external-weights") else []
+        recipients = (
+            list(save.age_recipients)
+            if save.age_recipients and workflow.patched("age-encrypted-external-weights")
+            else []
+        )
         outcome = await self._calls.call(
-            self._coordinator, WorkKind.SAVE_CHECKPOINT, model_id=start.model_id,
-            save=SaveCheckpoint(path=path, manifest=manifest, overwrite=save.overwrite, age_recipients=recipients))
+            self._coordinator,
+            WorkKind.SAVE_CHECKPOINT,
+            model_id=start.model_id,
+            save=SaveCheckpoint(path=path, manifest=manifest, overwrite=save.overwrite, age_recipients=recipients),
+        )
         if outcome.ok and "/auto_weights/" not in path:
             await self._schedule_expiry(path, expires_at)
         return outcome
@@ -72,9 +84,12 @@ class RunCheckpoints:
         if expires_at is not None:
             try:
                 await workflow.start_child_workflow(
-                    CheckpointExpiry.run, ExpiryStart(path, expires_at, self.s.start.base_model, self.s.start.pool),
-                    id=wf_id, parent_close_policy=ParentClosePolicy.ABANDON,
-                    static_summary=f"expires {path} at {expires_at}")
+                    CheckpointExpiry.run,
+                    ExpiryStart(path, expires_at, self.s.start.base_model, self.s.start.pool),
+                    id=wf_id,
+                    parent_close_policy=ParentClosePolicy.ABANDON,
+                    static_summary=f"expires {path} at {expires_at}",
+                )
                 return
             except WorkflowAlreadyStartedError:
                 pass
@@ -86,8 +101,9 @@ class RunCheckpoints:
     async def _load(self, path: str, optimizer: bool) -> Outcome:
         """Load a checkpoint into this run's slot; its LoRA config becomes the run's (contract §3.8)."""
         load = LoadCheckpoint(path=path, optimizer=optimizer)
-        outcome = await self._calls.call(self._coordinator, WorkKind.LOAD_CHECKPOINT, model_id=self.s.start.model_id,
-                                         load=load)
+        outcome = await self._calls.call(
+            self._coordinator, WorkKind.LOAD_CHECKPOINT, model_id=self.s.start.model_id, load=load
+        )
         if outcome.ok:
             info = outcome.json or {}
             self.s.lora = LoraSpec(**info["lora"]) if info.get("lora") else self.s.lora
@@ -129,8 +145,14 @@ class RunCheckpoints:
             return outcome
         self.s.sampler_count += 1
         if sampler_id:
-            info = SamplerInfo(sampler_id=sampler_id, base_model=start.base_model, snapshot=key,
-                               source_model_id=start.model_id, pool=start.pool, owner=start.owner)
+            info = SamplerInfo(
+                sampler_id=sampler_id,
+                base_model=start.base_model,
+                snapshot=key,
+                source_model_id=start.model_id,
+                pool=start.pool,
+                owner=start.owner,
+            )
             await self._tell_session("sampler_created", info)
             return Outcome(json={"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
         return Outcome(json={"path": key, "type": "save_weights_for_sampler"})

@@ -28,11 +28,17 @@ class SampleRequestWorkflow:
         workflow.set_current_details(f"{len(start.payloads)} sample call(s) on {sampler.sampler_id}")
         counted = [SampleParams(sampler_id=sampler.sampler_id)] * len(start.payloads)
         if start.work and workflow.patched("sample-work"):  # patched: the items' params change what is signalled
-            counted = [SampleParams(sampler_id=sampler.sampler_id, samples=s, work=w)
-                       for s, w in zip(start.samples, start.work, strict=True)]
+            counted = [
+                SampleParams(sampler_id=sampler.sampler_id, samples=s, work=w)
+                for s, w in zip(start.samples, start.work, strict=True)
+            ]
         return await self._calls.call_many(
-            coordinator, WorkKind.SAMPLE, start.payloads, session_id=names.session_of(sampler.sampler_id),
-            snapshot=sampler.snapshot, item_params=[{"sample": c} for c in counted],
+            coordinator,
+            WorkKind.SAMPLE,
+            start.payloads,
+            session_id=names.session_of(sampler.sampler_id),
+            snapshot=sampler.snapshot,
+            item_params=[{"sample": c} for c in counted],
         )
 
     @workflow.signal

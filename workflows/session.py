@@ -15,7 +15,13 @@ from temporalio.exceptions import ApplicationError
 from tinkerflow.workflows import names
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import (
-    DropSnapshots, SamplerInfo, SamplerRequest, SessionStart, SessionState, WorkKind, WorkResult,
+    DropSnapshots,
+    SamplerInfo,
+    SamplerRequest,
+    SessionStart,
+    SessionState,
+    WorkKind,
+    WorkResult,
 )
 from tinkerflow.workflows.requester import CoordinatorCalls
 
@@ -27,8 +33,12 @@ RESOLVE_TIMEOUT = timedelta(seconds=30)
 class SessionWorkflow:
     @workflow.init
     def __init__(self, start: SessionStart, carried: SessionState | None = None) -> None:
-        self.s = carried or SessionState(session_id=start.session_id, owner=start.owner,
-                                         user_metadata=dict(start.user_metadata), display_name=start.display_name)
+        self.s = carried or SessionState(
+            session_id=start.session_id,
+            owner=start.owner,
+            user_metadata=dict(start.user_metadata),
+            display_name=start.display_name,
+        )
         self._beat = False
         self._finish: str = ""
         self._calls = CoordinatorCalls()
@@ -60,14 +70,20 @@ class SessionWorkflow:
         for model_id in self.s.training_run_ids:
             try:
                 await workflow.get_external_workflow_handle(names.run_workflow_id(model_id)).signal(
-                    "close", f"session {self.s.status}: {self.s.reason}")
+                    "close", f"session {self.s.status}: {self.s.reason}"
+                )
             except Exception as e:  # the run may already be closed
                 workflow.logger.info("run %s not signalled: %s", model_id, e)
         prefix = f"{self.s.session_id}:sample:"
         coordinators = {(i.base_model, i.pool) for i in self.s.samplers.values() if i.snapshot.startswith(prefix)}
         for base_model, pool in sorted(coordinators):
-            await self._calls.call(names.coordinator_workflow_id(base_model, pool), WorkKind.DROP_SNAPSHOTS,
-                                   session_id=self.s.session_id, drop=DropSnapshots(prefix=prefix), wait=False)
+            await self._calls.call(
+                names.coordinator_workflow_id(base_model, pool),
+                WorkKind.DROP_SNAPSHOTS,
+                session_id=self.s.session_id,
+                drop=DropSnapshots(prefix=prefix),
+                wait=False,
+            )
 
     # --- messages ------------------------------------------------------------------------------------------------
 
@@ -104,8 +120,12 @@ class SessionWorkflow:
         sampler_id = names.sampler_id_for(self.s.session_id, req.seq)
         if sampler_id not in self.s.samplers:
             self.s.samplers[sampler_id] = SamplerInfo(
-                sampler_id=sampler_id, base_model=req.base_model, model_path=req.model_path,
-                snapshot=req.model_path, pool=req.pool, owner=self.s.owner,
+                sampler_id=sampler_id,
+                base_model=req.base_model,
+                model_path=req.model_path,
+                snapshot=req.model_path,
+                pool=req.pool,
+                owner=self.s.owner,
             )
             self._publish()
         return self.s.samplers[sampler_id]
@@ -123,8 +143,9 @@ class SessionWorkflow:
         except TimeoutError:
             # An ApplicationError fails this update; any other exception would fail the workflow task and wedge
             # the whole session (heartbeats, finish, clean-up) until a code change.
-            raise ApplicationError(f"unknown sampling session {sampler_id}", type=ErrorType.UNKNOWN_SAMPLER,
-                                   non_retryable=True) from None
+            raise ApplicationError(
+                f"unknown sampling session {sampler_id}", type=ErrorType.UNKNOWN_SAMPLER, non_retryable=True
+            ) from None
         return self.s.samplers[sampler_id]
 
     @workflow.query

@@ -35,8 +35,14 @@ from tinkerflow.workflows.run_checkpoints import RunCheckpoints, rfc3339
 ANSWERED_KEPT = 128
 # How long a run whose JAX worker died waits for a live worker to restore its adapter on.
 RECOVERY_WAIT = timedelta(minutes=5)
-RECOVERABLE_KINDS = {OpKind.FORWARD_BACKWARD, OpKind.OPTIM_STEP, OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_EXTERNAL,
-                     OpKind.SAVE_WEIGHTS_FOR_SAMPLER, OpKind.LOAD_WEIGHTS}
+RECOVERABLE_KINDS = {
+    OpKind.FORWARD_BACKWARD,
+    OpKind.OPTIM_STEP,
+    OpKind.SAVE_WEIGHTS,
+    OpKind.SAVE_WEIGHTS_EXTERNAL,
+    OpKind.SAVE_WEIGHTS_FOR_SAMPLER,
+    OpKind.LOAD_WEIGHTS,
+}
 STEP_ATTRIBUTE_EVERY = 10
 # How far ahead of the run's next seq_id an op may be. The SDK numbers every op of a TrainingClient from one counter
 # and sends its chunks concurrently, so a real client is a few dozen ahead at most; an op far beyond would wait for
@@ -72,8 +78,11 @@ class TrainingRunWorkflow(RunCheckpoints):
         if self.s.auto_snapshot:  # only recovery needed it; the user's own checkpoints stay
             try:
                 await workflow.execute_activity(
-                    "delete_internal_checkpoint", self.s.auto_snapshot,  # on this workflow's own task queue
-                    schedule_to_close_timeout=timedelta(minutes=10), summary="delete the automatic snapshot")
+                    "delete_internal_checkpoint",
+                    self.s.auto_snapshot,  # on this workflow's own task queue
+                    schedule_to_close_timeout=timedelta(minutes=10),
+                    summary="delete the automatic snapshot",
+                )
             except Exception as e:
                 workflow.logger.warning("automatic snapshot %s not deleted: %s", self.s.auto_snapshot, e)
         self.s.status = "closed"
@@ -110,8 +119,9 @@ class TrainingRunWorkflow(RunCheckpoints):
         if self.s.status != "ready":
             return Outcome.failed(f"training run {self.s.start.model_id} is {self.s.status}: {self.s.error}")
         if self.s.start.load_path:
-            return Outcome(json={"model_id": self.s.start.model_id, "path": self.s.start.load_path,
-                                 "type": "load_weights"})
+            return Outcome(
+                json={"model_id": self.s.start.model_id, "path": self.s.start.load_path, "type": "load_weights"}
+            )
         return Outcome(json={"model_id": self.s.start.model_id, "type": "create_model"})
 
     @workflow.update
@@ -121,15 +131,19 @@ class TrainingRunWorkflow(RunCheckpoints):
         # Two updates validated in one activation both pass the validator before either handler runs: the second
         # one with a different body is caught here.
         if self._in_flight.get(op.seq_id, op.body_hash) != op.body_hash:
-            raise ApplicationError(f"seq_id {op.seq_id} was already used for a different request on "
-                                   f"{self.s.start.model_id}", type=ErrorType.SEQ_CONFLICT)
+            raise ApplicationError(
+                f"seq_id {op.seq_id} was already used for a different request on {self.s.start.model_id}",
+                type=ErrorType.SEQ_CONFLICT,
+            )
         self._in_flight[op.seq_id] = op.body_hash
         try:
             await workflow.wait_condition(
-                lambda: bool(self._closing) or (self.s.next_seq == op.seq_id and self._running_seq is None))
+                lambda: bool(self._closing) or (self.s.next_seq == op.seq_id and self._running_seq is None)
+            )
             if not (self.s.next_seq == op.seq_id and self._running_seq is None):  # closed while waiting its turn
-                return Outcome.failed(f"training run {self.s.start.model_id} closed before seq_id {op.seq_id} "
-                                      f"ran: {self._closing}")
+                return Outcome.failed(
+                    f"training run {self.s.start.model_id} closed before seq_id {op.seq_id} ran: {self._closing}"
+                )
             self._running_seq = op.seq_id
             self.s.last_request_time = rfc3339(workflow.now())
             try:
@@ -157,20 +171,27 @@ class TrainingRunWorkflow(RunCheckpoints):
         first = self.s.answered.get(str(op.seq_id))
         in_flight = self._in_flight.get(op.seq_id)
         if in_flight is not None and in_flight != op.body_hash:
-            raise ApplicationError(f"seq_id {op.seq_id} is in flight with a different request on {model_id}",
-                                   type=ErrorType.SEQ_CONFLICT)
+            raise ApplicationError(
+                f"seq_id {op.seq_id} is in flight with a different request on {model_id}", type=ErrorType.SEQ_CONFLICT
+            )
         if first is not None and first.body_hash != op.body_hash:
-            raise ApplicationError(f"seq_id {op.seq_id} was already used for a different request on {model_id}",
-                                   type=ErrorType.SEQ_CONFLICT)
+            raise ApplicationError(
+                f"seq_id {op.seq_id} was already used for a different request on {model_id}",
+                type=ErrorType.SEQ_CONFLICT,
+            )
         if op.seq_id > self.s.next_seq + SEQ_WINDOW:
             # A validator change needs no workflow.patched: rejected updates never enter history.
             raise ApplicationError(
                 f"seq_id {op.seq_id} on {model_id} is more than {SEQ_WINDOW:,} ahead of the run's next "
-                f"({self.s.next_seq}); it would wait for the gap forever", type=ErrorType.SEQ_TOO_FAR)
+                f"({self.s.next_seq}); it would wait for the gap forever",
+                type=ErrorType.SEQ_TOO_FAR,
+            )
         if first is None and op.seq_id < self.s.next_seq:
             raise ApplicationError(
-                f"seq_id {op.seq_id} on {model_id} is older than the answers this run keeps (next is {self.s.next_seq})",
-                type=ErrorType.SEQ_CONFLICT)
+                f"seq_id {op.seq_id} on {model_id} is older than the answers this run keeps "
+                f"(next is {self.s.next_seq})",
+                type=ErrorType.SEQ_CONFLICT,
+            )
 
     @workflow.signal
     def deliver(self, result: WorkResult) -> None:
@@ -200,8 +221,9 @@ class TrainingRunWorkflow(RunCheckpoints):
     async def _execute_once(self, op: TrainingOp) -> Outcome:
         model_id = self.s.start.model_id
         if op.kind is OpKind.FORWARD_BACKWARD:
-            outcome = await self._calls.call(self._coordinator, WorkKind.FORWARD_BACKWARD, model_id=model_id,
-                                             payload=op.payload)
+            outcome = await self._calls.call(
+                self._coordinator, WorkKind.FORWARD_BACKWARD, model_id=model_id, payload=op.payload
+            )
             if outcome.ok:
                 self._log(LoggedOp(WorkKind.FORWARD_BACKWARD, payload=op.payload))
             if outcome.ok and outcome.json:
@@ -231,8 +253,11 @@ class TrainingRunWorkflow(RunCheckpoints):
             return await self._save(save, "external_weights", "save_weights_external")
         if op.kind is OpKind.LOAD_WEIGHTS and op.load is not None and op.load.path:
             outcome = await self._load(op.load.path, op.load.optimizer)
-            return Outcome(json={"model_id": model_id, "path": op.load.path, "type": "load_weights"}) \
-                if outcome.ok else outcome
+            return (
+                Outcome(json={"model_id": model_id, "path": op.load.path, "type": "load_weights"})
+                if outcome.ok
+                else outcome
+            )
         if op.kind is OpKind.REJECT:
             return Outcome.failed(op.error or "rejected")
         return Outcome.failed(f"unsupported training op {op.kind!r}")
@@ -242,8 +267,13 @@ class TrainingRunWorkflow(RunCheckpoints):
     async def _create_adapter(self) -> Outcome:
         lora = self.s.lora_spec
         return await self._calls.call(
-            self._coordinator, WorkKind.CREATE_ADAPTER, model_id=self.s.start.model_id,
-            session_id=self.s.start.session_id, lora=lora, timeout=RECOVERY_WAIT if self.s.status == "ready" else None)
+            self._coordinator,
+            WorkKind.CREATE_ADAPTER,
+            model_id=self.s.start.model_id,
+            session_id=self.s.start.session_id,
+            lora=lora,
+            timeout=RECOVERY_WAIT if self.s.status == "ready" else None,
+        )
 
     async def _auto_snapshot(self) -> None:
         path = f"tinker://{self.s.start.model_id}/auto_weights/latest"
@@ -259,19 +289,33 @@ class TrainingRunWorkflow(RunCheckpoints):
         if not self.s.start.snapshot_every:
             return "automatic snapshots are off for this run (--auto-snapshot-every 0)"
         self.s.recoveries += 1
-        workflow.logger.warning("restoring %s (%s): snapshot %s + %d ops", self.s.start.model_id, why,
-                                self.s.auto_snapshot or "none (fresh adapter)", len(self.s.since_snapshot))
+        workflow.logger.warning(
+            "restoring %s (%s): snapshot %s + %d ops",
+            self.s.start.model_id,
+            why,
+            self.s.auto_snapshot or "none (fresh adapter)",
+            len(self.s.since_snapshot),
+        )
         workflow.set_current_details(f"restoring the adapter on a live JAX worker: {why}")
         outcome = await self._create_adapter()
         if outcome.ok and self.s.auto_snapshot:
-            outcome = await self._calls.call(self._coordinator, WorkKind.LOAD_CHECKPOINT,
-                                             model_id=self.s.start.model_id,
-                                             load=LoadCheckpoint(path=self.s.auto_snapshot, optimizer=True))
+            outcome = await self._calls.call(
+                self._coordinator,
+                WorkKind.LOAD_CHECKPOINT,
+                model_id=self.s.start.model_id,
+                load=LoadCheckpoint(path=self.s.auto_snapshot, optimizer=True),
+            )
         for entry in self.s.since_snapshot:
             if not outcome.ok:
                 break
-            outcome = await self._calls.call(self._coordinator, WorkKind(entry.kind), model_id=self.s.start.model_id,
-                                             payload=entry.payload, adam=entry.adam, load=entry.load)
+            outcome = await self._calls.call(
+                self._coordinator,
+                WorkKind(entry.kind),
+                model_id=self.s.start.model_id,
+                payload=entry.payload,
+                adam=entry.adam,
+                load=entry.load,
+            )
         self._publish()
         return "" if outcome.ok else outcome.error
 
@@ -288,5 +332,6 @@ class TrainingRunWorkflow(RunCheckpoints):
         step_mark = s.step - s.step % STEP_ATTRIBUTE_EVERY
         if (s.status, step_mark) != self._published:
             self._published = (s.status, step_mark)
-            # The ignore below: temporalio annotates the parameter with a bare generic (Sequence[SearchAttributeUpdate]).
+            # The ignore below: temporalio annotates the parameter with a bare generic
+            # (Sequence[SearchAttributeUpdate]).
             workflow.upsert_search_attributes([names.STEP.value_set(step_mark), names.STATUS.value_set(s.status)])  # pyright: ignore[reportUnknownMemberType]

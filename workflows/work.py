@@ -126,8 +126,13 @@ class SaveRequest:
 
 
 def from_legacy_lora(p: dict[str, Any]) -> LoraSpec:
-    return LoraSpec(rank=int(p["rank"]), seed=p.get("seed"), train_attn=bool(p.get("train_attn", True)),
-                    train_mlp=bool(p.get("train_mlp", True)), train_unembed=bool(p.get("train_unembed", True)))
+    return LoraSpec(
+        rank=int(p["rank"]),
+        seed=p.get("seed"),
+        train_attn=bool(p.get("train_attn", True)),
+        train_mlp=bool(p.get("train_mlp", True)),
+        train_unembed=bool(p.get("train_unembed", True)),
+    )
 
 
 def from_legacy_adam(p: dict[str, Any]) -> AdamSpec:
@@ -138,9 +143,14 @@ def from_legacy_adam(p: dict[str, Any]) -> AdamSpec:
 def from_legacy_save_request(p: dict[str, Any]) -> SaveRequest:
     seq = p.get("sampling_session_seq_id")
     ttl = p.get("ttl_seconds")
-    return SaveRequest(path=p.get("path"), sampling_session_seq_id=None if seq is None else int(seq),
-                       ttl_seconds=None if ttl is None else int(ttl), user_metadata=dict(p.get("user_metadata") or {}),
-                       overwrite=bool(p.get("overwrite")), age_recipients=list(p.get("age_recipients") or []))
+    return SaveRequest(
+        path=p.get("path"),
+        sampling_session_seq_id=None if seq is None else int(seq),
+        ttl_seconds=None if ttl is None else int(ttl),
+        user_metadata=dict(p.get("user_metadata") or {}),
+        overwrite=bool(p.get("overwrite")),
+        age_recipients=list(p.get("age_recipients") or []),
+    )
 
 
 def from_legacy_load(p: dict[str, Any]) -> LoadCheckpoint:
@@ -156,17 +166,30 @@ def from_legacy_work_params(kind: WorkKind, p: dict[str, Any]) -> dict[str, Any]
     if kind is WorkKind.SNAPSHOT:
         return {"snapshot": str(p["key"])}
     if kind is WorkKind.SAMPLE:
-        return {"snapshot": str(p.get("snapshot") or ""),
-                "sample": SampleParams(sampler_id=str(p.get("sampler_id") or ""), samples=int(p.get("samples", 1)),
-                                       work=int(p.get("work", 0)))}
+        return {
+            "snapshot": str(p.get("snapshot") or ""),
+            "sample": SampleParams(
+                sampler_id=str(p.get("sampler_id") or ""), samples=int(p.get("samples", 1)), work=int(p.get("work", 0))
+            ),
+        }
     if kind is WorkKind.DROP_SNAPSHOTS:
         keys = p.get("keys")
-        return {"drop": DropSnapshots(keys=None if keys is None else list(keys), queue=str(p.get("queue") or ""),
-                                      prefix=str(p.get("prefix") or ""))}
+        return {
+            "drop": DropSnapshots(
+                keys=None if keys is None else list(keys),
+                queue=str(p.get("queue") or ""),
+                prefix=str(p.get("prefix") or ""),
+            )
+        }
     if kind is WorkKind.SAVE_CHECKPOINT:
-        return {"save": SaveCheckpoint(path=str(p["path"]), manifest=dict(p.get("manifest") or {}),
-                                       overwrite=bool(p.get("overwrite")),
-                                       age_recipients=list(p.get("age_recipients") or []))}
+        return {
+            "save": SaveCheckpoint(
+                path=str(p["path"]),
+                manifest=dict(p.get("manifest") or {}),
+                overwrite=bool(p.get("overwrite")),
+                age_recipients=list(p.get("age_recipients") or []),
+            )
+        }
     if kind in (WorkKind.LOAD_CHECKPOINT, WorkKind.LOAD_SNAPSHOT):
         return {"load": from_legacy_load(p)}
     return {}  # free_adapter, forward_backward: no parameters

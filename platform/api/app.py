@@ -15,18 +15,24 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from tinkerflow.api import (
-    routes_checkpoints, routes_futures, routes_openai, routes_runs, routes_sampling, routes_service, routes_training,
+    routes_checkpoints,
+    routes_futures,
+    routes_openai,
+    routes_runs,
+    routes_sampling,
+    routes_service,
+    routes_training,
 )
 from tinkerflow.api.body_limits import BodyLimit
 from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal, classify
-from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.deps import metrics_caller
-from tinkerflow.api.signed_urls import signing_key
+from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
-from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
+from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.errors import TinkerflowError
+from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
@@ -42,20 +48,30 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             await ensure_search_attributes(temporal, settings.temporal_namespace)
         except Exception as e:  # another process may be registering them at the same moment
             log.debug("search attributes: %s", e)
-        app.state.services = Services(settings=settings, client=temporal,
-                                      store=ClaimCheckStore(settings.resolved_store_url),
-                                      registry=ModelRegistry(temporal),
-                                      checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
-                                      signing_key=signing_key(settings), api_keys=settings.accepted_api_keys(),
-                                      sample_batcher=SampleBatcher(temporal))
+        app.state.services = Services(
+            settings=settings,
+            client=temporal,
+            store=ClaimCheckStore(settings.resolved_store_url),
+            registry=ModelRegistry(temporal),
+            checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
+            signing_key=signing_key(settings),
+            api_keys=settings.accepted_api_keys(),
+            sample_batcher=SampleBatcher(temporal),
+        )
         if not app.state.services.api_keys:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
         yield
 
     docs = settings.api_docs  # off: /openapi.json, /docs and /redoc answer 404 like any unknown path
-    app = FastAPI(title="tinkerflow", description="Tinker-compatible training API on Temporal and JAX",
-                  lifespan=lifespan, default_response_class=WireJSONResponse, openapi_url="/openapi.json" if docs else None,
-                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
+    app = FastAPI(
+        title="tinkerflow",
+        description="Tinker-compatible training API on Temporal and JAX",
+        lifespan=lifespan,
+        default_response_class=WireJSONResponse,
+        openapi_url="/openapi.json" if docs else None,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+    )
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
@@ -67,12 +83,19 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         checks = await asyncio.gather(check_temporal(svc.client, settings.temporal_address), check_store(svc.store))
         down = [u for u in checks if u is not None]
         if down:
-            return JSONResponse(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}, content={
-                "status": "unavailable", "detail": "; ".join(u.message() for u in down),
-                "unavailable": [u.dependency for u in down]})
+            return JSONResponse(
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+                content={
+                    "status": "unavailable",
+                    "detail": "; ".join(u.message() for u in down),
+                    "unavailable": [u.dependency for u in down],
+                },
+            )
         return JSONResponse({"status": "ready", "temporal": "ok", "store": "ok"})
 
     if settings.metrics_access != "off":
+
         @app.get("/metrics", include_in_schema=False)
         async def metrics(request: Request) -> Response:
             if settings.metrics_access != "public":

@@ -11,8 +11,8 @@ the SDK, so the caller sees the message.
 from __future__ import annotations
 
 import json
-from typing import Any
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from tinkerflow.common.settings import Settings
 
@@ -87,9 +87,21 @@ def _too_large(e: BaseException) -> bool:
 
 async def _refuse(send, size: int, limit: int, flag: str, streamed: bool = False) -> None:
     what = f"more than {limit:,} bytes" if streamed else f"{size:,} bytes"
-    body = json.dumps({"detail": f"request body of {what} is over this route's limit of {limit:,} bytes ({flag}); "
-                                 "send less per request"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    body = json.dumps(
+        {
+            "detail": f"request body of {what} is over this route's limit of {limit:,} bytes ({flag}); "
+            "send less per request"
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

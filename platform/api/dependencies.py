@@ -29,18 +29,20 @@ CHECK_TIMEOUT_S = 1.5  # both checks run at once and answer within the 2 s the K
 _UNREACHABLE = {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED}
 
 
-
 @dataclass(frozen=True)
 class Unavailable:
     """A dependency that cannot serve: which one, where, and why (for the 503 body and the log)."""
+
     dependency: str  # "temporal" | "store"
     where: str
     why: str
 
     def message(self) -> str:
         name = {"temporal": "Temporal", "store": "the claim-check store"}[self.dependency]
-        return (f"{name} ({self.where}) is unreachable: {self.why}. This API cannot serve requests until it is "
-                f"back; retry after {RETRY_AFTER_S} s")
+        return (
+            f"{name} ({self.where}) is unreachable: {self.why}. This API cannot serve requests until it is "
+            f"back; retry after {RETRY_AFTER_S} s"
+        )
 
     def body(self) -> dict:
         return {"detail": self.message(), "unavailable": self.dependency, "retry_after_s": RETRY_AFTER_S}
@@ -63,8 +65,10 @@ def classify(e: BaseException, temporal_address: str, store_url: str) -> Unavail
 
 async def check_temporal(client: Client, address: str) -> Unavailable | None:
     try:
-        await asyncio.wait_for(client.workflow_service.get_system_info(
-            GetSystemInfoRequest(), timeout=timedelta(seconds=CHECK_TIMEOUT_S)), CHECK_TIMEOUT_S + 1)
+        await asyncio.wait_for(
+            client.workflow_service.get_system_info(GetSystemInfoRequest(), timeout=timedelta(seconds=CHECK_TIMEOUT_S)),
+            CHECK_TIMEOUT_S + 1,
+        )
     except Exception as e:  # any failure to answer this cheap call means requests would fail too
         return Unavailable("temporal", address, str(e)[:300] or type(e).__name__)
     return None
@@ -72,6 +76,7 @@ async def check_temporal(client: Client, address: str) -> Unavailable | None:
 
 async def check_store(store: ClaimCheckStore) -> Unavailable | None:
     """Write, read back and delete a few bytes: what every forward_backward does to the store."""
+
     def probe() -> None:
         path = f"{store.root}/readyz/{uuid.uuid4().hex}"
         store.fs.makedirs(f"{store.root}/readyz", exist_ok=True)

@@ -27,8 +27,11 @@ def _shown(value: object) -> str:
 
 def check_session_id(session_id: object) -> str:
     if not isinstance(session_id, str) or not _SESSION.fullmatch(session_id):
-        raise http_error(400, f"session_id {_shown(session_id)} is malformed: use the id create_session returned "
-                              f"(letters, digits, '-' and '_', at most {MAX_SESSION_CHARS})")
+        raise http_error(
+            400,
+            f"session_id {_shown(session_id)} is malformed: use the id create_session returned "
+            f"(letters, digits, '-' and '_', at most {MAX_SESSION_CHARS})",
+        )
     return session_id
 
 
@@ -45,8 +48,11 @@ def check_model_id(model_id: object, field: str = "model_id") -> str:
 
 def check_sampler_id(sampler_id: object) -> str:
     if not isinstance(sampler_id, str) or not _SAMPLER.fullmatch(sampler_id):
-        raise http_error(400, f"sampling_session_id {_shown(sampler_id)} is malformed: use the id "
-                              "create_sampling_session returned (<session_id>:sample:<n>)")
+        raise http_error(
+            400,
+            f"sampling_session_id {_shown(sampler_id)} is malformed: use the id "
+            "create_sampling_session returned (<session_id>:sample:<n>)",
+        )
     return sampler_id
 
 

@@ -34,7 +34,8 @@ async def run_of_caller(svc: Services, model_id: str, who: str) -> RunState:
     check_model_id(model_id)
     try:
         state = await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(
-            TrainingRunWorkflow.describe)
+            TrainingRunWorkflow.describe
+        )
     except Exception as e:
         raise from_temporal(e, f"training run {model_id!r}") from None
     if state.start.owner != who:
@@ -56,7 +57,8 @@ async def session_of_caller(svc: Services, session_id: str, who: str) -> Session
     check_session_id(session_id)
     try:
         state = await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).query(
-            SessionWorkflow.describe)
+            SessionWorkflow.describe
+        )
     except Exception as e:
         raise from_temporal(e, f"session {session_id!r}") from None
     if state.owner != who:

@@ -61,8 +61,14 @@ def adam_problem(p: Any) -> str:
     torch refuses lr < 0, eps < 0, betas outside [0, 1) and weight_decay < 0; Tinker's grad_clip_norm 0 means no
     clipping, so a negative one is a mistake too. Everything must be finite: one NaN hyper-parameter makes the
     adapter's weights NaN for good."""
-    values = {"learning_rate": p.learning_rate, "beta1": p.beta1, "beta2": p.beta2, "eps": p.eps,
-              "weight_decay": p.weight_decay, "grad_clip_norm": p.grad_clip_norm}
+    values = {
+        "learning_rate": p.learning_rate,
+        "beta1": p.beta1,
+        "beta2": p.beta2,
+        "eps": p.eps,
+        "weight_decay": p.weight_decay,
+        "grad_clip_norm": p.grad_clip_norm,
+    }
     for name, v in values.items():
         if not math.isfinite(v):
             return f"adam_params.{name} must be finite, got {v}"

@@ -1,7 +1,8 @@
 """OpenAI's request bodies for /v1/completions and /v1/chat/completions, as pydantic models, and its error body.
 
 Only what this server can honour is accepted: a parameter it cannot honour with a value that would change the answer
-(penalties, logit_bias, tools, best_of, top alternatives of generated tokens) is refused with a 400 naming it, never silently
+(penalties, logit_bias, tools, best_of, top alternatives of generated tokens) is refused with a 400 naming it,
+never silently
 ignored. Fields that change nothing here (`user`, `metadata`, `store`, `service_tier`, ...) are ignored, as OpenAI's
 own server ignores what it does not use.
 """
@@ -26,10 +27,22 @@ class OpenAIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict[str, Any]:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
-        return {"error": {"message": self.message, "type": kind.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        kind = {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            403: "permission_error",
+            404: "invalid_request_error",
+            413: "invalid_request_error",
+            429: "rate_limit_error",
+        }
+        return {
+            "error": {
+                "message": self.message,
+                "type": kind.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class StreamOptions(BaseModel):
@@ -110,8 +123,10 @@ class CompletionRequest(_Common):
         if self.logprobs and not self.echo:
             # The engine reports the sampled token's logprob, not the k most likely alternatives; it does compute
             # the top-k alternatives at each prompt position, which echo returns.
-            return "logprobs", ("logprobs > 0 (top alternatives) is supported only with echo, for the prompt's "
-                                "tokens; logprobs=0 returns each sampled token's logprob")
+            return "logprobs", (
+                "logprobs > 0 (top alternatives) is supported only with echo, for the prompt's "
+                "tokens; logprobs=0 returns each sampled token's logprob"
+            )
         return super().unsupported()
 
 
@@ -149,12 +164,14 @@ class ChatCompletionRequest(_Common):
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.top_logprobs:
-            return "top_logprobs", ("top_logprobs > 0 is not supported: the engine reports each sampled token's "
-                                    "logprob only (use logprobs=true with top_logprobs 0 or unset)")
+            return "top_logprobs", (
+                "top_logprobs > 0 is not supported: the engine reports each sampled token's "
+                "logprob only (use logprobs=true with top_logprobs 0 or unset)"
+            )
         if self.tools:
             return "tools", "tools (function calling) are not supported"
         if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only response_format {\"type\": \"text\"} is supported"
+            return "response_format", 'only response_format {"type": "text"} is supported'
         return super().unsupported()
 
 

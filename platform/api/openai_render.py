@@ -30,6 +30,7 @@ class Rendered:
 
 def token_pieces(tokenizer: Any, tokens: list[int]) -> list[str]:
     """One text piece per token such that "".join(pieces) == decode(tokens)."""
+
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
@@ -37,18 +38,18 @@ def token_pieces(tokenizer: Any, tokens: list[int]) -> list[str]:
     prefix, read = 0, 0
     for i in range(len(tokens)):
         before = decode(tokens[prefix:read])
-        after = decode(tokens[prefix:i + 1])
+        after = decode(tokens[prefix : i + 1])
         # A trailing U+FFFD is a character still incomplete, unless the tokens since the last piece are already more
         # than one UTF-8 character's bytes (then the model really produced invalid bytes: emit them as they are).
         if len(after) > len(before) and (not after.endswith("\ufffd") or i + 1 - read >= _MAX_CHAR_TOKENS):
-            pieces.append(after[len(before):])
+            pieces.append(after[len(before) :])
             prefix, read = max(0, i + 1 - _WINDOW), i + 1
         else:
             pieces.append("")  # an incomplete character: it is emitted with the token that completes it
     whole = decode(tokens)
     joined = "".join(pieces)
     if tokens and joined != whole and whole.startswith(joined):  # the sequence ends inside a character
-        pieces[-1] += whole[len(joined):]
+        pieces[-1] += whole[len(joined) :]
     elif joined != whole:  # a decoder that is not concatenative (cleanup rules): one piece, still correct
         pieces = [""] * len(tokens)
         if tokens:
@@ -56,8 +57,9 @@ def token_pieces(tokenizer: Any, tokens: list[int]) -> list[str]:
     return pieces
 
 
-def render(tokenizer: Any, tokens: list[int], logprobs: list[float] | None, stop_reason: str,
-           stops: list[str] | None) -> Rendered:
+def render(
+    tokenizer: Any, tokens: list[int], logprobs: list[float] | None, stop_reason: str, stops: list[str] | None
+) -> Rendered:
     pieces = token_pieces(tokenizer, tokens)
     text = "".join(pieces)
     finish = "stop" if stop_reason == "stop" else "length"
@@ -67,10 +69,10 @@ def render(tokenizer: Any, tokens: list[int], logprobs: list[float] | None, stop
         for piece in pieces:
             if length >= cut:
                 break
-            kept.append(piece[:cut - length])
+            kept.append(piece[: cut - length])
             length += len(piece)
         pieces, text, finish = kept, text[:cut], "stop"
-    lps = list(logprobs or [0.0] * len(tokens))[:len(pieces)]
+    lps = list(logprobs or [0.0] * len(tokens))[: len(pieces)]
     return Rendered(text, pieces, lps, finish, len(tokens))
 
 
@@ -84,17 +86,30 @@ def completion_logprobs(r: Rendered, offset: int = 0) -> dict[str, Any]:
 
 
 def chat_logprobs(pieces: list[str], logprobs: list[float]) -> dict[str, Any]:
-    return {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
-                        for p, lp in zip(pieces, logprobs, strict=True)], "refusal": None}
+    return {
+        "content": [
+            {"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+            for p, lp in zip(pieces, logprobs, strict=True)
+        ],
+        "refusal": None,
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def echo_logprobs(tokenizer: Any, prompt: list[int], prompt_lps: list[float | None] | None,
-                  topk: list[list[tuple[int, float]] | None] | None, r: Rendered) -> dict[str, Any]:
+def echo_logprobs(
+    tokenizer: Any,
+    prompt: list[int],
+    prompt_lps: list[float | None] | None,
+    topk: list[list[tuple[int, float]] | None] | None,
+    r: Rendered,
+) -> dict[str, Any]:
     """The logprobs object of an `echo` completion: the prompt's tokens (their logprobs, None for the first, which
     has no context) followed by the completion's. top_logprobs holds the engine's top-k alternatives at each prompt
     position (what lm-eval-harness reads to score a continuation); generated tokens have none computed ({})."""
@@ -103,6 +118,7 @@ def echo_logprobs(tokenizer: Any, prompt: list[int], prompt_lps: list[float | No
     lps[0] = None
     out = completion_logprobs(Rendered("", pieces, lps, r.finish_reason, 0))  # type: ignore[arg-type]
     if topk is not None:
+
         def alternatives(row: list[tuple[int, float]] | None) -> dict[str, float] | None:
             if row is None:
                 return None

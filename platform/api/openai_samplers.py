@@ -23,6 +23,7 @@ from typing import Any
 
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
+
 from tinkerflow.api.errors import from_temporal, is_not_found
 from tinkerflow.api.services import Services
 from tinkerflow.workflows import names
@@ -81,9 +82,11 @@ class OpenAISamplers:
         handle = svc.client.get_workflow_handle(names.session_workflow_id(session_id))
         for probe in range(MAX_PROBES):
             seq = seq_of(base_model, model_path, probe)
-            info = await handle.execute_update(SessionWorkflow.register_sampler, SamplerRequest(
-                seq=seq, base_model=base_model, model_path=model_path, pool=svc.settings.pool),
-                id=f"sampler-{seq}")
+            info = await handle.execute_update(
+                SessionWorkflow.register_sampler,
+                SamplerRequest(seq=seq, base_model=base_model, model_path=model_path, pool=svc.settings.pool),
+                id=f"sampler-{seq}",
+            )
             if (info.base_model, info.model_path) == (base_model, model_path):
                 return info
         raise RuntimeError(f"no free sampler number for {model_path or base_model} in {session_id}")
@@ -93,16 +96,27 @@ class OpenAISamplers:
         last = self.beaten_at.get(session_id)
         if not force and last is not None and time.monotonic() - last < timeout * HEARTBEAT_EVERY_FRACTION:
             return
-        start = SessionStart(session_id=session_id, owner=owner, tags=["openai"], sdk_version="openai-compatible",
-                             heartbeat_timeout_s=timeout, display_name="OpenAI-compatible endpoint")
+        start = SessionStart(
+            session_id=session_id,
+            owner=owner,
+            tags=["openai"],
+            sdk_version="openai-compatible",
+            heartbeat_timeout_s=timeout,
+            display_name="OpenAI-compatible endpoint",
+        )
         try:
             # Signal-with-start: signals the running session, or starts it (same id) when it is absent or ended.
             await svc.client.start_workflow(
-                SessionWorkflow.run, args=[start, None], id=names.session_workflow_id(session_id),
-                task_queue=names.WORKFLOW_TASK_QUEUE, start_signal="heartbeat",
-                search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active"),
-                                                          (names.OWNER, names.owner_value(owner))),
-                static_summary=f"OpenAI-compatible endpoint session {session_id}")
+                SessionWorkflow.run,
+                args=[start, None],
+                id=names.session_workflow_id(session_id),
+                task_queue=names.WORKFLOW_TASK_QUEUE,
+                start_signal="heartbeat",
+                search_attributes=names.search_attributes(
+                    (names.SESSION_ID, session_id), (names.STATUS, "active"), (names.OWNER, names.owner_value(owner))
+                ),
+                static_summary=f"OpenAI-compatible endpoint session {session_id}",
+            )
         except Exception as e:
             raise from_temporal(e, f"session {session_id}") from None
         self.beaten_at[session_id] = time.monotonic()

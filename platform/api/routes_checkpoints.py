@@ -29,7 +29,14 @@ from tinkerflow.api.identifiers import check_model_id, checkpoint_path
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import (
-    CheckpointError, CheckpointNotFound, Manifest, scratch_dir, TinkerPath, check_ttl, expiry_after, now_rfc3339,
+    CheckpointError,
+    CheckpointNotFound,
+    Manifest,
+    TinkerPath,
+    check_ttl,
+    expiry_after,
+    now_rfc3339,
+    scratch_dir,
 )
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart
@@ -50,7 +57,7 @@ async def _owned(svc: Services, p: TinkerPath, who: str) -> Manifest:
 
 
 def _page(items: list, limit: int, offset: int) -> tuple[list, dict[str, int]]:
-    return items[offset:offset + limit], {"offset": offset, "limit": limit, "total_count": len(items)}
+    return items[offset : offset + limit], {"offset": offset, "limit": limit, "total_count": len(items)}
 
 
 # --- listing -----------------------------------------------------------------------------------------------------
@@ -64,8 +71,12 @@ async def list_run_checkpoints(run: str, svc: Services = Depends(services), who:
 
 
 @router.get("/checkpoints")
-async def list_user_checkpoints(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
-                                svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+async def list_user_checkpoints(
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+    svc: Services = Depends(services),
+    who: str = Depends(owner),
+) -> dict:
     manifests = [m for m in await asyncio.to_thread(svc.checkpoints.list) if m.owner == who]
     page, cursor = _page(manifests, limit, offset)
     return {"checkpoints": [m.as_checkpoint() for m in page], "cursor": cursor}
@@ -75,9 +86,15 @@ async def list_user_checkpoints(limit: int = Query(100, ge=1, le=1000), offset: 
 async def weights_info(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     path = (await json_body(request)).get("tinker_path", "")
     m = await checkpoint_of_caller(svc, path, who)
-    return {"base_model": m.base_model, "is_lora": True, "lora_rank": m.lora["rank"],
-            "train_attn": m.lora["train_attn"], "train_mlp": m.lora["train_mlp"],
-            "train_unembed": m.lora["train_unembed"], "optimizer_config": {"type": "adamw"}}
+    return {
+        "base_model": m.base_model,
+        "is_lora": True,
+        "lora_rank": m.lora["rank"],
+        "train_attn": m.lora["train_attn"],
+        "train_mlp": m.lora["train_mlp"],
+        "train_unembed": m.lora["train_unembed"],
+        "optimizer_config": {"type": "adamw"},
+    }
 
 
 # --- changing one (specific suffixes first) -----------------------------------------------------------------------
@@ -92,8 +109,7 @@ async def publish(run: str, checkpoint_id: str, svc: Services = Depends(services
 
 
 @router.delete("/training_runs/{run}/checkpoints/{checkpoint_id:path}/publish")
-async def unpublish(run: str, checkpoint_id: str, svc: Services = Depends(services), who: str = Depends(owner)
-                    ) -> dict:
+async def unpublish(run: str, checkpoint_id: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     p = _path(run, checkpoint_id)
     await _owned(svc, p, who)
     await asyncio.to_thread(svc.checkpoints.update, p, public=False)
@@ -101,8 +117,9 @@ async def unpublish(run: str, checkpoint_id: str, svc: Services = Depends(servic
 
 
 @router.put("/training_runs/{run}/checkpoints/{checkpoint_id:path}/ttl")
-async def set_ttl(run: str, checkpoint_id: str, request: Request, svc: Services = Depends(services),
-                  who: str = Depends(owner)) -> dict:
+async def set_ttl(
+    run: str, checkpoint_id: str, request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+) -> dict:
     p = _path(run, checkpoint_id)
     m = await _owned(svc, p, who)
     ttl = (await json_body(request)).get("ttl_seconds")
@@ -119,20 +136,27 @@ async def set_ttl(run: str, checkpoint_id: str, request: Request, svc: Services 
 async def _set_expiry_timer(svc: Services, path: str, expires_at: str | None, base_model: str) -> None:
     """The durable timer that deletes the files: started here, or moved (or ended, for None) if it runs already."""
     await svc.client.start_workflow(
-        CheckpointExpiry.run, ExpiryStart(path, expires_at, base_model, svc.settings.pool),
-        id=names.checkpoint_expiry_workflow_id(path), task_queue=names.WORKFLOW_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, start_signal="set_expiry",
-        start_signal_args=[expires_at], static_summary=f"expires {path} at {expires_at}")
+        CheckpointExpiry.run,
+        ExpiryStart(path, expires_at, base_model, svc.settings.pool),
+        id=names.checkpoint_expiry_workflow_id(path),
+        task_queue=names.WORKFLOW_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        start_signal="set_expiry",
+        start_signal_args=[expires_at],
+        static_summary=f"expires {path} at {expires_at}",
+    )
 
 
 @router.get("/training_runs/{run}/checkpoints/{checkpoint_id:path}/external_weights_urls")
-async def external_weights_urls(run: str, checkpoint_id: str, request: Request, svc: Services = Depends(services),
-                                who: str = Depends(owner)) -> dict:
+async def external_weights_urls(
+    run: str, checkpoint_id: str, request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+) -> dict:
     p = _path(run, checkpoint_id)
     m = await checkpoint_of_caller(svc, str(p), who)
     expires = signed_urls.expiry()
-    urls = {rel: signed_urls.sign(svc.signing_key, str(request.base_url), str(p), rel, expires)
-            for rel in sorted(m.files)}
+    urls = {
+        rel: signed_urls.sign(svc.signing_key, str(request.base_url), str(p), rel, expires) for rel in sorted(m.files)
+    }
     return {"urls": urls, "expires": datetime.fromtimestamp(expires, UTC).isoformat().replace("+00:00", "Z")}
 
 
@@ -149,13 +173,15 @@ async def _forget(svc: Services, m: Manifest) -> None:
     """After a delete: end its expiry timer, and unload it from any worker that loaded it for sampling."""
     try:
         await svc.client.get_workflow_handle(names.checkpoint_expiry_workflow_id(m.tinker_path)).signal(
-            CheckpointExpiry.set_expiry, None)
+            CheckpointExpiry.set_expiry, None
+        )
     except Exception as e:
         if not is_not_found(e):
             raise
     try:
         await svc.client.get_workflow_handle(names.coordinator_workflow_id(m.base_model, svc.settings.pool)).signal(
-            "forget_checkpoint", m.tinker_path)
+            "forget_checkpoint", m.tinker_path
+        )
     except Exception as e:
         if not is_not_found(e):
             raise
@@ -203,14 +229,16 @@ async def copy_weights(request: Request, svc: Services = Depends(services), who:
 def _copy(svc: Services, src: Manifest, dest: TinkerPath, who: str, expires_at: str | None) -> None:
     with scratch_dir() as staging:
         svc.checkpoints.download(src.path, staging)
-        manifest = dataclasses.replace(src, tinker_path=str(dest), owner=who, public=False, time=now_rfc3339(),
-                                       expires_at=expires_at)
+        manifest = dataclasses.replace(
+            src, tinker_path=str(dest), owner=who, public=False, time=now_rfc3339(), expires_at=expires_at
+        )
         svc.checkpoints.commit(manifest, staging, overwrite=False)
 
 
 @router.get("/checkpoint_files/{run}/{segment}/{name}/{relative:path}", include_in_schema=False)
-async def download_file(run: str, segment: str, name: str, relative: str, expires: int, signature: str,
-                        svc: Services = Depends(services)) -> StreamingResponse:
+async def download_file(
+    run: str, segment: str, name: str, relative: str, expires: int, signature: str, svc: Services = Depends(services)
+) -> StreamingResponse:
     """What a signed URL points at. No API key: the signature is the authority (signed_urls)."""
     try:
         p = TinkerPath.of(run, segment, name)
@@ -229,5 +257,6 @@ async def download_file(run: str, segment: str, name: str, relative: str, expire
             while data := f.read(CHUNK):
                 yield data
 
-    return StreamingResponse(chunks(), media_type="application/octet-stream",
-                             headers={"Content-Length": str(sizes[relative])})
+    return StreamingResponse(
+        chunks(), media_type="application/octet-stream", headers={"Content-Length": str(sizes[relative])}
+    )

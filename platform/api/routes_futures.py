@@ -32,8 +32,9 @@ async def _outcome(svc: Services, ref) -> Outcome:
         return Outcome.failed(ref.error, ref.category)
     if isinstance(ref, request_ids.UpdateRef):
         handle = svc.client.get_workflow_handle(ref.workflow_id, run_id=ref.run_id or None)
-        return await handle.get_update_handle(ref.update_id, workflow_run_id=ref.run_id or None,
-                                              result_type=Outcome).result()
+        return await handle.get_update_handle(
+            ref.update_id, workflow_run_id=ref.run_id or None, result_type=Outcome
+        ).result()
     if isinstance(ref, request_ids.BatchItemRef):
         outcomes = await svc.client.get_workflow_handle(ref.workflow_id, result_type=list[Outcome]).result()
         return outcomes[ref.index]
@@ -41,8 +42,7 @@ async def _outcome(svc: Services, ref) -> Outcome:
 
 
 @router.post("/retrieve_future")
-async def retrieve_future(request: Request, svc: Services = Depends(services), who: str = Depends(owner)
-                          ) -> Response:
+async def retrieve_future(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> Response:
     request_id = (await json_body(request)).get("request_id", "")
     try:
         ref = request_ids.decode(request_id, svc.signing_key, who)  # another key's id: 404, as for an unknown one
@@ -54,8 +54,9 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), w
         return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
     except (WorkflowUpdateFailedError, WorkflowFailureError) as e:
         cause = e.cause
-        return JSONResponse({"error": getattr(cause, "message", None) or str(cause or e),
-                             "category": str(failure_category(e))})
+        return JSONResponse(
+            {"error": getattr(cause, "message", None) or str(cause or e), "category": str(failure_category(e))}
+        )
     except Exception as e:
         if is_not_found(e):
             raise http_error(404, f"unknown request_id {request_id[:80]!r}") from None

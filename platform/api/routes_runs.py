@@ -29,15 +29,17 @@ router = APIRouter(prefix="/api/v1")
 
 def _owned_query(workflow_type: str, who: str) -> str:
     # Continue-as-new leaves one closed execution per run behind; only the latest one is the session or run.
-    return (f"WorkflowType = '{workflow_type}' AND {names.OWNER.name} = '{names.owner_value(who)}' "
-            "AND ExecutionStatus != 'ContinuedAsNew'")
+    return (
+        f"WorkflowType = '{workflow_type}' AND {names.OWNER.name} = '{names.owner_value(who)}' "
+        "AND ExecutionStatus != 'ContinuedAsNew'"
+    )
 
 
 async def _ids(svc: Services, workflow_type: str, who: str, prefix: str) -> list[str]:
     ids: list[str] = []
     async for wf in svc.client.list_workflows(_owned_query(workflow_type, who)):
-        if wf.id.startswith(prefix) and wf.id[len(prefix):] not in ids:
-            ids.append(wf.id[len(prefix):])
+        if wf.id.startswith(prefix) and wf.id[len(prefix) :] not in ids:
+            ids.append(wf.id[len(prefix) :])
     return ids  # newest first: visibility orders by start time
 
 
@@ -51,8 +53,12 @@ async def _checkpoint(svc: Services, path: str) -> dict[str, Any] | None:
 async def _training_run(svc: Services, state: RunState) -> dict[str, Any]:
     start = state.start
     return {
-        "training_run_id": start.model_id, "base_model": start.base_model, "model_owner": start.owner or "open",
-        "is_lora": True, "corrupted": state.status == "failed", "lora_rank": state.lora_spec.rank,
+        "training_run_id": start.model_id,
+        "base_model": start.base_model,
+        "model_owner": start.owner or "open",
+        "is_lora": True,
+        "corrupted": state.status == "failed",
+        "lora_rank": state.lora_spec.rank,
         "last_request_time": state.last_request_time or "1970-01-01T00:00:00Z",
         "last_checkpoint": await _checkpoint(svc, state.last_checkpoint),
         "last_sampler_checkpoint": await _checkpoint(svc, state.last_sampler_checkpoint),
@@ -61,15 +67,20 @@ async def _training_run(svc: Services, state: RunState) -> dict[str, Any]:
 
 
 @router.get("/training_runs")
-async def list_training_runs(limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0),
-                             svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+async def list_training_runs(
+    limit: int = Query(20, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+    svc: Services = Depends(services),
+    who: str = Depends(owner),
+) -> dict:
     ids = await _ids(svc, "TrainingRun", who, "training-run/")
-    page = ids[offset:offset + limit]
+    page = ids[offset : offset + limit]
     runs = []
     for model_id in page:
         try:
             state = await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(
-                TrainingRunWorkflow.describe)
+                TrainingRunWorkflow.describe
+            )
         except Exception as e:
             raise from_temporal(e, f"training run {model_id}") from None
         runs.append(await _training_run(svc, state))
@@ -82,28 +93,38 @@ async def get_training_run(run: str, svc: Services = Depends(services), who: str
 
 
 @router.get("/sessions")
-async def list_sessions(limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0),
-                        svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+async def list_sessions(
+    limit: int = Query(20, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+    svc: Services = Depends(services),
+    who: str = Depends(owner),
+) -> dict:
     ids = await _ids(svc, "Session", who, "session/")
-    return {"sessions": ids[offset:offset + limit]}
+    return {"sessions": ids[offset : offset + limit]}
 
 
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     s = await session_of_caller(svc, session_id, who)
-    return {"training_run_ids": list(s.training_run_ids), "sampler_ids": sorted(s.samplers),
-            "user_metadata": _metadata(s), "display_name": s.display_name or None}
+    return {
+        "training_run_ids": list(s.training_run_ids),
+        "sampler_ids": sorted(s.samplers),
+        "user_metadata": _metadata(s),
+        "display_name": s.display_name or None,
+    }
 
 
 @router.put("/sessions/{session_id}/project")
-async def assign_project(session_id: str, request: Request, svc: Services = Depends(services),
-                         who: str = Depends(owner)) -> dict:
+async def assign_project(
+    session_id: str, request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+) -> dict:
     """Projects are labels here (one tenant per API key): recorded on the session, shown by search_sessions."""
     project_id = check_project_id((await json_body(request)).get("project_id"))
     await session_of_caller(svc, session_id, who)
     try:
         await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(
-            SessionWorkflow.set_project, project_id)
+            SessionWorkflow.set_project, project_id
+        )
     except Exception as e:
         raise from_temporal(e, f"session {session_id}") from None
     return {}
@@ -112,8 +133,11 @@ async def assign_project(session_id: str, request: Request, svc: Services = Depe
 @router.get("/sessions/{session_id}/trace_export")
 async def trace_export(session_id: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     await session_of_caller(svc, session_id, who)
-    return {"status": "failed", "error": "Perfetto trace export is not supported by this server; the session's "
-            f"timeline is its Temporal history (workflow session/{session_id} and its training-run/… workflows)"}
+    return {
+        "status": "failed",
+        "error": "Perfetto trace export is not supported by this server; the session's "
+        f"timeline is its Temporal history (workflow session/{session_id} and its training-run/… workflows)",
+    }
 
 
 @router.post("/sessions/search")
@@ -141,16 +165,29 @@ async def search_sessions(request: Request, svc: Services = Depends(services), w
         if not _matches(req, s, status):
             continue
         ckpts = [m for run in s.training_run_ids for m in by_run.get(run, [])]
-        found.append({"session_id": session_id, "created_at": created.isoformat(), "owner": s.owner or "open",
-                      "project_id": s.project_id, "status": status, "checkpoints_count": len(ckpts),
-                      "checkpoint_storage_bytes": sum(m.size_bytes for m in ckpts),
-                      "display_name": s.display_name or None, "user_metadata": _metadata(s)})
+        found.append(
+            {
+                "session_id": session_id,
+                "created_at": created.isoformat(),
+                "owner": s.owner or "open",
+                "project_id": s.project_id,
+                "status": status,
+                "checkpoints_count": len(ckpts),
+                "checkpoint_storage_bytes": sum(m.size_bytes for m in ckpts),
+                "display_name": s.display_name or None,
+                "user_metadata": _metadata(s),
+            }
+        )
         if len(found) > req.limit:
             break
-    page = found[:req.limit]
+    page = found[: req.limit]
     more = len(found) > req.limit
-    return {"sessions": page, "next_cursor": {"last_created_at": page[-1]["created_at"],
-                                              "last_session_id": page[-1]["session_id"]} if more else None}
+    return {
+        "sessions": page,
+        "next_cursor": {"last_created_at": page[-1]["created_at"], "last_session_id": page[-1]["session_id"]}
+        if more
+        else None,
+    }
 
 
 def _metadata(s: SessionState) -> dict[str, str] | None:
@@ -172,8 +209,11 @@ def _status(s: SessionState) -> dict[str, Any]:
     if s.status == "timed_out":
         return {"type": "cancelled", "detail": s.reason}
     reason = s.reason.removeprefix("client finished: ").split(" ", 1)[0]
-    return {"type": "client_finished", "reason": {"type": reason if reason in ("success", "errored", "interrupted")
-                                                  else "success"}, "detail": s.reason}
+    return {
+        "type": "client_finished",
+        "reason": {"type": reason if reason in ("success", "errored", "interrupted") else "success"},
+        "detail": s.reason,
+    }
 
 
 def _matches(req: SessionSearchRequest, s: SessionState, status: dict[str, Any]) -> bool:
@@ -183,8 +223,9 @@ def _matches(req: SessionSearchRequest, s: SessionState, status: dict[str, Any])
         return False
     if req.statuses:
         for q in req.statuses:
-            if q.type == status["type"] and (q.type != "client_finished" or not q.reasons
-                                             or status["reason"]["type"] in q.reasons):
+            if q.type == status["type"] and (
+                q.type != "client_finished" or not q.reasons or status["reason"]["type"] in q.reasons
+            ):
                 return True
         return False
     return True

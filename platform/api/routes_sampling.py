@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 @router.post("/create_sampling_session")
-async def create_sampling_session(request: Request, svc: Services = Depends(services),
-                                  who: str = Depends(owner)) -> dict:
+async def create_sampling_session(
+    request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+) -> dict:
     req = CreateSamplingSessionRequest.model_validate(await json_body(request))
     await session_of_caller(svc, req.session_id, who)
     if req.model_path:
@@ -42,9 +43,16 @@ async def create_sampling_session(request: Request, svc: Services = Depends(serv
         raise http_error(400, "create_sampling_session needs base_model or model_path")
     handle = svc.client.get_workflow_handle(names.session_workflow_id(req.session_id))
     try:
-        info = await handle.execute_update(SessionWorkflow.register_sampler, SamplerRequest(
-            seq=req.sampling_session_seq_id, base_model=base_model, model_path=req.model_path or "",
-            pool=svc.settings.pool), id=f"sampler-{req.sampling_session_seq_id}")
+        info = await handle.execute_update(
+            SessionWorkflow.register_sampler,
+            SamplerRequest(
+                seq=req.sampling_session_seq_id,
+                base_model=base_model,
+                model_path=req.model_path or "",
+                pool=svc.settings.pool,
+            ),
+            id=f"sampler-{req.sampling_session_seq_id}",
+        )
     except Exception as e:
         raise from_temporal(e, f"session {req.session_id}") from None
     svc.samplers[info.sampler_id] = info
@@ -86,8 +94,9 @@ async def get_sampler(sampler_id: str, svc: Services = Depends(services), who: s
 
 
 @router.post("/asample", response_model=None)
-async def asample(request: Request, svc: Services = Depends(services),
-                  who: str = Depends(owner)) -> dict | JSONResponse:
+async def asample(
+    request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+) -> dict | JSONResponse:
     raw = await json_body(request)
     req = SampleRequest.model_validate(raw)
     check_caps(svc, req.num_samples, req.sampling_params.max_tokens)
@@ -96,10 +105,13 @@ async def asample(request: Request, svc: Services = Depends(services),
     info = await resolve_sampler(svc, req.sampling_session_id, who)
     ref = await submit_sample(svc, info, raw, req)
     if isinstance(ref, QueueFull):
-        return JSONResponse(status_code=429, headers={"Retry-After": str(ref.retry_after_s)},
-                            content={"detail": ref.message})
+        return JSONResponse(
+            status_code=429, headers={"Retry-After": str(ref.retry_after_s)}, content={"detail": ref.message}
+        )
     wf_id, index = ref.workflow_id, ref.index
     # A retried call (same seq_id) may land in another batch and sample again: sampling changes no state, and the
     # client only ever sees one of the answers.
-    return {"request_id": request_ids.encode(ref, svc.signing_key, who),
-            "sample_sequence_ids": [f"{wf_id}#{index}#{i}" for i in range(req.num_samples)]}
+    return {
+        "request_id": request_ids.encode(ref, svc.signing_key, who),
+        "sample_sequence_ids": [f"{wf_id}#{index}#{i}" for i in range(req.num_samples)],
+    }

@@ -46,10 +46,12 @@ async def telemetry(_: str = Depends(owner)) -> dict:
 @router.get("/get_server_capabilities")
 async def capabilities(svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
     cards = await svc.registry.cards()
-    return {"supported_models": [
-        {"model_name": c.name, "max_context_length": c.max_context, "trainable": True, "sampleable": True}
-        for c in cards.values()
-    ]}
+    return {
+        "supported_models": [
+            {"model_name": c.name, "max_context_length": c.max_context, "trainable": True, "sampleable": True}
+            for c in cards.values()
+        ]
+    }
 
 
 @router.post("/create_session")
@@ -57,15 +59,25 @@ async def create_session(request: Request, svc: Services = Depends(services), wh
     req = CreateSessionRequest.model_validate(await json_body(request))
     check_metadata(req.user_metadata)
     session_id = f"sess-{uuid.uuid4().hex[:12]}"
-    start = SessionStart(session_id=session_id, owner=who, tags=list(req.tags), user_metadata=req.user_metadata or {},
-                         sdk_version=req.sdk_version, heartbeat_timeout_s=svc.settings.session_timeout_s,
-                         display_name=req.display_name or "")
+    start = SessionStart(
+        session_id=session_id,
+        owner=who,
+        tags=list(req.tags),
+        user_metadata=req.user_metadata or {},
+        sdk_version=req.sdk_version,
+        heartbeat_timeout_s=svc.settings.session_timeout_s,
+        display_name=req.display_name or "",
+    )
     tags = f" · tags {', '.join(req.tags)}" if req.tags else ""
     await svc.client.start_workflow(
-        SessionWorkflow.run, args=[start, None], id=names.session_workflow_id(session_id),
-        task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active"),
-                                                  (names.OWNER, names.owner_value(who))),
+        SessionWorkflow.run,
+        args=[start, None],
+        id=names.session_workflow_id(session_id),
+        task_queue=names.WORKFLOW_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=names.search_attributes(
+            (names.SESSION_ID, session_id), (names.STATUS, "active"), (names.OWNER, names.owner_value(who))
+        ),
         static_summary=f"Tinker session {session_id}" + (f" ({req.display_name})" if req.display_name else "") + tags,
         static_details=f"sdk {req.sdk_version}; user_metadata {json.dumps(req.user_metadata or {})[:500]}",
     )
@@ -95,8 +107,9 @@ async def heartbeat(request: Request, svc: Services = Depends(services), who: st
 
 
 @router.post("/sessions/{session_id}/finish")
-async def finish(session_id: str, request: Request, svc: Services = Depends(services),
-                 who: str = Depends(owner)) -> dict:
+async def finish(
+    session_id: str, request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+) -> dict:
     body = await json_body(request)
     # Queries answer on closed workflows too: a finished session passes, another tenant's or an unknown one is 404.
     await session_of_caller(svc, session_id, who)
@@ -104,9 +117,9 @@ async def finish(session_id: str, request: Request, svc: Services = Depends(serv
     detail = body.get("detail")
     try:
         await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).signal(
-            SessionWorkflow.finish, f"client finished: {reason}" + (f" ({detail})" if detail else ""))
+            SessionWorkflow.finish, f"client finished: {reason}" + (f" ({detail})" if detail else "")
+        )
     except Exception as e:
         if not is_not_found(e):  # finishing a finished session is fine
             raise from_temporal(e, f"session {session_id}") from None
     return {}
-

@@ -16,7 +16,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
 from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import BlobRef, SampleStart, SamplerInfo
+from tinkerflow.workflows.messages import BlobRef, SamplerInfo, SampleStart
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 
 MAX_CALLS_PER_WORKFLOW = 64
@@ -35,8 +35,9 @@ class SampleBatcher:
         # The event loop holds tasks weakly: a drain nobody references could be collected mid-batch.
         self._drains: set[asyncio.Task[None]] = set()
 
-    async def submit(self, sampler: SamplerInfo, payload: BlobRef, *, samples: int = 1, work: int = 0
-                     ) -> tuple[str, int]:
+    async def submit(
+        self, sampler: SamplerInfo, payload: BlobRef, *, samples: int = 1, work: int = 0
+    ) -> tuple[str, int]:
         """Queue one call; returns (workflow id, index of this call in that workflow's result list)."""
         queue = self._queues.setdefault(sampler.sampler_id, _Queue())
         future: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -56,11 +57,17 @@ class SampleBatcher:
                 try:
                     await self._client.start_workflow(
                         SampleRequestWorkflow.run,
-                        SampleStart(sampler=sampler, payloads=[b[0] for b in batch], samples=[b[1] for b in batch],
-                                    work=[b[2] for b in batch]),
-                        id=workflow_id, task_queue=names.WORKFLOW_TASK_QUEUE,
+                        SampleStart(
+                            sampler=sampler,
+                            payloads=[b[0] for b in batch],
+                            samples=[b[1] for b in batch],
+                            work=[b[2] for b in batch],
+                        ),
+                        id=workflow_id,
+                        task_queue=names.WORKFLOW_TASK_QUEUE,
                         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                        static_summary=f"{len(batch)} sample call(s) on {sampler.sampler_id}")
+                        static_summary=f"{len(batch)} sample call(s) on {sampler.sampler_id}",
+                    )
                 except Exception as e:
                     for *_, future in batch:
                         if not future.done():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinker.types import SampleRequest
+
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.services import Services
@@ -28,34 +29,51 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class QueueFull:
     """The coordinator's queue is over its limit: answer 429 with Retry-After (the SDK and openai clients back off)."""
+
     message: str
     retry_after_s: int = 1
 
 
-def check_caps(svc: Services, num_samples: int, max_tokens: int | None, *, samples_field: str = "num_samples",
-               tokens_field: str = "sampling_params.max_tokens") -> None:
+def check_caps(
+    svc: Services,
+    num_samples: int,
+    max_tokens: int | None,
+    *,
+    samples_field: str = "num_samples",
+    tokens_field: str = "sampling_params.max_tokens",
+) -> None:
     """400 naming the field when a request asks for more than this server gives one request."""
     limits = svc.settings
     if num_samples > limits.max_samples_per_request:
-        raise http_error(400, f"{samples_field} {num_samples} is over this server's limit of "
-                              f"{limits.max_samples_per_request} per request (--max-samples-per-request)")
+        raise http_error(
+            400,
+            f"{samples_field} {num_samples} is over this server's limit of "
+            f"{limits.max_samples_per_request} per request (--max-samples-per-request)",
+        )
     if max_tokens is not None and max_tokens > limits.max_sample_tokens:
-        raise http_error(400, f"{tokens_field} {max_tokens} is over this server's limit of "
-                              f"{limits.max_sample_tokens} (--max-sample-tokens)")
+        raise http_error(
+            400,
+            f"{tokens_field} {max_tokens} is over this server's limit of "
+            f"{limits.max_sample_tokens} (--max-sample-tokens)",
+        )
 
 
-async def submit_sample(svc: Services, info: SamplerInfo, raw: dict[str, Any], req: SampleRequest
-                        ) -> BatchItemRef | QueueFull:
+async def submit_sample(
+    svc: Services, info: SamplerInfo, raw: dict[str, Any], req: SampleRequest
+) -> BatchItemRef | QueueFull:
     """Queue one checked sample request on `info`'s coordinator; where its outcome will be, or QueueFull."""
     coordinator = names.coordinator_workflow_id(info.base_model, info.pool)
     limits = svc.settings
     # The queue is counted in work, not calls: samples, and tokens (samples x (prompt + max_tokens)).
     queued, queued_tokens = await svc.queued_samples(coordinator)
     if queued >= limits.max_queued_samples or queued_tokens >= limits.max_queued_sample_tokens:
-        log.warning("sample: %d samples (%d tokens) queued for %s; answering 429", queued, queued_tokens,
-                    info.base_model)
-        return QueueFull(f"sampling queue for {info.base_model} is full ({queued} samples, {queued_tokens:,} tokens "
-                         "waiting); retry shortly")
+        log.warning(
+            "sample: %d samples (%d tokens) queued for %s; answering 429", queued, queued_tokens, info.base_model
+        )
+        return QueueFull(
+            f"sampling queue for {info.base_model} is full ({queued} samples, {queued_tokens:,} tokens "
+            "waiting); retry shortly"
+        )
     max_tokens = req.sampling_params.max_tokens
     prompt_tokens = sum(len(getattr(c, "tokens", ()) or ()) for c in req.prompt.chunks)
     work = req.num_samples * (prompt_tokens + (max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS))

@@ -41,8 +41,10 @@ def _signature(key: bytes, tinker_path: str, relative: str, expires: int) -> str
 
 def sign(key: bytes, base_url: str, tinker_path: str, relative: str, expires: int) -> str:
     route = tinker_path.removeprefix("tinker://")
-    return (f"{base_url.rstrip('/')}/api/v1/checkpoint_files/{quote(route)}/{quote(relative)}"
-            f"?expires={expires}&signature={_signature(key, tinker_path, relative, expires)}")
+    return (
+        f"{base_url.rstrip('/')}/api/v1/checkpoint_files/{quote(route)}/{quote(relative)}"
+        f"?expires={expires}&signature={_signature(key, tinker_path, relative, expires)}"
+    )
 
 
 def verify(key: bytes, tinker_path: str, relative: str, expires: int, signature: str) -> bool:

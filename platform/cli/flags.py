@@ -14,7 +14,8 @@ NOT_SETTINGS = {
     "--with-stack": "`ray`: also run Temporal, the workflow worker and the API on the driver's node",
     "--seed": "`make-tiny-model`: the weights' seed",
     "--moe": "`make-tiny-model`: write the mixture-of-experts variant",
-    "-h": "argparse's own help", "--help": "argparse's own help",
+    "-h": "argparse's own help",
+    "--help": "argparse's own help",
 }
 
 
@@ -48,8 +49,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, groups: tuple[str, ...])
             raise ValueError(f"the {group} settings have no flags")
         g = parser.add_argument_group(GROUP_TITLES[group])
         for f in (f for f in fields if f.metadata["group"] == group):
-            g.add_argument(flag_name(f), *f.metadata["aliases"], dest=f.name, default=None, help=_help(f),
-                           **_kind(f))
+            g.add_argument(flag_name(f), *f.metadata["aliases"], dest=f.name, default=None, help=_help(f), **_kind(f))
 
 
 def _kind(f: dataclasses.Field) -> dict:

@@ -76,16 +76,34 @@ class RunningStack:
                 self.proc.wait()
 
 
-def launch(state_dir: Path, *, api_key: str = "tml-local-key", extra: Sequence[str] = (),
-           timeout_s: float = 600) -> RunningStack:
+def launch(
+    state_dir: Path, *, api_key: str = "tml-local-key", extra: Sequence[str] = (), timeout_s: float = 600
+) -> RunningStack:
     state_dir.mkdir(parents=True, exist_ok=True)
     port, temporal_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "tinkerflow.cli.main", "up", "--state-dir", str(state_dir), "--port", str(port),
-           "--temporal-port", str(temporal_port), "--headless", "--api-key", api_key, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tinkerflow.cli.main",
+        "up",
+        "--state-dir",
+        str(state_dir),
+        "--port",
+        str(port),
+        "--temporal-port",
+        str(temporal_port),
+        "--headless",
+        "--api-key",
+        api_key,
+        *extra,
+    ]
     # The stack's settings come from the flags above, not from whatever the caller's environment holds; the one
     # exception is the compilation cache, which a test session shares across its stacks (tests/conftest.py).
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TINKERFLOW_") or k == "TINKERFLOW_COMPILATION_CACHE_DIR"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TINKERFLOW_") or k == "TINKERFLOW_COMPILATION_CACHE_DIR"
+    }
     with open(state_dir / "up.log", "ab") as log:  # the child keeps its own descriptor; ours closes here
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     stack = RunningStack(proc, state_dir, f"http://127.0.0.1:{port}", api_key, f"127.0.0.1:{temporal_port}")

@@ -25,7 +25,16 @@ from pathlib import Path
 from tinkerflow.cli.flags import add_settings_flags, settings_from
 from tinkerflow.common.logs import setup_logging
 from tinkerflow.common.settings import (
-    API, COMMON, DEV_TEMPORAL, JAX_WORKER, MESH, MODEL, RAY, SUPERVISION, Settings, SettingsError,
+    API,
+    COMMON,
+    DEV_TEMPORAL,
+    JAX_WORKER,
+    MESH,
+    MODEL,
+    RAY,
+    SUPERVISION,
+    Settings,
+    SettingsError,
 )
 
 log = logging.getLogger("tinkerflow")
@@ -43,17 +52,21 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tinkerflow", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tinkerflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = sub.add_parser("up", help="run the whole stack on this machine",
-                        description="Start a Temporal dev server (unless --temporal-address is given), the workflow "
-                        "worker, one JAX worker and the API; show progress while each gets ready; restart a part that "
-                        "exits unexpectedly (with backoff; runs on a restarted JAX worker restore themselves); stop "
-                        "them all on Ctrl-C, SIGTERM or when one part crash-loops. A second `up` on the same "
-                        "--state-dir finds its history again. "
-                        "With `-- CMD ARGS`, run CMD once everything is ready, then stop and exit with its status.")
+    up = sub.add_parser(
+        "up",
+        help="run the whole stack on this machine",
+        description="Start a Temporal dev server (unless --temporal-address is given), the workflow "
+        "worker, one JAX worker and the API; show progress while each gets ready; restart a part that "
+        "exits unexpectedly (with backoff; runs on a restarted JAX worker restore themselves); stop "
+        "them all on Ctrl-C, SIGTERM or when one part crash-loops. A second `up` on the same "
+        "--state-dir finds its history again. "
+        "With `-- CMD ARGS`, run CMD once everything is ready, then stop and exit with its status.",
+    )
 
     sub.add_parser("temporal", help="run only the Temporal dev server (tuned flags, SQLite in the state dir)")
 
@@ -63,23 +76,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("api", help="run only the HTTP API under uvicorn")
 
-    ray = sub.add_parser("ray", help="run the JAX worker as Ray actors, one per host (needs the `ray` extra)",
-                         description="Join a Ray cluster (as a Ray job: `ray job submit -- tinkerflow ray ...`, or "
-                         "with --ray-address), place one bundle per host in a placement group and start one "
-                         "JAX-worker actor in each, joined into one jax.distributed group (process 0 on bundle 0 "
-                         "takes the work). An actor that dies is restarted by Ray with the rest of its group; the "
-                         "runs it held are restored from their snapshots. With --with-stack the driver's node also "
-                         "runs Temporal, the workflow worker and the API. SIGTERM (`ray job stop`) stops every actor "
-                         "and removes the placement group. For several nodes give --store-url and --checkpoint-root "
-                         "every host can reach (gs://...), and --host 0.0.0.0 for the API.")
-    ray.add_argument("--with-stack", action="store_true", help="also run Temporal (a dev server unless "
-                     "--temporal-address), the workflow worker and the API on this (the driver's) node")
+    ray = sub.add_parser(
+        "ray",
+        help="run the JAX worker as Ray actors, one per host (needs the `ray` extra)",
+        description="Join a Ray cluster (as a Ray job: `ray job submit -- tinkerflow ray ...`, or "
+        "with --ray-address), place one bundle per host in a placement group and start one "
+        "JAX-worker actor in each, joined into one jax.distributed group (process 0 on bundle 0 "
+        "takes the work). An actor that dies is restarted by Ray with the rest of its group; the "
+        "runs it held are restored from their snapshots. With --with-stack the driver's node also "
+        "runs Temporal, the workflow worker and the API. SIGTERM (`ray job stop`) stops every actor "
+        "and removes the placement group. For several nodes give --store-url and --checkpoint-root "
+        "every host can reach (gs://...), and --host 0.0.0.0 for the API.",
+    )
+    ray.add_argument(
+        "--with-stack",
+        action="store_true",
+        help="also run Temporal (a dev server unless "
+        "--temporal-address), the workflow worker and the API on this (the driver's) node",
+    )
 
     tiny = sub.add_parser("make-tiny-model", help="write the embedded default model (deterministic tiny Qwen3)")
     tiny.add_argument("directory", help="where to write config.json, model.safetensors and the tokenizer")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    tiny.add_argument("--moe", action="store_true", help="write the tiny Qwen3-MoE (8 routed experts, top-2) instead; "
-                      "serve it with --base-model D")
+    tiny.add_argument(
+        "--moe",
+        action="store_true",
+        help="write the tiny Qwen3-MoE (8 routed experts, top-2) instead; serve it with --base-model D",
+    )
 
     for name, groups in COMMAND_GROUPS.items():
         p = sub.choices[name]
@@ -111,9 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         from tinkerflow.cli import temporal_server
 
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        cmd = temporal_server.command(settings.state_dir / "temporal.db", port=settings.temporal_port,
-                                      ui_port=settings.ui_port, namespace=settings.temporal_namespace,
-                                      headless=settings.headless)
+        cmd = temporal_server.command(
+            settings.state_dir / "temporal.db",
+            port=settings.temporal_port,
+            ui_port=settings.ui_port,
+            namespace=settings.temporal_namespace,
+            headless=settings.headless,
+        )
         log.info("starting %s", " ".join(cmd))
         os.execv(cmd[0], cmd)
     if args.command == "ray":
@@ -159,8 +186,13 @@ def _run_api(settings: Settings, ready_file: str | None) -> int:
     from tinkerflow.api.app import create_app
 
     app = create_app(settings)  # readiness: /api/v1/healthz answers once the app's start-up has finished
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=settings.log_level.upper() == "DEBUG")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=settings.log_level.upper() == "DEBUG",
+    )
     return 0
 
 

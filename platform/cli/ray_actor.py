@@ -30,7 +30,6 @@ def node_address(ray) -> str:
     return ray.util.get_node_ip_address()
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Whereabouts:
     """Where an actor's process runs: what the driver needs to pick a coordinator and to kill -9 it in a test."""

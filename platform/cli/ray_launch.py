@@ -23,8 +23,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from tinkerflow.cli import ray_plan, temporal_server
 from tinkerflow.cli.ray_actor import JaxWorkerActor, Whereabouts, node_address
@@ -252,13 +252,17 @@ def _connect(settings: Settings):
     address = settings.ray_address or "auto"  # Settings falls back to $RAY_ADDRESS
     if ":" in address and "://" not in address and not _port_open(address):
         # ray.init would retry a GCS that is not there for minutes; say so at once
-        raise RuntimeError(f"no Ray cluster answers at {address}: check --ray-address (the head's GCS host:port, "
-                           "6379 by default, or ray://head:10001), or run this as a Ray job (`ray job submit`)")
+        raise RuntimeError(
+            f"no Ray cluster answers at {address}: check --ray-address (the head's GCS host:port, "
+            "6379 by default, or ray://head:10001), or run this as a Ray job (`ray job submit`)"
+        )
     try:
         ray.init(address=address, log_to_driver=True, configure_logging=False)
     except ConnectionError as e:
-        raise RuntimeError(f"no Ray cluster at {address!r}: start one (`ray start --head`), run this as a Ray job "
-                           f"(`ray job submit -- tinkerflow ray …`) or give --ray-address ({e})") from e
+        raise RuntimeError(
+            f"no Ray cluster at {address!r}: start one (`ray start --head`), run this as a Ray job "
+            f"(`ray job submit -- tinkerflow ray …`) or give --ray-address ({e})"
+        ) from e
     return ray
 
 

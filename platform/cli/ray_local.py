@@ -129,18 +129,33 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout_s: float
                          str(free_port()), "--runtime-env-agent-port", str(free_port()), "--metrics-export-port",
                          str(free_port())]  # fmt: skip
                 if n == 0:
-                    cmd = ["start", "--head", "--port", str(gcs_port), "--dashboard-host", "127.0.0.1",
-                           "--dashboard-port", str(dashboard_port), "--include-dashboard", "true",
-                           "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)]
+                    cmd = [
+                        "start",
+                        "--head",
+                        "--port",
+                        str(gcs_port),
+                        "--dashboard-host",
+                        "127.0.0.1",
+                        "--dashboard-port",
+                        str(dashboard_port),
+                        "--include-dashboard",
+                        "true",
+                        "--ray-client-server-port",
+                        str(free_port()),
+                        "--temp-dir",
+                        str(temp_dir),
+                    ]
                 else:
                     cmd = ["start", "--address", cluster.gcs_address]
-                run = cluster.ray(*cmd, "--node-ip-address", node_ip(n), *common, *ports, timeout_s=timeout_s,
-                                  check=False)
+                run = cluster.ray(
+                    *cmd, "--node-ip-address", node_ip(n), *common, *ports, timeout_s=timeout_s, check=False
+                )
                 if run.returncode == 0:
                     break
                 if n == 0 or attempt == 2:
-                    raise RuntimeError(f"`ray {' '.join(cmd[:2])}` failed for node {n}:\n{run.stdout[-2000:]}\n"
-                                       f"{run.stderr[-3000:]}")
+                    raise RuntimeError(
+                        f"`ray {' '.join(cmd[:2])}` failed for node {n}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+                    )
                 time.sleep(2)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

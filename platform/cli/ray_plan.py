@@ -35,8 +35,13 @@ class GroupPlan:
     def actor_options(self) -> dict:
         """Resources of one actor: all of its bundle (it is the host's one JAX process)."""
         extra = {k: v for k, v in self.bundle.items() if k not in ("CPU", "GPU")}
-        return {"num_cpus": self.bundle.get("CPU", 0), "num_gpus": self.bundle.get("GPU", 0),
-                "resources": extra, "max_restarts": self.max_restarts, "max_concurrency": 4}
+        return {
+            "num_cpus": self.bundle.get("CPU", 0),
+            "num_gpus": self.bundle.get("GPU", 0),
+            "resources": extra,
+            "max_restarts": self.max_restarts,
+            "max_concurrency": 4,
+        }
 
 
 def plan(settings: Settings) -> GroupPlan:

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-RESTARTS = Counter("tinkerflow_up_restarts_total", "parts of `tinkerflow up` restarted after an unexpected exit",
-                   ["part"])
+RESTARTS = Counter(
+    "tinkerflow_up_restarts_total", "parts of `tinkerflow up` restarted after an unexpected exit", ["part"]
+)
 
 
 @dataclass(frozen=True)
 class Restart:
     """Start the part again after `delay_s`; `recent` restarts of it (this one included) fall in the window."""
+
     delay_s: float
     recent: int
 
@@ -34,6 +36,7 @@ class Restart:
 @dataclass(frozen=True)
 class CrashLoop:
     """The part exited `restarts` times within `window_s`: stop the stack and say so."""
+
     restarts: int
     window_s: float
 
@@ -43,6 +46,7 @@ class RestartPolicy:
     """Exponential backoff per part (base, doubled per restart still in the window, capped); a crash loop when a
     part needs more than `max_restarts` restarts within `window_s` seconds. A part that ran longer than the window
     since its last restart starts over at the base delay."""
+
     base_s: float = 1.0
     cap_s: float = 30.0
     max_restarts: int = 5

@@ -30,13 +30,33 @@ def temporal_binary() -> str:
     return found
 
 
-def command(db_file: Path, host: str = "127.0.0.1", port: int = 7233, ui_port: int = 8233,
-            namespace: str = "default", headless: bool = False) -> list[str]:
+def command(
+    db_file: Path,
+    host: str = "127.0.0.1",
+    port: int = 7233,
+    ui_port: int = 8233,
+    namespace: str = "default",
+    headless: bool = False,
+) -> list[str]:
     cmd = [
-        temporal_binary(), "server", "start-dev",
-        "--ip", host, "--port", str(port), "--db-filename", str(db_file), "--namespace", namespace,
-        "--log-level", "warn", "--ui-disable-news-fetch",
-        "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--ip",
+        host,
+        "--port",
+        str(port),
+        "--db-filename",
+        str(db_file),
+        "--namespace",
+        namespace,
+        "--log-level",
+        "warn",
+        "--ui-disable-news-fetch",
+        "--sqlite-pragma",
+        "journal_mode=wal",
+        "--sqlite-pragma",
+        "synchronous=normal",
     ]
     for key, value in DYNAMIC_CONFIG.items():
         cmd += ["--dynamic-config-value", f"{key}={value}"]

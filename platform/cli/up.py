@@ -72,8 +72,14 @@ class Stack:
         with open(log_path, "ab") as out:  # the child keeps its own descriptor
             # Own session: a Ctrl-C in `up`'s terminal reaches `up` alone, which stops the parts in order. SIGKILL when
             # `up` dies without doing so (killed -9, crashed): a part left running would hold the ports and state dir.
-            return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
-                                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
+            return subprocess.Popen(
+                list(cmd),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env(self.settings),
+                start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGKILL),
+            )
 
     def respawn(self, part: Part) -> None:
         """Start a part that exited again, with the same command, log and settings (no wait: others need watching)."""
@@ -106,26 +112,34 @@ class Stack:
                     why = describe_exit(part.proc.returncode)
                     decision = policy.on_exit(part.name, now)
                     if isinstance(decision, CrashLoop):
-                        console.print(f"[red]{_clock()} {part.name} is crash-looping: it exited "
-                                      f"{decision.restarts} times within {decision.window_s:.0f} s (last: {why}); "
-                                      f"stopping everything. Its log: {part.log_path}")
+                        console.print(
+                            f"[red]{_clock()} {part.name} is crash-looping: it exited "
+                            f"{decision.restarts} times within {decision.window_s:.0f} s (last: {why}); "
+                            f"stopping everything. Its log: {part.log_path}"
+                        )
                         return 1
                     part.restart_at = now + decision.delay_s
-                    console.print(f"[yellow]{_clock()} {part.name} exited unexpectedly ({why}); restarting in "
-                                  f"{decision.delay_s:.1f} s (restart {decision.recent} of at most "
-                                  f"{policy.max_restarts} within {policy.window_s:.0f} s). Its log: {part.log_path}")
+                    console.print(
+                        f"[yellow]{_clock()} {part.name} exited unexpectedly ({why}); restarting in "
+                        f"{decision.delay_s:.1f} s (restart {decision.recent} of at most "
+                        f"{policy.max_restarts} within {policy.window_s:.0f} s). Its log: {part.log_path}"
+                    )
                 elif part.restart_at is not None and now >= part.restart_at:
                     self.respawn(part)
                     RESTARTS.labels(part.name).inc()
-                    console.print(f"{_clock()} {part.name} restarted (pid {part.proc.pid}; "
-                                  f"{part.restarts} restart(s) so far)")
+                    console.print(
+                        f"{_clock()} {part.name} restarted (pid {part.proc.pid}; {part.restarts} restart(s) so far)"
+                    )
             time.sleep(0.2)
 
     def start_tinkerflow(self, command: str, *extra: str, name: str | None = None) -> Part:
         name = name or command
         ready = self.ready_dir / name
-        return self.start(name, [sys.executable, "-m", "tinkerflow.cli.main", command, "--ready-file", str(ready),
-                                 *extra], kind=command)
+        return self.start(
+            name,
+            [sys.executable, "-m", "tinkerflow.cli.main", command, "--ready-file", str(ready), *extra],
+            kind=command,
+        )
 
     def wait_ready(self, part: Part, check) -> None:
         t0 = time.monotonic()
@@ -133,10 +147,13 @@ class Stack:
             while not check():
                 if part.proc.poll() is not None:
                     tail = part.log_path.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"{part.name} exited with {part.proc.returncode}; its log "
-                                       f"({part.log_path}) ends with:\n{tail}")
+                    raise RuntimeError(
+                        f"{part.name} exited with {part.proc.returncode}; its log ({part.log_path}) ends with:\n{tail}"
+                    )
                 if time.monotonic() - t0 > READY_TIMEOUT_S[part.kind]:
-                    raise RuntimeError(f"{part.name} not ready after {READY_TIMEOUT_S[part.kind]} s; see {part.log_path}")
+                    raise RuntimeError(
+                        f"{part.name} not ready after {READY_TIMEOUT_S[part.kind]} s; see {part.log_path}"
+                    )
                 time.sleep(0.1)
         console.print(f"[green]✓[/green] {part.name} ready ({time.monotonic() - t0:.1f} s) · log {part.log_path}")
 
@@ -145,11 +162,20 @@ class Stack:
     def start_temporal(self, port: int, ui_port: int, headless: bool) -> Part:
         address = f"127.0.0.1:{port}"
         if _port_open(address):
-            raise RuntimeError(f"port {port} is busy: another Temporal (or `tinkerflow up`) is running; stop it, "
-                               "pick --temporal-port, or pass --temporal-address to use it")
-        part = self.start("temporal", temporal_server.command(
-            self.settings.state_dir / "temporal.db", port=port, ui_port=ui_port,
-            namespace=self.settings.temporal_namespace, headless=headless))
+            raise RuntimeError(
+                f"port {port} is busy: another Temporal (or `tinkerflow up`) is running; stop it, "
+                "pick --temporal-port, or pass --temporal-address to use it"
+            )
+        part = self.start(
+            "temporal",
+            temporal_server.command(
+                self.settings.state_dir / "temporal.db",
+                port=port,
+                ui_port=ui_port,
+                namespace=self.settings.temporal_namespace,
+                headless=headless,
+            ),
+        )
         self.wait_ready(part, lambda: _port_open(address))
         return part
 
@@ -246,20 +272,29 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
             stack.settings = settings
             stack.start_temporal(settings.temporal_port, settings.ui_port, settings.headless)
             retention = temporal_server.retention_for(settings.store_retention_s)
-            asyncio.run(temporal_server.set_retention(settings.temporal_address, settings.temporal_namespace,
-                                                      retention))
-            console.print(f"closed workflows kept {retention.total_seconds() / 86400:g} day(s), as long as the "
-                          "claim-check store keeps their payloads (--store-retention-s)")
+            asyncio.run(
+                temporal_server.set_retention(settings.temporal_address, settings.temporal_namespace, retention)
+            )
+            console.print(
+                f"closed workflows kept {retention.total_seconds() / 86400:g} day(s), as long as the "
+                "claim-check store keeps their payloads (--store-retention-s)"
+            )
         stack.start_worker("workflow-worker")
         stack.start_worker("jax-worker")
         stack.start_api()
         base_url, api_key = stack.base_url, stack.api_key
         console.print(f"[bold]Tinker API[/bold]   {base_url}   (TINKER_BASE_URL={base_url})")
         if own_temporal and not settings.headless:
-            console.print(f"[bold]Temporal UI[/bold]  http://127.0.0.1:{settings.ui_port}/namespaces/"
-                          f"{settings.temporal_namespace}/workflows")
-        policy = RestartPolicy(base_s=settings.restart_backoff_s, cap_s=settings.restart_backoff_max_s,
-                               max_restarts=settings.crash_loop_restarts, window_s=settings.crash_loop_window_s)
+            console.print(
+                f"[bold]Temporal UI[/bold]  http://127.0.0.1:{settings.ui_port}/namespaces/"
+                f"{settings.temporal_namespace}/workflows"
+            )
+        policy = RestartPolicy(
+            base_s=settings.restart_backoff_s,
+            cap_s=settings.restart_backoff_max_s,
+            max_restarts=settings.crash_loop_restarts,
+            window_s=settings.crash_loop_window_s,
+        )
         if settings.up_metrics_port:
             from prometheus_client import start_http_server
 

@@ -70,16 +70,21 @@ class TinkerPath:
     def parse(path: str) -> TinkerPath:
         """`tinker://<run>/<segment>/<name>`, as the SDK's ParsedCheckpointTinkerPath reads it (contract §9)."""
         if not isinstance(path, str) or not path.startswith("tinker://"):
-            raise CheckpointError(f"{_shown(path)} is not a tinker:// path; expected tinker://<run>/<kind>/<name> "
-                                  "as save_state / save_weights_for_sampler returned it")
-        parts = path[len("tinker://"):].split("/")
+            raise CheckpointError(
+                f"{_shown(path)} is not a tinker:// path; expected tinker://<run>/<kind>/<name> "
+                "as save_state / save_weights_for_sampler returned it"
+            )
+        parts = path[len("tinker://") :].split("/")
         if len(parts) != 3:
-            raise CheckpointError(f"{_shown(path)} is malformed; expected tinker://<run>/<kind>/<name> "
-                                  "(exactly three parts, the name has no '/')")
+            raise CheckpointError(
+                f"{_shown(path)} is malformed; expected tinker://<run>/<kind>/<name> "
+                "(exactly three parts, the name has no '/')"
+            )
         run, segment, name = parts
         if segment not in SEGMENTS and segment != AUTO_SEGMENT:
-            raise CheckpointError(f"{_shown(path)}: unknown checkpoint kind {_shown(segment)}; "
-                                  f"one of {', '.join(SEGMENTS)}")
+            raise CheckpointError(
+                f"{_shown(path)}: unknown checkpoint kind {_shown(segment)}; one of {', '.join(SEGMENTS)}"
+            )
         return TinkerPath.of(run, segment, name)
 
     @staticmethod
@@ -104,18 +109,32 @@ def _shown(value: object) -> str:
 
 
 def check_name(name: str | None) -> None:  # None (or any non-str) is refused like a bad name
-    if (not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or not _NAME.fullmatch(name)
-            or name in (".", "..")):
-        raise CheckpointError(f"checkpoint name {_shown(name)} must be non-empty, at most {MAX_NAME_CHARS} "
-                              "characters, and use only letters, digits, '.', '_' and '-' (no '/')")
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > MAX_NAME_CHARS
+        or not _NAME.fullmatch(name)
+        or name in (".", "..")
+    ):
+        raise CheckpointError(
+            f"checkpoint name {_shown(name)} must be non-empty, at most {MAX_NAME_CHARS} "
+            "characters, and use only letters, digits, '.', '_' and '-' (no '/')"
+        )
 
 
 def check_run(run: str) -> None:
     """A training run id (the model_id): one directory name; `*`, `/`, `..` and the like never reach a path or glob."""
-    if (not isinstance(run, str) or not run or len(run) > MAX_RUN_CHARS or not _RUN.fullmatch(run)
-            or run.startswith(".")):
-        raise CheckpointError(f"training run id {_shown(run)} is malformed: 1 to {MAX_RUN_CHARS} letters, digits, "
-                              "'.', '_', '-' and ':' as the server returned it (e.g. sess-0a1b2c3d4e5f:train:0)")
+    if (
+        not isinstance(run, str)
+        or not run
+        or len(run) > MAX_RUN_CHARS
+        or not _RUN.fullmatch(run)
+        or run.startswith(".")
+    ):
+        raise CheckpointError(
+            f"training run id {_shown(run)} is malformed: 1 to {MAX_RUN_CHARS} letters, digits, "
+            "'.', '_', '-' and ':' as the server returned it (e.g. sess-0a1b2c3d4e5f:train:0)"
+        )
 
 
 def check_ttl(ttl_seconds: Any) -> None:
@@ -127,8 +146,10 @@ def check_ttl(ttl_seconds: Any) -> None:
     if isinstance(ttl_seconds, bool) or not whole:
         raise CheckpointError(f"ttl_seconds must be a whole number of seconds or null, got {ttl_seconds!r}")
     if not (MIN_TTL_S <= ttl_seconds <= MAX_TTL_S):
-        raise CheckpointError(f"ttl_seconds {ttl_seconds} is outside {MIN_TTL_S} (1 hour) .. {MAX_TTL_S} (10 years); "
-                              "pass None for no expiry")
+        raise CheckpointError(
+            f"ttl_seconds {ttl_seconds} is outside {MIN_TTL_S} (1 hour) .. {MAX_TTL_S} (10 years); "
+            "pass None for no expiry"
+        )
 
 
 def rfc3339(t: datetime) -> str:
@@ -175,9 +196,15 @@ class Manifest:
     def as_checkpoint(self) -> dict[str, Any]:
         """The SDK's `Checkpoint` (types/checkpoint.py)."""
         p = self.path
-        out: dict[str, Any] = {"checkpoint_id": p.checkpoint_id, "checkpoint_type": p.checkpoint_type,
-                               "time": self.time, "tinker_path": self.tinker_path, "size_bytes": self.size_bytes,
-                               "public": self.public, "expires_at": self.expires_at}
+        out: dict[str, Any] = {
+            "checkpoint_id": p.checkpoint_id,
+            "checkpoint_type": p.checkpoint_type,
+            "time": self.time,
+            "tinker_path": self.tinker_path,
+            "size_bytes": self.size_bytes,
+            "public": self.public,
+            "expires_at": self.expires_at,
+        }
         if self.user_metadata:
             out["user_metadata"] = self.user_metadata
         return out
@@ -270,8 +297,9 @@ class CheckpointStore:
 
     # --- writing ---------------------------------------------------------------------------------------------------
 
-    def commit(self, manifest: Manifest, local_dir: Path, *, overwrite: bool, pause_before_manifest_s: float = 0.0
-               ) -> Manifest:
+    def commit(
+        self, manifest: Manifest, local_dir: Path, *, overwrite: bool, pause_before_manifest_s: float = 0.0
+    ) -> Manifest:
         """Upload `local_dir` as the payload of `manifest.tinker_path`, then write the manifest.
 
         `pause_before_manifest_s` exists for fault-injection tests (TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S): it

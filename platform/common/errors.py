@@ -92,6 +92,7 @@ TEMPORAL_ERRORS: dict[ErrorType, Classification] = {
     ErrorType.WORKER_LOST: Classification(Category.SERVER, 503),
 }
 
+
 def classify_type(error_type: str | None) -> Classification | None:
     """The taxonomy's entry for an ApplicationError's `type` (None: a type raised on no purpose, e.g. a bug)."""
     try:

@@ -15,8 +15,13 @@ class JsonFormatter(logging.Formatter):
         self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": self.formatTime(record), "severity": record.levelname, "process": self.process,
-                 "logger": record.name, "message": record.getMessage()}
+        entry = {
+            "time": self.formatTime(record),
+            "severity": record.levelname,
+            "process": self.process,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)

@@ -10,17 +10,28 @@ from prometheus_client import Counter, Gauge, Histogram
 
 # --- API ------------------------------------------------------------------------------------------------------------
 API_REQUESTS = Counter("tinkerflow_api_requests_total", "HTTP requests answered by the API", ["route", "status"])
-API_LATENCY = Histogram("tinkerflow_api_request_seconds", "HTTP request latency at the API (submit, not the op)",
-                        ["route"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+API_LATENCY = Histogram(
+    "tinkerflow_api_request_seconds",
+    "HTTP request latency at the API (submit, not the op)",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 SAMPLING_QUEUE = Gauge("tinkerflow_sampling_queue_depth", "samples waiting in a coordinator's queue", ["base_model"])
 
 # --- JAX worker -----------------------------------------------------------------------------------------------------
-ENGINE_OP_SECONDS = Histogram("tinkerflow_engine_op_seconds", "engine time per group of one kind in a batch",
-                              ["kind"], buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-BATCH_ITEMS = Histogram("tinkerflow_engine_batch_items", "requests per engine call (how much batching happened)",
-                        ["kind"], buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+ENGINE_OP_SECONDS = Histogram(
+    "tinkerflow_engine_op_seconds",
+    "engine time per group of one kind in a batch",
+    ["kind"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+BATCH_ITEMS = Histogram(
+    "tinkerflow_engine_batch_items",
+    "requests per engine call (how much batching happened)",
+    ["kind"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
 ENGINE_TOKENS = Counter("tinkerflow_engine_tokens_total", "tokens processed (trained or generated)", ["kind"])
-ENGINE_TOKENS_PER_S = Gauge("tinkerflow_engine_tokens_per_second", "tokens/s of the most recent engine call",
-                            ["kind"])
+ENGINE_TOKENS_PER_S = Gauge("tinkerflow_engine_tokens_per_second", "tokens/s of the most recent engine call", ["kind"])
 ADAPTER_SLOTS_USED = Gauge("tinkerflow_adapter_slots_used", "LoRA adapter slots holding a training run")
 ADAPTER_SLOTS_TOTAL = Gauge("tinkerflow_adapter_slots_total", "LoRA adapter slots on this worker")

@@ -7,9 +7,14 @@ from __future__ import annotations
 import errno
 
 # FileNotFoundError is a missing object, not a storage fault: it is not here.
-STORAGE_ERRNOS = {errno.EROFS: "its file system is read-only", errno.ENOSPC: "its disk is full",
-                  errno.EDQUOT: "its disk quota is exhausted", errno.EACCES: "permission denied",
-                  errno.EPERM: "operation not permitted", errno.EIO: "an I/O error"}
+STORAGE_ERRNOS = {
+    errno.EROFS: "its file system is read-only",
+    errno.ENOSPC: "its disk is full",
+    errno.EDQUOT: "its disk quota is exhausted",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EIO: "an I/O error",
+}
 
 
 def chain(e: BaseException | None):

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from pathlib import Path
-
 from temporalio.client import Client
-from temporalio.service import TLSConfig
 from temporalio.common import SearchAttributeIndexedValueType
+from temporalio.service import TLSConfig
 
 from tinkerflow.common.settings import Settings
 from tinkerflow.workflows import names
@@ -30,8 +29,11 @@ def tls_config(settings: Settings) -> TLSConfig | bool:
     def read(path: str) -> bytes | None:
         return Path(path).expanduser().read_bytes() if path else None
 
-    return TLSConfig(client_cert=read(settings.temporal_tls_cert), client_private_key=read(settings.temporal_tls_key),
-                     server_root_ca_cert=read(settings.temporal_tls_ca))
+    return TLSConfig(
+        client_cert=read(settings.temporal_tls_cert),
+        client_private_key=read(settings.temporal_tls_key),
+        server_root_ca_cert=read(settings.temporal_tls_ca),
+    )
 
 
 async def connect(settings: Settings, *, wait_s: float = 60.0) -> Client:

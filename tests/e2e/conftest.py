@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-import pytest
-
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+
+import pytest
 
 from tests.conftest import ACCEPTANCE
 from tinkerflow.cli.launch import RunningStack, launch
@@ -18,8 +18,11 @@ OTHER_API_KEY = "tml-e2e-other"  # a second tenant on the same stack (tenant iso
 def stack(tmp_path_factory) -> Iterator[RunningStack]:
     # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
     # 32 adapter slots: the session's tests open many training clients and leave them to the session's end.
-    s = launch(tmp_path_factory.mktemp("e2e") / "state", api_key=API_KEY,
-               extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY])
+    s = launch(
+        tmp_path_factory.mktemp("e2e") / "state",
+        api_key=API_KEY,
+        extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY],
+    )
     yield s
     s.stop()
 
@@ -47,8 +50,9 @@ def run_acceptance_script(stack: RunningStack, name: str, timeout_s: float) -> N
     if not script.exists():
         pytest.skip(f"{script} not present (shared/ is not beside the repo)")
     env = dict(os.environ, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0")
-    run = subprocess.run([sys.executable, str(script), stack.base_url], env=env, capture_output=True, text=True,
-                         timeout=timeout_s)
+    run = subprocess.run(
+        [sys.executable, str(script), stack.base_url], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip().splitlines()[-1] == "OK"
 

@@ -23,8 +23,11 @@ def test_session_and_run_are_findable_by_readable_ids(stack, service_client, tra
     async def find() -> tuple[list, list, list]:
         client = await Client.connect(stack.temporal_address)
         found = []
-        for query in (f"WorkflowId = 'session/{session_id}'", f"WorkflowId = 'training-run/{model_id}'",
-                      f"TinkerflowSessionId = '{session_id}'"):
+        for query in (
+            f"WorkflowId = 'session/{session_id}'",
+            f"WorkflowId = 'training-run/{model_id}'",
+            f"TinkerflowSessionId = '{session_id}'",
+        ):
             rows = []
             for _ in range(50):  # visibility is eventually consistent
                 rows = [wf async for wf in client.list_workflows(query)]

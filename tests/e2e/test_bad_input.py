@@ -13,8 +13,10 @@ pytestmark = pytest.mark.e2e
 def _datum(tokens, targets=None, weights=None):
     targets = tokens[1:] + [tokens[0]] if targets is None else targets
     weights = [1.0] * len(targets) if weights is None else weights
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens=tokens),
-                       loss_fn_inputs=dict(target_tokens=targets, weights=weights))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens=tokens),
+        loss_fn_inputs=dict(target_tokens=targets, weights=weights),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
 
 
 GOOD = _datum([10, 20, 30, 40, 50])
@@ -60,8 +62,11 @@ def test_out_of_vocab_tokens_fail_the_future(training_client, stack):
 
 
 def test_mismatched_lengths_fail_the_future(training_client):
-    err = _failed_future(training_client.forward_backward(
-        [_datum([1, 2, 3, 4], targets=[2, 3, 4, 5], weights=[1.0, 1.0])], "cross_entropy"))
+    err = _failed_future(
+        training_client.forward_backward(
+            [_datum([1, 2, 3, 4], targets=[2, 3, 4, 5], weights=[1.0, 1.0])], "cross_entropy"
+        )
+    )
     assert "weights" in str(err)
     _still_trains(training_client)
 
@@ -89,8 +94,21 @@ def test_corrupt_and_truncated_protobuf_bodies_get_400_with_a_body(stack, traini
 def test_unknown_model_id_gets_404(stack):
     import httpx
 
-    r = httpx.post(f"{stack.base_url}/api/v1/optim_step", headers={"X-API-Key": stack.api_key}, json={
-        "model_id": "sess-nope:train:0", "seq_id": 1, "type": "optim_step",
-        "adam_params": {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
-                        "grad_clip_norm": 0.0}})
+    r = httpx.post(
+        f"{stack.base_url}/api/v1/optim_step",
+        headers={"X-API-Key": stack.api_key},
+        json={
+            "model_id": "sess-nope:train:0",
+            "seq_id": 1,
+            "type": "optim_step",
+            "adam_params": {
+                "learning_rate": 1e-4,
+                "beta1": 0.9,
+                "beta2": 0.95,
+                "eps": 1e-12,
+                "weight_decay": 0.0,
+                "grad_clip_norm": 0.0,
+            },
+        },
+    )
     assert r.status_code == 404 and "sess-nope:train:0" in r.json()["detail"]

@@ -65,9 +65,17 @@ def test_a_sampler_weights_path_is_refused_for_training(service_client, training
 
 
 def test_a_seq_id_far_ahead_is_refused_at_submit_and_the_client_goes_on(stack, training_client):
-    r = httpx.post(f"{stack.base_url}/api/v1/optim_step", headers=_headers(stack), timeout=60, json={
-        "model_id": training_client.model_id, "seq_id": 10_000_000, "type": "optim_step",
-        "adam_params": {"learning_rate": 1e-4}})
+    r = httpx.post(
+        f"{stack.base_url}/api/v1/optim_step",
+        headers=_headers(stack),
+        timeout=60,
+        json={
+            "model_id": training_client.model_id,
+            "seq_id": 10_000_000,
+            "type": "optim_step",
+            "adam_params": {"learning_rate": 1e-4},
+        },
+    )
     assert r.status_code == 400 and "ahead of the run's next" in r.json()["detail"]
     _still_trains(training_client)
 
@@ -76,8 +84,12 @@ def test_deeply_nested_json_gets_4xx_and_the_api_lives_on(stack, training_client
     nested = ("[" * 100_000 + "]" * 100_000).encode()
     for route in ("create_session", "optim_step", "create_model", "retrieve_future"):
         body = b'{"user_metadata": ' + nested + b', "model_id": "x", "seq_id": 1}'
-        r = httpx.post(f"{stack.base_url}/api/v1/{route}", content=body, timeout=60,
-                       headers={**_headers(stack), "Content-Type": "application/json"})
+        r = httpx.post(
+            f"{stack.base_url}/api/v1/{route}",
+            content=body,
+            timeout=60,
+            headers={**_headers(stack), "Content-Type": "application/json"},
+        )
         assert 400 <= r.status_code < 500 and r.json()["detail"], (route, r.status_code, r.text[:200])
     _still_trains(training_client)
 
@@ -85,14 +97,23 @@ def test_deeply_nested_json_gets_4xx_and_the_api_lives_on(stack, training_client
 def test_user_metadata_is_bounded_and_model_seq_id_non_negative(stack, service_client, training_client):
     session_id = training_client.model_id.split(":")[0]
     base = {"session_id": session_id, "base_model": stack.served_model(), "lora_config": {"rank": 4}}
-    r = httpx.post(f"{stack.base_url}/api/v1/create_model", headers=_headers(stack), timeout=60,
-                   json={**base, "model_seq_id": 900, "user_metadata": {"k": "x" * 100_000}})
+    r = httpx.post(
+        f"{stack.base_url}/api/v1/create_model",
+        headers=_headers(stack),
+        timeout=60,
+        json={**base, "model_seq_id": 900, "user_metadata": {"k": "x" * 100_000}},
+    )
     assert r.status_code == 400 and "user_metadata" in r.json()["detail"]
-    r = httpx.post(f"{stack.base_url}/api/v1/create_model", headers=_headers(stack), timeout=60,
-                   json={**base, "model_seq_id": -1})
+    r = httpx.post(
+        f"{stack.base_url}/api/v1/create_model", headers=_headers(stack), timeout=60, json={**base, "model_seq_id": -1}
+    )
     assert r.status_code == 400 and "model_seq_id" in r.json()["detail"]
-    r = httpx.post(f"{stack.base_url}/api/v1/create_session", headers=_headers(stack), timeout=60,
-                   json={"tags": [], "user_metadata": {"k": "x" * 100_000}, "sdk_version": "0.38.0"})
+    r = httpx.post(
+        f"{stack.base_url}/api/v1/create_session",
+        headers=_headers(stack),
+        timeout=60,
+        json={"tags": [], "user_metadata": {"k": "x" * 100_000}, "sdk_version": "0.38.0"},
+    )
     assert r.status_code == 400 and "user_metadata" in r.json()["detail"]
     _still_trains(training_client)
 
@@ -105,8 +126,12 @@ def test_ttl_that_is_not_a_whole_number_gets_400(stack, training_client):
         r = httpx.put(url, headers=_headers(stack), json={"ttl_seconds": bad}, timeout=60)
         assert r.status_code == 400 and "ttl_seconds" in r.json()["detail"], (bad, r.status_code, r.text[:200])
     # 1e400 parses as infinity
-    r = httpx.put(url, headers={**_headers(stack), "Content-Type": "application/json"},
-                  content=b'{"ttl_seconds": 1e400}', timeout=60)
+    r = httpx.put(
+        url,
+        headers={**_headers(stack), "Content-Type": "application/json"},
+        content=b'{"ttl_seconds": 1e400}',
+        timeout=60,
+    )
     assert r.status_code == 400 and "ttl_seconds" in r.json()["detail"]
     _still_trains(training_client)
 
@@ -136,16 +161,27 @@ def _length(data: bytes) -> int:
 
 def test_bodies_over_a_routes_limit_get_413_before_they_are_read(stack, training_client):
     # A declared 100 MB create_session: answered without a byte of the body sent.
-    status, body = _raw_request(stack.base_url, (
-        "POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: " + stack.api_key +
-        "\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"))
+    status, body = _raw_request(
+        stack.base_url,
+        (
+            "POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: "
+            + stack.api_key
+            + "\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
+        ),
+    )
     assert status == 413 and "--max-control-body-bytes" in body["detail"]
     # A chunked body (no length declared) is counted as it streams and cut off at the limit.
     chunk = b'{"x":"' + b"a" * (1 << 20) + b'"}'
     chunked = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n"
-    status, body = _raw_request(stack.base_url, (
-        "POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: " + stack.api_key +
-        "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"), chunked)
+    status, body = _raw_request(
+        stack.base_url,
+        (
+            "POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: "
+            + stack.api_key
+            + "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ),
+        chunked,
+    )
     assert status == 413 and "limit" in body["detail"]
     _still_trains(training_client)
 
@@ -157,6 +193,12 @@ def test_per_request_sampling_caps_are_clear(service_client, training_client):
         sampler.sample(prompt, num_samples=20_000, sampling_params=types.SamplingParams(max_tokens=2)).result()
     with pytest.raises(tinker.BadRequestError, match="max_tokens 1000000"):
         sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=1_000_000)).result()
-    assert len(sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=2))
-               .result(timeout=300).sequences) == 2
+    assert (
+        len(
+            sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=2))
+            .result(timeout=300)
+            .sequences
+        )
+        == 2
+    )
     _still_trains(training_client)

@@ -25,8 +25,13 @@ RESUME_TOL = 1e-5
 PEFT_TOL = 1e-4
 ADAM = types.AdamParams(learning_rate=2e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01)
 TOKENS = [[11, 42, 7, 99, 123, 5, 8, 301], [300, 12, 44, 13, 9, 250, 17, 3]]
-DATA = [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]),
-                    loss_fn_inputs=dict(target_tokens=t[1:], weights=[1.0] * (len(t) - 1))) for t in TOKENS]  # pyright: ignore[reportArgumentType] (Datum converts lists)
+DATA = [
+    types.Datum(
+        model_input=types.ModelInput.from_ints(t[:-1]),
+        loss_fn_inputs=dict(target_tokens=t[1:], weights=[1.0] * (len(t) - 1)),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
+    for t in TOKENS
+]
 
 
 def step(training) -> float:
@@ -73,12 +78,14 @@ def test_legacy_in_sequence_load_replaces_the_runs_weights(stack, base_model, se
     assert b.forward(DATA, "cross_entropy").result(timeout=300).metrics["loss:sum"] != pytest.approx(probe)
     with pytest.warns(Warning):  # the SDK marks load_state deprecated
         b.load_state(path).result(timeout=300)
-    np.testing.assert_allclose(b.forward(DATA, "cross_entropy").result(timeout=300).metrics["loss:sum"], probe,
-                               rtol=RESUME_TOL)
+    np.testing.assert_allclose(
+        b.forward(DATA, "cross_entropy").result(timeout=300).metrics["loss:sum"], probe, rtol=RESUME_TOL
+    )
 
 
-def test_peft_export_reproduces_the_services_logprobs_in_transformers(stack, base_model, service_client, rest,
-                                                                      tmp_path):
+def test_peft_export_reproduces_the_services_logprobs_in_transformers(
+    stack, base_model, service_client, rest, tmp_path
+):
     torch = pytest.importorskip("torch")
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
@@ -124,8 +131,9 @@ def test_named_sampler_weights_persist_and_sample_in_another_session(stack, base
 
 
 def test_rest_client_runs_sessions_and_checkpoints(stack, base_model, service_client, rest):
-    training = service_client.create_lora_training_client(base_model=base_model, rank=4,
-                                                          user_metadata={"renderer_name": "qwen3"})
+    training = service_client.create_lora_training_client(
+        base_model=base_model, rank=4, user_metadata={"renderer_name": "qwen3"}
+    )
     step(training)
     run = training.model_id
     state = training.save_state("rest-1", ttl_seconds=7200).result(timeout=300).path
@@ -185,11 +193,14 @@ def test_rest_client_runs_sessions_and_checkpoints(stack, base_model, service_cl
         service_client.create_sampling_client(model_path=sampler).result()
 
 
-@pytest.mark.parametrize("path, message", [
-    ("tinker://x", "malformed"),
-    ("tinker://nobody:train:0/weights/nothing", "does not exist"),
-    ("tinker://a:train:0/secrets/x", "unknown checkpoint kind"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("tinker://x", "malformed"),
+        ("tinker://nobody:train:0/weights/nothing", "does not exist"),
+        ("tinker://a:train:0/secrets/x", "unknown checkpoint kind"),
+    ],
+)
 def test_loading_a_bad_path_fails_with_a_user_error(service_client, path, message):
     with pytest.raises(tinker.RequestFailedError, match=message) as e:
         service_client.create_training_client_from_state(path).result(timeout=300)
@@ -212,8 +223,14 @@ def test_tinker_cli_lists_and_downloads(stack, training_client, tmp_path):
     env = dict(os.environ, TINKER_BASE_URL=stack.base_url, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0")
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        run = subprocess.run([sys.executable, "-m", "tinker.cli", *args], env=env, capture_output=True, text=True,
-                             timeout=300, cwd=tmp_path)
+        run = subprocess.run(
+            [sys.executable, "-m", "tinker.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         return run
 

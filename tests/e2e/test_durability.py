@@ -18,17 +18,23 @@ from tinkerflow.cli.up import Stack
 from tinkerflow.common.settings import Settings
 
 pytestmark = pytest.mark.e2e
-DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+DATUM = types.Datum(
+    model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+)
 ADAM = types.AdamParams(learning_rate=1e-3)
 
 
 @pytest.fixture
 def parts(tmp_path, request):
     temporal_port = free_port()
-    settings = Settings(state_dir=tmp_path / "state", port=free_port(), api_keys=("tml-durable",),
-                        temporal_address=f"127.0.0.1:{temporal_port}",
-                        auto_snapshot_every=getattr(request, "param", 10))
+    settings = Settings(
+        state_dir=tmp_path / "state",
+        port=free_port(),
+        api_keys=("tml-durable",),
+        temporal_address=f"127.0.0.1:{temporal_port}",
+        auto_snapshot_every=getattr(request, "param", 10),
+    )
     stack = Stack(settings)
     stack.temporal_port = temporal_port  # pyright: ignore[reportAttributeAccessIssue] (test instrumentation)
     try:

@@ -5,8 +5,8 @@ Qwen3-MoE (routed experts, LoRA on attention and experts): Pig Latin SFT and the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import os
+from collections.abc import Iterator
 
 import pytest
 

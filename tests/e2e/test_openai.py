@@ -58,8 +58,15 @@ def test_models_and_a_greedy_completion_on_the_base_model(oai, base_model, token
 def test_checkpoint_completion_equals_the_sdk_sampling_client(oai, service_client, sampler_checkpoint, tokenizer):
     prompt = tokenizer.encode(PROMPT)
     sdk = service_client.create_sampling_client(model_path=sampler_checkpoint).result()
-    seq = sdk.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=1,
-                     sampling_params=types.SamplingParams(max_tokens=12, temperature=0.0, seed=7)).result().sequences[0]
+    seq = (
+        sdk.sample(
+            prompt=types.ModelInput.from_ints(prompt),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=12, temperature=0.0, seed=7),
+        )
+        .result()
+        .sequences[0]
+    )
     out = oai.completions.create(model=sampler_checkpoint, prompt=PROMPT, max_tokens=12, temperature=0, seed=7)
     assert out.choices[0].text == tokenizer.decode(seq.tokens, skip_special_tokens=True)
     assert out.usage.completion_tokens == len(seq.tokens)
@@ -71,13 +78,15 @@ def test_chat_completion_applies_the_chat_template_and_n_choices(oai, base_model
     messages = [{"role": "user", "content": "hello"}]
     chat = oai.chat.completions.create(model=base_model, messages=messages, max_completion_tokens=10, temperature=0)
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    plain = oai.completions.create(model=base_model, prompt=tokenizer.encode(rendered, add_special_tokens=False),
-                                   max_tokens=10, temperature=0)
+    plain = oai.completions.create(
+        model=base_model, prompt=tokenizer.encode(rendered, add_special_tokens=False), max_tokens=10, temperature=0
+    )
     assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
     assert chat.choices[0].message.content == plain.choices[0].text
     assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
-    several = oai.chat.completions.create(model=base_model, messages=messages, max_tokens=6, temperature=1.0, n=2,
-                                          seed=3, logprobs=True)
+    several = oai.chat.completions.create(
+        model=base_model, messages=messages, max_tokens=6, temperature=1.0, n=2, seed=3, logprobs=True
+    )
     assert [c.index for c in several.choices] == [0, 1]
     assert all(len(c.logprobs.content) == 6 for c in several.choices if c.finish_reason == "length")
     assert several.usage.completion_tokens == sum(len(c.logprobs.content) for c in several.choices)
@@ -88,8 +97,14 @@ def test_streaming_chunks_join_to_the_whole_answer(oai, base_model):
     chunks = list(oai.completions.create(model=base_model, prompt=PROMPT, max_tokens=10, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == whole
     assert chunks[-1].choices[0].finish_reason == "length" and len(chunks) > 2
-    stream = oai.chat.completions.create(model=base_model, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                                         temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = oai.chat.completions.create(
+        model=base_model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     events = list(stream)
     assert events[0].choices[0].delta.role == "assistant"
     assert events[-1].usage.completion_tokens == 5 and events[-1].choices == []
@@ -98,15 +113,16 @@ def test_streaming_chunks_join_to_the_whole_answer(oai, base_model):
 
 def test_stop_strings_cut_the_text_before_the_stop(oai, base_model):
     whole = oai.completions.create(model=base_model, prompt=PROMPT, max_tokens=16, temperature=0).choices[0].text
-    stop = whole[len(whole) // 2:len(whole) // 2 + 2]
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 2]
     assert stop.strip(), f"greedy text {whole!r} has no usable stop string"
     out = oai.completions.create(model=base_model, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop, "@@@"])
-    assert out.choices[0].text == whole[:whole.index(stop)]
+    assert out.choices[0].text == whole[: whole.index(stop)]
     assert out.choices[0].finish_reason == "stop"
 
 
-def test_another_tenant_gets_404_on_the_checkpoint_and_bad_input_names_the_param(stack, oai, base_model,
-                                                                                  sampler_checkpoint):
+def test_another_tenant_gets_404_on_the_checkpoint_and_bad_input_names_the_param(
+    stack, oai, base_model, sampler_checkpoint
+):
     other = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=OTHER_API_KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError) as e:
         other.completions.create(model=sampler_checkpoint, prompt=PROMPT, max_tokens=4)
@@ -115,16 +131,22 @@ def test_another_tenant_gets_404_on_the_checkpoint_and_bad_input_names_the_param
         oai.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="tml-wrong", max_retries=0).models.list()
-    bad = [({"temperature": 5}, "temperature"), ({"max_tokens": 0}, "max_tokens"), ({"n": 100000}, "n"),
-           ({"logit_bias": {"5": 1.0}}, "logit_bias"), ({"prompt": [10**9]}, "prompt")]
+    bad = [
+        ({"temperature": 5}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 100000}, "n"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"prompt": [10**9]}, "prompt"),
+    ]
     for extra, param in bad:
         args = {"model": base_model, "prompt": PROMPT, "max_tokens": 4, **extra}
         with pytest.raises(openai.BadRequestError) as e:
             oai.completions.create(**args)
         assert _param(e.value) == param, (extra, e.value.body)
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model=base_model, messages=[{"role": "user", "content": "x"}], logprobs=True,
-                                    top_logprobs=3)
+        oai.chat.completions.create(
+            model=base_model, messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=3
+        )
     assert _param(e.value) == "top_logprobs"
     # The tenant's calls (above and in this module) share one OpenAI session; the other tenant made none.
     assert _openai_sessions(stack) == 1
@@ -150,19 +172,25 @@ def test_the_sdk_and_the_openai_endpoint_can_share_a_base_model(stack, base_mode
     # Sanity: an SDK sampler still works beside the OpenAI session (the shared submission path).
     client = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
     s = client.create_sampling_client(base_model=base_model).result()
-    out = s.sample(prompt=types.ModelInput.from_ints([5, 6, 7]), num_samples=1,
-                   sampling_params=types.SamplingParams(max_tokens=3, temperature=0.0)).result()
+    out = s.sample(
+        prompt=types.ModelInput.from_ints([5, 6, 7]),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=3, temperature=0.0),
+    ).result()
     assert len(out.sequences[0].tokens) == 3
 
 
 @pytest.mark.slow  # scoring prompts compiles the sampler's prompt-logprobs programs
-def test_echo_scores_the_prompt_as_the_sdk_does_for_lm_eval_loglikelihood(oai, service_client, base_model,
-                                                                           tokenizer):
+def test_echo_scores_the_prompt_as_the_sdk_does_for_lm_eval_loglikelihood(oai, service_client, base_model, tokenizer):
     prompt = tokenizer.encode(PROMPT + " jumps")
     sdk = service_client.create_sampling_client(base_model=base_model).result()
-    ref = sdk.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=1, include_prompt_logprobs=True,
-                     topk_prompt_logprobs=2, sampling_params=types.SamplingParams(max_tokens=1, temperature=0.0)
-                     ).result()
+    ref = sdk.sample(
+        prompt=types.ModelInput.from_ints(prompt),
+        num_samples=1,
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=2,
+        sampling_params=types.SamplingParams(max_tokens=1, temperature=0.0),
+    ).result()
     out = oai.completions.create(model=base_model, prompt=prompt, max_tokens=0, echo=True, logprobs=2, temperature=0)
     lp = out.choices[0].logprobs
     assert out.choices[0].text == tokenizer.decode(prompt) and out.usage.completion_tokens == 0
@@ -178,8 +206,11 @@ def small_stack(tmp_path_factory):
     """A stack of its own with a 2-sample queue limit and a 5 s session timeout."""
     from tinkerflow.cli.launch import launch
 
-    s = launch(tmp_path_factory.mktemp("openai-small") / "state", api_key="tml-openai-small",
-               extra=["--max-queued-samples", "2", "--session-timeout-s", "5"])
+    s = launch(
+        tmp_path_factory.mktemp("openai-small") / "state",
+        api_key="tml-openai-small",
+        extra=["--max-queued-samples", "2", "--session-timeout-s", "5"],
+    )
     yield s
     s.stop()
 
@@ -190,9 +221,13 @@ def test_a_full_queue_answers_429_with_retry_after_and_retrying_clients_all_comp
     model = small_stack.served_model()
 
     async def wave(client: openai.AsyncOpenAI, n: int) -> list:
-        return await asyncio.gather(*(client.completions.create(model=model, prompt=f"story {i}", max_tokens=4,
-                                                                temperature=1.0, seed=i) for i in range(n)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(
+                client.completions.create(model=model, prompt=f"story {i}", max_tokens=4, temperature=1.0, seed=i)
+                for i in range(n)
+            ),
+            return_exceptions=True,
+        )
 
     def limited(results: list) -> list:
         return [r for r in results if isinstance(r, openai.RateLimitError)]

@@ -17,14 +17,21 @@ from tinkerflow.cli.up import Stack
 from tinkerflow.common.settings import Settings
 
 pytestmark = pytest.mark.e2e
-DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+DATUM = types.Datum(
+    model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+)
 
 
 def test_two_workers_share_the_runs_expose_metrics_and_take_over_a_dead_ones_runs(tmp_path):
     temporal_port, metrics_1, metrics_2 = free_port(), free_port(), free_port()
-    settings = Settings(state_dir=tmp_path / "state", port=free_port(), api_keys=("tml-pool",),
-                        temporal_address=f"127.0.0.1:{temporal_port}", max_lora_adapters=2)
+    settings = Settings(
+        state_dir=tmp_path / "state",
+        port=free_port(),
+        api_keys=("tml-pool",),
+        temporal_address=f"127.0.0.1:{temporal_port}",
+        max_lora_adapters=2,
+    )
     stack = Stack(settings)
     try:
         stack.start_temporal(temporal_port, 0, headless=True)
@@ -49,10 +56,14 @@ def test_two_workers_share_the_runs_expose_metrics_and_take_over_a_dead_ones_run
         assert {q for q, _slot in described["placements"].values()} == set(described["workers"])
 
         worker_metrics = "\n".join(httpx.get(f"http://127.0.0.1:{p}/metrics").text for p in (metrics_1, metrics_2))
-        for series in ("tinkerflow_engine_op_seconds_bucket{kind=\"forward_backward\"",
-                       "tinkerflow_engine_batch_items_bucket", "tinkerflow_engine_tokens_total{kind=\"forward_backward\"}",
-                       "tinkerflow_engine_tokens_per_second", "tinkerflow_adapter_slots_used 1.0",
-                       "tinkerflow_adapter_slots_total 2.0"):
+        for series in (
+            'tinkerflow_engine_op_seconds_bucket{kind="forward_backward"',
+            "tinkerflow_engine_batch_items_bucket",
+            'tinkerflow_engine_tokens_total{kind="forward_backward"}',
+            "tinkerflow_engine_tokens_per_second",
+            "tinkerflow_adapter_slots_used 1.0",
+            "tinkerflow_adapter_slots_total 2.0",
+        ):
             assert series in worker_metrics, series
         # /metrics of the API answers API keys (by default; --metrics-access), e.g. as a Prometheus bearer token.
         api_metrics = httpx.get(f"{stack.base_url}/metrics", headers={"Authorization": f"Bearer {stack.api_key}"}).text

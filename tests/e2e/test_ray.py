@@ -76,8 +76,17 @@ def ray_stack(cluster, tmp_path_factory, request):
         if status not in ("PENDING", "RUNNING") or time.monotonic() > deadline:
             pytest.fail(f"job {status} before the API served a model:\n{cluster.job_logs(SUBMISSION)[-6000:]}")
         time.sleep(1)
-    print(json.dumps({"figure": "ray_submit_to_ready_s", "value": round(time.monotonic() - t0, 1),
-                      "hosts": 2, "mesh_fsdp": 2, "note": "with the single-process reference running meanwhile"}))
+    print(
+        json.dumps(
+            {
+                "figure": "ray_submit_to_ready_s",
+                "value": round(time.monotonic() - t0, 1),
+                "hosts": 2,
+                "mesh_fsdp": 2,
+                "note": "with the single-process reference running meanwhile",
+            }
+        )
+    )
     yield {"base_url": base_url, "state": state}
     if cluster.job_status(SUBMISSION) in ("PENDING", "RUNNING"):
         cluster.stop_job(SUBMISSION)
@@ -123,7 +132,9 @@ def test_kill_9_of_one_actor_mid_loop_changes_no_loss(request, ray_stack, refere
             killed["answered"] = time.monotonic()
 
     losses = pig_latin(ray_stack["base_url"], API_KEY, STEPS, on_step=kill, sample=True)
-    print(json.dumps({"figure": "ray_actor_kill_to_next_answer_s", "value": round(killed["answered"] - killed["at"], 1)}))
+    print(
+        json.dumps({"figure": "ray_actor_kill_to_next_answer_s", "value": round(killed["answered"] - killed["at"], 1)})
+    )
     after = _group(ray_stack["state"])
     assert after["generation"] > before["generation"]
     assert {p["pid"] for p in after["processes"]}.isdisjoint(p["pid"] for p in before["processes"])

@@ -57,6 +57,7 @@ def test_second_up_on_same_state_dir_finds_its_sessions(tmp_path):
 
     second = launch(state, api_key="tml-restart")
     try:
+
         async def describe() -> tuple[str, str]:
             temporal = await Client.connect(second.temporal_address)
             session = await temporal.get_workflow_handle(f"session/{model_id.split(':')[0]}").describe()

@@ -38,10 +38,17 @@ def test_full_sampling_queue_answers_429_and_the_sdk_retries_until_all_complete(
         client = tinker.ServiceClient(base_url=small.base_url, api_key="tml-429")
         sampler = client.create_sampling_client(base_model=small.served_model()).result()
         params = types.SamplingParams(max_tokens=4, temperature=1.0, stop=[])
+
         def wave(n: int, offset: int):
             # 20-token prompts: a prompt bucket (24) the JAX worker does not compile ahead (its warm-up does 16).
-            return [sampler.sample(prompt=types.ModelInput.from_ints([5, 6, *range(offset + i, offset + i + 18)]),
-                                   num_samples=1, sampling_params=params) for i in range(n)]
+            return [
+                sampler.sample(
+                    prompt=types.ModelInput.from_ints([5, 6, *range(offset + i, offset + i + 18)]),
+                    num_samples=1,
+                    sampling_params=params,
+                )
+                for i in range(n)
+            ]
 
         # The first wave queues up behind the first compile of its prompt bucket; the second finds the queue full
         # (the API checks the depth at most every 250 ms, so a single burst can overshoot the limit).

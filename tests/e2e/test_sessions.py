@@ -16,28 +16,42 @@ pytestmark = pytest.mark.e2e
 
 def _raw_session(http: httpx.Client) -> str:
     """A session that never heartbeats (the SDK would, every 10 s): what a crashed client leaves behind."""
-    return http.post("/api/v1/create_session", json={"tags": ["abandoned"], "user_metadata": {}, "sdk_version": "0.38.0",
-                                                     "type": "create_session"}).json()["session_id"]
+    return http.post(
+        "/api/v1/create_session",
+        json={"tags": ["abandoned"], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"},
+    ).json()["session_id"]
 
 
 def _create(http: httpx.Client, session_id: str, n: int, base_model: str) -> dict:
-    return _await(http, http.post("/api/v1/create_model", json={
-        "session_id": session_id, "model_seq_id": n, "base_model": base_model, "lora_config": {"rank": 4},
-        "type": "create_model"}).json()["request_id"])
+    return _await(
+        http,
+        http.post(
+            "/api/v1/create_model",
+            json={
+                "session_id": session_id,
+                "model_seq_id": n,
+                "base_model": base_model,
+                "lora_config": {"rank": 4},
+                "type": "create_model",
+            },
+        ).json()["request_id"],
+    )
 
 
 def _await(http: httpx.Client, request_id: str) -> dict:
     for _ in range(40):
-        r = http.post("/api/v1/retrieve_future", json={"request_id": request_id, "allow_metadata_only": False},
-                      timeout=60).json()
+        r = http.post(
+            "/api/v1/retrieve_future", json={"request_id": request_id, "allow_metadata_only": False}, timeout=60
+        ).json()
         if r.get("type") != "try_again":
             return r
     raise AssertionError(f"{request_id} never answered")
 
 
 def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(tmp_path):
-    stack = launch(tmp_path / "state", api_key="tml-slots", extra=["--max-lora-adapters", "2",
-                                                                   "--session-timeout-s", "6"])
+    stack = launch(
+        tmp_path / "state", api_key="tml-slots", extra=["--max-lora-adapters", "2", "--session-timeout-s", "6"]
+    )
     try:
         http = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": stack.api_key})
         model = stack.served_model()
@@ -45,9 +59,13 @@ def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(
         created_at = time.monotonic()
         assert _create(http, abandoned, 0, model)["model_id"] == f"{abandoned}:train:0"
         assert _create(http, abandoned, 1, model)["model_id"] == f"{abandoned}:train:1"
-        kept = _await(http, http.post("/api/v1/save_weights", json={
-            "model_id": f"{abandoned}:train:0", "path": "kept", "seq_id": 1, "type": "save_weights"}).json()[
-                "request_id"])["path"]
+        kept = _await(
+            http,
+            http.post(
+                "/api/v1/save_weights",
+                json={"model_id": f"{abandoned}:train:0", "path": "kept", "seq_id": 1, "type": "save_weights"},
+            ).json()["request_id"],
+        )["path"]
 
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
         t0 = time.monotonic()

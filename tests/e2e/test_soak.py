@@ -20,7 +20,6 @@ at the baseline and the end, sampler snapshots held, compiles, coordinator conti
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import asyncio
 import json
 import os
@@ -28,6 +27,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psutil
@@ -74,8 +74,9 @@ pytestmark = pytest.mark.e2e
 def stack(tmp_path_factory) -> Iterator[RunningStack]:
     """Its own stack: the soak must not share slots or queues with the session-wide one. Named `stack` so the
     e2e conftest attaches its logs to a failure."""
-    s = launch(tmp_path_factory.mktemp("soak") / "state", api_key="tml-soak",
-               extra=["--max-lora-adapters", str(CLIENTS)])
+    s = launch(
+        tmp_path_factory.mktemp("soak") / "state", api_key="tml-soak", extra=["--max-lora-adapters", str(CLIENTS)]
+    )
     yield s
     s.stop()
 
@@ -148,14 +149,17 @@ class Ledger:
 
 def _datum(rng: random.Random, n: int = 24) -> types.Datum:
     tokens = [rng.randrange(3, 1500) for _ in range(n + 1)]
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * n})  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * n},  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
 
 
 def _check_fwdbwd(n_tokens: list[int]):
     def check(out) -> None:
         assert [len(o["logprobs"].tolist()) for o in out.loss_fn_outputs] == n_tokens, "logprobs per datum"
         assert out.metrics["loss:sum"] == out.metrics["loss:sum"], "loss is NaN"
+
     return check
 
 
@@ -163,6 +167,7 @@ def _check_samples(num_samples: int, max_tokens: int):
     def check(out) -> None:
         assert len(out.sequences) == num_samples, f"{len(out.sequences)} sequences, wanted {num_samples}"
         assert all(len(s.tokens) == max_tokens for s in out.sequences), "sequence lengths"
+
     return check
 
 
@@ -180,8 +185,10 @@ def _prompt(rng: random.Random) -> types.ModelInput:
     return types.ModelInput.from_ints([rng.randrange(3, 1500) for _ in range(rng.randint(4, 12))])
 
 
-OOV = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 10**6, 3]),
-                  loss_fn_inputs={"target_tokens": [2, 3, 4, 5], "weights": [1.0] * 4})  # pyright: ignore[reportArgumentType] (Datum converts lists)
+OOV = types.Datum(
+    model_input=types.ModelInput.from_ints([1, 2, 10**6, 3]),
+    loss_fn_inputs={"target_tokens": [2, 3, 4, 5], "weights": [1.0] * 4},  # pyright: ignore[reportArgumentType] (Datum converts lists)
+)
 
 
 def client_loop(c: SoakClient, model: str, ledger: Ledger, stop: threading.Event) -> None:
@@ -189,8 +196,9 @@ def client_loop(c: SoakClient, model: str, ledger: Ledger, stop: threading.Event
     lora_params = types.SamplingParams(max_tokens=8, temperature=1.0, stop=[])
     base_params = types.SamplingParams(max_tokens=6, temperature=0.8, stop=[])
     try:
-        c.training = ledger.run("create_model", i, c.service.create_lora_training_client, base_model=model,
-                                rank=(4, 8)[i % 2])
+        c.training = ledger.run(
+            "create_model", i, c.service.create_lora_training_client, base_model=model, rank=(4, 8)[i % 2]
+        )
         if c.training is None:
             c.died = "create_lora_training_client failed"
             return
@@ -199,12 +207,14 @@ def client_loop(c: SoakClient, model: str, ledger: Ledger, stop: threading.Event
             base = ledger.run("create_sampling_client", i, c.service.create_sampling_client, base_model=model)
         while not stop.is_set():
             # fwd/bwd and optim_step pipelined, as the SDK means them to be (the run orders them by seq_id)
-            fb = ledger.track("forward_backward", i, c.training.forward_backward,
-                              [_datum(rng) for _ in range(4)], "cross_entropy")
+            fb = ledger.track(
+                "forward_backward", i, c.training.forward_backward, [_datum(rng) for _ in range(4)], "cross_entropy"
+            )
             bad = None
             if i == PROVOKER and c.steps % 5 == 4:
-                bad = ledger.track("forward_backward", i, c.training.forward_backward, [OOV], "cross_entropy",
-                                   provoked=True)
+                bad = ledger.track(
+                    "forward_backward", i, c.training.forward_backward, [OOV], "cross_entropy", provoked=True
+                )
             opt = ledger.track("optim_step", i, c.training.optim_step, types.AdamParams(learning_rate=1e-4))
             ledger.resolve(*fb, _check_fwdbwd([24] * 4))
             if bad is not None:
@@ -212,16 +222,30 @@ def client_loop(c: SoakClient, model: str, ledger: Ledger, stop: threading.Event
             ledger.resolve(*opt)
             c.steps += 1
             if c.steps % SAVE_EVERY == 1:
-                sampler = ledger.run("save_weights_and_get_sampling_client", i,
-                                     c.training.save_weights_and_get_sampling_client)
+                sampler = ledger.run(
+                    "save_weights_and_get_sampling_client", i, c.training.save_weights_and_get_sampling_client
+                )
                 if sampler is not None:
-                    futures = [ledger.track("sample_lora", i, sampler.sample, prompt=_prompt(rng), num_samples=2,
-                                            sampling_params=lora_params) for _ in range(2)]
+                    futures = [
+                        ledger.track(
+                            "sample_lora",
+                            i,
+                            sampler.sample,
+                            prompt=_prompt(rng),
+                            num_samples=2,
+                            sampling_params=lora_params,
+                        )
+                        for _ in range(2)
+                    ]
                     for f in futures:
                         ledger.resolve(*f, _check_samples(2, 8))
             if base is not None:
-                futures = [ledger.track("sample_base", i, base.sample, prompt=_prompt(rng), num_samples=1,
-                                        sampling_params=base_params) for _ in range(BURST)]
+                futures = [
+                    ledger.track(
+                        "sample_base", i, base.sample, prompt=_prompt(rng), num_samples=1, sampling_params=base_params
+                    )
+                    for _ in range(BURST)
+                ]
                 for f in futures:
                     ledger.resolve(*f, _check_samples(1, 6))
             if c.steps >= SAVE_EVERY + 1:  # one full cycle (train, save, sample lora and base) done
@@ -303,8 +327,11 @@ async def _running(client: Client, workflow_type: str) -> list:
     """Running workflows of a type; each confirmed by a describe (the visibility list may lag a just-closed one)."""
     query = f"WorkflowType = '{workflow_type}' AND ExecutionStatus = 'Running'"
     listed = [wf async for wf in client.list_workflows(query)]
-    return [wf for wf in listed
-            if (await client.get_workflow_handle(wf.id).describe()).status == WorkflowExecutionStatus.RUNNING]
+    return [
+        wf
+        for wf in listed
+        if (await client.get_workflow_handle(wf.id).describe()).status == WorkflowExecutionStatus.RUNNING
+    ]
 
 
 # --- the test --------------------------------------------------------------------------------------------------------
@@ -316,10 +343,13 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
     parts = stack_processes(stack)
     assert set(WATCHED) <= set(parts), parts
     ledger, stop = Ledger(), threading.Event()
-    clients = [SoakClient(i, tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key))
-               for i in range(CLIENTS)]
-    threads = [threading.Thread(target=client_loop, args=(c, model, ledger, stop), name=f"soak-{c.index}", daemon=True)
-               for c in clients]
+    clients = [
+        SoakClient(i, tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)) for i in range(CLIENTS)
+    ]
+    threads = [
+        threading.Thread(target=client_loop, args=(c, model, ledger, stop), name=f"soak-{c.index}", daemon=True)
+        for c in clients
+    ]
     t_start = time.monotonic()
     rss_start = rss_mb(parts)
     for t in threads:
@@ -388,8 +418,9 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
             sessions = await _running(client, "Session")
             open_runs = await _running(client, "TrainingRun")
             d = await _coordinator(client, model)
-            if (not sessions and not open_runs and not d["placements"] and d["snapshots"] == 0 and d["pending"] == 0) \
-                    or time.monotonic() > deadline:
+            if (
+                not sessions and not open_runs and not d["placements"] and d["snapshots"] == 0 and d["pending"] == 0
+            ) or time.monotonic() > deadline:
                 return d, [wf.id for wf in sessions], [wf.id for wf in open_runs]
             await asyncio.sleep(1)
 
@@ -401,7 +432,9 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
         by_kind[r.kind].append(r)
     errors = [r for r in ledger.requests if r.outcome.startswith("error") or r.outcome == "pending"]
     summary = {
-        "soak_s": round(load_s, 1), "warmup_s": round(warmup_s, 1), "clients": CLIENTS,
+        "soak_s": round(load_s, 1),
+        "warmup_s": round(warmup_s, 1),
+        "clients": CLIENTS,
         "steps": [c.steps for c in clients],
         "requests": {k: len(v) for k, v in sorted(by_kind.items())},
         "provoked": sum(r.outcome == "provoked" for r in ledger.requests),
@@ -409,22 +442,33 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
         "latency_ms": {
             k: {"p50": round(1000 * percentile(lat, 0.5)), "p90": round(1000 * percentile(lat, 0.9)), "n": len(lat)}
             for k, v in sorted(by_kind.items())
-            if (lat := [r.t1 - r.t0 for r in v if r.outcome == "ok" and r.t1 is not None
-                        and r.t0 >= load_start])  # steady state only: warm-up latencies are compile times
+            if (
+                lat := [r.t1 - r.t0 for r in v if r.outcome == "ok" and r.t1 is not None and r.t0 >= load_start]
+            )  # steady state only: warm-up latencies are compile times
         },
-        "rss_mb": {name: {"start": rss_start.get(name), "baseline": rss_series[0][name], "end": rss_series[-1][name],
-                          "peak": max(s[name] for s in rss_series), "after_settle": rss_after[name]}
-                   for name in sorted(parts)},
+        "rss_mb": {
+            name: {
+                "start": rss_start.get(name),
+                "baseline": rss_series[0][name],
+                "end": rss_series[-1][name],
+                "peak": max(s[name] for s in rss_series),
+                "after_settle": rss_after[name],
+            }
+            for name in sorted(parts)
+        },
         "snapshots_held": {"baseline": snapshots[0], "end": snapshots[-1], "peak": max(snapshots)},
         # every ~30 s: [s into the load, JAX worker RSS MB, snapshots held]
-        "jax_rss_series": [[round(t), r["jax-worker"], n]
-                           for k, (t, r, n) in enumerate(zip(sampled_at, rss_series, snapshots))
-                           if k % 6 == 0 or k == len(rss_series) - 1],
+        "jax_rss_series": [
+            [round(t), r["jax-worker"], n]
+            for k, (t, r, n) in enumerate(zip(sampled_at, rss_series, snapshots))
+            if k % 6 == 0 or k == len(rss_series) - 1
+        ],
         "coordinator_batches": coordinator["dispatched_batches"],
         "compiles": {"warmup": compiles, "during_load": compiles_after - compiles},
         "coordinator_runs": coordinator_runs,
-        "slow_workflow_tasks": (stack.state_dir / "logs" / "workflow-worker.log").read_text(errors="replace")
-                               .count("Workflow task duration exceeded"),
+        "slow_workflow_tasks": (stack.state_dir / "logs" / "workflow-worker.log")
+        .read_text(errors="replace")
+        .count("Workflow task duration exceeded"),
     }
     print("\nSOAK_SUMMARY " + json.dumps(summary), flush=True)
 
@@ -460,4 +504,5 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
         assert end - before < bound, (
             f"{name} RSS grew from {before} MB to {end} MB under steady load (bound {bound}); "
             f"snapshots {summary['snapshots_held']}, compiles {summary['compiles']}, "
-            f"series [s, MB, snapshots] {summary['jax_rss_series']}")
+            f"series [s, MB, snapshots] {summary['jax_rss_series']}"
+        )

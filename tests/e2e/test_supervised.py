@@ -36,8 +36,11 @@ def test_readiness_is_ok_while_temporal_and_the_store_answer(supervised):
 # a busy CPU), so the default run compares the losses of every step and the slow run (-m slow) the sample as well.
 @pytest.mark.parametrize("sample", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["losses", "and-sample"])
 def test_each_part_killed_mid_loop_is_restarted_and_the_loop_ends_as_a_fault_free_one(supervised, sample, request):
-    if sample and "slow" not in (request.config.getoption("markexpr") or "") \
-            and os.environ.get("TINKERFLOW_SLOW_TESTS") != "1":
+    if (
+        sample
+        and "slow" not in (request.config.getoption("markexpr") or "")
+        and os.environ.get("TINKERFLOW_SLOW_TESTS") != "1"
+    ):
         pytest.skip("slow: run with -m slow or TINKERFLOW_SLOW_TESTS=1")
     steps = 2 * len(PARTS) + 1
     reference = pig_latin_loop(supervised, steps, sample=sample)

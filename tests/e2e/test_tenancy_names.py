@@ -12,20 +12,59 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.e2e.conftest import API_KEY
 
 pytestmark = pytest.mark.e2e
-EXAMPLES = settings(max_examples=25, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+EXAMPLES = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 # What a stranger types: anything, plus the shapes that have hurt (long names, dots, separators, encodings, globs).
-ODD = st.sampled_from([
-    "", ".", "..", "...", "a" * 40, "a" * 41, "a" * 129, "a" * 300, "é", "名前", "😀" * 30, "a/b", "../x", "..%2F..",
-    "%2e%2e", "%2F", "%00", "a\x00b", "a\nb", "*", "**", "?", "[a]", "a b", "'", "\"", "a' OR '1'='1", "\\", "~",
-    "a:b", "a:train:0", "x" * 50 + ":train:0", "tinker://", "tinker://x/weights/y", "sess-000000000000",
-])
+ODD = st.sampled_from(
+    [
+        "",
+        ".",
+        "..",
+        "...",
+        "a" * 40,
+        "a" * 41,
+        "a" * 129,
+        "a" * 300,
+        "é",
+        "名前",
+        "😀" * 30,
+        "a/b",
+        "../x",
+        "..%2F..",
+        "%2e%2e",
+        "%2F",
+        "%00",
+        "a\x00b",
+        "a\nb",
+        "*",
+        "**",
+        "?",
+        "[a]",
+        "a b",
+        "'",
+        '"',
+        "a' OR '1'='1",
+        "\\",
+        "~",
+        "a:b",
+        "a:train:0",
+        "x" * 50 + ":train:0",
+        "tinker://",
+        "tinker://x/weights/y",
+        "sess-000000000000",
+    ]
+)
 NAMES = st.one_of(ODD, st.text(max_size=300), st.text(alphabet="ab.:/%*?-_ é\\", max_size=60))
 
 
@@ -33,9 +72,13 @@ NAMES = st.one_of(ODD, st.text(max_size=300), st.text(alphabet="ab.:/%*?-_ é\\"
 def api(stack):
     client = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": API_KEY}, timeout=120)
     model = stack.served_model()
-    session = client.post("/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "0.38.0"}).json()["session_id"]
-    created = client.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
-                                                        "base_model": model, "lora_config": {"rank": 2}})
+    session = client.post(
+        "/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "0.38.0"}
+    ).json()["session_id"]
+    created = client.post(
+        "/api/v1/create_model",
+        json={"session_id": session, "model_seq_id": 0, "base_model": model, "lora_config": {"rank": 2}},
+    )
     assert created.status_code == 200, created.text
     yield {"client": client, "session": session, "run": created.json()["model_id"], "seq": itertools.count(1)}
     client.post(f"/api/v1/sessions/{session}/finish", json={"reason": {"type": "success"}})  # frees its slot
@@ -58,14 +101,22 @@ def _segments(x: str) -> list[str]:
 def test_path_parameters(api, x):
     c, run, session = api["client"], api["run"], api["session"]
     for seg in _segments(x):
-        for path in (f"/api/v1/training_runs/{seg}", f"/api/v1/training_runs/{seg}/checkpoints",
-                     f"/api/v1/sessions/{seg}", f"/api/v1/sessions/{seg}/trace_export", f"/api/v1/samplers/{seg}",
-                     f"/api/v1/training_runs/{run}/checkpoints/weights/{seg}/external_weights_urls",
-                     f"/api/v1/training_runs/{seg}/checkpoints/weights/a/external_weights_urls",
-                     f"/api/v1/checkpoint_files/{seg}/weights/{seg}/{seg}?expires=1&signature=x"):
+        for path in (
+            f"/api/v1/training_runs/{seg}",
+            f"/api/v1/training_runs/{seg}/checkpoints",
+            f"/api/v1/sessions/{seg}",
+            f"/api/v1/sessions/{seg}/trace_export",
+            f"/api/v1/samplers/{seg}",
+            f"/api/v1/training_runs/{run}/checkpoints/weights/{seg}/external_weights_urls",
+            f"/api/v1/training_runs/{seg}/checkpoints/weights/a/external_weights_urls",
+            f"/api/v1/checkpoint_files/{seg}/weights/{seg}/{seg}?expires=1&signature=x",
+        ):
             _ok(c.get(path))
-        for path in (f"/api/v1/training_runs/{run}/checkpoints/weights/{seg}", f"/api/v1/training_runs/{seg}/"
-                     "checkpoints/sampler_weights/a", f"/api/v1/training_runs/{run}/checkpoints/{seg}"):
+        for path in (
+            f"/api/v1/training_runs/{run}/checkpoints/weights/{seg}",
+            f"/api/v1/training_runs/{seg}/checkpoints/sampler_weights/a",
+            f"/api/v1/training_runs/{run}/checkpoints/{seg}",
+        ):
             _ok(c.delete(path))
             _ok(c.post(f"{path}/publish"))
             _ok(c.put(f"{path}/ttl", json={"ttl_seconds": 3600}))
@@ -78,12 +129,15 @@ def test_path_parameters(api, x):
 @given(x=NAMES)
 def test_body_ids_and_paths(api, x):
     c, run, session = api["client"], api["run"], api["session"]
-    for path in (x, f"tinker://{x}", f"tinker://{run}/weights/{x}", f"tinker://{x}/weights/a",
-                 f"tinker://{run}/{x}/a"):
+    for path in (x, f"tinker://{x}", f"tinker://{run}/weights/{x}", f"tinker://{x}/weights/a", f"tinker://{run}/{x}/a"):
         _ok(c.post("/api/v1/weights_info", json={"tinker_path": path}))
         _ok(c.post("/api/v1/copy_weights", json={"source_path": path}))
-        _ok(c.post("/api/v1/create_sampling_session", json={"session_id": session, "sampling_session_seq_id": 99,
-                                                            "model_path": path}))
+        _ok(
+            c.post(
+                "/api/v1/create_sampling_session",
+                json={"session_id": session, "sampling_session_seq_id": 99, "model_path": path},
+            )
+        )
         r = c.post("/api/v1/load_weights", json={"session_id": session, "model_seq_id": 99, "path": path})
         _ok(r)
     _ok(c.post("/api/v1/session_heartbeat", json={"session_id": x}))
@@ -92,12 +146,20 @@ def test_body_ids_and_paths(api, x):
     _ok(c.post("/api/v1/get_info", json={"model_id": x}))
     _ok(c.post("/api/v1/optim_step", json={"model_id": x, "seq_id": 1, "adam_params": {"learning_rate": 1e-3}}))
     _ok(c.post("/api/v1/create_model", json={"session_id": x, "model_seq_id": 3, "base_model": "m"}))
-    _ok(c.post("/api/v1/copy_weights", json={"source_path": f"tinker://{run}/weights/a", "session_id": x,
-                                             "model_seq_id": 1}))
+    _ok(
+        c.post(
+            "/api/v1/copy_weights",
+            json={"source_path": f"tinker://{run}/weights/a", "session_id": x, "model_seq_id": 1},
+        )
+    )
 
 
-@settings(max_examples=8, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(x=NAMES)
 def test_in_sequence_saves_fail_their_future_as_user_errors(api, x):
     """An op with a seq_id never fails at submit: a bad name consumes its seq_id and fails its own future."""

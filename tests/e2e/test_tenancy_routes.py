@@ -22,11 +22,17 @@ from tests.e2e.conftest import API_KEY, OTHER_API_KEY
 
 pytestmark = pytest.mark.e2e
 ALICE, BOB = API_KEY, OTHER_API_KEY  # two tenants of the session's shared stack
-DATUM = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30]),
-                    loss_fn_inputs=dict(target_tokens=[20, 30, 40], weights=[1.0, 1.0, 1.0]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+DATUM = types.Datum(
+    model_input=types.ModelInput.from_ints([10, 20, 30]),
+    loss_fn_inputs=dict(target_tokens=[20, 30, 40], weights=[1.0, 1.0, 1.0]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+)
 ADAM = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
-SAMPLE = {"num_samples": 1, "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
-          "sampling_params": {"max_tokens": 2, "seed": 3}, "type": "sample"}
+SAMPLE = {
+    "num_samples": 1,
+    "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
+    "sampling_params": {"max_tokens": 2, "seed": 3},
+    "type": "sample",
+}
 
 
 def _rest(stack, key) -> httpx.Client:
@@ -44,8 +50,11 @@ def _poll(client: httpx.Client, request_id: str, tries: int = 20) -> dict:
 
 
 def _files(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_bob_gets_nothing_of_alices_and_changes_nothing(stack):
@@ -61,8 +70,9 @@ def test_bob_gets_nothing_of_alices_and_changes_nothing(stack):
     run = training.model_id
     session = run.split(":")[0]
     sampling = training.create_sampling_client(sampler_path).result(timeout=300)
-    sampling.sample(prompt=types.ModelInput.from_ints([1, 2]), num_samples=1,
-                    sampling_params=types.SamplingParams(max_tokens=2)).result(timeout=300)
+    sampling.sample(
+        prompt=types.ModelInput.from_ints([1, 2]), num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)
+    ).result(timeout=300)
     before = training.forward([DATUM], "cross_entropy").result(timeout=300).loss_fn_outputs[0]["logprobs"].tolist()
 
     alice, bob = _rest(stack, ALICE), _rest(stack, BOB)
@@ -88,11 +98,17 @@ def test_bob_gets_nothing_of_alices_and_changes_nothing(stack):
     p403 = f"/api/v1/training_runs/{run}/checkpoints/weights/published"
     # runs
     expect("get_info", 404, bob.post("/api/v1/get_info", json={"model_id": run}))
-    expect("optim_step", 404, bob.post("/api/v1/optim_step", json={"model_id": run, "seq_id": 99,
-                                                                   "adam_params": ADAM, "type": "optim_step"}))
-    for route, extra in (("save_weights", {"path": "bobs"}), ("save_weights_for_sampler", {"path": "bobs"}),
-                         ("save_weights_external", {"path": "bobs"}),
-                         ("load_weights", {"path": published, "optimizer": False})):
+    expect(
+        "optim_step",
+        404,
+        bob.post("/api/v1/optim_step", json={"model_id": run, "seq_id": 99, "adam_params": ADAM, "type": "optim_step"}),
+    )
+    for route, extra in (
+        ("save_weights", {"path": "bobs"}),
+        ("save_weights_for_sampler", {"path": "bobs"}),
+        ("save_weights_external", {"path": "bobs"}),
+        ("load_weights", {"path": published, "optimizer": False}),
+    ):
         expect(route, 404, bob.post(f"/api/v1/{route}", json={"model_id": run, "seq_id": 99, **extra}))
     expect("GET training_run", 404, bob.get(f"/api/v1/training_runs/{run}"))
     # sessions
@@ -100,22 +116,45 @@ def test_bob_gets_nothing_of_alices_and_changes_nothing(stack):
     expect("trace_export", 404, bob.get(f"/api/v1/sessions/{session}/trace_export"))
     expect("assign project", 404, bob.put(f"/api/v1/sessions/{session}/project", json={"project_id": "p"}))
     expect("finish", 404, bob.post(f"/api/v1/sessions/{session}/finish", json={"reason": {"type": "success"}}))
-    expect("heartbeat (the answer for an unknown session)", 410,
-           bob.post("/api/v1/session_heartbeat", json={"session_id": session}))
-    expect("create_model in her session", 404, bob.post("/api/v1/create_model", json={
-        "session_id": session, "model_seq_id": 7, "base_model": model, "type": "create_model"}))
-    expect("create-via-load in her session", 404, bob.post("/api/v1/load_weights", json={
-        "session_id": session, "model_seq_id": 8, "path": published, "optimizer": False}))
-    expect("create_sampling_session in her session", 404, bob.post("/api/v1/create_sampling_session", json={
-        "session_id": session, "sampling_session_seq_id": 5, "base_model": model}))
+    expect(
+        "heartbeat (the answer for an unknown session)",
+        410,
+        bob.post("/api/v1/session_heartbeat", json={"session_id": session}),
+    )
+    expect(
+        "create_model in her session",
+        404,
+        bob.post(
+            "/api/v1/create_model",
+            json={"session_id": session, "model_seq_id": 7, "base_model": model, "type": "create_model"},
+        ),
+    )
+    expect(
+        "create-via-load in her session",
+        404,
+        bob.post(
+            "/api/v1/load_weights",
+            json={"session_id": session, "model_seq_id": 8, "path": published, "optimizer": False},
+        ),
+    )
+    expect(
+        "create_sampling_session in her session",
+        404,
+        bob.post(
+            "/api/v1/create_sampling_session",
+            json={"session_id": session, "sampling_session_seq_id": 5, "base_model": model},
+        ),
+    )
     # samplers
     expect("GET sampler", 404, bob.get(f"/api/v1/samplers/{sampler_id}"))
-    expect("asample", 404, bob.post("/api/v1/asample", json={**SAMPLE, "sampling_session_id": sampler_id,
-                                                             "seq_id": 0}))
+    expect("asample", 404, bob.post("/api/v1/asample", json={**SAMPLE, "sampling_session_id": sampler_id, "seq_id": 0}))
     # futures: real ones of hers, and ids built from her model_id the old way
     expect("her asample future", 404, bob.post("/api/v1/retrieve_future", json={"request_id": asample_rid}))
-    for rid in (forged("u", [f"training-run/{run}", "", "create"]), forged("w", f"training-run/{run}"),
-                asample_rid.rsplit(".", 1)[0]):
+    for rid in (
+        forged("u", [f"training-run/{run}", "", "create"]),
+        forged("w", f"training-run/{run}"),
+        asample_rid.rsplit(".", 1)[0],
+    ):
         expect(f"forged future {rid[:30]}", 404, bob.post("/api/v1/retrieve_future", json={"request_id": rid}))
     # private checkpoints: as if missing
     expect("weights_info private", 404, bob.post("/api/v1/weights_info", json={"tinker_path": private}))
@@ -134,8 +173,13 @@ def test_bob_gets_nothing_of_alices_and_changes_nothing(stack):
     expect("ttl published", 403, bob.put(f"{p403}/ttl", json={"ttl_seconds": 3600}))
     # copies: into her namespace never; into his own, yes
     run_seq = int(run.rsplit(":", 1)[1])
-    expect("copy into her run", 404, bob.post("/api/v1/copy_weights", json={
-        "source_path": published, "session_id": session, "model_seq_id": run_seq}))
+    expect(
+        "copy into her run",
+        404,
+        bob.post(
+            "/api/v1/copy_weights", json={"source_path": published, "session_id": session, "model_seq_id": run_seq}
+        ),
+    )
     own = bob.post("/api/v1/copy_weights", json={"source_path": published})
     expect("copy into his own namespace", 200, own)
     # the owner's bytes answer only the owner (signed download URLs are checked in test_checkpoints)
@@ -154,9 +198,13 @@ def test_bob_gets_nothing_of_alices_and_changes_nothing(stack):
 
     # his own futures answer him and not her
     bob_sdk = tinker.ServiceClient(base_url=stack.base_url, api_key=BOB)
-    bob_session = bob.post("/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "0.38.0"}).json()["session_id"]
-    created = bob.post("/api/v1/create_model", json={"session_id": bob_session, "model_seq_id": 0,
-                                                     "base_model": model, "lora_config": {"rank": 2}})
+    bob_session = bob.post(
+        "/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "0.38.0"}
+    ).json()["session_id"]
+    created = bob.post(
+        "/api/v1/create_model",
+        json={"session_id": bob_session, "model_seq_id": 0, "base_model": model, "lora_config": {"rank": 2}},
+    )
     bob_rid = created.json()["request_id"]
     assert alice.post("/api/v1/retrieve_future", json={"request_id": bob_rid}).status_code == 404
     assert "error" not in _poll(bob, bob_rid)

@@ -19,8 +19,15 @@ def main(model_dir: str, cache_dir: str) -> None:
     compile_cache.enable(Path(cache_dir))  # before anything compiles, as the JAX worker does
 
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.types import (AdamConfig, Datum, ForwardBackwardInput, ForwardBackwardResult,
-                                                 LoraConfig, SampleInput, SampleResult)  # fmt: skip
+    from tinkerflow.workers.engine.types import (
+        AdamConfig,
+        Datum,
+        ForwardBackwardInput,
+        ForwardBackwardResult,
+        LoraConfig,  # fmt: skip
+        SampleInput,
+        SampleResult,
+    )
 
     engine = Engine.load(model_dir, max_lora_adapters=2, max_lora_rank=8, progress=False)
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))

@@ -7,9 +7,9 @@ parity, sampling and training tests could not fail.
 
 from __future__ import annotations
 
-from typing import Any
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest

@@ -30,9 +30,12 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--expect-error", help="FSDPxTP: first check that loading on this mesh raises ValueError")
     parser.add_argument("--quick", action="store_true", help="skip the forward-only pass and the seeded samples")
-    parser.add_argument("--fast-compile", action="store_true",
-                        help="LLVM without its expensive passes, for every mesh alike: about a third less compile time "
-                             "on CPU; what is compared (the partitioned programs' numbers) does not depend on it")
+    parser.add_argument(
+        "--fast-compile",
+        action="store_true",
+        help="LLVM without its expensive passes, for every mesh alike: about a third less compile time "
+        "on CPU; what is compared (the partitioned programs' numbers) does not depend on it",
+    )
     args = parser.parse_args()
 
     flags = f" --xla_force_host_platform_device_count={args.devices}"
@@ -82,7 +85,11 @@ def run(engine, quick: bool = False) -> dict:
     import numpy as np
 
     from tinkerflow.workers.engine.types import (
-        AdamConfig, Datum, ForwardBackwardInput, LoraConfig, SampleInput,
+        AdamConfig,
+        Datum,
+        ForwardBackwardInput,
+        LoraConfig,
+        SampleInput,
     )  # fmt: skip
 
     rng = np.random.default_rng(0)

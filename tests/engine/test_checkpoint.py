@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import MAX_RANK
+
 from tinkerflow.workers.engine.checkpoint import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,

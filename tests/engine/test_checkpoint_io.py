@@ -20,8 +20,16 @@ def store(request, tmp_path) -> CheckpointStore:
 
 
 def manifest(path: str) -> dict:
-    return {"tinker_path": path, "owner": "o", "base_model": "tiny", "lora": {}, "time": now_rfc3339(),
-            "step": 0, "expires_at": None, "user_metadata": {}}
+    return {
+        "tinker_path": path,
+        "owner": "o",
+        "base_model": "tiny",
+        "lora": {},
+        "time": now_rfc3339(),
+        "step": 0,
+        "expires_at": None,
+        "user_metadata": {},
+    }
 
 
 def test_training_state_and_sampler_weights_round_trip_through_storage(engine, store, rng):

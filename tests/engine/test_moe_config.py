@@ -18,7 +18,13 @@ def _moe(**kw) -> ModelConfig:
 def test_qwen3_moe_fields_and_sparse_layers():
     c = _moe(norm_topk_prob=True)
     assert (c.arch, c.qk_norm, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob) == (
-        "qwen3_moe", True, 8, 2, 32, True)
+        "qwen3_moe",
+        True,
+        8,
+        2,
+        32,
+        True,
+    )
     assert c.moe_layers == (0, 1, 2, 3, 4, 5)
     assert _moe(decoder_sparse_step=2).moe_layers == (1, 3, 5)
     assert _moe(mlp_only_layers=[0, 3]).moe_layers == (1, 2, 4, 5)

@@ -263,4 +263,4 @@ def test_greedy_sampling_matches_transformers_generate(moe_engine, moe_dir):
     for p, res in zip(prompts, results):
         with torch.no_grad():
             out = hf.generate(torch.from_numpy(p[None]).long(), max_new_tokens=8, do_sample=False, min_new_tokens=8)  # pyright: ignore[reportAttributeAccessIssue] (transformers' module stubs)
-        assert list(res.sequences[0].tokens) == out[0, len(p):].tolist()
+        assert list(res.sequences[0].tokens) == out[0, len(p) :].tolist()

@@ -4,8 +4,8 @@ subprocess as test_sharding.py does (JAX fixes its device count when its backend
 
 from __future__ import annotations
 
-from typing import Any
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest

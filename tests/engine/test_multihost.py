@@ -308,10 +308,30 @@ def _start_two_processes(model_dir: Path, tmp_path: Path) -> tuple[list[subproce
     coordinator = f"127.0.0.1:{_free_port()}"
     out = tmp_path / "leader.json"
     leader = [sys.executable, str(SCENARIO), str(model_dir), coordinator, str(out), "--mesh-fsdp", "2"]
-    follower = [sys.executable, "-m", "tinkerflow.cli.main", "jax-worker", "--base-model", str(model_dir),
-                "--max-lora-adapters", "4", "--max-lora-rank", "8", "--state-dir", str(tmp_path / "state"),
-                "--coordinator-address", coordinator, "--num-processes", "2", "--process-id", "1",
-                "--mesh-fsdp", "2", "--temporal-address", "127.0.0.1:1"]  # fmt: skip  (never dialled)
+    follower = [
+        sys.executable,
+        "-m",
+        "tinkerflow.cli.main",
+        "jax-worker",
+        "--base-model",
+        str(model_dir),
+        "--max-lora-adapters",
+        "4",
+        "--max-lora-rank",
+        "8",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--coordinator-address",
+        coordinator,
+        "--num-processes",
+        "2",
+        "--process-id",
+        "1",
+        "--mesh-fsdp",
+        "2",
+        "--temporal-address",
+        "127.0.0.1:1",
+    ]  # fmt: skip  (never dialled)
     procs = []
     for n, cmd in enumerate((leader, follower)):
         with open(tmp_path / f"process{n}.log", "w") as log:  # the child keeps its own copy of the descriptor

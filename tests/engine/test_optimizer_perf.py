@@ -71,6 +71,7 @@ def test_step_leaves_other_slots_moments_and_counts_untouched(engine):
     train(engine, 0)
     train(engine, 1, seed=1)
     engine.optim_step(0, ADAM)
+
     def take(slot):
         return [np.asarray(x[slot]) for x in jax.tree.leaves((engine._opt, engine._lora, engine._grads))]
 

@@ -30,6 +30,7 @@ def _capture(hf, tokens: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]
             x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input_ids"))
             out = output[0] if isinstance(output, tuple) else output
             seen[name] = (x.detach().numpy(), out.detach().numpy())
+
         return record
 
     hf.model.embed_tokens.register_forward_hook(hook("embed"), with_kwargs=True)

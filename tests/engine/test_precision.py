@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import MAX_ADAPTERS, MAX_RANK
+from test_training import assert_grads_close
 
 from tinkerflow.workers.engine.engine import Engine, default_dtype
 from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
-
-from conftest import MAX_ADAPTERS, MAX_RANK
-from test_training import assert_grads_close
 
 # bf16 keeps 8 bits of mantissa: logprobs of the tiny model (down to about -12) move by up to ~0.05.
 BF16_ATOL, BF16_RTOL = 5e-2, 2e-2

@@ -3,8 +3,8 @@ continuous batching (more rows than slots, batch-independent results, no compile
 
 from __future__ import annotations
 
-from typing import Any
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +16,12 @@ from tinkerflow.workers.engine.loader import load_model
 from tinkerflow.workers.engine.lora import LoraRouting
 from tinkerflow.workers.engine.model import empty_cache
 from tinkerflow.workers.engine.types import (
-    AdamConfig, Datum, ForwardBackwardInput, InputError, LoraConfig, SampleInput,
+    AdamConfig,
+    Datum,
+    ForwardBackwardInput,
+    InputError,
+    LoraConfig,
+    SampleInput,
 )  # fmt: skip
 
 PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)

@@ -6,7 +6,6 @@ its backend starts (this process keeps its single device)."""
 
 from __future__ import annotations
 
-from typing import Any
 import importlib.util
 import json
 import os
@@ -14,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest

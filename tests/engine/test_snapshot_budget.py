@@ -63,11 +63,11 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
             return [InputError("stop here")] * len(inputs)
 
     monkeypatch.setattr(checkpoint_io, "load_snapshot", lambda _e, _c, key: reloaded.append(key))
-    monkeypatch.setattr(wire, "sample_input", lambda _body, snapshot: SampleInput(prompt=np.array([1]),
-                                                                                   snapshot=snapshot))
+    monkeypatch.setattr(
+        wire, "sample_input", lambda _body, snapshot: SampleInput(prompt=np.array([1]), snapshot=snapshot)
+    )
     store = ClaimCheckStore((tmp_path / "store").as_uri())
     acts = EngineActivities(Engine(), store, checkpoints=CheckpointStore((tmp_path / "ckpt").as_uri()))
-    item = WorkItem(key="k", requester="r", kind=WorkKind.SAMPLE, payload=store.put(b"{}", "requests"),
-                    snapshot=path)
+    item = WorkItem(key="k", requester="r", kind=WorkKind.SAMPLE, payload=store.put(b"{}", "requests"), snapshot=path)
     acts._sample([item])
     assert reloaded == [path] and sampled == [path]

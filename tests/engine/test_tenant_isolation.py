@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 
 from tinkerflow.workers.engine.types import (
-    AdamConfig, Datum, ForwardBackwardInput, LoraConfig, SampleInput,
+    AdamConfig,
+    Datum,
+    ForwardBackwardInput,
+    LoraConfig,
+    SampleInput,
 )  # fmt: skip
 
 PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
@@ -52,8 +56,16 @@ def snapshots(engine):
 
 
 def _req(snapshot, seed, **kw):
-    return SampleInput(prompt=PROMPT, num_samples=2, max_tokens=kw.pop("max_tokens", 12), seed=seed,
-                       snapshot=snapshot, stop_token_ids=[], include_prompt_logprobs=True, **kw)
+    return SampleInput(
+        prompt=PROMPT,
+        num_samples=2,
+        max_tokens=kw.pop("max_tokens", 12),
+        seed=seed,
+        snapshot=snapshot,
+        stop_token_ids=[],
+        include_prompt_logprobs=True,
+        **kw,
+    )
 
 
 def _numbers(res):
@@ -91,8 +103,17 @@ def test_a_poisoned_slot_changes_no_other_slots_training_numbers(engine, snapsho
     toks = rng.integers(1, 300, 10).astype(np.int32)
 
     def fb(*slots):
-        return engine.forward_backward([ForwardBackwardInput(slot=s, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})],
-                                                             loss_fn="cross_entropy", forward_only=True) for s in slots])
+        return engine.forward_backward(
+            [
+                ForwardBackwardInput(
+                    slot=s,
+                    data=[Datum(toks[:-1], {"target_tokens": toks[1:]})],
+                    loss_fn="cross_entropy",
+                    forward_only=True,
+                )
+                for s in slots
+            ]
+        )
 
     [ref] = fb(0)
     bad = {k: np.full_like(v, np.nan) for k, v in engine.adapter_weights(1).items()}

@@ -110,7 +110,12 @@ def test_tokenizer(model_dir):
     assert tok.convert_ids_to_tokens(ids) == ["English", ":", "Ġbanana", "Ġsplit", "Ċ", "Pig", "ĠLatin", ":"]
     for prompt in ("Say something:", "Tell me a story:", "Write a word:", "Continue:", "Answer:", "Reply:", "Speak:"):
         assert len(tok.encode(prompt)) <= 5, prompt
-    for text in (PIG_PROMPT, " anana-bay plit-say\n\n", "Ünïcödé ✓ 日本語\t tabs  and  spaces\r\n", "<|im_start|>user\nhi<|im_end|>"):
+    for text in (
+        PIG_PROMPT,
+        " anana-bay plit-say\n\n",
+        "Ünïcödé ✓ 日本語\t tabs  and  spaces\r\n",
+        "<|im_start|>user\nhi<|im_end|>",
+    ):
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     assert tok.encode("<|endoftext|>", add_special_tokens=False) == [cfg["eos_token_id"]]
 

@@ -68,7 +68,9 @@ def test_result_shapes_and_loss_sum(engine, rng):
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     [res] = engine.forward_backward([ce(0, [rng.integers(1, 300, 9), rng.integers(1, 300, 5)], forward_only=True)])
     assert [o["logprobs"].shape for o in res.outputs] == [(8,), (4,)]
-    assert all(o["logprobs"].dtype == np.float32 and o["elementwise_loss"].shape == o["logprobs"].shape for o in res.outputs)
+    assert all(
+        o["logprobs"].dtype == np.float32 and o["elementwise_loss"].shape == o["logprobs"].shape for o in res.outputs
+    )
     total = sum(-o["logprobs"].astype(np.float64).sum() for o in res.outputs)
     assert res.metrics["loss:sum"] == pytest.approx(total, rel=1e-6)
     assert all(k.count(":") == 1 for k in res.metrics)
@@ -223,8 +225,11 @@ def test_gspo_and_stable_reinforce_through_the_engine(engine, rng):
 
 
 def _sr(sampled_mask, adv):
-    d = Datum(np.array([1, 2, 3]), {"target_tokens": np.array([2, 3, 4]), "logprobs": np.zeros(3),
-                                    "advantages": np.asarray(adv, np.float32)}, sampled_mask=sampled_mask)
+    d = Datum(
+        np.array([1, 2, 3]),
+        {"target_tokens": np.array([2, 3, 4]), "logprobs": np.zeros(3), "advantages": np.asarray(adv, np.float32)},
+        sampled_mask=sampled_mask,
+    )
     return ForwardBackwardInput(slot=0, data=[d], loss_fn="stable_reinforce")
 
 

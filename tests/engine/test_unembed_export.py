@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import MAX_RANK
 from safetensors.numpy import load_file
+
 from tinkerflow.workers.engine.checkpoint import ADAPTER_WEIGHTS, read_peft, write_peft
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputError, LoraConfig, SampleInput
 
@@ -40,7 +41,8 @@ def _logprobs(engine, slot, tokens):
 
 
 def _random_adapter(engine, slot, config, rng):
-    """Random A and B for the trained modules, zero elsewhere (a fresh adapter's B is zero: it would merge to nothing)."""
+    """Random A and B for the trained modules, zero elsewhere (a fresh adapter's B is zero: it would merge to
+    nothing)."""
     engine.create_adapter(slot, config)
     live = {"self_attn": config.train_attn, "mlp": config.train_mlp, "lm_head": config.train_unembed}
     weights = {k: rng.normal(0, 0.2, v.shape).astype(np.float32) if any(on and g in k for g, on in live.items())
@@ -109,7 +111,6 @@ def test_cookbook_merge_of_unembed_adapter_matches_engine(tie, tied, qwen3_dir, 
     assert read_config == LoraConfig(rank=4, train_attn=False, train_mlp=True, train_unembed=True)
     for name in ("lm_head.lora_a", "lm_head.lora_b"):
         np.testing.assert_array_equal(read_weights[name], weights[name])
-
 
 
 def test_peft_lm_head_name_reads_as_the_unembedding_adapter(engine, rng, tmp_path):

@@ -4,12 +4,11 @@ before it registers), samples of the warmed shapes compile nothing, whatever the
 from __future__ import annotations
 
 import numpy as np
+from conftest import MAX_ADAPTERS, MAX_RANK
 
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers import jax_worker
 from tinkerflow.workers.engine.types import LoraConfig, SampleInput, SampleResult, SamplerWarmUp
-
-from conftest import MAX_ADAPTERS, MAX_RANK
 
 PROMPT = np.array([5, 17, 42, 99, 7], np.int32)
 

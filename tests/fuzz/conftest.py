@@ -3,19 +3,25 @@ owns. Fast profile by default; `TINKERFLOW_FUZZ=long` (or `-m slow`) runs the lo
 
 from __future__ import annotations
 
-from typing import Any
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.e2e.conftest import (  # noqa: F401  (fixtures, and the hook that shows the stack's logs on a failure)
-    base_model, pytest_runtest_makereport, service_client, stack, training_client,
+    base_model,
+    pytest_runtest_makereport,
+    service_client,
+    stack,
+    training_client,
 )
 
-_COMMON: dict[str, Any] = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                     HealthCheck.data_too_large])
+_COMMON: dict[str, Any] = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 # fast: few examples, derandomized (CI sees the same inputs every run); long: many, random (run it to hunt).
 settings.register_profile("fast", max_examples=12, derandomize=True, **_COMMON)
 settings.register_profile("long", max_examples=int(os.environ.get("TINKERFLOW_FUZZ_EXAMPLES", "400")), **_COMMON)

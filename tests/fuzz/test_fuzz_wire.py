@@ -26,13 +26,17 @@ class FuzzRun:
 
     def __init__(self, wire: Wire, session_id: str, base_model: str) -> None:
         self.wire, self.session_id, self.base_model = wire, session_id, base_model
-        r = wire.post_json("/api/v1/create_model", {"session_id": session_id, "model_seq_id": 7000,
-                                                    "base_model": base_model, "lora_config": {"rank": 4}})
+        r = wire.post_json(
+            "/api/v1/create_model",
+            {"session_id": session_id, "model_seq_id": 7000, "base_model": base_model, "lora_config": {"rank": 4}},
+        )
         self.model_id = r.json()["model_id"]
         assert "error" not in wire.answer_of(r)  # pyright: ignore[reportOperatorIssue] (a None fails the test)
         self.next_seq = 1
-        r = wire.post_json("/api/v1/create_sampling_session", {
-            "session_id": session_id, "sampling_session_seq_id": 7000, "base_model": base_model})
+        r = wire.post_json(
+            "/api/v1/create_sampling_session",
+            {"session_id": session_id, "sampling_session_seq_id": 7000, "base_model": base_model},
+        )
         self.sampler_id = r.json()["sampling_session_id"]
 
     def sequenced(self, path: str, body: dict) -> None:
@@ -58,8 +62,9 @@ def _api_rss_kb(stack) -> int:
     """Resident memory of the API process (uvicorn under `tinkerflow up`), from /proc."""
     import subprocess
 
-    out = subprocess.run(["pgrep", "-P", str(stack.proc.pid), "-f", "tinkerflow.cli.main api"],
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["pgrep", "-P", str(stack.proc.pid), "-f", "tinkerflow.cli.main api"], capture_output=True, text=True
+    ).stdout.split()
     if not out:
         return 0
     for line in Path(f"/proc/{out[0]}/status").read_text().splitlines():
@@ -68,20 +73,26 @@ def _api_rss_kb(stack) -> int:
     return 0
 
 
-ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
-        "grad_clip_norm": 0.0}
+ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 
 
 @st.composite
 def sequenced_json(draw, run: FuzzRun) -> tuple[str, dict]:
     """A mutated in-sequence JSON op: the sequence key kept right, or made invalid (never a gap)."""
-    path, body = draw(st.sampled_from([
-        ("/api/v1/optim_step", {"type": "optim_step", "adam_params": dict(ADAM)}),
-        ("/api/v1/save_weights", {"type": "save_weights", "path": "fz"}),
-        ("/api/v1/save_weights_for_sampler", {"type": "save_weights_for_sampler", "sampling_session_seq_id": 8000}),
-        ("/api/v1/save_weights_external", {"type": "save_weights_external", "path": "fx"}),
-        ("/api/v1/load_weights", {"type": "load_weights", "path": "tinker://x/weights/y", "optimizer": True}),
-    ]))
+    path, body = draw(
+        st.sampled_from(
+            [
+                ("/api/v1/optim_step", {"type": "optim_step", "adam_params": dict(ADAM)}),
+                ("/api/v1/save_weights", {"type": "save_weights", "path": "fz"}),
+                (
+                    "/api/v1/save_weights_for_sampler",
+                    {"type": "save_weights_for_sampler", "sampling_session_seq_id": 8000},
+                ),
+                ("/api/v1/save_weights_external", {"type": "save_weights_external", "path": "fx"}),
+                ("/api/v1/load_weights", {"type": "load_weights", "path": "tinker://x/weights/y", "optimizer": True}),
+            ]
+        )
+    )
     body = draw(mutated({**body, "model_id": run.model_id, "seq_id": run.next_seq}, keep=("model_id", "seq_id")))
     if draw(st.integers(0, 5)) == 0:
         body["seq_id"] = draw(sequence_mutations())
@@ -96,8 +107,10 @@ def test_in_sequence_json_ops_never_wedge_the_run(wire, fuzz_run, training_clien
 
     run()
     # The run's next seq_id still runs, and the SDK's own client trains on.
-    fuzz_run.sequenced("/api/v1/optim_step", {"model_id": fuzz_run.model_id, "seq_id": fuzz_run.next_seq,
-                                              "type": "optim_step", "adam_params": ADAM})
+    fuzz_run.sequenced(
+        "/api/v1/optim_step",
+        {"model_id": fuzz_run.model_id, "seq_id": fuzz_run.next_seq, "type": "optim_step", "adam_params": ADAM},
+    )
     _still_trains(training_client)
 
 
@@ -105,8 +118,10 @@ def _fwd_request(run: FuzzRun, seq_id: int, tokens: list[int]) -> pb.ForwardBack
     msg = pb.ForwardBackwardRequest(model_id=run.model_id, seq_id=seq_id, loss_fn="cross_entropy")
     d = msg.data.add()
     d.model_input.add().encoded_text.tokens = np.asarray(tokens, np.int32).tobytes()
-    for key, values, dtype, code in (("target_tokens", tokens[1:] + tokens[:1], np.int64, pb.DTYPE_INT64),
-                                     ("weights", [1.0] * len(tokens), np.float32, pb.DTYPE_FLOAT32)):
+    for key, values, dtype, code in (
+        ("target_tokens", tokens[1:] + tokens[:1], np.int64, pb.DTYPE_INT64),
+        ("weights", [1.0] * len(tokens), np.float32, pb.DTYPE_FLOAT32),
+    ):
         t = d.loss_fn_inputs[key]
         t.dtype = code
         t.shape.append(len(tokens))
@@ -173,8 +188,13 @@ def test_protobuf_forward_backward_bodies_never_wedge_the_run(wire, fuzz_run, tr
         key = _sequence_of(body)
         # A byte flip that moved the seq_id into the window ahead would make an op wait for its gap (by design):
         # the fuzzer's own sequence would then be wrong, not the server.
-        assume(key is None or key == (fuzz_run.model_id, fuzz_run.next_seq) or key[0] != fuzz_run.model_id
-               or key[1] < fuzz_run.next_seq or key[1] > fuzz_run.next_seq + 10_000)
+        assume(
+            key is None
+            or key == (fuzz_run.model_id, fuzz_run.next_seq)
+            or key[0] != fuzz_run.model_id
+            or key[1] < fuzz_run.next_seq
+            or key[1] > fuzz_run.next_seq + 10_000
+        )
         encoding = data.draw(st.sampled_from(["", "zstd-bogus"]))
         headers = {"Content-Type": "application/x-protobuf"}
         if encoding:
@@ -206,14 +226,28 @@ def other_requests(draw, run: FuzzRun) -> tuple[str, str, dict | None]:
     choices = [
         ("POST", "/api/v1/create_session", {"tags": ["fz"], "user_metadata": {"a": "b"}, "sdk_version": "0.38.0"}),
         ("POST", "/api/v1/session_heartbeat", {"session_id": sess}),
-        ("POST", "/api/v1/create_model", {"session_id": sess, "model_seq_id": 9000, "base_model": run.base_model,
-                                          "lora_config": {"rank": 4}}),
+        (
+            "POST",
+            "/api/v1/create_model",
+            {"session_id": sess, "model_seq_id": 9000, "base_model": run.base_model, "lora_config": {"rank": 4}},
+        ),
         ("POST", "/api/v1/get_info", {"model_id": run_id}),
-        ("POST", "/api/v1/create_sampling_session", {"session_id": sess, "sampling_session_seq_id": 9001,
-                                                     "base_model": run.base_model}),
-        ("POST", "/api/v1/asample", {"sampling_session_id": run.sampler_id, "seq_id": 1, "num_samples": 1,
-                                     "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
-                                     "sampling_params": {"max_tokens": 2, "temperature": 1.0}}),
+        (
+            "POST",
+            "/api/v1/create_sampling_session",
+            {"session_id": sess, "sampling_session_seq_id": 9001, "base_model": run.base_model},
+        ),
+        (
+            "POST",
+            "/api/v1/asample",
+            {
+                "sampling_session_id": run.sampler_id,
+                "seq_id": 1,
+                "num_samples": 1,
+                "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+                "sampling_params": {"max_tokens": 2, "temperature": 1.0},
+            },
+        ),
         ("POST", "/api/v1/retrieve_future", {"request_id": "x"}),
         ("POST", "/api/v1/weights_info", {"tinker_path": f"tinker://{run_id}/weights/fz"}),
         ("POST", "/api/v1/sessions/search", {"limit": 5}),
@@ -264,11 +298,15 @@ def test_every_other_route_answers_4xx_or_resolves(wire, fuzz_run, training_clie
 
 def test_far_seq_id_is_refused_and_the_run_goes_on(wire, fuzz_run):
     """A named regression of the fuzzed wire: a seq_id beyond the window is answered at once, not waited for."""
-    r = wire.post_json("/api/v1/optim_step", {"model_id": fuzz_run.model_id, "seq_id": FAR_SEQ,
-                                              "type": "optim_step", "adam_params": ADAM})
+    r = wire.post_json(
+        "/api/v1/optim_step",
+        {"model_id": fuzz_run.model_id, "seq_id": FAR_SEQ, "type": "optim_step", "adam_params": ADAM},
+    )
     assert r.status_code == 400
-    fuzz_run.sequenced("/api/v1/optim_step", {"model_id": fuzz_run.model_id, "seq_id": fuzz_run.next_seq,
-                                              "type": "optim_step", "adam_params": ADAM})
+    fuzz_run.sequenced(
+        "/api/v1/optim_step",
+        {"model_id": fuzz_run.model_id, "seq_id": fuzz_run.next_seq, "type": "optim_step", "adam_params": ADAM},
+    )
 
 
 @pytest.mark.slow
@@ -286,5 +324,7 @@ def test_too_many_datums_fail_through_the_future_and_the_run_goes_on(wire, fuzz_
     fuzz_run.next_seq += 1
     answer = wire.answer_of(r)
     assert answer["category"] == "user" and "--max-datums-per-request" in answer["error"]
-    fuzz_run.sequenced("/api/v1/optim_step", {"model_id": fuzz_run.model_id, "seq_id": fuzz_run.next_seq,
-                                              "type": "optim_step", "adam_params": ADAM})
+    fuzz_run.sequenced(
+        "/api/v1/optim_step",
+        {"model_id": fuzz_run.model_id, "seq_id": fuzz_run.next_seq, "type": "optim_step", "adam_params": ADAM},
+    )

@@ -19,12 +19,18 @@ FUTURE_BOUND_S = 180.0
 FAR_SEQ = 10**9
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
     st.sampled_from(["", "*", "../..", "tinker://x/weights/y", "a" * 300, "\x00", "sess-x:train:0"]),
 )
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 @st.composite
@@ -71,8 +77,9 @@ class Wire:
     def __post_init__(self) -> None:
         self.http = httpx.Client(base_url=self.base_url, headers={"X-API-Key": self.api_key}, timeout=120)
 
-    def send(self, method: str, path: str, content: bytes | None = None,
-             content_type: str = "application/json") -> httpx.Response:
+    def send(
+        self, method: str, path: str, content: bytes | None = None, content_type: str = "application/json"
+    ) -> httpx.Response:
         self.requests += 1
         r = self.http.request(method, path, content=content, headers={"Content-Type": content_type})
         check_status(r, f"{method} {path}")

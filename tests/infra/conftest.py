@@ -25,8 +25,13 @@ def kubectl() -> str | None:
 
 @cache
 def render_kubectl(overlay: str) -> tuple[dict, ...]:
-    out = subprocess.run([kubectl(), "kustomize", str(K8S / overlay)], check=True, capture_output=True, text=True,  # pyright: ignore[reportArgumentType, reportCallIssue] (skipped when kubectl is absent)
-                         timeout=60).stdout
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / overlay)],  # pyright: ignore[reportArgumentType, reportCallIssue] (skipped when kubectl is absent)
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return tuple(d for d in yaml.safe_load_all(out) if d)
 
 

@@ -18,8 +18,15 @@ from typing import Any
 
 import yaml
 
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PersistentVolume",
-                  "StorageClass", "PriorityClass"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+    "StorageClass",
+    "PriorityClass",
+}
 SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "components", "namespace", "images", "patches"}
 
 
@@ -56,7 +63,11 @@ def _build(directory: Path, component: bool, objects: list[dict[str, Any]] | Non
     for comp in k.get("components", []):
         objects = _build(directory / comp, component=True, objects=objects)
     for patch in k.get("patches", []):
-        ops = yaml.safe_load((directory / patch["path"]).read_text()) if "path" in patch else yaml.safe_load(patch["patch"])
+        ops = (
+            yaml.safe_load((directory / patch["path"]).read_text())
+            if "path" in patch
+            else yaml.safe_load(patch["patch"])
+        )
         if not isinstance(ops, list):
             raise UnsupportedKustomization(f"{directory}: only JSON 6902 patches (a list of ops) are supported")
         target = patch.get("target", {})

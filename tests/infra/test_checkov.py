@@ -29,7 +29,7 @@ def checkov_binary() -> str | None:
 def _key(path: str) -> str:
     """checkov reports paths relative to the scanned dir, sometimes with the dir in front: normalise to infra/."""
     path = path.lstrip("/")
-    return path[len("infra/"):] if path.startswith("infra/") else path
+    return path[len("infra/") :] if path.startswith("infra/") else path
 
 
 def load_baseline() -> list[dict]:
@@ -44,20 +44,36 @@ def test_baseline_is_well_formed():
     load_baseline()
 
 
-@pytest.mark.skipif(checkov_binary() is None, reason="checkov is not installed (pip install checkov==3.3.30, ideally "
-                    "in its own venv; point $CHECKOV at it)")
+@pytest.mark.skipif(
+    checkov_binary() is None,
+    reason="checkov is not installed (pip install checkov==3.3.30, ideally in its own venv; point $CHECKOV at it)",
+)
 def test_checkov_has_no_unaccepted_findings():
     proc = subprocess.run(  # pyright: ignore[reportCallIssue] (skipped when checkov is absent)
-        [checkov_binary(), "-d", str(INFRA), "--quiet", "--compact", "--skip-download", "--framework", *FRAMEWORKS,  # pyright: ignore[reportArgumentType] (skipped when checkov is absent)
-         "-o", "json"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        [
+            checkov_binary(),  # pyright: ignore[reportArgumentType] (skipped when checkov is absent)
+            "-d",
+            str(INFRA),
+            "--quiet",
+            "--compact",
+            "--skip-download",
+            "--framework",
+            *FRAMEWORKS,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
         env={**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_NO_OUTPUT_COLOR": "1"},
     )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     reports = json.loads(proc.stdout)
     reports = reports if isinstance(reports, list) else [reports]
-    failed = [(f["check_id"], _key(f["file_path"]), f["resource"]) for r in reports
-              for f in r["results"]["failed_checks"]]
+    failed = [
+        (f["check_id"], _key(f["file_path"]), f["resource"]) for r in reports for f in r["results"]["failed_checks"]
+    ]
     parse_errors = [e for r in reports for e in r["results"].get("parsing_errors", [])]
     assert not parse_errors, parse_errors
 
@@ -67,10 +83,16 @@ def test_checkov_has_no_unaccepted_findings():
         return any(b["check"] == check and b["file"] == file and b["resource"] in ("*", resource) for b in baseline)
 
     unaccepted = [f for f in failed if not accepted(*f)]
-    assert not unaccepted, "new checkov findings (fix them or add them with a reason to infra/checkov-baseline.yaml):" \
+    assert not unaccepted, (
+        "new checkov findings (fix them or add them with a reason to infra/checkov-baseline.yaml):"
         + "".join(f"\n  {c} {r} ({p})" for c, p, r in unaccepted)
+    )
 
-    stale = [b for b in baseline if not any(b["check"] == c and b["file"] == p and b["resource"] in ("*", r)
-                                            for c, p, r in failed)]
+    stale = [
+        b
+        for b in baseline
+        if not any(b["check"] == c and b["file"] == p and b["resource"] in ("*", r) for c, p, r in failed)
+    ]
     assert not stale, "baseline entries that no longer fail (remove them): " + ", ".join(
-        f"{b['check']} {b['file']}" for b in stale)
+        f"{b['check']} {b['file']}" for b in stale
+    )

@@ -35,8 +35,15 @@ def known_env() -> set[str]:
 
 
 def test_settings_env_names_are_what_the_brief_lists():
-    assert {"TINKERFLOW_API_KEYS", "TINKERFLOW_BASE_MODEL", "TINKERFLOW_STORE_URL", "TINKERFLOW_TEMPORAL_ADDRESS",
-            "TINKERFLOW_STATE_DIR", "TINKERFLOW_PORT", "TINKERFLOW_HOST"} <= known_env()
+    assert {
+        "TINKERFLOW_API_KEYS",
+        "TINKERFLOW_BASE_MODEL",
+        "TINKERFLOW_STORE_URL",
+        "TINKERFLOW_TEMPORAL_ADDRESS",
+        "TINKERFLOW_STATE_DIR",
+        "TINKERFLOW_PORT",
+        "TINKERFLOW_HOST",
+    } <= known_env()
     assert not (set(PLANNED_ENV) & known_env()), "a planned variable has landed: drop it from PLANNED_ENV"
 
 
@@ -69,8 +76,12 @@ def test_env_names_are_settings_or_planned(overlay):
     for cm in by_kind(objects, "ConfigMap"):
         used.update({k: f"ConfigMap/{cm['metadata']['name']}" for k in cm.get("data", {})})
     for secret in by_kind(objects, "Secret"):
-        used.update({k: f"Secret/{secret['metadata']['name']}" for k in {**secret.get("data", {}),
-                                                                         **secret.get("stringData", {})}})
+        used.update(
+            {
+                k: f"Secret/{secret['metadata']['name']}"
+                for k in {**secret.get("data", {}), **secret.get("stringData", {})}
+            }
+        )
     for owner, spec in pod_specs(objects):
         for c in spec["containers"]:
             used.update({e["name"]: owner for e in c.get("env", [])})
@@ -98,7 +109,9 @@ def test_api_port_is_the_cli_default():
 
     port = Settings().port
     for overlay in OVERLAYS:
-        dep = next(o for o in render(overlay) if o["kind"] == "Deployment" and o["metadata"]["name"] == "tinkerflow-api")
+        dep = next(
+            o for o in render(overlay) if o["kind"] == "Deployment" and o["metadata"]["name"] == "tinkerflow-api"
+        )
         assert dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == port
 
 

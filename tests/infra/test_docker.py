@@ -41,12 +41,17 @@ def test_jax_version_matches_pyproject():
 
 def test_variants_and_runtime_shape():
     text = DOCKERFILE.read_text()
-    for needle in ('cuda) extra="jax[cuda12]==${JAX_VERSION}"', 'tpu)  extra="jax[tpu]==${JAX_VERSION}"',
-                   "pip install \"${spec}\"", "ARG EXTRAS=", "ARG BASE_IMAGE=python:3.11-slim"):
+    for needle in (
+        'cuda) extra="jax[cuda12]==${JAX_VERSION}"',
+        'tpu)  extra="jax[tpu]==${JAX_VERSION}"',
+        'pip install "${spec}"',
+        "ARG EXTRAS=",
+        "ARG BASE_IMAGE=python:3.11-slim",
+    ):
         assert needle in text, needle
     assert "nvidia/cuda:" in text  # the documented CUDA base
     ins = _instructions()
-    final = ins[max(i for i, (w, r) in enumerate(ins) if w == "FROM"):]
+    final = ins[max(i for i, (w, r) in enumerate(ins) if w == "FROM") :]
     users = [r for w, r in final if w == "USER"]
     assert users and not users[-1].startswith(("0", "root")), "the final stage must run as a non-root user"
     assert ("ENTRYPOINT", '["tinkerflow"]') in final
@@ -63,8 +68,11 @@ def test_variants_and_runtime_shape():
 
 
 def test_dockerignore_starts_from_nothing():
-    lines = [line for line in (INFRA / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
-             if line and not line.startswith("#")]
+    lines = [
+        line
+        for line in (INFRA / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert lines[0] == "*", "exclude everything, then allow what the build needs (.venv, .git, state stay out)"
 
 
@@ -75,8 +83,9 @@ def test_hadolint():
 
 
 def _probe(*args: str, env: dict | None = None) -> int:
-    return subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, timeout=30,
-                          env={**os.environ, **(env or {})}).returncode
+    return subprocess.run(
+        [sys.executable, str(PROBE), *args], capture_output=True, timeout=30, env={**os.environ, **(env or {})}
+    ).returncode
 
 
 def test_probe_ready_file(tmp_path: Path):
@@ -129,7 +138,9 @@ def test_probe_temporal_tcp_and_http(tmp_path: Path):
             assert _probe("http", f"http://127.0.0.1:{port}/nope") == 1
             ready = tmp_path / "r"
             ready.touch()
-            assert _probe("ready", str(ready), "temporal", env={"TINKERFLOW_TEMPORAL_ADDRESS": f"127.0.0.1:{port}"}) == 0
+            assert (
+                _probe("ready", str(ready), "temporal", env={"TINKERFLOW_TEMPORAL_ADDRESS": f"127.0.0.1:{port}"}) == 0
+            )
         finally:
             server.shutdown()
     # Nothing listens there any more.

@@ -11,7 +11,8 @@ from tests.infra.conftest import K8S, by_kind, kubectl, one, pod_specs, render, 
 from tests.infra.kustomize_lite import render as render_lite
 
 kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="kubernetes-validate is not installed (pip install kubernetes-validate)")
+    "kubernetes_validate", reason="kubernetes-validate is not installed (pip install kubernetes-validate)"
+)
 
 K8S_VERSION = "1.32"  # GKE REGULAR channel at the time of writing
 CRDS = {"JobSet"}  # not in kubernetes-validate's schemas; checked structurally below
@@ -20,8 +21,16 @@ CRDS = {"JobSet"}  # not in kubernetes-validate's schemas; checked structurally 
 def test_overlay_renders(overlay):
     objects = render(overlay)
     kinds = {o["kind"] for o in objects}
-    assert {"Namespace", "ConfigMap", "Secret", "Deployment", "Service", "HorizontalPodAutoscaler", "JobSet",
-            "ServiceAccount"} <= kinds
+    assert {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "JobSet",
+        "ServiceAccount",
+    } <= kinds
     for o in objects:
         if o["kind"] != "Namespace":
             assert o["metadata"]["namespace"] == "tinkerflow", f"{o['kind']}/{o['metadata']['name']}"
@@ -47,13 +56,26 @@ def test_jobset_is_structurally_valid(overlay):
     js = one(render(overlay), "JobSet", "tinkerflow-jax")
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
     spec = js["spec"]
-    assert set(spec) <= {"replicatedJobs", "network", "successPolicy", "failurePolicy", "startupPolicy", "suspend",
-                         "coordinator", "managedBy", "ttlSecondsAfterFinished"}
+    assert set(spec) <= {
+        "replicatedJobs",
+        "network",
+        "successPolicy",
+        "failurePolicy",
+        "startupPolicy",
+        "suspend",
+        "coordinator",
+        "managedBy",
+        "ttlSecondsAfterFinished",
+    }
     assert spec["network"]["enableDNSHostnames"] is True
     for rj in spec["replicatedJobs"]:
         assert set(rj) <= {"name", "replicas", "template", "dependsOn"}
-        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{js['metadata']['name']}-{rj['name']}"},
-               "spec": copy.deepcopy(rj["template"]["spec"])}
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{js['metadata']['name']}-{rj['name']}"},
+            "spec": copy.deepcopy(rj["template"]["spec"]),
+        }
         kubernetes_validate.validate(job, K8S_VERSION, strict=True)
         assert rj["template"]["spec"]["completionMode"] == "Indexed"
 
@@ -69,8 +91,10 @@ def test_jobset_multihost_wiring(overlay):
     container = job["template"]["spec"]["containers"][0]
     env = _env(container)
     # Process id from the Job completion index; process count = hosts; coordinator = host 0 via the headless DNS.
-    assert env["TINKERFLOW_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env["TINKERFLOW_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     assert int(env["TINKERFLOW_NUM_PROCESSES"]["value"]) == job["parallelism"] == job["completions"]
     subdomain = js["spec"]["network"]["subdomain"]
     host0 = f"{js['metadata']['name']}-{rj['name']}-0-0.{subdomain}"
@@ -116,13 +140,16 @@ def test_tpu_overlay_asks_for_a_v6e_4x4_slice():
     pod = job["template"]["spec"]
     res = pod["containers"][0]["resources"]
     assert res["limits"]["google.com/tpu"] == res["requests"]["google.com/tpu"] == "4"
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-                                   "cloud.google.com/gke-tpu-topology": "4x4"}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "4x4",
+    }
     assert any(t["key"] == "google.com/tpu" for t in pod["tolerations"])
     # 4x4 = 16 chips / 4 per host = 4 hosts = 4 processes.
     assert job["parallelism"] == job["completions"] == 4
-    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == \
-        "cloud.google.com/gke-nodepool"
+    assert (
+        js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    )
     assert pod["containers"][0]["image"].endswith(":tpu")
 
 

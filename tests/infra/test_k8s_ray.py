@@ -40,6 +40,7 @@ def test_overlay_renders_and_kubectl_agrees(overlay):
     kinds = {o["kind"] for o in render(overlay)}
     assert kinds == {"Namespace", "ServiceAccount", "ConfigMap", "RayJob"}
     if kubectl():
+
         def keyed(objects):
             return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 

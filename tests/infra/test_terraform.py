@@ -13,8 +13,17 @@ from tests.infra.conftest import K8S, TERRAFORM, one, render
 
 hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is not installed (pip install 'python-hcl2>=8,<9')")
 
-EXPECTED_FILES = {"versions.tf", "main.tf", "variables.tf", "outputs.tf", "gke.tf", "storage.tf", "iam.tf",
-                  "network.tf", "registry.tf"}
+EXPECTED_FILES = {
+    "versions.tf",
+    "main.tf",
+    "variables.tf",
+    "outputs.tf",
+    "gke.tf",
+    "storage.tf",
+    "iam.tf",
+    "network.tf",
+    "registry.tf",
+}
 
 
 def _unquote(value):
@@ -138,7 +147,7 @@ def test_claim_checks_expire_and_checkpoints_are_versioned():
 def test_iam_is_least_privilege():
     text = "\n".join(p.read_text() for p in TERRAFORM.glob("*.tf"))
     # No project-wide storage or owner/editor roles; buckets are granted object admin one by one.
-    for role in ("roles/storage.admin", "roles/owner", "roles/editor", "roles/storage.objectAdmin\"\n  project"):
+    for role in ("roles/storage.admin", "roles/owner", "roles/editor", 'roles/storage.objectAdmin"\n  project'):
         assert role not in text
     assert re.search(r'role\s*=\s*"roles/storage.objectAdmin"', text)
     assert re.search(r'role\s*=\s*"roles/artifactregistry.reader"', text)
@@ -157,9 +166,22 @@ def test_every_variable_has_description_and_type():
 
 def test_validations_on_the_variables_that_need_them():
     variables = blocks("variable")
-    must_validate = ["project_id", "region", "zone", "name", "tpu_topology", "gpu_machine_type", "tpu_zones",
-                     "claim_check_retention_days", "k8s_namespace", "master_authorized_networks", "release_channel",
-                     "image_tag", "k8s_overlay", "subnet_cidr"]
+    must_validate = [
+        "project_id",
+        "region",
+        "zone",
+        "name",
+        "tpu_topology",
+        "gpu_machine_type",
+        "tpu_zones",
+        "claim_check_retention_days",
+        "k8s_namespace",
+        "master_authorized_networks",
+        "release_channel",
+        "image_tag",
+        "k8s_overlay",
+        "subnet_cidr",
+    ]
     for name in must_validate:
         validation = variables[name].get("validation")
         assert validation, f"variable {name} has no validation block"
@@ -169,9 +191,17 @@ def test_validations_on_the_variables_that_need_them():
 
 def test_outputs_the_manifests_need():
     outputs = blocks("output")
-    for name in ["cluster_name", "cluster_location", "registry_path", "checkpoints_bucket_url",
-                 "claim_checks_bucket_url", "api_service_account_email", "jax_worker_service_account_email",
-                 "store_url", "site_kustomization"]:
+    for name in [
+        "cluster_name",
+        "cluster_location",
+        "registry_path",
+        "checkpoints_bucket_url",
+        "claim_checks_bucket_url",
+        "api_service_account_email",
+        "jax_worker_service_account_email",
+        "store_url",
+        "site_kustomization",
+    ]:
         assert name in outputs and outputs[name].get("description"), f"output {name}"
 
 
@@ -197,14 +227,21 @@ def test_workload_identity_names_match_the_manifests():
     js = one(cpu, "JobSet", "tinkerflow-jax")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert js["volumes"][3]["name"] == js["containers"][0]["volumeMounts"][3]["name"] == "store"
     outputs_tf = (TERRAFORM / "outputs.tf").read_text()
-    for path in ("/spec/template/spec/volumes/2", "/spec/replicatedJobs/0/template/spec/template/spec/volumes/3",
-                 "/spec/replicatedJobs/0/template/spec/template/spec/volumes/2/csi/volumeAttributes/bucketName"):
+    for path in (
+        "/spec/template/spec/volumes/2",
+        "/spec/replicatedJobs/0/template/spec/template/spec/volumes/3",
+        "/spec/replicatedJobs/0/template/spec/template/spec/volumes/2/csi/volumeAttributes/bucketName",
+    ):
         assert f'"{path}' in outputs_tf, path
     assert (K8S / "cpu").is_dir()
 
 
 @pytest.mark.skipif(not shutil.which("terraform"), reason="no terraform binary on this machine")
 def test_terraform_fmt():
-    proc = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(TERRAFORM)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["terraform", "fmt", "-check", "-recursive", "-diff", str(TERRAFORM)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -34,8 +34,10 @@ def drive(stack) -> None:
 
     service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
     model = stack.served_model()
-    datum = types.Datum(model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-                        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
     adam = types.AdamParams(learning_rate=1e-3)
 
     # training + sampling
@@ -45,7 +47,8 @@ def drive(stack) -> None:
         training.optim_step(adam).result(timeout=600)
     sampler = training.save_weights_and_get_sampling_client().result()
     sampler.sample(types.ModelInput.from_ints([10, 20]), 2, types.SamplingParams(max_tokens=4, seed=1)).result(
-        timeout=600)
+        timeout=600
+    )
 
     # checkpoints: training state saved and loaded into a new client; sampler weights with a TTL
     state = training.save_state("replay-state").result(timeout=600).path
@@ -53,7 +56,8 @@ def drive(stack) -> None:
     loaded.forward_backward([datum], "cross_entropy").result(timeout=600)
     weights = training.save_weights_for_sampler("replay-weights", ttl_seconds=3600).result(timeout=600).path
     service.create_sampling_client(model_path=weights).sample(
-        types.ModelInput.from_ints([10]), 1, types.SamplingParams(max_tokens=2)).result(timeout=600)
+        types.ModelInput.from_ints([10]), 1, types.SamplingParams(max_tokens=2)
+    ).result(timeout=600)
 
     # recovery: the JAX worker dies with a step in flight; `up` restarts it and the run restores itself
     pending = training.forward_backward([datum], "cross_entropy")
@@ -65,8 +69,10 @@ def drive(stack) -> None:
     # session timeout: a session that never heartbeats (what a crashed client leaves behind)
     # (20 s: the SDK's own sessions heartbeat every 10 s and must outlive it)
     http = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": stack.api_key}, timeout=60)
-    abandoned = http.post("/api/v1/create_session", json={
-        "tags": ["abandoned"], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"}).json()
+    abandoned = http.post(
+        "/api/v1/create_session",
+        json={"tags": ["abandoned"], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"},
+    ).json()
     asyncio.run(_wait_closed(stack.temporal_address, f"session/{abandoned['session_id']}"))
 
 
@@ -101,14 +107,21 @@ def main() -> None:
     from tinkerflow.cli.launch import launch
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--add", metavar="TAG", default="",
-                        help="keep the recorded histories and add these as <WorkflowType>-TAG-<n>.json (record the "
-                             "payload shapes of a new release beside the old ones)")
+    parser.add_argument(
+        "--add",
+        metavar="TAG",
+        default="",
+        help="keep the recorded histories and add these as <WorkflowType>-TAG-<n>.json (record the "
+        "payload shapes of a new release beside the old ones)",
+    )
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="tinkerflow-record-")) / "state"
-    stack = launch(state, api_key=API_KEY, extra=["--session-timeout-s", "20", "--auto-snapshot-every", "2",
-                                                  "--restart-backoff-s", "0.5"])
+    stack = launch(
+        state,
+        api_key=API_KEY,
+        extra=["--session-timeout-s", "20", "--auto-snapshot-every", "2", "--restart-backoff-s", "0.5"],
+    )
     try:
         drive(stack)
         time.sleep(2)  # let the last workflow tasks land in history

@@ -30,11 +30,14 @@ def test_the_recorded_scenarios_are_all_there():
     """training, sampling, checkpoints (expiry timers), recovery and the session timeout each left histories."""
     types = {p.name.rsplit("-", 1)[0] for p in HISTORIES}
     assert {"Session", "TrainingRun", "Coordinator", "SampleRequest", "CheckpointExpiry"} <= types, types
+
     def timed_out(path: Path) -> bool:  # ended on its own timer, never having heard a heartbeat
         events = json.loads(path.read_text())["history"]["events"]
-        return (events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED"
-                and any(e["eventType"] == "EVENT_TYPE_TIMER_FIRED" for e in events)
-                and not any(e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED" for e in events))
+        return (
+            events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED"
+            and any(e["eventType"] == "EVENT_TYPE_TIMER_FIRED" for e in events)
+            and not any(e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED" for e in events)
+        )
 
     assert any(timed_out(p) for p in HISTORIES if p.name.startswith("Session-")), "no recorded session timed out"
 

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
-
 from wf_harness import Tinker, local_temporal, tinker_world
 
 

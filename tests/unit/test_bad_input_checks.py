@@ -30,11 +30,19 @@ from tinkerflow.common.settings import Settings
 from tinkerflow.workers.engine.types import InputError
 
 
-@pytest.mark.parametrize("changes, field", [
-    ({"learning_rate": math.inf}, "learning_rate"), ({"learning_rate": -1.0}, "learning_rate"),
-    ({"weight_decay": -1e6}, "weight_decay"), ({"grad_clip_norm": -1.0}, "grad_clip_norm"),
-    ({"beta1": 1.0}, "beta1"), ({"beta2": -0.1}, "beta2"), ({"eps": -1e-8}, "eps"), ({"eps": math.nan}, "eps"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"learning_rate": math.inf}, "learning_rate"),
+        ({"learning_rate": -1.0}, "learning_rate"),
+        ({"weight_decay": -1e6}, "weight_decay"),
+        ({"grad_clip_norm": -1.0}, "grad_clip_norm"),
+        ({"beta1": 1.0}, "beta1"),
+        ({"beta2": -0.1}, "beta2"),
+        ({"eps": -1e-8}, "eps"),
+        ({"eps": math.nan}, "eps"),
+    ],
+)
 def test_adam_params_outside_torch_adamw_ranges_are_named(changes, field):
     assert field in adam_problem(AdamParams(**changes))
 
@@ -46,16 +54,25 @@ def test_good_adam_params_pass():
 
 def test_an_sdk_nan_learning_rate_is_a_message_naming_the_field_not_an_exception():
     # The SDK serialises NaN as null: the body the server sees.
-    wire = json.loads(OptimStepRequest(optim_params=AdamParams(learning_rate=math.nan), model_id="m", seq_id=3)
-                      .model_dump_json())
+    wire = json.loads(
+        OptimStepRequest(optim_params=AdamParams(learning_rate=math.nan), model_id="m", seq_id=3).model_dump_json()
+    )
     assert wire["adam_params"]["learning_rate"] is None
     assert sequence_key(wire, "optim_step") == ("m", 3)
     req, problem = parse(OptimStepRequest, wire, "optim_step")
     assert req is None and "learning_rate" in problem and "null" in problem
 
 
-@pytest.mark.parametrize("raw", [{"seq_id": 1}, {"model_id": "", "seq_id": 1}, {"model_id": "m", "seq_id": -1},
-                                 {"model_id": "m", "seq_id": "1"}, {"model_id": "m", "seq_id": True}])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"seq_id": 1},
+        {"model_id": "", "seq_id": 1},
+        {"model_id": "m", "seq_id": -1},
+        {"model_id": "m", "seq_id": "1"},
+        {"model_id": "m", "seq_id": True},
+    ],
+)
 def test_without_a_sequence_key_there_is_nothing_to_admit(raw):
     with pytest.raises(Exception) as e:
         sequence_key(raw, "optim_step")
@@ -132,8 +149,10 @@ def _limited_app(settings: Settings) -> TestClient:
         async def dispatch(self, request, call_next):
             return await call_next(request)
 
-    app = Starlette(routes=[Route("/api/v1/{name}", echo, methods=["POST"])],
-                    middleware=[Middleware(BodyLimit, settings=settings), Middleware(Observe)])
+    app = Starlette(
+        routes=[Route("/api/v1/{name}", echo, methods=["POST"])],
+        middleware=[Middleware(BodyLimit, settings=settings), Middleware(Observe)],
+    )
     return TestClient(app)
 
 

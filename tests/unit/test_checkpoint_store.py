@@ -12,7 +12,14 @@ import pytest
 from tinkerflow.activities.storage_activities import StorageActivities
 from tinkerflow.api import signed_urls
 from tinkerflow.common.checkpoints import (
-    CheckpointError, CheckpointNotFound, CheckpointStore, Manifest, TinkerPath, check_ttl, expiry_after, now_rfc3339,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointStore,
+    Manifest,
+    TinkerPath,
+    check_ttl,
+    expiry_after,
+    now_rfc3339,
 )
 from tinkerflow.common.store import ClaimCheckStore
 
@@ -27,8 +34,13 @@ def root(request, tmp_path) -> str:
 
 
 def manifest(path: str, owner: str = "alice", **changes) -> Manifest:
-    m = Manifest(tinker_path=path, owner=owner, base_model="tiny", time=now_rfc3339(),
-                 lora={"rank": 4, "seed": None, "train_attn": True, "train_mlp": True, "train_unembed": True})
+    m = Manifest(
+        tinker_path=path,
+        owner=owner,
+        base_model="tiny",
+        time=now_rfc3339(),
+        lora={"rank": 4, "seed": None, "train_attn": True, "train_mlp": True, "train_unembed": True},
+    )
     return replace(m, **changes)
 
 
@@ -40,14 +52,17 @@ def payload(tmp_path: Path, text: str = "weights") -> Path:
     return d
 
 
-@pytest.mark.parametrize("path, message", [
-    ("tinker://x", "malformed"),
-    ("s3://run/weights/a", "not a tinker:// path"),
-    ("tinker://run/weights/a/b", "malformed"),
-    ("tinker://run/secrets/a", "unknown checkpoint kind"),
-    ("tinker://run/weights/..", "must be non-empty"),
-    ("tinker://../weights/a", "malformed"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("tinker://x", "malformed"),
+        ("s3://run/weights/a", "not a tinker:// path"),
+        ("tinker://run/weights/a/b", "malformed"),
+        ("tinker://run/secrets/a", "unknown checkpoint kind"),
+        ("tinker://run/weights/..", "must be non-empty"),
+        ("tinker://../weights/a", "malformed"),
+    ],
+)
 def test_malformed_paths_are_refused_with_what_to_do(path, message):
     with pytest.raises(CheckpointError, match=message):
         TinkerPath.parse(path)
@@ -55,8 +70,12 @@ def test_malformed_paths_are_refused_with_what_to_do(path, message):
 
 def test_paths_round_trip_and_ttls_are_bounded():
     p = TinkerPath.parse(f"tinker://{RUN}/sampler_weights/step-10")
-    assert (p.run, p.checkpoint_id, p.checkpoint_type, str(p)) == (RUN, "sampler_weights/step-10", "sampler",
-                                                                   f"tinker://{RUN}/sampler_weights/step-10")
+    assert (p.run, p.checkpoint_id, p.checkpoint_type, str(p)) == (
+        RUN,
+        "sampler_weights/step-10",
+        "sampler",
+        f"tinker://{RUN}/sampler_weights/step-10",
+    )
     assert TinkerPath.from_checkpoint_id(RUN, "weights/a") == TinkerPath(RUN, "weights", "a")
     check_ttl(None)
     check_ttl(3600)

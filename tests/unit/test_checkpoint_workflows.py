@@ -18,21 +18,32 @@ from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+from wf_harness import Tinker, body_hash, eventually, fwd_seq, unique_queue, within
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart, parse_rfc3339
 from tinkerflow.workflows.messages import (
-    AdamSpec, LoadCheckpoint, LoraSpec, OpKind, RunState, SaveRequest, TrainingOp, WorkKind,
+    AdamSpec,
+    LoadCheckpoint,
+    LoraSpec,
+    OpKind,
+    RunState,
+    SaveRequest,
+    TrainingOp,
+    WorkKind,
 )
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from wf_harness import Tinker, body_hash, eventually, fwd_seq, unique_queue, within
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 
 
 def save_op(seq_id: int, name: str, **fields) -> TrainingOp:
-    return TrainingOp(seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS, body_hash=body_hash("save", seq_id, name, fields),
-                      save=SaveRequest(path=name, **fields))
+    return TrainingOp(
+        seq_id=seq_id,
+        kind=OpKind.SAVE_WEIGHTS,
+        body_hash=body_hash("save", seq_id, name, fields),
+        save=SaveRequest(path=name, **fields),
+    )
 
 
 async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_timer(tinker: Tinker) -> None:
@@ -65,16 +76,32 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
     assert state.last_checkpoint == path and state.last_request_time.endswith("Z")
 
 
-async def test_external_weights_report_their_size_and_a_load_takes_the_checkpoints_lora_config(tinker: Tinker
-                                                                                               ) -> None:
+async def test_external_weights_report_their_size_and_a_load_takes_the_checkpoints_lora_config(tinker: Tinker) -> None:
     sid, _ = await tinker.start_session()
     model_id, run = await tinker.ready_run(sid, 1)
-    external = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_external", body_hash=body_hash("x"),
-                                               save=SaveRequest(path="hf", overwrite=True)))
-    assert external.json == {"path": f"tinker://{model_id}/external_weights/hf", "size_bytes": 1234,
-                             "type": "save_weights_external"}
-    loaded = await tinker.op(run, TrainingOp(seq_id=2, kind="load_weights", body_hash=body_hash("l"),
-                                             load=LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)))
+    external = await tinker.op(
+        run,
+        TrainingOp(
+            seq_id=1,
+            kind="save_weights_external",
+            body_hash=body_hash("x"),
+            save=SaveRequest(path="hf", overwrite=True),
+        ),
+    )
+    assert external.json == {
+        "path": f"tinker://{model_id}/external_weights/hf",
+        "size_bytes": 1234,
+        "type": "save_weights_external",
+    }
+    loaded = await tinker.op(
+        run,
+        TrainingOp(
+            seq_id=2,
+            kind="load_weights",
+            body_hash=body_hash("l"),
+            load=LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True),
+        ),
+    )
     assert loaded.json is not None and loaded.json["type"] == "load_weights" and loaded.json["model_id"] == model_id
     [load] = tinker.engine.of_kind("load_checkpoint")
     assert load.model_id == model_id and load.load == LoadCheckpoint("tinker://other:train:0/weights/a", optimizer=True)
@@ -100,8 +127,12 @@ async def test_a_failed_create_via_load_gives_the_slot_back(tinker: Tinker) -> N
     _, outcome = await _failing_load(tinker, sid)
     assert not outcome.ok and "mock engine refused load_checkpoint" in outcome.error
     model_id = names.model_id_for(sid, 4)
-    await eventually(lambda: [i.kind for i in tinker.engine.items if i.model_id == model_id]
-                     == ["create_adapter", "load_checkpoint", "free_adapter"])
+    await eventually(
+        lambda: (
+            [i.kind for i in tinker.engine.items if i.model_id == model_id]
+            == ["create_adapter", "load_checkpoint", "free_adapter"]
+        )
+    )
     assert model_id not in (await tinker.describe_coordinator())["placements"]
 
 
@@ -142,12 +173,13 @@ async def run_timer(env: WorkflowEnvironment, start: ExpiryStart, *signals: str 
         return True
 
     queue = unique_queue()
-    async with Worker(env.client, task_queue=queue, workflows=[CheckpointExpiry],
-                      activities=[delete_expired_checkpoint]):
+    async with Worker(
+        env.client, task_queue=queue, workflows=[CheckpointExpiry], activities=[delete_expired_checkpoint]
+    ):
         with env.auto_time_skipping_disabled():  # the signals land before time moves on
             handle = await env.client.start_workflow(
-                CheckpointExpiry.run, start, id=f"checkpoint-expiry/{uuid.uuid4().hex}",
-                task_queue=queue)
+                CheckpointExpiry.run, start, id=f"checkpoint-expiry/{uuid.uuid4().hex}", task_queue=queue
+            )
             for expires_at in signals:
                 await handle.signal(CheckpointExpiry.set_expiry, expires_at)
         return await handle.result(), deleted
@@ -165,16 +197,19 @@ async def test_the_timer_deletes_at_expiry(skipping_env: WorkflowEnvironment) ->
     assert await skipping_env.get_current_time() >= parse_rfc3339(expires)
 
 
-async def test_a_moved_expiry_deletes_at_the_new_time_and_none_keeps_the_files(skipping_env: WorkflowEnvironment
-                                                                               ) -> None:
+async def test_a_moved_expiry_deletes_at_the_new_time_and_none_keeps_the_files(
+    skipping_env: WorkflowEnvironment,
+) -> None:
     now = await skipping_env.get_current_time()
     later = hours_from_now(now, 30)
-    _, deleted = await run_timer(skipping_env, ExpiryStart("tinker://r:train:0/weights/b", hours_from_now(now, 2)),
-                                 later)
+    _, deleted = await run_timer(
+        skipping_env, ExpiryStart("tinker://r:train:0/weights/b", hours_from_now(now, 2)), later
+    )
     assert deleted == [("tinker://r:train:0/weights/b", later)]
     now = await skipping_env.get_current_time()
-    result, deleted = await run_timer(skipping_env, ExpiryStart("tinker://r:train:0/weights/c",
-                                                                hours_from_now(now, 2)), None)
+    result, deleted = await run_timer(
+        skipping_env, ExpiryStart("tinker://r:train:0/weights/c", hours_from_now(now, 2)), None
+    )
     assert deleted == [] and result == "expiry removed; the checkpoint is kept"
 
 
@@ -185,8 +220,12 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
     run, outcome = await tinker.create_run(sid, 1, snapshot_every=2)
     assert outcome.ok
     model_id = names.model_id_for(sid, 1)
-    optim = lambda n: TrainingOp(seq_id=n, kind="optim_step", body_hash=body_hash("o", n),  # noqa: E731
-                                 adam=AdamSpec(learning_rate=0.1))
+    optim = lambda n: TrainingOp(  # noqa: E731
+        seq_id=n,
+        kind="optim_step",
+        body_hash=body_hash("o", n),
+        adam=AdamSpec(learning_rate=0.1),
+    )
     for op in (tinker.fwd(1), optim(2), tinker.fwd(3), optim(4), tinker.fwd(5)):
         assert (await tinker.op(run, op)).ok
     auto = f"tinker://{model_id}/auto_weights/latest"
@@ -201,7 +240,9 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
     assert after[1].load == LoadCheckpoint(path=auto, optimizer=True)
     assert [fwd_seq(i) for i in after[2:]] == [5, 6]
     create = next(i for i in tinker.engine.items if i.kind == "create_adapter" and i.model_id == model_id)
-    assert after[0].lora == create.lora and create.lora is not None and create.lora.seed is not None  # the same rank, groups and (drawn) seed
+    assert (
+        after[0].lora == create.lora and create.lora is not None and create.lora.seed is not None
+    )  # the same rank, groups and (drawn) seed
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.recoveries == 1 and [e.kind for e in state.since_snapshot] == [WorkKind.FORWARD_BACKWARD] * 2
 
@@ -225,10 +266,10 @@ async def test_the_janitor_sweeps_on_its_interval(skipping_env: WorkflowEnvironm
         return {"objects": 1, "bytes": 10}
 
     queue = unique_queue()
-    async with Worker(skipping_env.client, task_queue=queue, workflows=[StoreJanitor],
-                      activities=[sweep_claim_checks]):
-        handle = await skipping_env.client.start_workflow(StoreJanitor.run, 3600.0, id=f"janitor/{uuid.uuid4().hex}",
-                                                          task_queue=queue)
+    async with Worker(skipping_env.client, task_queue=queue, workflows=[StoreJanitor], activities=[sweep_claim_checks]):
+        handle = await skipping_env.client.start_workflow(
+            StoreJanitor.run, 3600.0, id=f"janitor/{uuid.uuid4().hex}", task_queue=queue
+        )
         await skipping_env.sleep(3 * 3600 + 60)
         await handle.terminate("test over")
     assert len(sweeps) == 4  # at start, then hourly

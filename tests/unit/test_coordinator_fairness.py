@@ -8,7 +8,7 @@ from wf_harness import Tinker, blob, body_hash, eventually, fwd_flags, within
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import MAX_BATCH_ITEMS
 from tinkerflow.workflows.fairness import fair_order
-from tinkerflow.workflows.messages import SampleStart, SamplerInfo, WorkItem
+from tinkerflow.workflows.messages import SamplerInfo, SampleStart, WorkItem
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 from tinkerflow.workflows.work import WorkKind
 
@@ -28,7 +28,9 @@ async def _sample(tinker: Tinker, session_id: str, n: int, tag: str):
     handle = await tinker.client.start_workflow(
         SampleRequestWorkflow.run,
         SampleStart(sampler=sampler, payloads=[blob(f"mem://{tag}/{i}") for i in range(n)]),
-        id=names.sample_workflow_id(sampler.sampler_id, body_hash(tag, n)), task_queue=tinker.workflow_queue)
+        id=names.sample_workflow_id(sampler.sampler_id, body_hash(tag, n)),
+        task_queue=tinker.workflow_queue,
+    )
     tinker.started.append(handle)
     return handle
 
@@ -75,9 +77,12 @@ async def test_the_sampling_queue_counts_samples_and_tokens_not_calls(tinker: Ti
     sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
     handle = await tinker.client.start_workflow(
         SampleRequestWorkflow.run,
-        SampleStart(sampler=sampler, payloads=[blob("mem://w/0"), blob("mem://w/1")], samples=[3, 5],
-                    work=[3 * 10, 5 * 100]),
-        id=names.sample_workflow_id(sampler.sampler_id, body_hash("work")), task_queue=tinker.workflow_queue)
+        SampleStart(
+            sampler=sampler, payloads=[blob("mem://w/0"), blob("mem://w/1")], samples=[3, 5], work=[3 * 10, 5 * 100]
+        ),
+        id=names.sample_workflow_id(sampler.sampler_id, body_hash("work")),
+        task_queue=tinker.workflow_queue,
+    )
     tinker.started.append(handle)
     # Two calls, eight samples, 530 tokens of work: the API's 429 decision reads the last two.
     described = await eventually(lambda: _described_with_pending(tinker, 2))

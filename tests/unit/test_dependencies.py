@@ -55,8 +55,11 @@ def test_every_route_answers_503_naming_temporal_with_retry_after(api_without_te
     http, _address = api_without_temporal
     for method, path, body in [
         ("GET", "/api/v1/get_server_capabilities", None),
-        ("POST", "/api/v1/create_session", {"tags": [], "user_metadata": {}, "sdk_version": "0.38.0",
-                                            "type": "create_session"}),
+        (
+            "POST",
+            "/api/v1/create_session",
+            {"tags": [], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"},
+        ),
         ("GET", "/api/v1/training_runs", None),
         ("POST", "/api/v1/session_heartbeat", {"session_id": "sess-x", "type": "session_heartbeat"}),
         ("GET", "/api/v1/training_runs/sess-x:train:0", None),
@@ -103,13 +106,21 @@ def test_a_save_on_a_read_only_checkpoint_root_says_the_checkpoint_store_refused
         raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "ckpts" / "s:train:0" / ".staging-1"))
 
     monkeypatch.setattr(checkpoint_io, "save", read_only)
-    acts = EngineActivities(engine=None, store=ClaimCheckStore((tmp_path / "store").as_uri()),
-                            checkpoints=CheckpointStore(root))
-    item = WorkItem(key="run#1", requester="run", kind=WorkKind.SAVE_CHECKPOINT, slot=0,
-                    save=SaveCheckpoint(path="tinker://s:train:0/weights/a",
-                                        manifest={"tinker_path": "tinker://s:train:0/weights/a"}))
+    acts = EngineActivities(
+        engine=None, store=ClaimCheckStore((tmp_path / "store").as_uri()), checkpoints=CheckpointStore(root)
+    )
+    item = WorkItem(
+        key="run#1",
+        requester="run",
+        kind=WorkKind.SAVE_CHECKPOINT,
+        slot=0,
+        save=SaveCheckpoint(
+            path="tinker://s:train:0/weights/a", manifest={"tinker_path": "tinker://s:train:0/weights/a"}
+        ),
+    )
     (result,) = ActivityEnvironment().run(acts.run_batch, Batch(items=[item])).results
     assert result.outcome.category == "server"
-    assert result.outcome.error.startswith(f"save_checkpoint failed: the checkpoint store ({root}) refused it: "
-                                           "its file system is read-only")
+    assert result.outcome.error.startswith(
+        f"save_checkpoint failed: the checkpoint store ({root}) refused it: its file system is read-only"
+    )
     assert ".staging" not in result.outcome.error

@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from temporalio import activity, workflow
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
 from tinkerflow.activities.engine_activities import _heartbeats
 from tinkerflow.workers.jax_worker import activity_worker
 

@@ -89,8 +89,7 @@ def test_unlisted_failures_keep_their_old_answers():
 def test_the_enum_travels_as_the_plain_string_temporal_records(error_type):
     converter = DataConverter.default
     failure = Failure()
-    converter.failure_converter.to_failure(ApplicationError("m", type=error_type), converter.payload_converter,
-                                           failure)
+    converter.failure_converter.to_failure(ApplicationError("m", type=error_type), converter.payload_converter, failure)
     assert failure.application_failure_info.type == error_type.value
     back = converter.failure_converter.from_failure(failure, converter.payload_converter)
     assert isinstance(back, ApplicationError) and back.type == error_type.value and ErrorType(back.type) is error_type
@@ -104,8 +103,13 @@ def test_old_names_are_the_taxonomys_types():
     from tinkerflow.workers.models import UnknownModelError
 
     assert (InputError, UnknownModelError, BadRequestId, StoreError, CheckpointError, CheckpointNotFound) == (
-        errors.InputError, errors.UnknownModelError, errors.BadRequestId, errors.StoreError, errors.CheckpointError,
-        errors.CheckpointNotFound)
+        errors.InputError,
+        errors.UnknownModelError,
+        errors.BadRequestId,
+        errors.StoreError,
+        errors.CheckpointError,
+        errors.CheckpointNotFound,
+    )
     # Callers that caught the builtin bases keep working.
     assert issubclass(InputError, ValueError) and issubclass(CheckpointError, ValueError)
     assert issubclass(StoreError, RuntimeError) and issubclass(BadRequestId, ValueError)

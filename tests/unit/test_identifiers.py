@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import pytest
 from fastapi import HTTPException
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tinkerflow.api import identifiers
 from tinkerflow.common.checkpoints import MAX_NAME_CHARS
 
 UNSAFE = set("/\\*?[]'\"% \n\r\t\x00")
-TEXT = st.one_of(st.text(max_size=300), st.text(alphabet="ab.:/%*?-_ é\\'\n", max_size=40),
-                 st.sampled_from(["", ".", "..", "a" * 129, "sess-0a1b:train:0", "a:sample:1", "tinker://a/weights/b"]))
+TEXT = st.one_of(
+    st.text(max_size=300),
+    st.text(alphabet="ab.:/%*?-_ é\\'\n", max_size=40),
+    st.sampled_from(["", ".", "..", "a" * 129, "sess-0a1b:train:0", "a:sample:1", "tinker://a/weights/b"]),
+)
 
 
 def _safe(value: str) -> bool:

@@ -9,8 +9,13 @@ from tests.conftest import REPO
 
 
 def test_stdlib_platform_still_imports_from_repo_root():
-    out = subprocess.run([sys.executable, "-c", "import platform; print(platform.system())"], cwd=REPO,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import platform; print(platform.system())"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() in {"Linux", "Darwin", "Windows"}
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tinkerflow.workers.models import UnknownModelError, resolve_base_model
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers.engine.tiny_model import make_tiny_model
+from tinkerflow.workers.models import UnknownModelError, resolve_base_model
 
 
 def _use_hub_cache(monkeypatch, path: Path) -> None:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+
 from tinkerflow.api.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -16,11 +17,13 @@ from tinkerflow.api.openai_render import Rendered, echo_logprobs, render, token_
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tinkerflow.workers.engine.tiny_model import EOS_TOKEN, build_tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), eos_token=EOS_TOKEN,
-                                   clean_up_tokenization_spaces=False)
+    from tinkerflow.workers.engine.tiny_model import EOS_TOKEN, build_tokenizer
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=build_tokenizer(), eos_token=EOS_TOKEN, clean_up_tokenization_spaces=False
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -56,15 +59,18 @@ def test_render_cuts_at_the_first_stop_sequence_and_keeps_pieces_and_logprobs_al
     assert untouched.text == "one two three four" and untouched.finish_reason == "length"
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"model": "m", "prompt": "x", "temperature": 2.5}, "temperature"),
-    ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
-    ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
-    ({"model": "m", "prompt": "x", "n": 0}, "n"),
-    ({"model": "m", "prompt": "x", "stop": [""]}, "stop"),
-    ({"model": "m"}, "prompt"),
-    ({"prompt": "x"}, "model"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m", "prompt": "x", "temperature": 2.5}, "temperature"),
+        ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
+        ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "n": 0}, "n"),
+        ({"model": "m", "prompt": "x", "stop": [""]}, "stop"),
+        ({"model": "m"}, "prompt"),
+        ({"prompt": "x"}, "model"),
+    ],
+)
 def test_bad_completion_parameters_are_named(body, param):
     with pytest.raises(Exception) as e:
         CompletionRequest.model_validate(body)
@@ -85,12 +91,17 @@ def test_unsupported_parameters_are_refused_not_ignored():
     assert _first_unsupported(CompletionRequest(model="m", prompt="x", max_tokens=0)) == "max_tokens"
     assert CompletionRequest(model="m", prompt="x", max_tokens=0, echo=True, logprobs=2).unsupported() is None
     assert CompletionRequest(model="m", prompt="x", logprobs=0).unsupported() is None
-    # model_validate: the messages are given as the JSON dicts a client sends, which pydantic validates into ChatMessage.
-    chat = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                                 "presence_penalty": 1.0})
+    # model_validate: the messages are given as the JSON dicts a client sends; pydantic validates them as ChatMessage.
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1.0}
+    )
     assert _first_unsupported(chat) == "presence_penalty"
-    parts = ChatCompletionRequest.model_validate({"model": "m", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    parts = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        }
+    )
     assert parts.messages[0].as_template_input() == {"role": "user", "content": "ab"}
     assert CompletionRequest(model="m", prompt=[[1, 2], [3]]).prompts() == [[1, 2], [3]]
     assert CompletionRequest(model="m", prompt=[1, 2]).prompts() == [[1, 2]]
@@ -101,8 +112,9 @@ def test_echo_logprobs_put_the_prompt_scores_before_the_completion(tokenizer):
     completion = render(tokenizer, tokenizer.encode(" four"), [-0.25], "length", None)
     scores = [-1.0 - i for i in range(len(prompt) - 1)]
     lps: list[float | None] = [None, *scores]
-    topk: list[list[tuple[int, float]] | None] = [None] + [[(prompt[i + 1], scores[i]), (7, -9.0)]
-                                                            for i in range(len(prompt) - 1)]
+    topk: list[list[tuple[int, float]] | None] = [None] + [
+        [(prompt[i + 1], scores[i]), (7, -9.0)] for i in range(len(prompt) - 1)
+    ]
     out = echo_logprobs(tokenizer, prompt, lps, topk, completion)
     assert "".join(out["tokens"]) == "one two three four"
     assert out["token_logprobs"] == [*lps, -0.25]

@@ -13,7 +13,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows.messages import (
-    DropSnapshots, LoraSpec, ModelCard, SampleParams, WorkerInfo, WorkItem, WorkKind,
+    DropSnapshots,
+    LoraSpec,
+    ModelCard,
+    SampleParams,
+    WorkerInfo,
+    WorkItem,
+    WorkKind,
 )
 from tinkerflow.workflows.placement import EPHEMERAL_SNAPSHOT_IDLE_S, CoordinatorState, Placement
 
@@ -21,8 +27,9 @@ CARD = ModelCard(name="m", arch="qwen3", local_path="/m", vocab_size=64, max_con
 
 
 def worker(queue: str, max_adapters: int = 2, incarnation: str = "a") -> WorkerInfo:
-    return WorkerInfo(worker_id=queue, task_queue=queue, max_adapters=max_adapters, max_rank=8, card=CARD,
-                      incarnation=incarnation)
+    return WorkerInfo(
+        worker_id=queue, task_queue=queue, max_adapters=max_adapters, max_rank=8, card=CARD, incarnation=incarnation
+    )
 
 
 def item(kind: WorkKind, model_id: str = "", n: int = 0, **fields) -> WorkItem:

@@ -48,9 +48,15 @@ REF = BlobRef(uri="file:///store/requests/x", size=12, sha256="ab" * 32)
 
 # The typed field each kind must carry once decoded (None: the kind has no parameters).
 TYPED_FIELD = {
-    WorkKind.CREATE_ADAPTER: "lora", WorkKind.OPTIM_STEP: "adam", WorkKind.SNAPSHOT: "snapshot",
-    WorkKind.SAMPLE: "sample", WorkKind.DROP_SNAPSHOTS: "drop", WorkKind.SAVE_CHECKPOINT: "save",
-    WorkKind.LOAD_CHECKPOINT: "load", WorkKind.LOAD_SNAPSHOT: "load", WorkKind.FREE_ADAPTER: None,
+    WorkKind.CREATE_ADAPTER: "lora",
+    WorkKind.OPTIM_STEP: "adam",
+    WorkKind.SNAPSHOT: "snapshot",
+    WorkKind.SAMPLE: "sample",
+    WorkKind.DROP_SNAPSHOTS: "drop",
+    WorkKind.SAVE_CHECKPOINT: "save",
+    WorkKind.LOAD_CHECKPOINT: "load",
+    WorkKind.LOAD_SNAPSHOT: "load",
+    WorkKind.FREE_ADAPTER: None,
     WorkKind.FORWARD_BACKWARD: None,
 }
 
@@ -69,8 +75,10 @@ def _recorded(kinds: dict[tuple[str, str], Any], paths: list[Path], raw: bool = 
                 if not key.endswith("EventAttributes"):
                     continue
                 if "acceptedRequest" in attrs:  # an update: its name and args sit in the request
-                    name, payloads = attrs["acceptedRequest"]["input"]["name"], \
-                        attrs["acceptedRequest"]["input"].get("args", {}).get("payloads", [])
+                    name, payloads = (
+                        attrs["acceptedRequest"]["input"]["name"],
+                        attrs["acceptedRequest"]["input"].get("args", {}).get("payloads", []),
+                    )
                 else:
                     name = attrs.get("signalName") or (attrs.get("activityType") or {}).get("name", "")
                     payloads = (attrs.get("input") or {}).get("payloads", [])
@@ -112,13 +120,23 @@ def test_every_recorded_work_item_decodes_into_typed_fields(paths: list[Path]) -
         _check_typed(item)
     kinds = Counter(i.kind for i in items)
     # What the recorded scenarios exercise (train, sample, checkpoints, recovery, sampler weights from storage).
-    assert {WorkKind.CREATE_ADAPTER, WorkKind.FORWARD_BACKWARD, WorkKind.OPTIM_STEP, WorkKind.SNAPSHOT,
-            WorkKind.SAMPLE, WorkKind.SAVE_CHECKPOINT, WorkKind.LOAD_CHECKPOINT} <= set(kinds), kinds
+    assert {
+        WorkKind.CREATE_ADAPTER,
+        WorkKind.FORWARD_BACKWARD,
+        WorkKind.OPTIM_STEP,
+        WorkKind.SNAPSHOT,
+        WorkKind.SAMPLE,
+        WorkKind.SAVE_CHECKPOINT,
+        WorkKind.LOAD_CHECKPOINT,
+    } <= set(kinds), kinds
     creates = [i for i in items if i.kind is WorkKind.CREATE_ADAPTER]
-    assert all(i.lora is not None and i.lora.rank == 4 and i.lora.seed is not None for i in creates)  # record.py: rank=4, a drawn seed
+    assert all(
+        i.lora is not None and i.lora.rank == 4 and i.lora.seed is not None for i in creates
+    )  # record.py: rank=4, a drawn seed
     adams = [i.adam for i in items if i.kind is WorkKind.OPTIM_STEP]
-    assert all(a is not None and a.learning_rate == pytest.approx(1e-3) and a.beta2 == pytest.approx(0.95)
-               for a in adams)
+    assert all(
+        a is not None and a.learning_rate == pytest.approx(1e-3) and a.beta2 == pytest.approx(0.95) for a in adams
+    )
 
 
 @pytest.mark.parametrize("paths", [LEGACY, TYPED], ids=["legacy", "typed"])
@@ -135,12 +153,15 @@ def test_every_recorded_training_op_decodes_into_typed_fields(paths: list[Path])
             assert op.save is not None
     kinds = {op.kind for op in ops}
     assert {OpKind.FORWARD_BACKWARD, OpKind.OPTIM_STEP, OpKind.SAVE_WEIGHTS, OpKind.SAVE_WEIGHTS_FOR_SAMPLER} <= kinds
-    named = [op.save for op in ops if op.kind is OpKind.SAVE_WEIGHTS_FOR_SAMPLER and op.save is not None and op.save.path]
+    named = [
+        op.save for op in ops if op.kind is OpKind.SAVE_WEIGHTS_FOR_SAMPLER and op.save is not None and op.save.path
+    ]
     assert [s.ttl_seconds for s in named] == [3600]  # record.py: "replay-weights", ttl_seconds=3600
 
 
 def test_the_two_recordings_hold_the_two_shapes() -> None:
     """The legacy histories carry params dicts (what the converters must read); the typed ones carry none."""
+
     def params_seen(paths: list[Path]) -> int:
         raw = _recorded({**WORK_ITEM_EVENTS, **OP_EVENTS}, paths, raw=True)
         items = [i for r in raw for i in (r["items"] if "items" in r else r if isinstance(r, list) else [r])]
@@ -154,16 +175,31 @@ def test_a_legacy_replay_log_decodes_into_logged_ops() -> None:
     """RunState carried across continue-as-new before the typed log held dicts; loads said "load_weights"."""
     start = RunStart(model_id="s:train:0", session_id="s", owner="o", base_model="m", lora=LoraSpec(rank=4))
     legacy = {
-        "start": json.loads(CONVERTER.to_payloads([start])[0].data), "auto_snapshot": "tinker://s:train:0/x",
+        "start": json.loads(CONVERTER.to_payloads([start])[0].data),
+        "auto_snapshot": "tinker://s:train:0/x",
         "since_snapshot": [
-            {"kind": "forward_backward", "payload": {"uri": REF.uri, "size": REF.size, "sha256": REF.sha256},
-             "params": {}},
-            {"kind": "optim_step", "params": {"learning_rate": 0.5, "beta1": 0.8, "beta2": 0.9, "eps": 1e-8,
-                                              "weight_decay": 0.1, "grad_clip_norm": 1.0}},
+            {
+                "kind": "forward_backward",
+                "payload": {"uri": REF.uri, "size": REF.size, "sha256": REF.sha256},
+                "params": {},
+            },
+            {
+                "kind": "optim_step",
+                "params": {
+                    "learning_rate": 0.5,
+                    "beta1": 0.8,
+                    "beta2": 0.9,
+                    "eps": 1e-8,
+                    "weight_decay": 0.1,
+                    "grad_clip_norm": 1.0,
+                },
+            },
             {"kind": "load_weights", "params": {"path": "tinker://a:train:0/weights/w", "optimizer": True}},
-        ]}
-    state = CONVERTER.from_payloads([Payload(metadata={"encoding": b"json/plain"},
-                                             data=json.dumps(legacy).encode())], [RunState])[0]
+        ],
+    }
+    state = CONVERTER.from_payloads(
+        [Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(legacy).encode())], [RunState]
+    )[0]
     assert state.since_snapshot == [
         LoggedOp(WorkKind.FORWARD_BACKWARD, payload=REF),
         LoggedOp(WorkKind.OPTIM_STEP, adam=AdamSpec(0.5, 0.8, 0.9, 1e-8, 0.1, 1.0)),
@@ -186,18 +222,40 @@ def test_an_unknown_op_kind_still_decodes_so_it_fails_in_sequence_not_at_submit(
 
 
 specs = {
-    "lora": st.builds(LoraSpec, rank=st.integers(1, 256), seed=st.none() | st.integers(0, 2**31 - 1),
-                      train_attn=st.booleans(), train_mlp=st.booleans(), train_unembed=st.booleans()),
-    "adam": st.builds(AdamSpec, learning_rate=st.floats(0, 1), beta1=st.floats(0, 0.999), beta2=st.floats(0, 0.999),
-                      eps=st.floats(1e-12, 1e-3), weight_decay=st.floats(0, 1), grad_clip_norm=st.floats(0, 10)),
+    "lora": st.builds(
+        LoraSpec,
+        rank=st.integers(1, 256),
+        seed=st.none() | st.integers(0, 2**31 - 1),
+        train_attn=st.booleans(),
+        train_mlp=st.booleans(),
+        train_unembed=st.booleans(),
+    ),
+    "adam": st.builds(
+        AdamSpec,
+        learning_rate=st.floats(0, 1),
+        beta1=st.floats(0, 0.999),
+        beta2=st.floats(0, 0.999),
+        eps=st.floats(1e-12, 1e-3),
+        weight_decay=st.floats(0, 1),
+        grad_clip_norm=st.floats(0, 10),
+    ),
     "snapshot": st.text(min_size=1, max_size=40),
-    "sample": st.builds(SampleParams, sampler_id=st.text(max_size=20), samples=st.integers(1, 64),
-                        work=st.integers(0, 10**6)),
-    "drop": st.builds(DropSnapshots, keys=st.none() | st.lists(st.text(max_size=20), max_size=4),
-                      queue=st.text(max_size=20), prefix=st.text(max_size=20)),
-    "save": st.builds(SaveCheckpoint, path=st.text(min_size=1, max_size=30),
-                      manifest=st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8), max_size=3),
-                      overwrite=st.booleans(), age_recipients=st.lists(st.text(max_size=10), max_size=2)),
+    "sample": st.builds(
+        SampleParams, sampler_id=st.text(max_size=20), samples=st.integers(1, 64), work=st.integers(0, 10**6)
+    ),
+    "drop": st.builds(
+        DropSnapshots,
+        keys=st.none() | st.lists(st.text(max_size=20), max_size=4),
+        queue=st.text(max_size=20),
+        prefix=st.text(max_size=20),
+    ),
+    "save": st.builds(
+        SaveCheckpoint,
+        path=st.text(min_size=1, max_size=30),
+        manifest=st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8), max_size=3),
+        overwrite=st.booleans(),
+        age_recipients=st.lists(st.text(max_size=10), max_size=2),
+    ),
     "load": st.builds(LoadCheckpoint, path=st.text(min_size=1, max_size=30), optimizer=st.booleans()),
 }
 
@@ -207,9 +265,15 @@ def work_items(draw) -> WorkItem:
     kind = draw(st.sampled_from(list(WorkKind)))
     name = TYPED_FIELD[kind]
     fields = {name: draw(specs[name])} if name else {}
-    return WorkItem(key=draw(st.text(min_size=1, max_size=20)), requester="training-run/s:train:0", kind=kind,
-                    model_id=draw(st.text(max_size=20)), payload=draw(st.none() | st.just(REF)),
-                    slot=draw(st.integers(-1, 64)), **fields)
+    return WorkItem(
+        key=draw(st.text(min_size=1, max_size=20)),
+        requester="training-run/s:train:0",
+        kind=kind,
+        model_id=draw(st.text(max_size=20)),
+        payload=draw(st.none() | st.just(REF)),
+        slot=draw(st.integers(-1, 64)),
+        **fields,
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -220,13 +284,20 @@ def test_typed_work_items_round_trip_through_the_default_converter(items: list[W
 
 
 @settings(max_examples=100, deadline=None)
-@given(adam=st.none() | specs["adam"], load=st.none() | specs["load"],
-       save=st.none() | st.builds(SaveRequest, path=st.none() | st.text(max_size=20),
-                                  sampling_session_seq_id=st.none() | st.integers(0, 2**31),
-                                  ttl_seconds=st.none() | st.integers(1, 10**7),
-                                  user_metadata=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
-                                  overwrite=st.booleans()),
-       kind=st.sampled_from(list(OpKind)))
+@given(
+    adam=st.none() | specs["adam"],
+    load=st.none() | specs["load"],
+    save=st.none()
+    | st.builds(
+        SaveRequest,
+        path=st.none() | st.text(max_size=20),
+        sampling_session_seq_id=st.none() | st.integers(0, 2**31),
+        ttl_seconds=st.none() | st.integers(1, 10**7),
+        user_metadata=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+        overwrite=st.booleans(),
+    ),
+    kind=st.sampled_from(list(OpKind)),
+)
 def test_typed_training_ops_round_trip_through_the_default_converter(adam, load, save, kind) -> None:
     op = TrainingOp(seq_id=7, kind=kind, body_hash="h", payload=REF, adam=adam, save=save, load=load, error="e")
     assert _round_trip(op, TrainingOp) == op

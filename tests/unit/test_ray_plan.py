@@ -19,8 +19,20 @@ def _settings(argv: list[str]) -> Settings:
 def test_help_names_every_placement_flag():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     text = sub.choices["ray"].format_help()
-    for flag in ("--ray-address", "--hosts", "--cpus-per-host", "--gpus-per-host", "--tpus-per-host", "--strategy",
-                 "--max-restarts", "--mesh-fsdp", "--mesh-tp", "--with-stack", "--temporal-address", "--base-model"):
+    for flag in (
+        "--ray-address",
+        "--hosts",
+        "--cpus-per-host",
+        "--gpus-per-host",
+        "--tpus-per-host",
+        "--strategy",
+        "--max-restarts",
+        "--mesh-fsdp",
+        "--mesh-tp",
+        "--with-stack",
+        "--temporal-address",
+        "--base-model",
+    ):
         assert flag in text, flag
 
 
@@ -28,8 +40,22 @@ def test_flags_win_over_env_and_shape_the_group(monkeypatch):
     monkeypatch.setenv("TINKERFLOW_RAY_HOSTS", "8")
     monkeypatch.setenv("TINKERFLOW_RAY_TPUS_PER_HOST", "4")
     assert ray_plan.plan(Settings()).bundles == [{"CPU": 1.0, "TPU": 4.0}] * 8
-    s = _settings(["--hosts", "4", "--cpus-per-host", "4", "--mesh-fsdp", "16", "--strategy", "SPREAD",
-                   "--max-restarts", "-1", "--pool", "v6e"])
+    s = _settings(
+        [
+            "--hosts",
+            "4",
+            "--cpus-per-host",
+            "4",
+            "--mesh-fsdp",
+            "16",
+            "--strategy",
+            "SPREAD",
+            "--max-restarts",
+            "-1",
+            "--pool",
+            "v6e",
+        ]
+    )
     group = ray_plan.plan(s)
     assert group.bundles == [{"CPU": 4.0, "TPU": 4.0}] * 4 and group.strategy == "SPREAD"
     opts = group.actor_options()
@@ -45,8 +71,10 @@ def test_each_process_gets_its_bundle_index_and_actor_0s_coordinator(tmp_path):
     assert group.bundles == [{"CPU": 1.0}, {"CPU": 1.0}] and group.strategy == "STRICT_SPREAD"
     assert ray_plan.actor_env(s, group)["JAX_PLATFORMS"] == "cpu"
     per = [ray_plan.process_settings(s, group, i, "10.0.0.5:4321") for i in range(2)]
-    assert [(p.process_id, p.num_processes, p.coordinator_address) for p in per] == \
-        [(0, 2, "10.0.0.5:4321"), (1, 2, "10.0.0.5:4321")]
+    assert [(p.process_id, p.num_processes, p.coordinator_address) for p in per] == [
+        (0, 2, "10.0.0.5:4321"),
+        (1, 2, "10.0.0.5:4321"),
+    ]
     assert all((p.mesh_fsdp, p.mesh_tp) == (2, 1) for p in per)
     # a host other than the driver's resolves nothing against its own state dir
     assert per[1].store_url == (tmp_path / "store").as_uri()

@@ -4,7 +4,8 @@ import base64
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tinkerflow.api import request_ids
 
@@ -12,12 +13,15 @@ KEY, OTHER_KEY = b"k" * 32, b"o" * 32
 ALICE, BOB = "a1b2c3", "d4e5f6"
 
 
-@pytest.mark.parametrize("ref", [
-    request_ids.UpdateRef("training-run/sess-1:train:0", "0195-run", "seq-3-abc"),
-    request_ids.WorkflowRef("sample/sess-1:sample:0/7-deadbeef"),
-    request_ids.BatchItemRef("sample/sess-1:sample:0/0123456789abcdef", 41),
-    request_ids.FailedRef("checkpoint tinker://x/weights/y does not exist"),
-])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        request_ids.UpdateRef("training-run/sess-1:train:0", "0195-run", "seq-3-abc"),
+        request_ids.WorkflowRef("sample/sess-1:sample:0/7-deadbeef"),
+        request_ids.BatchItemRef("sample/sess-1:sample:0/0123456789abcdef", 41),
+        request_ids.FailedRef("checkpoint tinker://x/weights/y does not exist"),
+    ],
+)
 def test_roundtrip_for_its_owner_only(ref):
     rid = request_ids.encode(ref, KEY, ALICE)
     assert request_ids.decode(rid, KEY, ALICE) == ref
@@ -29,10 +33,14 @@ def test_roundtrip_for_its_owner_only(ref):
 def test_an_id_built_from_a_model_id_is_refused():
     """What a tenant could build from another's model_id (the unsigned encoding of issue 13), signed or not by
     itself: neither resolves for the owner's key."""
-    body = "u." + base64.urlsafe_b64encode(json.dumps(["training-run/sess-1:train:0", "", "create"]).encode()
-                                           ).decode().rstrip("=")
-    for forged in (body, body + ".AAAAAAAAAAAAAAAAAAAAAA", request_ids.encode(request_ids.UpdateRef(
-            "training-run/sess-1:train:0", "", "create"), KEY, BOB)):
+    body = "u." + base64.urlsafe_b64encode(
+        json.dumps(["training-run/sess-1:train:0", "", "create"]).encode()
+    ).decode().rstrip("=")
+    for forged in (
+        body,
+        body + ".AAAAAAAAAAAAAAAAAAAAAA",
+        request_ids.encode(request_ids.UpdateRef("training-run/sess-1:train:0", "", "create"), KEY, BOB),
+    ):
         with pytest.raises(request_ids.BadRequestId):
             request_ids.decode(forged, KEY, ALICE)
 

@@ -23,8 +23,11 @@ def test_retention_follows_the_store_and_never_goes_below_a_day():
 
 def test_set_retention_on_a_dev_server(tmp_path):
     port = free_port()
-    server = subprocess.Popen(temporal_server.command(tmp_path / "t.db", port=port, headless=True),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        temporal_server.command(tmp_path / "t.db", port=port, headless=True),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:

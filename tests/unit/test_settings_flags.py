@@ -22,17 +22,65 @@ FLAGGED = [f for f in FIELDS if f.metadata["group"] not in ENV_ONLY]
 
 # Flag names scripts/, docs, infra/ manifests and tests used before the flags were generated: all must keep working.
 OLD_FLAGS = {
-    "--state-dir", "--temporal-address", "--temporal-namespace", "--temporal-tls-cert", "--temporal-tls-key",
-    "--temporal-tls-ca", "--store-url", "--store-retention-s", "--checkpoint-root", "--log-level", "--log-format",
-    "--base-model", "--served-model-name", "--max-lora-adapters", "--max-lora-rank", "--pool", "--snapshot-budget-mb",
-    "--metrics-port", "--host", "--port", "--api-key", "--api-keys-file", "--session-timeout-s",
-    "--max-request-bytes", "--max-queued-sample-tokens", "--max-sample-body-bytes", "--max-control-body-bytes",
-    "--max-samples-per-request", "--max-sample-tokens", "--max-datums-per-request", "--auto-snapshot-every",
-    "--url-signing-key", "--metrics-access", "--api-docs", "--max-queued-samples", "--temporal-port", "--ui-port",
-    "--headless", "--restart-backoff-s", "--restart-backoff-max-s", "--crash-loop-restarts", "--crash-loop-window-s",
-    "--up-metrics-port", "--worker-id", "--coordinator-address", "--num-processes", "--process-id", "--mesh-fsdp",
-    "--mesh-tp", "--mesh-ep", "--ray-address", "--hosts", "--cpus-per-host", "--gpus-per-host", "--tpus-per-host",
-    "--strategy", "--max-restarts", "--with-stack", "--ready-file",
+    "--state-dir",
+    "--temporal-address",
+    "--temporal-namespace",
+    "--temporal-tls-cert",
+    "--temporal-tls-key",
+    "--temporal-tls-ca",
+    "--store-url",
+    "--store-retention-s",
+    "--checkpoint-root",
+    "--log-level",
+    "--log-format",
+    "--base-model",
+    "--served-model-name",
+    "--max-lora-adapters",
+    "--max-lora-rank",
+    "--pool",
+    "--snapshot-budget-mb",
+    "--metrics-port",
+    "--host",
+    "--port",
+    "--api-key",
+    "--api-keys-file",
+    "--session-timeout-s",
+    "--max-request-bytes",
+    "--max-queued-sample-tokens",
+    "--max-sample-body-bytes",
+    "--max-control-body-bytes",
+    "--max-samples-per-request",
+    "--max-sample-tokens",
+    "--max-datums-per-request",
+    "--auto-snapshot-every",
+    "--url-signing-key",
+    "--metrics-access",
+    "--api-docs",
+    "--max-queued-samples",
+    "--temporal-port",
+    "--ui-port",
+    "--headless",
+    "--restart-backoff-s",
+    "--restart-backoff-max-s",
+    "--crash-loop-restarts",
+    "--crash-loop-window-s",
+    "--up-metrics-port",
+    "--worker-id",
+    "--coordinator-address",
+    "--num-processes",
+    "--process-id",
+    "--mesh-fsdp",
+    "--mesh-tp",
+    "--mesh-ep",
+    "--ray-address",
+    "--hosts",
+    "--cpus-per-host",
+    "--gpus-per-host",
+    "--tpus-per-host",
+    "--strategy",
+    "--max-restarts",
+    "--with-stack",
+    "--ready-file",
 }
 
 
@@ -160,8 +208,9 @@ def test_defaults_are_not_given():
     assert Settings(temporal_address="10.0.0.1:7233").is_given("temporal_address")
 
 
-@pytest.mark.parametrize("name, raw", [("TINKERFLOW_PORT", "eighty"), ("TINKERFLOW_API_DOCS", "maybe"),
-                                       ("TINKERFLOW_LOG_LEVEL", "LOUD")])
+@pytest.mark.parametrize(
+    "name, raw", [("TINKERFLOW_PORT", "eighty"), ("TINKERFLOW_API_DOCS", "maybe"), ("TINKERFLOW_LOG_LEVEL", "LOUD")]
+)
 def test_a_bad_variable_is_a_clear_error(name, raw, monkeypatch, capsys):
     monkeypatch.setenv(name, raw)
     with pytest.raises(SettingsError, match=name):
@@ -172,8 +221,9 @@ def test_a_bad_variable_is_a_clear_error(name, raw, monkeypatch, capsys):
 
 
 def test_top_level_help_lists_every_command():
-    out = subprocess.run([sys.executable, "-m", "tinkerflow.cli.main", "--help"], capture_output=True, text=True,
-                         cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "tinkerflow.cli.main", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert out.returncode == 0
     for command in (*COMMAND_GROUPS, "make-tiny-model"):
         assert command in out.stdout

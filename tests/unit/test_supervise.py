@@ -57,15 +57,18 @@ def _stack(tmp_path) -> Stack:
 
 def test_a_killed_part_is_restarted_with_its_command_and_log_and_counted(tmp_path):
     stack = _stack(tmp_path)
-    part = stack.start("sleeper", [sys.executable, "-c", "import os, time; print('up', os.getpid(), flush=True); "
-                                   "time.sleep(60)"])
+    part = stack.start(
+        "sleeper", [sys.executable, "-c", "import os, time; print('up', os.getpid(), flush=True); time.sleep(60)"]
+    )
     first = part.proc.pid
     _wait_for_lines(part.log_path, 1)
     os.killpg(first, signal.SIGKILL)
     before = RESTARTS.labels("sleeper")._value.get()
     with console.capture() as captured:
-        status = stack.supervise(RestartPolicy(base_s=0.05, window_s=60),
-                                 until=lambda: 0 if part.restarts and part.proc.poll() is None else None)
+        status = stack.supervise(
+            RestartPolicy(base_s=0.05, window_s=60),
+            until=lambda: 0 if part.restarts and part.proc.poll() is None else None,
+        )
     try:
         assert status == 0 and part.proc.pid != first
         facts = json.loads((tmp_path / "state" / "up-parts.json").read_text())
@@ -118,8 +121,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_parts_die_when_up_is_killed_with_sigkill(tmp_path):
-    up = subprocess.Popen([sys.executable, "-c", _FAKE_UP, str(tmp_path / "state")], stdout=subprocess.PIPE,
-                          text=True, cwd=REPO)
+    up = subprocess.Popen(
+        [sys.executable, "-c", _FAKE_UP, str(tmp_path / "state")], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     assert up.stdout is not None  # stdout=PIPE
     try:
         pids = [int(p) for p in up.stdout.readline().split()]

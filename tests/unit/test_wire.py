@@ -19,13 +19,17 @@ from tinkerflow.workers.engine.types import ForwardBackwardResult, InputError, S
 def _request(data, loss_fn="cross_entropy", config=None) -> bytes:
     req = types.ForwardBackwardRequest(
         forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn, loss_fn_config=config),  # pyright: ignore[reportArgumentType]
-        model_id="s:train:0", seq_id=3)
+        model_id="s:train:0",
+        seq_id=3,
+    )
     return forward_backward_request_to_proto(req).SerializeToString()
 
 
 def test_forward_backward_request_decodes_tokens_inputs_and_config():
-    datum = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
-                        loss_fn_inputs=dict(target_tokens=[6, 7, 8], weights=[0.0, 1.0, 0.5]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([5, 6, 7]),
+        loss_fn_inputs=dict(target_tokens=[6, 7, 8], weights=[0.0, 1.0, 0.5]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
     msg = wire.parse_forward_backward(_request([datum], "ppo", {"clip_low_threshold": 0.7, "mode": "x"}))
     inp = wire.forward_backward_input(msg, slot=2)
     assert inp.slot == 2 and inp.loss_fn == "ppo" and not inp.forward_only
@@ -36,26 +40,32 @@ def test_forward_backward_request_decodes_tokens_inputs_and_config():
 
 
 def test_sparse_csr_inputs_are_densified():
-    targets = types.TensorData(data=[3, 9], dtype="int64", shape=[2, 3], sparse_crow_indices=[0, 1, 2],
-                               sparse_col_indices=[0, 2])
+    targets = types.TensorData(
+        data=[3, 9], dtype="int64", shape=[2, 3], sparse_crow_indices=[0, 1, 2], sparse_col_indices=[0, 2]
+    )
     datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": targets})
     inp = wire.forward_backward_input(wire.parse_forward_backward(_request([datum])), slot=0)
     assert inp.data[0].inputs["target_tokens"].tolist() == [[3, 0, 0], [0, 0, 9]]
 
 
 def test_forward_backward_output_roundtrips_through_the_sdk_decoder():
-    outputs = [{"logprobs": np.array([-1.0, -2.0], np.float32), "elementwise_loss": np.array([1.0, 2.0], np.float32)},
-               {"logprobs": np.array([-0.5], np.float32), "elementwise_loss": np.array([0.5], np.float32)}]
+    outputs = [
+        {"logprobs": np.array([-1.0, -2.0], np.float32), "elementwise_loss": np.array([1.0, 2.0], np.float32)},
+        {"logprobs": np.array([-0.5], np.float32), "elementwise_loss": np.array([0.5], np.float32)},
+    ]
     decoded = deserialize_forward_backward_output(
-        wire.forward_backward_output(ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": 3.5})))
+        wire.forward_backward_output(ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": 3.5}))
+    )
     assert decoded.metrics == {"loss:sum": 3.5}
     assert [o["logprobs"].tolist() for o in decoded.loss_fn_outputs] == [[-1.0, -2.0], [-0.5]]
     assert decoded.loss_fn_outputs[1]["elementwise_loss"].tolist() == [0.5]
 
 
 def test_sample_output_roundtrips_through_the_sdk_decoder():
-    result = SampleResult(sequences=[SampledSequence([4, 5], [-0.25, -0.5], "stop"),
-                                     SampledSequence([6], [-1.0], "length")], prompt_logprobs=[None, -2.0])
+    result = SampleResult(
+        sequences=[SampledSequence([4, 5], [-0.25, -0.5], "stop"), SampledSequence([6], [-1.0], "length")],
+        prompt_logprobs=[None, -2.0],
+    )
     decoded = deserialize_sample_response(wire.sample_output(result))
     assert [s.tokens for s in decoded.sequences] == [[4, 5], [6]]
     assert [s.stop_reason for s in decoded.sequences] == ["stop", "length"]
@@ -63,21 +73,37 @@ def test_sample_output_roundtrips_through_the_sdk_decoder():
     assert decoded.prompt_logprobs == [None, -2.0]
 
 
-@pytest.mark.parametrize("stop,ids,strings", [(None, None, []), ([], [], []), ("\n", [], ["\n"]),
-                                              (["a", "b"], [], ["a", "b"]), ([7, 8], [7, 8], [])])
+@pytest.mark.parametrize(
+    "stop,ids,strings",
+    [(None, None, []), ([], [], []), ("\n", [], ["\n"]), (["a", "b"], [], ["a", "b"]), ([7, 8], [7, 8], [])],
+)
 def test_sample_request_stop_forms(stop, ids, strings):
-    body = {"num_samples": 2, "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
-            "sampling_params": {"max_tokens": 5, "temperature": 0.0, "top_k": -1, "top_p": 1.0, "stop": stop},
-            "sampling_session_id": "s:sample:0", "seq_id": 0, "type": "sample"}
+    body = {
+        "num_samples": 2,
+        "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": 5, "temperature": 0.0, "top_k": -1, "top_p": 1.0, "stop": stop},
+        "sampling_session_id": "s:sample:0",
+        "seq_id": 0,
+        "type": "sample",
+    }
     inp = wire.sample_input(json.dumps(body).encode(), snapshot="s:sample:0")
     assert inp.stop_token_ids == ids and inp.stop_strings == strings
     assert inp.num_samples == 2 and inp.max_tokens == 5 and inp.snapshot == "s:sample:0"
 
 
 def test_image_chunks_are_a_user_error():
-    msg = wire.parse_forward_backward(_request([types.Datum(
-        model_input=types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)]),
-        loss_fn_inputs=dict(target_tokens=[1, 2, 3, 4]))]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    msg = wire.parse_forward_backward(
+        _request(
+            [
+                types.Datum(
+                    model_input=types.ModelInput(
+                        chunks=[types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)]
+                    ),
+                    loss_fn_inputs=dict(target_tokens=[1, 2, 3, 4]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+                )
+            ]
+        )
+    )
     with pytest.raises(InputError, match="image chunks are not supported"):
         wire.forward_backward_input(msg, slot=0)
 
@@ -96,30 +122,49 @@ def test_optim_step_metrics_cannot_overwrite_the_cookbooks_keys():
 
 def test_provenance_spans_become_the_sampled_target_positions():
     # As recipes.rl_loop builds it: a 3-token prompt and 4 sampled tokens; targets are shifted by one.
-    datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 10, 11, 12]),
-                        loss_fn_inputs=dict(target_tokens=[2, 3, 10, 11, 12, 13], logprobs=[0.0] * 6,  # pyright: ignore[reportArgumentType] (Datum converts lists)
-                                            advantages=[0, 0, 1, 1, 1, 1]))
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3, 10, 11, 12]),
+        loss_fn_inputs=dict(
+            target_tokens=[2, 3, 10, 11, 12, 13],
+            logprobs=[0.0] * 6,  # pyright: ignore[reportArgumentType] (Datum converts lists)
+            advantages=[0, 0, 1, 1, 1, 1],
+        ),
+    )
     datum = datum.with_provenance(
-        model_input=[types.PromptProvenanceSpan(sequence_id="q", length=3),
-                     types.SampledProvenanceSpan(sequence_id="q", length=3)],
-        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="q", offset=1, length=2),
-                        types.SampledProvenanceSpan(sequence_id="q", length=4)])
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id="q", length=3),
+            types.SampledProvenanceSpan(sequence_id="q", length=3),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id="q", offset=1, length=2),
+            types.SampledProvenanceSpan(sequence_id="q", length=4),
+        ],
+    )
     inp = wire.forward_backward_input(wire.parse_forward_backward(_request([datum], "stable_reinforce")), slot=0)
     assert inp.data[0].sampled_mask.tolist() == [0, 0, 1, 1, 1, 1]
     plain = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs=dict(target_tokens=[2, 3]))  # pyright: ignore[reportArgumentType] (Datum converts lists)
-    assert wire.forward_backward_input(wire.parse_forward_backward(_request([plain])), slot=0).data[0].sampled_mask is None
+    assert (
+        wire.forward_backward_input(wire.parse_forward_backward(_request([plain])), slot=0).data[0].sampled_mask is None
+    )
 
 
 def test_topk_prompt_logprobs_reach_the_sdk_as_rows_per_prompt_position():
     ids = np.array([[0, 0], [7, 3], [2, 9]], np.int32)
     lps = np.array([[-99999.0, -99999.0], [-0.1, -2.5], [-0.7, -0.9]], np.float32)
-    result = SampleResult(sequences=[SampledSequence(tokens=[4], logprobs=[-0.3], stop_reason="length")],
-                          topk_prompt_logprobs=(ids, lps))
+    result = SampleResult(
+        sequences=[SampledSequence(tokens=[4], logprobs=[-0.3], stop_reason="length")], topk_prompt_logprobs=(ids, lps)
+    )
     resp = deserialize_sample_response(wire.sample_output(result))
     assert resp.prompt_logprobs is None
     rows = resp.topk_prompt_logprobs
     assert rows[0] is None and [t for t, _ in rows[1]] == [7, 3] and [t for t, _ in rows[2]] == [2, 9]
     np.testing.assert_allclose([lp for _, lp in rows[1]], [-0.1, -2.5], rtol=1e-6)
-    req = types.SampleRequest(prompt=types.ModelInput.from_ints([1, 2, 3]), sampling_params=types.SamplingParams(),
-                              num_samples=1, topk_prompt_logprobs=2, sampling_session_id="s:sample:0", seq_id=0)
+    req = types.SampleRequest(
+        prompt=types.ModelInput.from_ints([1, 2, 3]),
+        sampling_params=types.SamplingParams(),
+        num_samples=1,
+        topk_prompt_logprobs=2,
+        sampling_session_id="s:sample:0",
+        seq_id=0,
+    )
     assert wire.sample_input(req.model_dump_json().encode(), None).topk_prompt_logprobs == 2

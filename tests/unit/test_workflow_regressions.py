@@ -24,13 +24,13 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner
+from wf_harness import Tinker, body_hash, local_temporal, tinker_world
 
 import tinkerflow.workflows.session as session_module
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from wf_harness import Tinker, body_hash, local_temporal, tinker_world
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,8 +81,14 @@ async def test_close_completes_and_frees_the_slot_while_an_op_waits_for_a_missin
 async def run_probe(scenario: str, timeout: float = 50.0) -> tuple[dict | None, str]:
     """Run a wf_probe.py scenario in its own process group; (its RESULT dict or None, its stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(PROBE), scenario, cwd=str(PROBE.parent), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        sys.executable,
+        str(PROBE),
+        scenario,
+        cwd=str(PROBE.parent),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
@@ -90,7 +96,7 @@ async def run_probe(scenario: str, timeout: float = 50.0) -> tuple[dict | None, 
         await proc.wait()
         return None, "probe timed out"
     lines = [line for line in out.decode().splitlines() if line.startswith("RESULT ")]
-    return (json.loads(lines[-1][len("RESULT "):]) if lines else None), err.decode(errors="replace")
+    return (json.loads(lines[-1][len("RESULT ") :]) if lines else None), err.decode(errors="replace")
 
 
 def deadlock_note(stderr: str) -> str:
@@ -105,7 +111,8 @@ async def test_a_pool_of_two_workers_keeps_serving_when_one_is_busy() -> None:
     result, stderr = await run_probe("two_workers")
     assert result is not None, f"probe failed: {stderr[-2000:]}"
     assert result == {"query_answered": True, "busy_op_answered": True, "queued_op_answered": True}, (
-        f"the coordinator stopped serving: {result}{deadlock_note(stderr)}")
+        f"the coordinator stopped serving: {result}{deadlock_note(stderr)}"
+    )
 
 
 async def test_coordinator_reaching_its_history_limit_during_a_batch_keeps_serving() -> None:
@@ -113,7 +120,8 @@ async def test_coordinator_reaching_its_history_limit_during_a_batch_keeps_servi
     assert result is not None, f"probe failed: {stderr[-2000:]}"
     assert result["history_length_while_busy"] > 60, result  # the scenario did reach the suggestion point
     assert result["busy_op_answered"] and result["samples_answered"], (
-        f"the coordinator stopped serving: {result}{deadlock_note(stderr)}")
+        f"the coordinator stopped serving: {result}{deadlock_note(stderr)}"
+    )
 
 
 async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(monkeypatch) -> None:
@@ -123,7 +131,8 @@ async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(mon
     async with local_temporal() as env, tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:
         sid, session = await tinker.start_session()
         finished, result = await outcome_within(
-            session.execute_update(SessionWorkflow.resolve_sampler, names.sampler_id_for(sid, 9)))
+            session.execute_update(SessionWorkflow.resolve_sampler, names.sampler_id_for(sid, 9))
+        )
         assert finished, "the update is never answered: the session's workflow task fails instead"
         assert isinstance(result, WorkflowUpdateFailedError)
 
@@ -143,9 +152,15 @@ async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> N
         _, run = await tinker.ready_run(sid, 1)
 
         async def save(seq: int) -> None:
-            outcome = await tinker.op(run, TrainingOp(
-                seq_id=seq, kind="save_weights_for_sampler", body_hash=body_hash("save", seq),
-                save=SaveRequest(path=None, sampling_session_seq_id=seq)))
+            outcome = await tinker.op(
+                run,
+                TrainingOp(
+                    seq_id=seq,
+                    kind="save_weights_for_sampler",
+                    body_hash=body_hash("save", seq),
+                    save=SaveRequest(path=None, sampling_session_seq_id=seq),
+                ),
+            )
             assert outcome.ok, outcome.error
 
         await save(1)

@@ -13,7 +13,6 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
-
 from wf_harness import (
     MockEngine,
     Tinker,
@@ -31,17 +30,18 @@ from wf_harness import (
     within,
     workflow_worker,
 )
+
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import (
     AdamSpec,
     Batch,
     BatchResult,
     LoadCheckpoint,
-    SampleParams,
-    SaveRequest,
     RunState,
+    SampleParams,
     SamplerInfo,
     SampleStart,
+    SaveRequest,
     SessionState,
 )
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
@@ -74,20 +74,29 @@ async def test_ops_submitted_out_of_order_run_in_seq_order(tinker: Tinker) -> No
     assert all(o.ok for o in outcomes), outcomes
     assert fwd_seqs(tinker.engine, model_id) == [1, 2, 3]
     # Strictly one at a time: each fwd/bwd went to the engine in its own batch.
-    assert [len([i for i in b.items if i.kind == "forward_backward"]) for b in tinker.engine.batches
-            if any(i.kind == "forward_backward" for i in b.items)] == [1, 1, 1]
+    assert [
+        len([i for i in b.items if i.kind == "forward_backward"])
+        for b in tinker.engine.batches
+        if any(i.kind == "forward_backward" for i in b.items)
+    ] == [1, 1, 1]
     # The proto result (blob) is what the future answers; the JSON summary only fed the run's state.
     assert all(o.blob is not None and o.json is None for o in outcomes)
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert (state.next_seq, state.fwdbwd_count, state.tokens_seen, state.last_loss) == (4, 3, 9, 1.0)
 
-    optim = await tinker.op(run, TrainingOp(seq_id=4, kind="optim_step", body_hash=body_hash("optim", 4),
-                                            adam=AdamSpec(learning_rate=1e-4)))
+    optim = await tinker.op(
+        run, TrainingOp(seq_id=4, kind="optim_step", body_hash=body_hash("optim", 4), adam=AdamSpec(learning_rate=1e-4))
+    )
     assert optim.ok and optim.json == {"metrics": {"slot": 0}}
     state = await run.query(TrainingRunWorkflow.describe)
     assert (state.step, state.status) == (1, "ready")
     assert [i.kind for i in tinker.engine.items if i.model_id == model_id] == [
-        "create_adapter", "forward_backward", "forward_backward", "forward_backward", "optim_step"]
+        "create_adapter",
+        "forward_backward",
+        "forward_backward",
+        "forward_backward",
+        "optim_step",
+    ]
 
 
 # --- 2. retries -------------------------------------------------------------------------------------------------------
@@ -285,9 +294,11 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     sid, _ = await tinker.start_session()
     sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model)
     handle = await tinker.client.start_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob("mem://sample-request/1")]),
+        SampleRequestWorkflow.run,
+        SampleStart(sampler=sampler, payloads=[blob("mem://sample-request/1")]),
         id=names.sample_workflow_id(sampler.sampler_id, body_hash("sample", 1)),
-        task_queue=tinker.workflow_queue)
+        task_queue=tinker.workflow_queue,
+    )
     tinker.started.append(handle)
     [outcome] = await within(handle.result())
 
@@ -299,9 +310,14 @@ async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None
     assert item.snapshot == "" and item.sample == SampleParams(sampler_id=sampler.sampler_id)
 
     bad = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
-    [refused] = await within(tinker.client.execute_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=bad, payloads=[blob("bad:request")]),
-        id=names.sample_workflow_id(bad.sampler_id, body_hash("sample", 2)), task_queue=tinker.workflow_queue))
+    [refused] = await within(
+        tinker.client.execute_workflow(
+            SampleRequestWorkflow.run,
+            SampleStart(sampler=bad, payloads=[blob("bad:request")]),
+            id=names.sample_workflow_id(bad.sampler_id, body_hash("sample", 2)),
+            task_queue=tinker.workflow_queue,
+        )
+    )
     assert not refused.ok and "mock engine refused sample" in refused.error
 
 
@@ -312,9 +328,14 @@ async def test_sample_from_saved_weights_loads_them_first_in_the_same_batch(tink
     path = "tinker://elsewhere:train:0/sampler_weights/x"
     sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model, snapshot=path)
     for n in range(2):
-        [outcome] = await within(tinker.client.execute_workflow(
-            SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob(f"mem://r{n}")]),
-            id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)), task_queue=tinker.workflow_queue))
+        [outcome] = await within(
+            tinker.client.execute_workflow(
+                SampleRequestWorkflow.run,
+                SampleStart(sampler=sampler, payloads=[blob(f"mem://r{n}")]),
+                id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)),
+                task_queue=tinker.workflow_queue,
+            )
+        )
         assert outcome.ok
     [load] = tinker.engine.of_kind("load_snapshot")
     assert load.load == LoadCheckpoint(path=path)
@@ -333,8 +354,15 @@ async def test_a_finished_sessions_snapshots_are_dropped_on_every_worker_holding
         samplers = []
         for n in (1, 2):
             _model_id, run = await tinker.ready_run(sid, n)
-            saved = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_for_sampler", body_hash=body_hash(n),
-                                                    save=SaveRequest(sampling_session_seq_id=n)))
+            saved = await tinker.op(
+                run,
+                TrainingOp(
+                    seq_id=1,
+                    kind="save_weights_for_sampler",
+                    body_hash=body_hash(n),
+                    save=SaveRequest(sampling_session_seq_id=n),
+                ),
+            )
             assert saved.ok, saved
             samplers.append(names.sampler_id_for(sid, n))
         placements = (await tinker.describe_coordinator())["placements"]
@@ -351,8 +379,15 @@ async def test_a_finished_sessions_snapshots_are_dropped_on_every_worker_holding
 async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) -> None:
     sid, session = await tinker.start_session()
     model_id, run = await tinker.ready_run(sid, 1)
-    saved = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_for_sampler", body_hash=body_hash("save"),
-                                            save=SaveRequest(path=None, sampling_session_seq_id=7)))
+    saved = await tinker.op(
+        run,
+        TrainingOp(
+            seq_id=1,
+            kind="save_weights_for_sampler",
+            body_hash=body_hash("save"),
+            save=SaveRequest(path=None, sampling_session_seq_id=7),
+        ),
+    )
     sampler_id = names.sampler_id_for(sid, 7)
     assert saved.json == {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
     [snap] = tinker.engine.of_kind("snapshot")
@@ -360,13 +395,22 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
 
     info: SamplerInfo = await within(session.execute_update(SessionWorkflow.resolve_sampler, sampler_id))
     assert (info.snapshot, info.source_model_id) == (sampler_id, model_id)
-    [outcome] = await within(tinker.client.execute_workflow(
-        SampleRequestWorkflow.run, SampleStart(sampler=info, payloads=[blob("mem://r")]),
-        id=names.sample_workflow_id(sampler_id, body_hash("s")), task_queue=tinker.workflow_queue))
+    [outcome] = await within(
+        tinker.client.execute_workflow(
+            SampleRequestWorkflow.run,
+            SampleStart(sampler=info, payloads=[blob("mem://r")]),
+            id=names.sample_workflow_id(sampler_id, body_hash("s")),
+            task_queue=tinker.workflow_queue,
+        )
+    )
     assert outcome.ok and outcome.json["snapshot"] == sampler_id
 
-    named = await tinker.op(run, TrainingOp(seq_id=2, kind="save_weights_for_sampler", body_hash=body_hash("named"),
-                                            save=SaveRequest(path="ckpt-1")))
+    named = await tinker.op(
+        run,
+        TrainingOp(
+            seq_id=2, kind="save_weights_for_sampler", body_hash=body_hash("named"), save=SaveRequest(path="ckpt-1")
+        ),
+    )
     assert named.json == {"path": f"tinker://{model_id}/sampler_weights/ckpt-1", "type": "save_weights_for_sampler"}
     # Named weights are also written to storage (PEFT files) by the worker holding the adapter.
     [save] = tinker.engine.of_kind("save_checkpoint")
@@ -397,8 +441,9 @@ async def test_reject_op_fails_its_own_future_and_the_next_seq_still_runs(tinker
     model_id, run = await tinker.ready_run(sid, 1)
     # Sent out of order: seq 2 waits for the rejected seq 1 to be answered.
     second = await tinker.submit(run, tinker.fwd(2))
-    rejected = await tinker.op(run, TrainingOp(seq_id=1, kind="reject", body_hash=body_hash("reject"),
-                                               error="save_weights is not supported"))
+    rejected = await tinker.op(
+        run, TrainingOp(seq_id=1, kind="reject", body_hash=body_hash("reject"), error="save_weights is not supported")
+    )
     assert not rejected.ok and rejected.error == "save_weights is not supported" and rejected.category == "user"
     assert (await within(second.result())).ok
     assert fwd_seqs(tinker.engine, model_id) == [2]
@@ -425,11 +470,17 @@ async def test_a_failing_engine_batch_becomes_a_server_error(temporal_env) -> No
         return await original(batch)
 
     engine.run_batch = exploding  # type: ignore[method-assign]
-    tinker = Tinker(client=temporal_env.client, engine=engine, base_model=f"mock-model-explode-{id(engine)}",
-                    workflow_queue=unique_queue())
+    tinker = Tinker(
+        client=temporal_env.client,
+        engine=engine,
+        base_model=f"mock-model-explode-{id(engine)}",
+        workflow_queue=unique_queue(),
+    )
     queue = new_queue()
-    async with workflow_worker(temporal_env.client, tinker.workflow_queue), jax_worker(temporal_env.client, engine,
-                                                                                       queue):
+    async with (
+        workflow_worker(temporal_env.client, tinker.workflow_queue),
+        jax_worker(temporal_env.client, engine, queue),
+    ):
         await tinker.register(queue)
         try:
             sid, _ = await tinker.start_session()
@@ -467,8 +518,9 @@ async def test_continue_as_new_keeps_coordinator_and_run_state() -> None:
         coordinator_runs, training_runs = set(), set()
         first = None
         for seq in range(1, 13):
-            op = tinker.fwd(seq) if seq % 2 else TrainingOp(seq_id=seq, kind="optim_step",
-                                                           body_hash=body_hash("o", seq))
+            op = (
+                tinker.fwd(seq) if seq % 2 else TrainingOp(seq_id=seq, kind="optim_step", body_hash=body_hash("o", seq))
+            )
             outcome = await tinker.op(run, op)
             assert outcome.ok, outcome
             first = first or outcome

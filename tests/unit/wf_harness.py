@@ -34,8 +34,8 @@ from temporalio.worker import Worker
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
-from tinkerflow.workflows.janitor import StoreJanitor
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
+from tinkerflow.workflows.janitor import StoreJanitor
 from tinkerflow.workflows.messages import (
     Batch,
     BatchResult,
@@ -55,16 +55,28 @@ from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 TEMPORAL_BINARY = Path(sys.executable).parent / "temporal"
-ALL_WORKFLOWS = [Coordinator, TrainingRunWorkflow, SessionWorkflow, SampleRequestWorkflow, CheckpointExpiry, StoreJanitor]
+ALL_WORKFLOWS = [
+    Coordinator,
+    TrainingRunWorkflow,
+    SessionWorkflow,
+    SampleRequestWorkflow,
+    CheckpointExpiry,
+    StoreJanitor,
+]
 STEP_TIMEOUT = 20.0  # seconds any single wait in a test may take before it counts as a hang
 
 
 def server_args(*dynamic_config: str) -> list[str]:
     """Dev server flags: our search attributes, the raised in-flight update limit, and the fast-hand-off settings."""
     args = [
-        "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
-        "--dynamic-config-value", "history.maxInFlightUpdates=256",
-        "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
+        "--sqlite-pragma",
+        "journal_mode=wal",
+        "--sqlite-pragma",
+        "synchronous=normal",
+        "--dynamic-config-value",
+        "history.maxInFlightUpdates=256",
+        "--dynamic-config-value",
+        "history.transferProcessorMaxPollRPS=1000",
     ]
     for value in dynamic_config:
         args += ["--dynamic-config-value", value]
@@ -124,7 +136,8 @@ class MockEngine:
     """Stands in for the JAX worker's `run_batch`: records every Batch and answers every WorkItem.
 
     forward_backward items whose payload carries the flag "bad" (Tinker.fwd(..., bad=True)) get an error Outcome;
-    batches holding an item flagged "hold" wait until `release` is set (a slow engine), so work queued meanwhile can be watched being batched.
+    batches holding an item flagged "hold" wait until `release` is set (a slow engine), so work queued meanwhile
+    can be watched being batched.
     """
 
     def __init__(self) -> None:
@@ -142,8 +155,10 @@ class MockEngine:
         if item.kind == "optim_step":
             return Outcome(json={"metrics": {"slot": item.slot}})
         if item.kind == "sample":
-            return Outcome(json={"sequences": [[1, 2, 3]], "key": item.key, "snapshot": item.snapshot or None},
-                           blob=blob(f"mem://sample/{item.key}"))
+            return Outcome(
+                json={"sequences": [[1, 2, 3]], "key": item.key, "snapshot": item.snapshot or None},
+                blob=blob(f"mem://sample/{item.key}"),
+            )
         if item.kind == "snapshot":
             return Outcome(json={"key": item.snapshot})
         if item.kind == "save_checkpoint":
@@ -225,13 +240,22 @@ class Tinker:
     async def register(self, queue: str, max_adapters: int = 4, worker_id: str = "") -> WorkerInfo:
         card = ModelCard(name=self.base_model, arch="mock", local_path="/nonexistent", vocab_size=32, max_context=64)
         # A new incarnation each time: registering again is what a restarted worker process does.
-        info = WorkerInfo(worker_id=worker_id or queue.rsplit("/", 1)[-1], task_queue=queue,
-                          max_adapters=max_adapters, max_rank=32, card=card, incarnation=uuid.uuid4().hex)
+        info = WorkerInfo(
+            worker_id=worker_id or queue.rsplit("/", 1)[-1],
+            task_queue=queue,
+            max_adapters=max_adapters,
+            max_rank=32,
+            card=card,
+            incarnation=uuid.uuid4().hex,
+        )
         handle = await self.client.start_workflow(
-            Coordinator.run, CoordinatorState(base_model=self.base_model, pool=self.pool),
-            id=names.coordinator_workflow_id(self.base_model, self.pool), task_queue=self.workflow_queue,
+            Coordinator.run,
+            CoordinatorState(base_model=self.base_model, pool=self.pool),
+            id=names.coordinator_workflow_id(self.base_model, self.pool),
+            task_queue=self.workflow_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal="register_worker", start_signal_args=[info],
+            start_signal="register_worker",
+            start_signal_args=[info],
         )
         self.started.append(handle)
         return info
@@ -244,28 +268,48 @@ class Tinker:
         handle = await self.client.start_workflow(
             SessionWorkflow.run,
             args=[SessionStart(session_id=session_id, owner="", heartbeat_timeout_s=heartbeat_timeout_s), None],
-            id=names.session_workflow_id(session_id), task_queue=self.workflow_queue,
+            id=names.session_workflow_id(session_id),
+            task_queue=self.workflow_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=names.search_attributes((names.SESSION_ID, session_id), (names.STATUS, "active")),
         )
         self.started.append(handle)
         return session_id, handle
 
-    async def create_run(self, session_id: str, n: int, rank: int = 8, **start_fields: Any
-                         ) -> tuple[WorkflowHandle, Outcome]:
+    async def create_run(
+        self, session_id: str, n: int, rank: int = 8, **start_fields: Any
+    ) -> tuple[WorkflowHandle, Outcome]:
         model_id = names.model_id_for(session_id, n)
-        start = RunStart(model_id=model_id, session_id=session_id, owner="", base_model=self.base_model,
-                         lora=LoraSpec(rank=rank), pool=self.pool, **start_fields)
-        start_op = WithStartWorkflowOperation(
-            TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(model_id),
-            task_queue=self.workflow_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=names.search_attributes(
-                (names.SESSION_ID, session_id), (names.BASE_MODEL, self.base_model), (names.STATUS, "starting"),
-                (names.STEP, 0)),
+        start = RunStart(
+            model_id=model_id,
+            session_id=session_id,
+            owner="",
+            base_model=self.base_model,
+            lora=LoraSpec(rank=rank),
+            pool=self.pool,
+            **start_fields,
         )
-        update = await within(self.client.start_update_with_start_workflow(
-            TrainingRunWorkflow.create, start_workflow_operation=start_op, id="create",
-            wait_for_stage=WorkflowUpdateStage.ACCEPTED))
+        start_op = WithStartWorkflowOperation(
+            TrainingRunWorkflow.run,
+            args=[start, None],
+            id=names.run_workflow_id(model_id),
+            task_queue=self.workflow_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=names.search_attributes(
+                (names.SESSION_ID, session_id),
+                (names.BASE_MODEL, self.base_model),
+                (names.STATUS, "starting"),
+                (names.STEP, 0),
+            ),
+        )
+        update = await within(
+            self.client.start_update_with_start_workflow(
+                TrainingRunWorkflow.create,
+                start_workflow_operation=start_op,
+                id="create",
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )
+        )
         outcome = await within(update.result())
         handle = await start_op.workflow_handle()
         self.started.append(handle)
@@ -280,15 +324,24 @@ class Tinker:
     def fwd(seq_id: int, tag: str = "", **flags: bool) -> TrainingOp:
         """A forward_backward op; `flags` (hold=True, bad=True, ...) ride in its payload URI for the mock engine."""
         query = "&".join(sorted(k for k, v in flags.items() if v))
-        return TrainingOp(seq_id=seq_id, kind="forward_backward", body_hash=body_hash("fwd", seq_id, tag, flags),
-                          payload=blob(f"mem://request/{seq_id}/{tag}" + (f"?{query}" if query else "")))
+        return TrainingOp(
+            seq_id=seq_id,
+            kind="forward_backward",
+            body_hash=body_hash("fwd", seq_id, tag, flags),
+            payload=blob(f"mem://request/{seq_id}/{tag}" + (f"?{query}" if query else "")),
+        )
 
     @staticmethod
     async def submit(run: WorkflowHandle, op: TrainingOp, update_id: str | None = None) -> WorkflowUpdateHandle:
         """What the API's `_submit` does: start the update, return once the workflow accepted it."""
-        return await within(run.start_update(
-            TrainingRunWorkflow.op, op, id=update_id or f"seq-{op.seq_id}-{op.body_hash[:16]}",
-            wait_for_stage=WorkflowUpdateStage.ACCEPTED))
+        return await within(
+            run.start_update(
+                TrainingRunWorkflow.op,
+                op,
+                id=update_id or f"seq-{op.seq_id}-{op.body_hash[:16]}",
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )
+        )
 
     async def op(self, run: WorkflowHandle, op: TrainingOp) -> Outcome:
         return await within((await self.submit(run, op)).result())
@@ -321,8 +374,9 @@ def new_queue(pool: str = "default") -> str:
 async def tinker_world(client: Client, max_adapters: int = 4, **worker_kwargs: Any) -> AsyncIterator[Tinker]:
     """`worker_kwargs` go to this test's workflow Worker (e.g. an unsandboxed runner for a monkeypatched module)."""
     engine = MockEngine()
-    tinker = Tinker(client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}",
-                    workflow_queue=unique_queue())
+    tinker = Tinker(
+        client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}", workflow_queue=unique_queue()
+    )
     queue = new_queue()
     async with workflow_worker(client, tinker.workflow_queue, **worker_kwargs), jax_worker(client, engine, queue):
         tinker.workers.append(await tinker.register(queue, max_adapters=max_adapters))
@@ -331,5 +385,3 @@ async def tinker_world(client: Client, max_adapters: int = 4, **worker_kwargs: A
             yield tinker
         finally:
             await tinker.cleanup()
-
-

@@ -19,13 +19,21 @@ import traceback
 from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+from wf_harness import (
+    ALL_WORKFLOWS,
+    TEMPORAL_BINARY,
+    MockEngine,
+    Tinker,
+    blob,
+    body_hash,
+    new_queue,
+    server_args,
+    unique_queue,
+)
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import Batch, BatchResult, SamplerInfo, SampleStart
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
-from wf_harness import (
-    ALL_WORKFLOWS, TEMPORAL_BINARY, MockEngine, Tinker, blob, body_hash, new_queue, server_args, unique_queue,
-)
 
 WAIT = 5.0  # a healthy coordinator answers in well under a second
 SUGGEST_CONTINUE_AS_NEW_AT = 60
@@ -64,7 +72,8 @@ async def two_workers(tinker: Tinker, spawn) -> dict:
     await asyncio.sleep(1.0)
     tinker.engine.release.set()
     query, busy_ok, queued_ok = await asyncio.gather(
-        answered(tinker.describe_coordinator()), answered(busy.result()), answered(queued.result()))
+        answered(tinker.describe_coordinator()), answered(busy.result()), answered(queued.result())
+    )
     return {"query_answered": query, "busy_op_answered": busy_ok, "queued_op_answered": queued_ok}
 
 
@@ -81,31 +90,43 @@ async def continue_as_new_while_busy(tinker: Tinker, spawn) -> dict:
     while history < SUGGEST_CONTINUE_AS_NEW_AT + 20 and len(samples) < 200:
         for _ in range(5):
             n = len(samples)
-            samples.append(await tinker.client.start_workflow(
-                SampleRequestWorkflow.run, SampleStart(sampler=sampler, payloads=[blob(f"mem://s/{n}")]),
-                id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)),
-                task_queue=tinker.workflow_queue))
+            samples.append(
+                await tinker.client.start_workflow(
+                    SampleRequestWorkflow.run,
+                    SampleStart(sampler=sampler, payloads=[blob(f"mem://s/{n}")]),
+                    id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)),
+                    task_queue=tinker.workflow_queue,
+                )
+            )
         await asyncio.sleep(0.2)
         history = (await tinker.coordinator.describe()).history_length
     await asyncio.sleep(1.0)
     tinker.engine.release.set()
     busy_ok, samples_ok = await asyncio.gather(
-        answered(busy.result()), answered(asyncio.gather(*(h.result() for h in samples))))
-    return {"history_length_while_busy": history, "samples": len(samples), "busy_op_answered": busy_ok,
-            "samples_answered": samples_ok}
+        answered(busy.result()), answered(asyncio.gather(*(h.result() for h in samples)))
+    )
+    return {
+        "history_length_while_busy": history,
+        "samples": len(samples),
+        "busy_op_answered": busy_ok,
+        "samples_answered": samples_ok,
+    }
 
 
 SCENARIOS = {
     "two_workers": (two_workers, ()),
     "continue_as_new_while_busy": (
-        continue_as_new_while_busy, (f"limit.historyCount.suggestContinueAsNew={SUGGEST_CONTINUE_AS_NEW_AT}",)),
+        continue_as_new_while_busy,
+        (f"limit.historyCount.suggestContinueAsNew={SUGGEST_CONTINUE_AS_NEW_AT}",),
+    ),
 }
 
 
 async def main(name: str) -> dict:
     scenario, dynamic_config = SCENARIOS[name]
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(TEMPORAL_BINARY), dev_server_extra_args=server_args(*dynamic_config))
+        dev_server_existing_path=str(TEMPORAL_BINARY), dev_server_extra_args=server_args(*dynamic_config)
+    )
     tasks = []
     try:
         client = env.client

@@ -177,7 +177,11 @@ def write_peft(
                 key = f"{_PEFT_PREFIX}model.{parent}.{e}.{proj}.lora_{ab.upper()}.weight"
                 tensors[key] = np.ascontiguousarray(value[e].T)
             continue
-        key = _PEFT_PREFIX + (_UNEMBED_EXPORT if module == "lm_head" else "model." + module) + f".lora_{ab.upper()}.weight"
+        key = (
+            _PEFT_PREFIX
+            + (_UNEMBED_EXPORT if module == "lm_head" else "model." + module)
+            + f".lora_{ab.upper()}.weight"
+        )
         tensors[key] = np.ascontiguousarray(value.T)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

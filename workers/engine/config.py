@@ -114,9 +114,12 @@ class ModelConfig:
         if self.rope_scaling is None:
             return inv.astype(np.float32)
         s = dict(self.rope_scaling)
-        factor, low, high, old_ctx = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s[
-            "original_max_position_embeddings"
-        ]
+        factor, low, high, old_ctx = (
+            s["factor"],
+            s["low_freq_factor"],
+            s["high_freq_factor"],
+            s["original_max_position_embeddings"],
+        )
         low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
         wavelen = 2 * math.pi / inv
         scaled = np.where(wavelen > low_wavelen, inv / factor, inv)

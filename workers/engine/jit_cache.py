@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Any
-from collections.abc import Callable, Hashable
 
 import jax
 

@@ -22,7 +22,6 @@ from safetensors import safe_open
 
 from .config import ModelConfig
 from .model import CausalLM
-
 from .sharding import Placement
 
 if TYPE_CHECKING:
@@ -35,7 +34,9 @@ log = logging.getLogger(__name__)
 # [E, H, I]); both fill the stacked kernels [E, in, out] of moe.ExpertLinear.
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$|^model\.layers\.(\d+)\.(\w+layernorm)\.weight$")
+_LAYER = re.compile(
+    r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$|^model\.layers\.(\d+)\.(\w+layernorm)\.weight$"
+)
 
 
 @dataclass
@@ -70,7 +71,7 @@ def _state_path(name: str, config: ModelConfig) -> tuple[tuple, bool] | None:
         return ("norm", "weight"), False
     if name == "lm_head.weight":
         # Tied checkpoints sometimes still carry a copy; the embedding is the source of truth then.
-        return (None if config.tie_word_embeddings else (("lm_head", "kernel"), True))
+        return None if config.tie_word_embeddings else (("lm_head", "kernel"), True)
     m = _LAYER.match(name)
     if m is None:
         return None

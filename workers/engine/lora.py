@@ -70,9 +70,7 @@ def _stacked_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: StackedLor
     return out
 
 
-def lora_delta(
-    x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting | StackedLoraRouting
-) -> jax.Array:
+def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting | StackedLoraRouting) -> jax.Array:
     """scale_b * (x_b @ A[slot_b]) @ B[slot_b] for x [B, T, in]."""
     if isinstance(routing, StackedLoraRouting):
         return _stacked_delta(x, a, b, routing)

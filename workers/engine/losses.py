@@ -13,7 +13,13 @@ import jax
 import jax.numpy as jnp
 
 LOSS_NAMES: tuple[str, ...] = (
-    "cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce",
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "stable_reinforce",
 )
 LOSS_ID = {name: i for i, name in enumerate(LOSS_NAMES)}
 

@@ -1,4 +1,5 @@
-"""Decoder-only causal LM (Qwen3, Llama 3; Qwen3-MoE with the expert block of moe.py) in Flax NNX, with multi-LoRA on every linear and an optional KV cache.
+"""Decoder-only causal LM (Qwen3, Llama 3; Qwen3-MoE with the expert block of moe.py) in Flax NNX, with multi-LoRA on
+every linear and an optional KV cache.
 
 Attribute names mirror the Hugging Face module tree (`layers[i].self_attn.q_proj`, `mlp.gate_proj`, ...) so the
 loader maps safetensors names onto NNX state paths mechanically.
@@ -69,7 +70,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    def __init__(
+        self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32
+    ):
         self.config = config
         h, hd = config.hidden_size, config.head_dim
         lora: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
@@ -146,7 +149,9 @@ def _decode_attention(q, k, v, positions, groups: int, head_dim: int) -> jax.Arr
 
 
 class MLP(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    def __init__(
+        self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32
+    ):
         h, i = config.hidden_size, config.intermediate_size
         lora: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.gate_proj = LoRALinear(h, i, **lora)
@@ -158,8 +163,8 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32,
-                 layer_idx: int = 0):  # fmt: skip
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
+                 param_dtype=jnp.float32, layer_idx: int = 0):  # fmt: skip
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, **kw)

@@ -63,8 +63,16 @@ PART_BYTES = 4 << 20
 POLL_S = 10.0  # how long one follower RPC waits for the next command before it looks at its stop event again
 # What a cross-process collective raises when a peer process of the group is gone (gloo on CPU, NCCL on GPU, the
 # coordination service everywhere). After one, this group can run no step again: see `DrivenEngine`.
-BROKEN_GROUP_MARKERS = ("Gloo", "gloo", "NCCL", "Connection closed by peer", "Connection reset by peer",
-                        "coordination service", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+BROKEN_GROUP_MARKERS = (
+    "Gloo",
+    "gloo",
+    "NCCL",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "coordination service",
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+)
 EXIT_BROKEN_GROUP = 70  # the exit status of a process 0 that left a broken group (EX_SOFTWARE)
 
 

@@ -100,5 +100,7 @@ def warm_up(
 def _pad_first_position(ids: np.ndarray, lps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Top-k rows for prompt positions 1..P-1 -> P rows, row 0 the SDK's padding (nothing predicts token 0)."""
     k = ids.shape[1]
-    return (np.concatenate([np.zeros((1, k), np.int32), ids.astype(np.int32)]),
-            np.concatenate([np.full((1, k), TOPK_PAD_LOGPROB, np.float32), lps.astype(np.float32)]))
+    return (
+        np.concatenate([np.zeros((1, k), np.int32), ids.astype(np.int32)]),
+        np.concatenate([np.full((1, k), TOPK_PAD_LOGPROB, np.float32), lps.astype(np.float32)]),
+    )

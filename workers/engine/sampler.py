@@ -1,4 +1,5 @@
-"""Continuous-batching sampler, host side: a fixed set of decode slots, rows admitted into free slots, KV-cache decoding.
+"""Continuous-batching sampler, host side: a fixed set of decode slots, rows admitted into free slots, KV-cache
+decoding.
 
 Every sample of every request is one *row*. A `sample` call queues its rows; `SlotSampler.run` admits them into a
 fixed number of decode slots (a row bucket such as 8/64/256), prefills the newly admitted rows (their keys and values
@@ -35,6 +36,7 @@ from flax import nnx
 from tinkerflow.common.settings import env_setting
 
 from .config import ModelConfig, round_up_pow2, round_up_seq_len
+
 # The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
 from .decode import MAX_TOPK_PROMPT_LOGPROBS, RowParams, Slots, admit, decode, empty_slots
 from .jit_cache import AotCache

@@ -28,7 +28,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .config import ModelConfig
 
@@ -55,7 +56,9 @@ class MeshConfig:
         fsdp = self.fsdp if self.fsdp is not None else len(devices) // other
         if fsdp < 1 or fsdp * other > len(devices):
             ep = f" x ep={self.ep}" if self.ep > 1 else ""
-            raise ValueError(f"mesh fsdp={fsdp} x tp={self.tp}{ep} needs {max(fsdp, 1) * other} devices, have {len(devices)}")
+            raise ValueError(
+                f"mesh fsdp={fsdp} x tp={self.tp}{ep} needs {max(fsdp, 1) * other} devices, have {len(devices)}"
+            )
         if self.ep > 1:
             return jax.make_mesh((fsdp, self.ep, self.tp), (FSDP, EP, TP), axis_types=(AxisType.Auto,) * 3,
                                  devices=devices[: fsdp * other])  # fmt: skip
@@ -68,7 +71,9 @@ def as_mesh(mesh: Mesh | MeshConfig | None) -> Mesh:
     """A Mesh from a Mesh, a MeshConfig, or None (all local devices on fsdp, tp=1)."""
     if isinstance(mesh, Mesh):
         if set(mesh.axis_names) not in ({FSDP, TP}, {FSDP, EP, TP}):
-            raise ValueError(f"mesh axes must be ({FSDP!r}, {TP!r}) or ({FSDP!r}, {EP!r}, {TP!r}), got {mesh.axis_names}")
+            raise ValueError(
+                f"mesh axes must be ({FSDP!r}, {TP!r}) or ({FSDP!r}, {EP!r}, {TP!r}), got {mesh.axis_names}"
+            )
         return mesh
     return (mesh or MeshConfig()).build()
 

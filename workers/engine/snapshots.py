@@ -53,10 +53,12 @@ def default_budget_bytes() -> int:
 
 
 def evicted_message(key: str, budget_bytes: int) -> str:
-    return (f"sampler weights {key!r} were evicted from this JAX worker's snapshot memory (budget "
-            f"{budget_bytes / 2**20:,.0f} MiB, --snapshot-budget-mb; least recently used go first) and cannot be "
-            "reloaded: they were never saved under a name. Call save_weights_and_get_sampling_client again, or use "
-            "save_weights_for_sampler(name) for weights that reload on demand")
+    return (
+        f"sampler weights {key!r} were evicted from this JAX worker's snapshot memory (budget "
+        f"{budget_bytes / 2**20:,.0f} MiB, --snapshot-budget-mb; least recently used go first) and cannot be "
+        "reloaded: they were never saved under a name. Call save_weights_and_get_sampling_client again, or use "
+        "save_weights_for_sampler(name) for weights that reload on demand"
+    )
 
 
 class SnapshotCache(OrderedDict):

@@ -83,7 +83,13 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+REQUIRED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 def _data_sha256() -> str:
@@ -219,8 +225,11 @@ def attention_shapes(p: str, h: int, q: int, kv: int, hd: int) -> list[tuple[str
 
 def dense_mlp_shapes(p: str, h: int, inter: int) -> list[tuple[str, tuple[int, ...]]]:
     """A dense SwiGLU MLP's projections (prefix `p`, e.g. `model.layers.0.mlp`), in draw order."""
-    return [(f"{p}.gate_proj.weight", (inter, h)), (f"{p}.up_proj.weight", (inter, h)),
-            (f"{p}.down_proj.weight", (h, inter))]
+    return [
+        (f"{p}.gate_proj.weight", (inter, h)),
+        (f"{p}.up_proj.weight", (inter, h)),
+        (f"{p}.down_proj.weight", (h, inter)),
+    ]
 
 
 def parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
@@ -351,7 +360,9 @@ def make_tiny_model(
         return out
 
     t0 = time.perf_counter()
-    logger.info("building tiny %s model (seed=%d, init_std=%g) at %s", "Qwen3-MoE" if moe else "Qwen3", seed, init_std, out)
+    logger.info(
+        "building tiny %s model (seed=%d, init_std=%g) at %s", "Qwen3-MoE" if moe else "Qwen3", seed, init_std, out
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

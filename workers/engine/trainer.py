@@ -80,13 +80,18 @@ def optim_step(slots: AdapterSlots, slot: int, adam: AdamConfig) -> dict[str, fl
         # working (a lower learning_rate, or a load_state). The step consumed its gradients as a good step does:
         # NaN ones kept in the accumulator would poison every later step.
         slots.grads = slots.zero_slot(slots.grads, np.int32(slot))
-        why = (f"the accumulated gradients are not finite (grad_norm={grad_norm}): the forward_backward calls "
-               "since the last step produced NaN or infinity, typically because earlier steps made the weights "
-               "too large" if not np.isfinite(grad_norm) else
-               f"learning_rate={adam.learning_rate} (grad_norm={grad_norm}) would make the weights not finite")
-        raise InputError(f"optim_step not applied: {why}; the weights and Adam moments are unchanged and the "
-                         "accumulated gradients were dropped. Lower the learning_rate, or load_state an earlier "
-                         "checkpoint")
+        why = (
+            f"the accumulated gradients are not finite (grad_norm={grad_norm}): the forward_backward calls "
+            "since the last step produced NaN or infinity, typically because earlier steps made the weights "
+            "too large"
+            if not np.isfinite(grad_norm)
+            else f"learning_rate={adam.learning_rate} (grad_norm={grad_norm}) would make the weights not finite"
+        )
+        raise InputError(
+            f"optim_step not applied: {why}; the weights and Adam moments are unchanged and the "
+            "accumulated gradients were dropped. Lower the learning_rate, or load_state an earlier "
+            "checkpoint"
+        )
     # Only the slot's slice is written (in place, the state is donated); the outputs keep the placement's
     # shardings.
     slots.lora, slots.grads, slots.opt = write_slot_values(

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .decode import MAX_TOPK_PROMPT_LOGPROBS
 from .losses import (
     LOSS_CONFIG_DEFAULTS,
     LOSS_ID,
@@ -16,7 +17,6 @@ from .losses import (
     LOSS_REQUIRED_INPUTS,
     LOSSES_NEEDING_PROVENANCE,
 )
-from .decode import MAX_TOPK_PROMPT_LOGPROBS
 from .train import Row
 from .types import Datum, ForwardBackwardInput, InputError, SampleInput
 
@@ -147,9 +147,7 @@ def _seq_mask(i: int, d: Datum, loss_fn: str, n: int, adv: np.ndarray, check_len
     return np.zeros((n,), np.float32)
 
 
-def forward_backward_rows(
-    req: ForwardBackwardInput, *, slot_scale: float, vocab: int, max_len: int
-) -> list[Row]:
+def forward_backward_rows(req: ForwardBackwardInput, *, slot_scale: float, vocab: int, max_len: int) -> list[Row]:
     cfg = loss_config(req.loss_fn, req.loss_fn_config)
     if not req.data:
         raise InputError("forward_backward needs at least one datum")
@@ -186,9 +184,7 @@ def check_sample(req: SampleInput, *, vocab: int, max_len: int, snapshots: set[s
     if len(prompt) == 0:
         raise InputError("prompt is empty")
     if len(prompt) >= max_len:
-        raise InputError(
-            f"prompt has {len(prompt)} tokens; max_position_embeddings={max_len} leaves no room to sample"
-        )
+        raise InputError(f"prompt has {len(prompt)} tokens; max_position_embeddings={max_len} leaves no room to sample")
     if req.num_samples < 1:
         raise InputError(f"num_samples must be >= 1, got {req.num_samples}")
     if req.max_tokens < 1:

@@ -26,10 +26,19 @@ def test_train_dpo_main_on_local_pairs(cookbook_env, base_model, tmp_path):
     with pairs.open("w") as f:
         for i in range(16):  # prefer repeating the word over a different one
             w, other = WORDS[i % 8], WORDS[(i + 3) % 8]
-            f.write(json.dumps({"label": "A", "comparison": {
-                "prompt_conversation": [{"role": "user", "content": f"repeat {w}"}],
-                "completion_A": [{"role": "assistant", "content": w}],
-                "completion_B": [{"role": "assistant", "content": other}]}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "label": "A",
+                        "comparison": {
+                            "prompt_conversation": [{"role": "user", "content": f"repeat {w}"}],
+                            "completion_A": [{"role": "assistant", "content": w}],
+                            "completion_B": [{"role": "assistant", "content": other}],
+                        },
+                    }
+                )
+                + "\n"
+            )
     common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=base_model, renderer_name="role_colon",
                                             max_length=64, batch_size=4)  # fmt: skip
     log_path = tmp_path / "dpo"

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.e2e.cookbook.conftest import (
-    assert_steps_contiguous_from_zero, read_checkpoints, read_metrics, require_cookbook,
+    assert_steps_contiguous_from_zero,
+    read_checkpoints,
+    read_metrics,
+    require_cookbook,
 )  # fmt: skip
 
 require_cookbook()
@@ -58,8 +61,17 @@ def easy_task(stack, base_model):
     return prompts, probe_targets(service, base_model, prompts)
 
 
-def make_config(cookbook_env, base_model, easy_task, log_path, *, loss_fn: LossFnType, steps: int = STEPS,
-                learning_rate: float = 2e-2, **extra):
+def make_config(
+    cookbook_env,
+    base_model,
+    easy_task,
+    log_path,
+    *,
+    loss_fn: LossFnType,
+    steps: int = STEPS,
+    learning_rate: float = 2e-2,
+    **extra,
+):
     from tinker_cookbook.rl import train
 
     from tests.e2e.cookbook.easy_env import TargetTokensDatasetBuilder
@@ -126,8 +138,9 @@ def test_rl_train_main_raises_reward(cookbook_env, base_model, easy_task, learne
     extra: dict[str, Any] = {"loss_fn_config": {"beta": 0.05}} if loss_fn == "dro" else {}
     if loss_fn in SLOW_LOSSES:
         extra.update(steps=SLOW_STEPS, learning_rate=SLOW_LR)
-    run_and_check(make_config(cookbook_env, base_model, easy_task, tmp_path / loss_fn, loss_fn=loss_fn, **extra),
-                  judge=learned)
+    run_and_check(
+        make_config(cookbook_env, base_model, easy_task, tmp_path / loss_fn, loss_fn=loss_fn, **extra), judge=learned
+    )
 
 
 @pytest.mark.timeout(1800)

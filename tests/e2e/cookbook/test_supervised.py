@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.cookbook.conftest import (
-    assert_steps_contiguous_from_zero, read_checkpoints, read_metrics, require_cookbook,
+    assert_steps_contiguous_from_zero,
+    read_checkpoints,
+    read_metrics,
+    require_cookbook,
 )  # fmt: skip
 
 require_cookbook()
@@ -31,8 +34,17 @@ def write_conversations(path, n: int = 48) -> None:
     with path.open("w") as f:
         for i in range(n):
             a, b = COLOURS[i % 8], COLOURS[(i * 3 + 1) % 8]
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"say {a} {b}"},
-                                             {"role": "assistant", "content": f"{a} {b}"}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"say {a} {b}"},
+                            {"role": "assistant", "content": f"{a} {b}"},
+                        ]
+                    }
+                )
+                + "\n"
+            )
 
 
 def run_until_killed(args: list[str], log_path: Path, *, after_batch: int, timeout_s: float) -> None:

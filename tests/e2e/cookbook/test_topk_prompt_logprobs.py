@@ -13,8 +13,13 @@ def test_topk_prompt_logprobs_rows_per_prompt_position(stack, service_client, ba
 
     sampler = service_client.create_sampling_client(base_model=base_model)
     prompt = [5, 17, 42, 99, 3, 250, 7]
-    res = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=1, sampling_params=types.SamplingParams(
-        max_tokens=1), include_prompt_logprobs=True, topk_prompt_logprobs=4).result(timeout=300)
+    res = sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=1),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=4,
+    ).result(timeout=300)
     rows, plp = res.topk_prompt_logprobs, res.prompt_logprobs
     assert len(rows) == len(prompt) and rows[0] is None and plp[0] is None
     for i in range(1, len(prompt)):
