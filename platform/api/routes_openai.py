@@ -12,21 +12,21 @@ Errors use OpenAI's body shape. Streaming sends OpenAI's chunks after the engine
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError
 from tinker.proto.response_conv import deserialize_sample_response
 from tinker.types import SampleRequest
+
 from tinkerflow.api.deps import metrics_caller, services
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body
 from tinkerflow.api.openai_models import (
@@ -45,13 +45,13 @@ from tinkerflow.api.openai_render import (
     usage,
 )
 from tinkerflow.api.openai_samplers import OpenAISamplers
+from tinkerflow.api.openai_stream import stream as _stream
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
 from tinkerflow.workflows.messages import ModelCard, Outcome
 
 RETRY_AFTER_S = 1
-KEEPALIVE_S = 15.0
 
 
 def _stops(req: _Common) -> list[str] | None:
@@ -107,13 +107,19 @@ async def _target(svc: Services, model: str, who: str) -> Target:
             raise OpenAIError(404 if e.status_code == 404 else 400, str(e.detail), "model", "model_not_found") from None
         card = await svc.registry.get(base)
         if card is None:
-            raise OpenAIError(404, f"{model} needs base model {base}, which no JAX worker serves", "model",
-                              "model_not_found")
+            raise OpenAIError(
+                404, f"{model} needs base model {base}, which no JAX worker serves", "model", "model_not_found"
+            )
         return Target(card, model)
     card = await svc.registry.get(model)
     if card is None:
-        raise OpenAIError(404, f"the model {model!r} does not exist: use a served base model (GET /v1/models) or a "
-                               "tinker:// path of your saved weights", "model", "model_not_found")
+        raise OpenAIError(
+            404,
+            f"the model {model!r} does not exist: use a served base model (GET /v1/models) or a "
+            "tinker:// path of your saved weights",
+            "model",
+            "model_not_found",
+        )
     return Target(card, "")
 
 
@@ -141,20 +147,42 @@ def _budget(svc: Services, card: ModelCard, prompt: list[int], max_tokens: int |
     room = card.max_context - len(prompt)
     asked = max_tokens if max_tokens is not None else min(room, svc.settings.max_sample_tokens)
     if room < 1 or len(prompt) + asked > card.max_context:
-        raise OpenAIError(400, f"this model's context is {card.max_context} tokens; the prompt has {len(prompt)} and "
-                               f"{field} asks for {asked}", field if room >= 1 else "prompt", "context_length_exceeded")
+        raise OpenAIError(
+            400,
+            f"this model's context is {card.max_context} tokens; the prompt has {len(prompt)} and "
+            f"{field} asks for {asked}",
+            field if room >= 1 else "prompt",
+            "context_length_exceeded",
+        )
     return asked
 
 
-async def _sample(svc: Services, samplers: OpenAISamplers, who: str, target: Target, prompt: list[int],
-                  req: _Common, max_tokens: int, topk_prompt: int | None = None) -> BatchItemRef:
+async def _sample(
+    svc: Services,
+    samplers: OpenAISamplers,
+    who: str,
+    target: Target,
+    prompt: list[int],
+    req: _Common,
+    max_tokens: int,
+    topk_prompt: int | None = None,
+) -> BatchItemRef:
     """Submit one prompt; `topk_prompt` (not None) also scores the prompt, with that many alternatives per token."""
     info = await samplers.sampler(svc, who, target.card.name, target.model_path)
     raw: dict[str, Any] = {
-        "sampling_session_id": info.sampler_id, "seq_id": 0, "num_samples": req.n,
+        "sampling_session_id": info.sampler_id,
+        "seq_id": 0,
+        "num_samples": req.n,
         "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
-        "sampling_params": {"max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p,
-                            "top_k": req.top_k, "seed": req.seed, "stop": req.stop}}
+        "sampling_params": {
+            "max_tokens": max_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "seed": req.seed,
+            "stop": req.stop,
+        },
+    }
     if topk_prompt is not None:
         raw.update(prompt_logprobs=True, topk_prompt_logprobs=topk_prompt)
     ref = await submit_sample(svc, info, raw, SampleRequest.model_validate(raw))
@@ -169,8 +197,9 @@ async def _results(svc: Services, ref: BatchItemRef) -> Any:
     try:
         outcome = (await handle.result())[ref.index]
     except WorkflowFailureError as e:
-        raise OpenAIError(500, f"sampling failed: {getattr(e.cause, 'message', None) or e}", None,
-                          "server_error") from None
+        raise OpenAIError(
+            500, f"sampling failed: {getattr(e.cause, 'message', None) or e}", None, "server_error"
+        ) from None
     if not outcome.ok:
         status = 400 if outcome.category == "user" else 500
         raise OpenAIError(status, outcome.error or "sampling failed", None, "sampling_failed")
@@ -184,8 +213,9 @@ def _tokens(prompt: str | list[int], tokenizer: Any, card: ModelCard) -> list[in
     else:
         bad = [t for t in prompt if not 0 <= t < card.vocab_size]
         if bad:
-            raise OpenAIError(400, f"token id {bad[0]} is outside the vocabulary [0, {card.vocab_size})", "prompt",
-                              "invalid_value")
+            raise OpenAIError(
+                400, f"token id {bad[0]} is outside the vocabulary [0, {card.vocab_size})", "prompt", "invalid_value"
+            )
         tokens = list(prompt)
     if not tokens:
         raise OpenAIError(400, "the prompt is empty", "prompt", "invalid_value")
@@ -193,8 +223,9 @@ def _tokens(prompt: str | list[int], tokenizer: Any, card: ModelCard) -> list[in
 
 
 @router.post("/completions", response_model=None)
-async def completions(request: Request, svc: Services = Depends(services),
-                      who: str = Depends(metrics_caller)) -> dict | Response:
+async def completions(
+    request: Request, svc: Services = Depends(services), who: str = Depends(metrics_caller)
+) -> dict | Response:
     req: CompletionRequest = _parse(CompletionRequest, await json_body(request))
     prompts = req.prompts()
     _caps(svc, req.n * len(prompts), req.max_tokens, "max_tokens")
@@ -205,8 +236,10 @@ async def completions(request: Request, svc: Services = Depends(services),
     budgets = [_budget(svc, target.card, t, req.max_tokens, "max_tokens") for t in token_lists]
     # echo scores the prompt (lm-eval-harness's loglikelihood); max_tokens 0 samples one token and drops it.
     score = req.logprobs if req.echo and req.logprobs is not None else None
-    refs = [await _sample(svc, samplers, who, target, t, req, max(b, 1), score)
-            for t, b in zip(token_lists, budgets, strict=True)]
+    refs = [
+        await _sample(svc, samplers, who, target, t, req, max(b, 1), score)
+        for t, b in zip(token_lists, budgets, strict=True)
+    ]
     prompt_tokens = sum(len(t) for t in token_lists)
     responses: list[Any] = []
 
@@ -214,31 +247,52 @@ async def completions(request: Request, svc: Services = Depends(services),
         out = []
         responses.extend(await asyncio.gather(*(_results(svc, r) for r in refs)))
         for response in responses:
-            out.extend(render(tokenizer, s.tokens, s.logprobs, s.stop_reason, _stops(req)) if req.max_tokens != 0
-                       else Rendered("", [], [], "length", 0) for s in response.sequences)
+            out.extend(
+                render(tokenizer, s.tokens, s.logprobs, s.stop_reason, _stops(req))
+                if req.max_tokens != 0
+                else Rendered("", [], [], "length", 0)
+                for s in response.sequences
+            )
         return out
 
-    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": req.model, "system_fingerprint": None}
+    meta = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "system_fingerprint": None,
+    }
     if req.stream:
         return _stream(meta, choices(), prompt_tokens, req, chat=False)
     rendered = await choices()
-    out = [{"index": i, "text": r.text, "finish_reason": r.finish_reason,
-            "logprobs": completion_logprobs(r) if req.logprobs is not None else None} for i, r in enumerate(rendered)]
+    out = [
+        {
+            "index": i,
+            "text": r.text,
+            "finish_reason": r.finish_reason,
+            "logprobs": completion_logprobs(r) if req.logprobs is not None else None,
+        }
+        for i, r in enumerate(rendered)
+    ]
     if req.echo:
         for i, choice in enumerate(out):
             tokens, response = token_lists[i // req.n], responses[i // req.n]
             choice["text"] = tokenizer.decode(tokens, skip_special_tokens=True) + choice["text"]
             if req.logprobs is not None:
-                choice["logprobs"] = echo_logprobs(tokenizer, tokens, response.prompt_logprobs,
-                                                   response.topk_prompt_logprobs if req.logprobs else None,
-                                                   rendered[i])
+                choice["logprobs"] = echo_logprobs(
+                    tokenizer,
+                    tokens,
+                    response.prompt_logprobs,
+                    response.topk_prompt_logprobs if req.logprobs else None,
+                    rendered[i],
+                )
     return {**meta, "choices": out, "usage": usage(prompt_tokens, sum(r.completion_tokens for r in rendered))}
 
 
 @router.post("/chat/completions", response_model=None)
-async def chat_completions(request: Request, svc: Services = Depends(services),
-                           who: str = Depends(metrics_caller)) -> dict | Response:
+async def chat_completions(
+    request: Request, svc: Services = Depends(services), who: str = Depends(metrics_caller)
+) -> dict | Response:
     req: ChatCompletionRequest = _parse(ChatCompletionRequest, await json_body(request))
     limit = req.token_limit()
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -247,8 +301,13 @@ async def chat_completions(request: Request, svc: Services = Depends(services),
     samplers = _state(request)
     tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
     if not getattr(tokenizer, "chat_template", None):
-        raise OpenAIError(400, f"the tokenizer of {target.card.name} has no chat template; use /v1/completions "
-                               "with a prompt you format yourself", "messages", "no_chat_template")
+        raise OpenAIError(
+            400,
+            f"the tokenizer of {target.card.name} has no chat template; use /v1/completions "
+            "with a prompt you format yourself",
+            "messages",
+            "no_chat_template",
+        )
     try:
         messages = [m.as_template_input() for m in req.messages]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -261,67 +320,29 @@ async def chat_completions(request: Request, svc: Services = Depends(services),
         response = await _results(svc, ref)
         return [render(tokenizer, s.tokens, s.logprobs, s.stop_reason, _stops(req)) for s in response.sequences]
 
-    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": req.model, "system_fingerprint": None}
+    meta = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "system_fingerprint": None,
+    }
     if req.stream:
         return _stream({**meta, "object": "chat.completion.chunk"}, choices(), len(prompt), req, chat=True)
     rendered = await choices()
-    return {**meta, "choices": [
-        {"index": i, "message": {"role": "assistant", "content": r.text, "refusal": None},
-         "finish_reason": r.finish_reason,
-         "logprobs": chat_logprobs(r.pieces, r.logprobs) if req.logprobs else None} for i, r in enumerate(rendered)],
-        "usage": usage(len(prompt), sum(r.completion_tokens for r in rendered))}
-
-
-def _stream(meta: dict[str, Any], pending: Coroutine[Any, Any, list[Rendered]], prompt_tokens: int, req: Any,
-            chat: bool) -> StreamingResponse:
-    """OpenAI's server-sent events: one chunk per token piece and choice, a last chunk per choice with its
-    finish_reason, the usage chunk when stream_options.include_usage, then `data: [DONE]`."""
-    def event(body: dict[str, Any]) -> str:
-        return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
-
-    def chunk(index: int, piece: str | None, lp: float | None, finish: str | None, first: bool = False) -> str:
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else (
-                {"content": piece} if piece is not None else {})
-            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
-            if req.logprobs and piece is not None and lp is not None:
-                choice["logprobs"] = chat_logprobs([piece], [lp])
-        else:
-            choice = {"index": index, "text": piece or "", "finish_reason": finish, "logprobs": None}
-            if req.logprobs is not None and piece is not None and lp is not None:
-                choice["logprobs"] = {"tokens": [piece], "token_logprobs": [lp], "top_logprobs": None,
-                                      "text_offset": [0]}
-        return event({**meta, "choices": [choice]})
-
-    async def events() -> AsyncIterator[str]:
-        task = asyncio.ensure_future(pending)
-        try:
-            # An SSE comment while the engine works (a first compile can take minutes): proxies and load balancers
-            # that cut idle connections keep this one, and clients ignore comments.
-            while not (await asyncio.wait({task}, timeout=KEEPALIVE_S))[0]:
-                yield ": waiting for the engine\n\n"
-            rendered = task.result()
-        except OpenAIError as e:
-            yield event(e.body())
-            yield "data: [DONE]\n\n"
-            return
-        finally:
-            task.cancel()  # the client went away: stop waiting (the sampled result is simply not read)
-        for i, r in enumerate(rendered):
-            if chat:
-                yield chunk(i, None, None, None, first=True)
-            for piece, lp in zip(r.pieces, r.logprobs, strict=True):
-                if piece:
-                    yield chunk(i, piece, lp, None)
-            yield chunk(i, None, None, r.finish_reason)
-        options = req.stream_options
-        if options is not None and options.include_usage:
-            yield event({**meta, "choices": [],
-                         "usage": usage(prompt_tokens, sum(r.completion_tokens for r in rendered))})
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return {
+        **meta,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r.text, "refusal": None},
+                "finish_reason": r.finish_reason,
+                "logprobs": chat_logprobs(r.pieces, r.logprobs) if req.logprobs else None,
+            }
+            for i, r in enumerate(rendered)
+        ],
+        "usage": usage(len(prompt), sum(r.completion_tokens for r in rendered)),
+    }
 
 
 @router.get("/models")
@@ -339,5 +360,10 @@ async def model_info(model: str, svc: Services = Depends(services), _: str = Dep
 
 
 def _model(card: ModelCard) -> dict[str, Any]:
-    return {"id": card.name, "object": "model", "created": 0, "owned_by": "tinkerflow",
-            "max_model_len": card.max_context}
+    return {
+        "id": card.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tinkerflow",
+        "max_model_len": card.max_context,
+    }

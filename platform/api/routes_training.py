@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
-from typing import Any
 
 import zstandard
 from fastapi import APIRouter, Depends, Request
@@ -20,8 +17,13 @@ from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
 from temporalio.common import WorkflowIDConflictPolicy
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import (
-    AdamParams, CreateModelRequest, LoadWeightsRequest, OptimStepRequest, SaveWeightsExternalRequest,
-    SaveWeightsForSamplerRequest, SaveWeightsRequest,
+    AdamParams,
+    CreateModelRequest,
+    LoadWeightsRequest,
+    OptimStepRequest,
+    SaveWeightsExternalRequest,
+    SaveWeightsForSamplerRequest,
+    SaveWeightsRequest,
 )
 
 from tinkerflow.api import request_ids
@@ -31,23 +33,27 @@ from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import adam_problem, check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.services import Services
+from tinkerflow.api.training_ops import canonical as _canonical
+from tinkerflow.api.training_ops import check_model_seq_id as _check_model_seq_id
+from tinkerflow.api.training_ops import hash_body as _hash
+from tinkerflow.api.training_ops import reject as _reject
+from tinkerflow.api.training_ops import request_id as _request_id
+from tinkerflow.api.training_ops import submit as _submit
 from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import (
-    AdamSpec, LoadCheckpoint, LoraSpec, OpKind, RunStart, SaveRequest, TrainingOp,
+    AdamSpec,
+    LoadCheckpoint,
+    LoraSpec,
+    OpKind,
+    RunStart,
+    SaveRequest,
+    TrainingOp,
 )
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 router = APIRouter(prefix="/api/v1")
-
-
-def _hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _canonical(body: dict) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 @router.post("/create_model")
@@ -62,43 +68,64 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
     lora = req.lora_config
     rank = lora.rank if lora else 32
     if rank < 1 or rank > svc.settings.max_lora_rank:
-        raise http_error(400, f"LoRA rank {rank} is outside 1..{svc.settings.max_lora_rank} (the server's --max-lora-rank)")
+        raise http_error(
+            400, f"LoRA rank {rank} is outside 1..{svc.settings.max_lora_rank} (the server's --max-lora-rank)"
+        )
     await session_of_caller(svc, req.session_id, who)
     model_id = names.model_id_for(req.session_id, req.model_seq_id)
-    spec = LoraSpec(rank=rank, seed=lora.seed if lora else None,
-                    train_attn=lora.train_attn if lora else True, train_mlp=lora.train_mlp if lora else True,
-                    train_unembed=lora.train_unembed if lora else True)
-    start = RunStart(model_id=model_id, session_id=req.session_id, owner=who, base_model=card.name, lora=spec,
-                     pool=svc.settings.pool, user_metadata=req.user_metadata or {},
-                     snapshot_every=svc.settings.auto_snapshot_every)
+    spec = LoraSpec(
+        rank=rank,
+        seed=lora.seed if lora else None,
+        train_attn=lora.train_attn if lora else True,
+        train_mlp=lora.train_mlp if lora else True,
+        train_unembed=lora.train_unembed if lora else True,
+    )
+    start = RunStart(
+        model_id=model_id,
+        session_id=req.session_id,
+        owner=who,
+        base_model=card.name,
+        lora=spec,
+        pool=svc.settings.pool,
+        user_metadata=req.user_metadata or {},
+        snapshot_every=svc.settings.auto_snapshot_every,
+    )
     return await _start_run(svc, start, f"LoRA training run {model_id}")
-
-
-def _request_id(svc: Services, ref, who: str) -> str:
-    return request_ids.encode(ref, svc.signing_key, who)
 
 
 async def _start_run(svc: Services, start: RunStart, summary: str) -> dict:
     """Start the run's workflow and its `create` update in one call; the future is that update."""
     spec = start.lora
-    trained = "+".join(n for n, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp),
-                                       ("unembed", spec.train_unembed)) if on)
+    trained = "+".join(
+        n for n, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp), ("unembed", spec.train_unembed)) if on
+    )
     start_op = WithStartWorkflowOperation(
-        TrainingRunWorkflow.run, args=[start, None], id=names.run_workflow_id(start.model_id),
-        task_queue=names.WORKFLOW_TASK_QUEUE, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        TrainingRunWorkflow.run,
+        args=[start, None],
+        id=names.run_workflow_id(start.model_id),
+        task_queue=names.WORKFLOW_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         search_attributes=names.search_attributes(
-            (names.SESSION_ID, start.session_id), (names.BASE_MODEL, start.base_model), (names.STATUS, "starting"),
-            (names.STEP, 0), (names.OWNER, names.owner_value(start.owner))),
+            (names.SESSION_ID, start.session_id),
+            (names.BASE_MODEL, start.base_model),
+            (names.STATUS, "starting"),
+            (names.STEP, 0),
+            (names.OWNER, names.owner_value(start.owner)),
+        ),
         static_summary=f"{summary} · rank {spec.rank} · {trained} · {start.base_model}",
     )
     try:
         handle = await svc.client.start_update_with_start_workflow(
-            TrainingRunWorkflow.create, start_workflow_operation=start_op, id="create",
-            wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+            TrainingRunWorkflow.create,
+            start_workflow_operation=start_op,
+            id="create",
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+        )
     except Exception as e:
         raise from_temporal(e, f"training run {start.model_id}") from None
-    rid = _request_id(svc, request_ids.UpdateRef(handle.workflow_id, handle.workflow_run_id or "", handle.id),
-                      start.owner)
+    rid = _request_id(
+        svc, request_ids.UpdateRef(handle.workflow_id, handle.workflow_run_id or "", handle.id), start.owner
+    )
     return {"request_id": rid, "model_id": start.model_id}
 
 
@@ -109,11 +136,17 @@ async def get_info(request: Request, svc: Services = Depends(services), who: str
     card = await svc.registry.get(state.start.base_model)
     base = state.start.base_model
     return {
-        "type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": state.start.lora.rank,
+        "type": "get_info",
+        "model_id": model_id,
+        "is_lora": True,
+        "lora_rank": state.start.lora.rank,
         "model_name": base,
         # tokenizer_id = the served directory: the SDK's get_tokenizer() loads it offline (contract §10).
-        "model_data": {"arch": card.arch if card else None, "model_name": base,
-                       "tokenizer_id": card.local_path if card else base},
+        "model_data": {
+            "arch": card.arch if card else None,
+            "model_name": base,
+            "tokenizer_id": card.local_path if card else base,
+        },
     }
 
 
@@ -135,9 +168,15 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
     cap = svc.settings.max_datums_per_request
     if len(msg.data) > cap:  # in sequence: consume the seq_id, fail the future
-        op = TrainingOp(seq_id=msg.seq_id, kind=OpKind.REJECT, body_hash=_hash(body), error=(
-            f"forward_backward: data has {len(msg.data)} datums, more than this server's limit of {cap} "
-            "per request (--max-datums-per-request); send them in several calls"))
+        op = TrainingOp(
+            seq_id=msg.seq_id,
+            kind=OpKind.REJECT,
+            body_hash=_hash(body),
+            error=(
+                f"forward_backward: data has {len(msg.data)} datums, more than this server's limit of {cap} "
+                "per request (--max-datums-per-request); send them in several calls"
+            ),
+        )
         return await _submit(svc, msg.model_id, op, who)
     ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
     op = TrainingOp(seq_id=msg.seq_id, kind=OpKind.FORWARD_BACKWARD, body_hash=_hash(body), payload=ref)
@@ -158,15 +197,22 @@ async def optim_step(request: Request, svc: Services = Depends(services), who: s
     # parse returns no request only with a problem, and a non-Adam optimizer is a problem (above).
     assert req is not None and isinstance(req.optim_params, AdamParams)
     p = req.optim_params
-    adam = AdamSpec(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
-                    weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
+    adam = AdamSpec(
+        learning_rate=p.learning_rate,
+        beta1=p.beta1,
+        beta2=p.beta2,
+        eps=p.eps,
+        weight_decay=p.weight_decay,
+        grad_clip_norm=p.grad_clip_norm,
+    )
     op = TrainingOp(seq_id=seq_id, kind=OpKind.OPTIM_STEP, body_hash=_hash(_canonical(raw)), adam=adam)
     return await _submit(svc, model_id, op, who)
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(request: Request, svc: Services = Depends(services),
-                                   who: str = Depends(owner)) -> dict:
+async def save_weights_for_sampler(
+    request: Request, svc: Services = Depends(services), who: str = Depends(owner)
+) -> dict:
     raw = await json_body(request)
     model_id, seq_id = sequence_key(raw, "save_weights_for_sampler")
     req, problem = parse(SaveWeightsForSamplerRequest, raw, "save_weights_for_sampler")
@@ -175,13 +221,19 @@ async def save_weights_for_sampler(request: Request, svc: Services = Depends(ser
             assert req is not None  # parse returns no request only with a problem
             problem = metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
-    save = SaveRequest(path=req.path, sampling_session_seq_id=req.sampling_session_seq_id,
-                       ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata or {}, overwrite=True)
+    save = SaveRequest(
+        path=req.path,
+        sampling_session_seq_id=req.sampling_session_seq_id,
+        ttl_seconds=req.ttl_seconds,
+        user_metadata=req.user_metadata or {},
+        overwrite=True,
+    )
     if req.path is not None:  # named: PEFT files under tinker://<model_id>/sampler_weights/<name>
         op = _checked_save(seq_id, OpKind.SAVE_WEIGHTS_FOR_SAMPLER, raw, save)
     else:  # ephemeral: an in-memory snapshot behind a new sampling session
-        op = TrainingOp(seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS_FOR_SAMPLER, body_hash=_hash(_canonical(raw)),
-                        save=save)
+        op = TrainingOp(
+            seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS_FOR_SAMPLER, body_hash=_hash(_canonical(raw)), save=save
+        )
     return await _submit(svc, model_id, op, who)
 
 
@@ -197,14 +249,14 @@ async def save_weights(request: Request, svc: Services = Depends(services), who:
             problem = metadata_problem(req.user_metadata)
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
     name = req.path if req.path is not None else f"{seq_id:06d}"
-    save = SaveRequest(path=name, overwrite=req.overwrite, ttl_seconds=req.ttl_seconds,
-                       user_metadata=req.user_metadata or {})
+    save = SaveRequest(
+        path=name, overwrite=req.overwrite, ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata or {}
+    )
     return await _submit(svc, model_id, _checked_save(seq_id, OpKind.SAVE_WEIGHTS, raw, save), who)
 
 
 @router.post("/save_weights_external")
-async def save_weights_external(request: Request, svc: Services = Depends(services),
-                                who: str = Depends(owner)) -> dict:
+async def save_weights_external(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     """PEFT adapter files (adapter_model.safetensors + adapter_config.json) for other serving stacks."""
     raw = await json_body(request)
     model_id, seq_id = sequence_key(raw, "save_weights_external")
@@ -216,8 +268,7 @@ async def save_weights_external(request: Request, svc: Services = Depends(servic
         try:
             if req.age_encryption_recipients:
                 parse_recipients(req.age_encryption_recipients)  # a bad key fails this op's future, naming the field
-                save = dataclasses.replace(
-                    save, age_recipients=[str(r).strip() for r in req.age_encryption_recipients])
+                save = dataclasses.replace(save, age_recipients=[str(r).strip() for r in req.age_encryption_recipients])
         except CheckpointError as e:
             op = _reject(seq_id, raw, str(e))
         else:
@@ -247,17 +298,25 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
         try:
             m = await _loadable(svc, req.path, who)
             if m.base_model != state.start.base_model:
-                raise CheckpointError(f"{req.path} was trained on {m.base_model}, this run is on "
-                                      f"{state.start.base_model}")
+                raise CheckpointError(
+                    f"{req.path} was trained on {m.base_model}, this run is on {state.start.base_model}"
+                )
         except CheckpointError as e:
             return await _submit(svc, model_id, _reject(seq_id, raw, str(e)), who)
-        op = TrainingOp(seq_id=seq_id, kind=OpKind.LOAD_WEIGHTS, body_hash=_hash(_canonical(raw)),
-                        load=LoadCheckpoint(path=req.path, optimizer=bool(req.optimizer)))
+        op = TrainingOp(
+            seq_id=seq_id,
+            kind=OpKind.LOAD_WEIGHTS,
+            body_hash=_hash(_canonical(raw)),
+            load=LoadCheckpoint(path=req.path, optimizer=bool(req.optimizer)),
+        )
         return await _submit(svc, model_id, op, who)
     req = LoadWeightsRequest.model_validate(raw)
     if req.session_id is None or req.model_seq_id is None:
-        raise http_error(400, "load_weights needs model_id (load into a run) or session_id + model_seq_id "
-                              "(create a run from a checkpoint)")
+        raise http_error(
+            400,
+            "load_weights needs model_id (load into a run) or session_id + model_seq_id "
+            "(create a run from a checkpoint)",
+        )
     _check_model_seq_id(req.model_seq_id)
     check_metadata(req.user_metadata)
     await session_of_caller(svc, req.session_id, who)
@@ -272,10 +331,18 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
             raise CheckpointError(f"optimizer {req.optimizer_config} is not supported; use Adam")
     except CheckpointError as e:
         return {"request_id": _request_id(svc, request_ids.FailedRef(str(e)), who), "model_id": model_id}
-    start = RunStart(model_id=model_id, session_id=req.session_id, owner=who, base_model=m.base_model,
-                     lora=LoraSpec(**m.lora), pool=svc.settings.pool, user_metadata=req.user_metadata or {},
-                     load_path=req.path, load_optimizer=req.optimizer,
-                     snapshot_every=svc.settings.auto_snapshot_every)
+    start = RunStart(
+        model_id=model_id,
+        session_id=req.session_id,
+        owner=who,
+        base_model=m.base_model,
+        lora=LoraSpec(**m.lora),
+        pool=svc.settings.pool,
+        user_metadata=req.user_metadata or {},
+        load_path=req.path,
+        load_optimizer=req.optimizer,
+        snapshot_every=svc.settings.auto_snapshot_every,
+    )
     return await _start_run(svc, start, f"LoRA training run {model_id} from {req.path}")
 
 
@@ -287,34 +354,8 @@ async def _loadable(svc: Services, path: str, who: str):
     m = await asyncio.to_thread(svc.checkpoints.readable, path, who)
     kind = m.path.segment
     if kind != "weights":
-        raise CheckpointError(f"{path} is a {kind} checkpoint (weights for sampling, without optimizer state); "
-                              "a training run loads save_state checkpoints: tinker://<model_id>/weights/<name>")
+        raise CheckpointError(
+            f"{path} is a {kind} checkpoint (weights for sampling, without optimizer state); "
+            "a training run loads save_state checkpoints: tinker://<model_id>/weights/<name>"
+        )
     return m
-
-
-def _check_model_seq_id(model_seq_id: int | None) -> None:
-    if model_seq_id is not None and not 0 <= model_seq_id < 2**31:
-        raise http_error(400, f"model_seq_id must be an integer in 0 .. 2**31-1, got {model_seq_id}")
-
-
-def _reject(seq_id: int, raw: dict[str, Any], message: str) -> TrainingOp:
-    return TrainingOp(seq_id=seq_id, kind=OpKind.REJECT, body_hash=_hash(_canonical(raw)), error=message)
-
-
-async def _submit(svc: Services, model_id: str, op: TrainingOp, who: str) -> dict:
-    # The run's update validator checks the owner: no extra round trip per op for tenant isolation.
-    check_model_id(model_id)  # a workflow id: checked before use (a malformed one cannot name a run anyway)
-    op = dataclasses.replace(op, owner=who)
-    handle = svc.client.get_workflow_handle(names.run_workflow_id(model_id))
-    try:
-        update = await handle.start_update(TrainingRunWorkflow.op, op, id=f"seq-{op.seq_id}-{op.body_hash[:16]}",
-                                           wait_for_stage=WorkflowUpdateStage.ACCEPTED)
-        # A validator rejection does not raise here: the handle comes back with its failure already known
-        # (temporalio keeps it in `_known_outcome`). Surface it now, as the HTTP error it is (409 for a reused seq_id).
-        known = getattr(update, "_known_outcome", None)
-        if known is not None and known.HasField("failure"):
-            await update.result()
-    except Exception as e:
-        raise from_temporal(e, f"training run {model_id!r}") from None
-    rid = _request_id(svc, request_ids.UpdateRef(update.workflow_id, update.workflow_run_id or "", update.id), who)
-    return {"request_id": rid, "model_id": model_id}

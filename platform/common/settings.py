@@ -23,7 +23,15 @@ ENV_PREFIX = "TINKERFLOW_"
 
 # Flag groups: each sub-command of the CLI shows the groups it needs (cli/main.py); titles head its --help sections.
 COMMON, MODEL, API, DEV_TEMPORAL, SUPERVISION, JAX_WORKER, MESH, RAY = (
-    "common", "model", "api", "dev-temporal", "supervision", "jax-worker", "mesh", "ray")
+    "common",
+    "model",
+    "api",
+    "dev-temporal",
+    "supervision",
+    "jax-worker",
+    "mesh",
+    "ray",
+)
 ENGINE_ENV, TEST_HOOK = "engine-env", "test-hook"
 ENV_ONLY = (ENGINE_ENV, TEST_HOOK)
 GROUP_TITLES = {
@@ -77,16 +85,33 @@ def _parser_for(default: Any) -> Callable[[str], Any]:
     return str
 
 
-def setting(default: Any, help: str, group: str, *, shown: str | None = None, aliases: tuple[str, ...] = (),
-            choices: tuple[str, ...] = (), metavar: str | None = None, env_fallbacks: tuple[str, ...] = (),
-            parse: Callable[[str], Any] | None = None) -> Any:
+def setting(
+    default: Any,
+    help: str,
+    group: str,
+    *,
+    shown: str | None = None,
+    aliases: tuple[str, ...] = (),
+    choices: tuple[str, ...] = (),
+    metavar: str | None = None,
+    env_fallbacks: tuple[str, ...] = (),
+    parse: Callable[[str], Any] | None = None,
+) -> Any:
     """A Settings field: `default` (a callable: computed when the field is read), `help` (one sentence, no
     default in it: the flag's help adds the default and the env var), `group` (which sub-commands get the flag),
     `shown` (the default as a person reads it, where its value says little), `aliases` (older flag names that
     keep working), `env_fallbacks` (variables read after TINKERFLOW_<NAME>, e.g. Ray's own RAY_ADDRESS)."""
-    meta = {"default": default, "help": help, "group": group, "shown": shown, "aliases": aliases,
-            "choices": choices, "metavar": metavar, "env_fallbacks": env_fallbacks,
-            "parse": parse or _parser_for(default)}
+    meta = {
+        "default": default,
+        "help": help,
+        "group": group,
+        "shown": shown,
+        "aliases": aliases,
+        "choices": choices,
+        "metavar": metavar,
+        "env_fallbacks": env_fallbacks,
+        "parse": parse or _parser_for(default),
+    }
     return field(default=_UNSET, metadata=meta)
 
 
@@ -100,8 +125,10 @@ def _cwd_state_dir() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
+    # The fields are a table (name, default, help, group): one field per entry, laid out by hand so it reads as one.
+    # fmt: off
     # --- common to every process kind
-    # The RUF009 exemption below: setting() returns a dataclasses.field() (a field specifier), not a shared default value.
+    # The RUF009 exemption below: setting() returns a dataclasses.field() (a field specifier), not a shared default.
     state_dir: Path = setting(_cwd_state_dir, "directory for the Temporal database, models and the local store",  # noqa: RUF009
                               COMMON, shown="./.tinkerflow", parse=_parse_path)
     temporal_address: str = setting("127.0.0.1:7233", "host:port of the Temporal frontend; `up` and `ray` start "
@@ -244,6 +271,8 @@ class Settings:
     # only when no address was given). Not configuration itself: no flag, no variable.
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
+    # fmt: on
+
     def __post_init__(self) -> None:
         given = set(self.given)
         for f in config_fields():
@@ -286,7 +315,11 @@ class Settings:
     def resolved_compilation_cache_dir(self) -> Path | None:
         if self.compilation_cache_dir == "off":
             return None
-        return Path(self.compilation_cache_dir).expanduser() if self.compilation_cache_dir else self.state_dir / "xla-cache"
+        return (
+            Path(self.compilation_cache_dir).expanduser()
+            if self.compilation_cache_dir
+            else self.state_dir / "xla-cache"
+        )
 
     def accepted_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from tinkerflow.api import routes_openai
 from tinkerflow.common.checkpoints import CheckpointNotFound
 from tinkerflow.common.settings import Settings
@@ -36,8 +37,12 @@ def client(tmp_path_factory) -> TestClient:
     app = FastAPI()
     app.include_router(routes_openai.router)
     app.state.services = SimpleNamespace(
-        api_keys=(KEY,), owner_of=lambda key: "owner", registry=_NoModels(), checkpoints=_NoCheckpoints(),
-        settings=Settings(state_dir=tmp_path_factory.mktemp("state")))
+        api_keys=(KEY,),
+        owner_of=lambda key: "owner",
+        registry=_NoModels(),
+        checkpoints=_NoCheckpoints(),
+        settings=Settings(state_dir=tmp_path_factory.mktemp("state")),
+    )
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -64,12 +69,34 @@ def test_auth_unknown_models_and_bad_bodies_answer_in_openai_shape(client):
     assert _error(client.post("/v1/completions", json=too_many, headers=auth), 400)["param"] == "n"
 
 
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3),
-                     max_leaves=8)
-_fields = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
-                           "top_p", "n", "stop", "seed", "logprobs", "top_logprobs", "echo", "stream",
-                           "stream_options", "logit_bias", "tools", "response_format", "best_of"])
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3),
+    max_leaves=8,
+)
+_fields = st.sampled_from(
+    [
+        "model",
+        "prompt",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "seed",
+        "logprobs",
+        "top_logprobs",
+        "echo",
+        "stream",
+        "stream_options",
+        "logit_bias",
+        "tools",
+        "response_format",
+        "best_of",
+    ]
+)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -84,9 +111,10 @@ def test_hostile_bodies_get_a_4xx_in_openai_shape(client, body, chat):
 def test_a_stream_sends_keepalive_comments_while_the_engine_works_then_chunks_and_done(monkeypatch):
     import asyncio
 
+    from tinkerflow.api import openai_stream
     from tinkerflow.api.openai_render import Rendered
 
-    monkeypatch.setattr(routes_openai, "KEEPALIVE_S", 0.05)
+    monkeypatch.setattr(openai_stream, "KEEPALIVE_S", 0.05)
 
     async def slow() -> list[Rendered]:
         await asyncio.sleep(0.3)
@@ -94,8 +122,8 @@ def test_a_stream_sends_keepalive_comments_while_the_engine_works_then_chunks_an
 
     async def collect() -> list[str]:
         req = SimpleNamespace(logprobs=None, stream_options=None)
-        response = routes_openai._stream({"id": "x", "object": "text_completion"}, slow(), 3, req, chat=False)
-        return [cast(str, part) async for part in response.body_iterator]  # _stream's events are str
+        response = openai_stream.stream({"id": "x", "object": "text_completion"}, slow(), 3, req, chat=False)
+        return [cast(str, part) async for part in response.body_iterator]  # the stream's events are str
 
     parts = asyncio.run(collect())
     assert parts[0].startswith(": ") and parts[-1] == "data: [DONE]\n\n"
