@@ -4,7 +4,7 @@ kind of work is routed, which sampler snapshots are collected, and what a dead w
 Pure and deterministic (stdlib, plus temporalio's ApplicationError for answers a requester reads): every decision
 depends only on the CoordinatorState, the set of busy workers and the `now` the caller passes (the Coordinator
 passes `workflow.now()`). The Coordinator's state is the one record of placements and snapshots; the JAX worker keeps
-none of its own. Tested without a server in tests/unit/test_placement.py.
+none of its own. Tested without a server in tests/workflows/test_placement.py.
 """
 
 from __future__ import annotations

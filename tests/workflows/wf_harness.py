@@ -385,3 +385,11 @@ async def tinker_world(client: Client, max_adapters: int = 4, **worker_kwargs: A
             yield tinker
         finally:
             await tinker.cleanup()
+
+
+async def session_has_runs(session: WorkflowHandle[Any, Any], model_ids: list[str]) -> bool:
+    """Whether the session lists exactly these training runs (for `eventually`)."""
+    from tinkerflow.workflows.session import SessionWorkflow
+
+    state = await session.query(SessionWorkflow.describe)
+    return state.training_run_ids == model_ids

@@ -1,13 +1,12 @@
-"""The four workflows end to end on a local Temporal dev server, with the JAX worker's `run_batch` mocked by name.
+"""The workflows on a local Temporal dev server, with the JAX worker's `run_batch` mocked by name.
 
-What is under test is the real workflow code: seq_id ordering and retries on TrainingRun, batching and slot
-allocation in the Coordinator, heartbeats and clean-up in Session, and SampleRequest's round trip.
+What is under test is the real workflow code: seq_id ordering, retries and conflicts on TrainingRun, batching and slot
+allocation in the Coordinator, errors and continue-as-new. Sessions and sampling: test_sessions_sampling.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -17,7 +16,6 @@ from wf_harness import (
     MockEngine,
     Tinker,
     TrainingOp,
-    blob,
     body_hash,
     eventually,
     fwd_flags,
@@ -25,26 +23,20 @@ from wf_harness import (
     jax_worker,
     local_temporal,
     new_queue,
+    session_has_runs,
     tinker_world,
     unique_queue,
     within,
     workflow_worker,
 )
 
-from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import (
     AdamSpec,
     Batch,
     BatchResult,
-    LoadCheckpoint,
     RunState,
-    SampleParams,
-    SamplerInfo,
-    SampleStart,
-    SaveRequest,
     SessionState,
 )
-from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
@@ -227,7 +219,7 @@ async def test_finishing_a_session_frees_its_runs_slots(tinker_factory) -> None:
     async with tinker_factory(max_adapters=1) as tinker:
         sid, session = await tinker.start_session()
         a_id, run_a = await tinker.ready_run(sid, 1)
-        await eventually(lambda: _session_has_runs(session, [a_id]))
+        await eventually(lambda: session_has_runs(session, [a_id]))
 
         await session.signal(SessionWorkflow.finish, "user is done")
         ended: SessionState = await within(session.result())
@@ -237,200 +229,6 @@ async def test_finishing_a_session_frees_its_runs_slots(tinker_factory) -> None:
         other_sid, _ = await tinker.start_session()
         _, outcome = await tinker.create_run(other_sid, 1)
         assert outcome.ok, outcome
-
-
-async def _session_has_runs(session, model_ids: list[str]) -> bool:
-    state: SessionState = await session.query(SessionWorkflow.describe)
-    return state.training_run_ids == model_ids
-
-
-# --- 6. sessions ------------------------------------------------------------------------------------------------------
-
-
-async def test_session_without_heartbeats_times_out_and_closes_its_runs(tinker: Tinker) -> None:
-    t0 = time.monotonic()
-    sid, session = await tinker.start_session(heartbeat_timeout_s=2)
-    (a_id, run_a), (b_id, run_b) = [await tinker.ready_run(sid, n) for n in (1, 2)]
-    assert (await tinker.op(run_a, tinker.fwd(1))).ok
-    await eventually(lambda: _session_has_runs(session, [a_id, b_id]), timeout=1.5)
-
-    ended: SessionState = await within(session.result(), 10)
-    assert ended.status == "timed_out" and "no heartbeat for 2s" in ended.reason
-    assert time.monotonic() - t0 >= 2
-    for run in (run_a, run_b):
-        state: RunState = await within(run.result(), 10)
-        assert state.status == "closed" and "session timed_out" in state.error
-    await tinker.engine.wait_for(lambda: {i.model_id for i in tinker.engine.of_kind("free_adapter")} == {a_id, b_id})
-    assert await eventually(lambda: _placements_are(tinker, {}))
-
-
-async def _placements_are(tinker: Tinker, expected: dict) -> bool:
-    return (await tinker.describe_coordinator())["placements"] == expected
-
-
-async def test_heartbeats_keep_a_session_open_and_finish_ends_it(tinker: Tinker) -> None:
-    sid, session = await tinker.start_session(heartbeat_timeout_s=2)
-    a_id, run_a = await tinker.ready_run(sid, 1)
-    for _ in range(8):  # 4 s of heartbeats, twice the timeout
-        await session.signal(SessionWorkflow.heartbeat)
-        await asyncio.sleep(0.5)
-    state: SessionState = await session.query(SessionWorkflow.describe)
-    assert state.status == "active" and state.heartbeats == 8
-    status = (await session.describe()).status
-    assert status is not None and status.name == "RUNNING"
-    assert (await tinker.op(run_a, tinker.fwd(1))).ok  # its run is still alive
-
-    await session.signal(SessionWorkflow.finish, "")
-    ended: SessionState = await within(session.result())
-    assert (ended.status, ended.reason) == ("finished", "finished")
-    assert (await within(run_a.result())).status == "closed"
-    await tinker.engine.wait_for(lambda: [i.model_id for i in tinker.engine.of_kind("free_adapter")] == [a_id])
-
-
-# --- 7. sampling ------------------------------------------------------------------------------------------------------
-
-
-async def test_sample_request_returns_the_engine_outcome(tinker: Tinker) -> None:
-    sid, _ = await tinker.start_session()
-    sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model)
-    handle = await tinker.client.start_workflow(
-        SampleRequestWorkflow.run,
-        SampleStart(sampler=sampler, payloads=[blob("mem://sample-request/1")]),
-        id=names.sample_workflow_id(sampler.sampler_id, body_hash("sample", 1)),
-        task_queue=tinker.workflow_queue,
-    )
-    tinker.started.append(handle)
-    [outcome] = await within(handle.result())
-
-    [item] = tinker.engine.of_kind("sample")
-    assert outcome == tinker.engine.answer(item)
-    assert outcome.ok and outcome.json["sequences"] == [[1, 2, 3]]
-    assert item.requester == handle.id and item.session_id == sid
-    assert item.payload == blob("mem://sample-request/1")
-    assert item.snapshot == "" and item.sample == SampleParams(sampler_id=sampler.sampler_id)
-
-    bad = SamplerInfo(sampler_id=names.sampler_id_for(sid, 2), base_model=tinker.base_model)
-    [refused] = await within(
-        tinker.client.execute_workflow(
-            SampleRequestWorkflow.run,
-            SampleStart(sampler=bad, payloads=[blob("bad:request")]),
-            id=names.sample_workflow_id(bad.sampler_id, body_hash("sample", 2)),
-            task_queue=tinker.workflow_queue,
-        )
-    )
-    assert not refused.ok and "mock engine refused sample" in refused.error
-
-
-async def test_sample_from_saved_weights_loads_them_first_in_the_same_batch(tinker: Tinker) -> None:
-    """Saved sampler weights no worker holds in memory are loaded (load_snapshot) right before the sample, on the
-    same worker and in the same batch; the next sample of them finds them there and loads nothing."""
-    sid, _ = await tinker.start_session()
-    path = "tinker://elsewhere:train:0/sampler_weights/x"
-    sampler = SamplerInfo(sampler_id=names.sampler_id_for(sid, 1), base_model=tinker.base_model, snapshot=path)
-    for n in range(2):
-        [outcome] = await within(
-            tinker.client.execute_workflow(
-                SampleRequestWorkflow.run,
-                SampleStart(sampler=sampler, payloads=[blob(f"mem://r{n}")]),
-                id=names.sample_workflow_id(sampler.sampler_id, body_hash("s", n)),
-                task_queue=tinker.workflow_queue,
-            )
-        )
-        assert outcome.ok
-    [load] = tinker.engine.of_kind("load_snapshot")
-    assert load.load == LoadCheckpoint(path=path)
-    first = next(b for b in tinker.engine.batches if any(i.kind == "sample" for i in b.items))
-    assert [i.kind for i in first.items] == ["load_snapshot", "sample"]
-    assert len(tinker.engine.of_kind("sample")) == 2
-
-
-async def test_a_finished_sessions_snapshots_are_dropped_on_every_worker_holding_them(temporal_env, tinker) -> None:
-    """Runs of one session on two workers each made a sampler snapshot; finishing the session drops both, each on
-    its own worker (before the patch only the first holder heard of it, and the other kept its copy)."""
-    second = new_queue()
-    async with jax_worker(temporal_env.client, tinker.engine, second):
-        await tinker.register(second)
-        sid, session = await tinker.start_session()
-        samplers = []
-        for n in (1, 2):
-            _model_id, run = await tinker.ready_run(sid, n)
-            saved = await tinker.op(
-                run,
-                TrainingOp(
-                    seq_id=1,
-                    kind="save_weights_for_sampler",
-                    body_hash=body_hash(n),
-                    save=SaveRequest(sampling_session_seq_id=n),
-                ),
-            )
-            assert saved.ok, saved
-            samplers.append(names.sampler_id_for(sid, n))
-        placements = (await tinker.describe_coordinator())["placements"]
-        assert len({queue for queue, _ in placements.values()}) == 2  # one run per worker
-        await session.signal(SessionWorkflow.finish, "bye")
-        await within(session.result())
-        await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 2)
-        drops = [i.drop for i in tinker.engine.of_kind("drop_snapshots")]
-        assert sorted(k for d in drops for k in d.keys) == sorted(samplers)
-        assert {d.queue for d in drops} == {queue for queue, _ in placements.values()}
-        assert (await tinker.describe_coordinator())["snapshots"] == 0
-
-
-async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) -> None:
-    sid, session = await tinker.start_session()
-    model_id, run = await tinker.ready_run(sid, 1)
-    saved = await tinker.op(
-        run,
-        TrainingOp(
-            seq_id=1,
-            kind="save_weights_for_sampler",
-            body_hash=body_hash("save"),
-            save=SaveRequest(path=None, sampling_session_seq_id=7),
-        ),
-    )
-    sampler_id = names.sampler_id_for(sid, 7)
-    assert saved.json == {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
-    [snap] = tinker.engine.of_kind("snapshot")
-    assert snap.model_id == model_id and snap.snapshot == sampler_id
-
-    info: SamplerInfo = await within(session.execute_update(SessionWorkflow.resolve_sampler, sampler_id))
-    assert (info.snapshot, info.source_model_id) == (sampler_id, model_id)
-    [outcome] = await within(
-        tinker.client.execute_workflow(
-            SampleRequestWorkflow.run,
-            SampleStart(sampler=info, payloads=[blob("mem://r")]),
-            id=names.sample_workflow_id(sampler_id, body_hash("s")),
-            task_queue=tinker.workflow_queue,
-        )
-    )
-    assert outcome.ok and outcome.json["snapshot"] == sampler_id
-
-    named = await tinker.op(
-        run,
-        TrainingOp(
-            seq_id=2, kind="save_weights_for_sampler", body_hash=body_hash("named"), save=SaveRequest(path="ckpt-1")
-        ),
-    )
-    assert named.json == {"path": f"tinker://{model_id}/sampler_weights/ckpt-1", "type": "save_weights_for_sampler"}
-    # Named weights are also written to storage (PEFT files) by the worker holding the adapter.
-    [save] = tinker.engine.of_kind("save_checkpoint")
-    assert save.save is not None
-    assert save.model_id == model_id and save.save.path == f"tinker://{model_id}/sampler_weights/ckpt-1"
-    assert save.save.manifest["lora"]["rank"] == 8 and save.save.manifest["expires_at"] is None
-    assert (await tinker.describe_coordinator())["snapshots"] == 2
-
-    # Finishing the session drops its ephemeral sampler weights (the named checkpoint stays).
-    await session.signal(SessionWorkflow.finish, "bye")
-    await within(session.result())
-    await tinker.engine.wait_for(lambda: len(tinker.engine.of_kind("drop_snapshots")) == 1)
-    # The session names a prefix; the Coordinator resolves it into the keys its record holds, for their worker.
-    dropped = tinker.engine.of_kind("drop_snapshots")[0].drop
-    assert dropped is not None and dropped.prefix == f"{sid}:sample:" and dropped.keys == [sampler_id]
-    assert await eventually(lambda: _snapshots_are(tinker, 1))
-
-
-async def _snapshots_are(tinker: Tinker, n: int) -> bool:
-    return (await tinker.describe_coordinator())["snapshots"] == n
 
 
 # --- 8. errors --------------------------------------------------------------------------------------------------------
