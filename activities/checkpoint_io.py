@@ -27,13 +27,14 @@ from tinkerflow.common.checkpoints import (
 )
 from tinkerflow.common.settings import env_setting
 from tinkerflow.workers.engine import checkpoint as formats
+from tinkerflow.workers.engine.interface import EngineApi
 from tinkerflow.workers.engine.types import LoraConfig, SlotState
 
 log = logging.getLogger(__name__)
 
 
 def save(
-    engine,
+    engine: EngineApi,
     store: CheckpointStore,
     slot: int,
     manifest: dict[str, Any],
@@ -81,7 +82,7 @@ def read_state(store: CheckpointStore, path: str) -> tuple[Manifest, SlotState]:
     return m, SlotState(config=config, weights=weights, mu=zeros, nu=dict(zeros), step=0)
 
 
-def load(engine, store: CheckpointStore, slot: int, path: str, *, optimizer: bool) -> dict[str, Any]:
+def load(engine: EngineApi, store: CheckpointStore, slot: int, path: str, *, optimizer: bool) -> dict[str, Any]:
     m, state = read_state(store, path)
     if optimizer and not m.has_optimizer:
         raise CheckpointError(
@@ -93,7 +94,7 @@ def load(engine, store: CheckpointStore, slot: int, path: str, *, optimizer: boo
     return {"lora": _lora_dict(state.config), "step": state.step if optimizer else 0, "path": path}
 
 
-def load_snapshot(engine, store: CheckpointStore, path: str) -> None:
+def load_snapshot(engine: EngineApi, store: CheckpointStore, path: str) -> None:
     _, state = read_state(store, path)
     engine.load_snapshot(path, state.config, state.weights)
 

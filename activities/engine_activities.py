@@ -19,9 +19,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from itertools import groupby
-from typing import cast
+from typing import Any, TypeVar, cast
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -32,7 +32,14 @@ from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.storage_faults import storage_fault
 from tinkerflow.common.store import ClaimCheckStore
-from tinkerflow.workers.engine.types import InputError
+from tinkerflow.workers.engine.interface import EngineApi
+from tinkerflow.workers.engine.types import (
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    InputError,
+    SampleInput,
+    SampleResult,
+)
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
 
@@ -43,10 +50,15 @@ GROUPED_KINDS = {WorkKind.FORWARD_BACKWARD, WorkKind.SAMPLE}
 CHECKPOINT_KINDS = {WorkKind.SAVE_CHECKPOINT, WorkKind.LOAD_CHECKPOINT, WorkKind.LOAD_SNAPSHOT}
 # Heartbeats tell Temporal a long batch is alive; a 5 ms optimizer step needs none (each one is an RPC).
 HEARTBEAT_EVERY_S = 5.0
+# callable(requester workflow id, WorkResult) -> concurrent.futures.Future of the signal
+Deliver = Callable[[str, WorkResult], concurrent.futures.Future[Any]]
+# A grouped kind's decoded engine input and the engine's result for it (`_one_engine_call`).
+In = TypeVar("In")
+Res = TypeVar("Res")
 
 
 @contextlib.contextmanager
-def _heartbeats(every_s: float):
+def _heartbeats(every_s: float) -> Generator[list[str], None, None]:
     """Heartbeat from a side thread while the engine works, so one long engine call still proves the worker alive.
 
     The thread runs in a copy of this activity's context, which is what `activity.heartbeat` looks up.
@@ -84,9 +96,9 @@ def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) ->
 class EngineActivities:
     def __init__(
         self,
-        engine,
+        engine: EngineApi,
         store: ClaimCheckStore,
-        deliver=None,
+        deliver: Deliver | None = None,
         checkpoints: CheckpointStore | None = None,
         incarnation: str = "",
     ):
@@ -94,7 +106,6 @@ class EngineActivities:
         self.incarnation = incarnation
         self.store = store
         self.checkpoints = checkpoints
-        # callable(requester workflow id, WorkResult) -> concurrent.futures.Future of the signal, or None
         self.deliver = deliver
         self._answers: OrderedDict[str, Outcome] = OrderedDict()
         self._delivered: set[str] = set()
@@ -124,7 +135,7 @@ class EngineActivities:
                 non_retryable=True,
             )
         todo = [i for i in batch.items if i.key not in self._answers]
-        sent: dict[str, concurrent.futures.Future] = {}
+        sent: dict[str, concurrent.futures.Future[Any]] = {}
         with _heartbeats(HEARTBEAT_EVERY_S) as progress:
             self._run_items(todo, sent, progress)
         for key, future in sent.items():  # only a confirmed delivery lets the coordinator skip its own
@@ -140,7 +151,9 @@ class EngineActivities:
             ]
         )
 
-    def _run_items(self, todo: list[WorkItem], sent: dict, progress: list[str]) -> None:
+    def _run_items(
+        self, todo: list[WorkItem], sent: dict[str, concurrent.futures.Future[Any]], progress: list[str]
+    ) -> None:
         for _, run in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
             group = list(run)
             progress[0] = f"{group[0].kind} ×{len(group)}"
@@ -282,14 +295,14 @@ class EngineActivities:
         return Outcome(json={})
 
     def _forward_backward(self, items: list[WorkItem]) -> list[Outcome]:
-        def decode(item: WorkItem):
+        def decode(item: WorkItem) -> ForwardBackwardInput:
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
             return wire.forward_backward_input(
                 wire.parse_forward_backward(self.store.get(_payload(item))), item.slot, bounds
             )
 
-        def encode(inp, res) -> Outcome:
+        def encode(inp: ForwardBackwardInput, res: ForwardBackwardResult) -> Outcome:
             tokens = sum(len(d.tokens) for d in inp.data)
             return Outcome(
                 blob=self.store.put(wire.forward_backward_output(res), "results"),
@@ -299,7 +312,7 @@ class EngineActivities:
         return self._one_engine_call(items, decode, self.engine.forward_backward, encode)
 
     def _sample(self, items: list[WorkItem]) -> list[Outcome]:
-        def decode(item: WorkItem):
+        def decode(item: WorkItem) -> SampleInput:
             snapshot = item.snapshot or None
             if snapshot in self._load_errors:
                 raise InputError(f"could not load sampler weights {snapshot}: {self._load_errors[snapshot]}")
@@ -315,7 +328,7 @@ class EngineActivities:
                     raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
             return wire.sample_input(self.store.get(_payload(item)), snapshot)
 
-        def encode(_inp, res) -> Outcome:
+        def encode(_inp: SampleInput, res: SampleResult) -> Outcome:
             return Outcome(
                 blob=self.store.put(wire.sample_output(res), "results"),
                 json={"tokens": sum(len(s.tokens) for s in res.sequences)},
@@ -324,17 +337,23 @@ class EngineActivities:
         return self._one_engine_call(items, decode, self.engine.sample, encode)
 
     @staticmethod
-    def _one_engine_call(items: list[WorkItem], decode, run, encode) -> list[Outcome]:
+    def _one_engine_call(
+        items: list[WorkItem],
+        decode: Callable[[WorkItem], In],
+        run: Callable[[list[In]], list[Res | InputError]],
+        encode: Callable[[In, Res], Outcome],
+    ) -> list[Outcome]:
         """Decode each item (a bad one fails alone), run the rest in ONE engine call, encode each answer."""
         outcomes: list[Outcome | None] = [None] * len(items)
-        inputs, positions = [], []
+        inputs: list[In] = []
+        positions: list[int] = []
         for n, item in enumerate(items):
             try:
                 inputs.append(decode(item))
                 positions.append(n)
             except InputError as e:
                 outcomes[n] = Outcome.failed(str(e), "user")
-        results = run(inputs) if inputs else []
+        results: list[Res | InputError] = run(inputs) if inputs else []
         for n, inp, res in zip(positions, inputs, results):
             if isinstance(res, Exception):
                 outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")

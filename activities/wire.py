@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,8 +93,8 @@ def _tensor(name: str, t: pb.Tensor, where: str, bounds: Bounds = Bounds()) -> n
     return arr.copy()
 
 
-def _tokens(chunks, where: str) -> np.ndarray:
-    parts = []
+def _tokens(chunks: Iterable[pb.Chunk], where: str) -> np.ndarray:
+    parts: list[np.ndarray] = []
     for chunk in chunks:
         which = chunk.WhichOneof("chunk")
         if which != "encoded_text":
@@ -104,12 +105,12 @@ def _tokens(chunks, where: str) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
 
-def _sampled_mask(spans, where: str) -> np.ndarray | None:
+def _sampled_mask(spans: Sequence[pb.ProvenanceSpan], where: str) -> np.ndarray | None:
     """The target positions a SampledProvenanceSpan covers (1.0), from runs that tile target_tokens in order
     (`Datum.with_provenance`); None when the datum has no provenance. Sequence ids are opaque here."""
     if not spans:
         return None
-    parts = []
+    parts: list[np.ndarray] = []
     for j, span in enumerate(spans):
         which = span.WhichOneof("span")
         if which is None:
@@ -124,7 +125,7 @@ def _sampled_mask(spans, where: str) -> np.ndarray | None:
 def forward_backward_input(
     msg: pb.ForwardBackwardRequest, slot: int, bounds: Bounds = Bounds()
 ) -> ForwardBackwardInput:
-    data = []
+    data: list[Datum] = []
     for i, d in enumerate(msg.data):
         where = f"datum {i}"
         data.append(
@@ -181,7 +182,7 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
         req = SampleRequest.model_validate(json.loads(body))
     except Exception as e:
         raise InputError(f"malformed sample request: {e}") from None
-    tokens = []
+    tokens: list[int] = []
     for chunk in req.prompt.chunks:
         if not isinstance(chunk, EncodedTextChunk):
             raise InputError(f"{chunk.type} prompt chunks are not supported by this text-only model")

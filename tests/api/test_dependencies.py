@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from typing import cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,6 +21,7 @@ from tinkerflow.api.dependencies import classify
 from tinkerflow.cli.launch import free_port
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.storage_faults import storage_fault
+from tinkerflow.workers.engine.interface import EngineApi
 
 KEY = "tml-deps"
 H = {"X-API-Key": KEY}
@@ -106,8 +108,10 @@ def test_a_save_on_a_read_only_checkpoint_root_says_the_checkpoint_store_refused
         raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "ckpts" / "s:train:0" / ".staging-1"))
 
     monkeypatch.setattr(checkpoint_io, "save", read_only)
-    acts = EngineActivities(
-        engine=None, store=ClaimCheckStore((tmp_path / "store").as_uri()), checkpoints=CheckpointStore(root)
+    acts = EngineActivities(  # no engine: checkpoint_io.save, its one user here, is patched to fail first
+        engine=cast(EngineApi, None),
+        store=ClaimCheckStore((tmp_path / "store").as_uri()),
+        checkpoints=CheckpointStore(root),
     )
     item = WorkItem(
         key="run#1",

@@ -3,8 +3,11 @@ for an evicted ephemeral snapshot, saved weights reloaded on demand."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
+from tinkerflow.workers.engine.interface import EngineApi
 from tinkerflow.workers.engine.snapshots import SnapshotCache
 from tinkerflow.workers.engine.types import InputError, LoraConfig, SampleInput
 
@@ -67,7 +70,8 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
         wire, "sample_input", lambda _body, snapshot: SampleInput(prompt=np.array([1]), snapshot=snapshot)
     )
     store = ClaimCheckStore((tmp_path / "store").as_uri())
-    acts = EngineActivities(Engine(), store, checkpoints=CheckpointStore((tmp_path / "ckpt").as_uri()))
+    # A partial fake: the sample path reaches only snapshot_evicted and sample.
+    acts = EngineActivities(cast(EngineApi, Engine()), store, checkpoints=CheckpointStore((tmp_path / "ckpt").as_uri()))
     item = WorkItem(key="k", requester="r", kind=WorkKind.SAMPLE, payload=store.put(b"{}", "requests"), snapshot=path)
     acts._sample([item])
     assert reloaded == [path] and sampled == [path]
