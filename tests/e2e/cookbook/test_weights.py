@@ -40,7 +40,8 @@ def test_download_build_hf_model_and_build_lora_adapter(cookbook_env, base_model
     from tinker_cookbook.weights import build_hf_model, build_lora_adapter, download
     from transformers import AutoModelForCausalLM
 
-    # train_unembed=False: the unembedding adapter's export naming is a separate question (see the README).
+    # train_unembed=False: build_lora_adapter's PEFT files cannot hold an unembedding adapter (Tinker's name for it,
+    # unembed_tokens, is the cookbook merge's); the train_unembed merge is the test below.
     training = service_client.create_lora_training_client(base_model=base_model, rank=4, seed=3,
                                                           train_unembed=False).result()  # fmt: skip
     for _ in range(3):
