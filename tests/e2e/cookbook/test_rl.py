@@ -36,11 +36,11 @@ STEPS = 10
 # then drops most tokens); 10 steps at 1e-2 leave room for the noise of 16 samples per step.
 SLOW_STEPS, SLOW_LR = 10, 1e-2
 # How much the final checkpoint's reward must beat the base model's on the same seeded draws (`learned`). One run of
-# the whole matrix here, base 0.025: importance_sampling 0.82, stable_reinforce 0.995 (default set, then 6 steps at 2e-2);
-# gspo 1.0, cispo 0.94, dro 0.30, stream_minibatch 0.71, async on-policy 0.975, one step off 0.30 (10 steps); ppo
-# 0.095: its policy turned deterministic at step 4 (logged reward 0.034 from then on, every group constant, so the
-# loop drops them all and nothing trains); run again, ppo reached 1.0. That is a run failing, not the check: the
-# margin is not lowered for it.
+# the whole matrix here, base 0.025: importance_sampling 0.82, stable_reinforce 0.995 (the default set, at that
+# time 6 steps at 2e-2); gspo 1.0, cispo 0.94, dro 0.30, stream_minibatch 0.71, async on-policy 0.975, one step
+# off 0.30 (10 steps); ppo 0.095: its policy turned deterministic at step 4 (logged reward 0.034 from then on,
+# every group constant, so the loop drops them all and nothing trains); run again, ppo reached 1.0. That is a run
+# failing, not the check: the margin is not lowered for it.
 LEARNED_MARGIN = 0.1
 
 
