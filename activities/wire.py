@@ -53,7 +53,10 @@ class Bounds:
 def _tensor(name: str, t: pb.Tensor, where: str, bounds: Bounds = Bounds()) -> np.ndarray:
     dtype = _PROTO_DTYPES.get(t.dtype)
     if dtype is None:
-        raise InputError(f"{where}: loss_fn_inputs[{name!r}] has unsupported dtype {pb.DType.Name(t.dtype)}")
+        # A value outside the enum (protobuf keeps unknown enum numbers) has no name: say the number instead.
+        known = t.dtype in pb.DType.values()
+        label = pb.DType.Name(t.dtype) if known else f"{t.dtype} (not a DType)"
+        raise InputError(f"{where}: loss_fn_inputs[{name!r}] has unsupported dtype {label}")
     shape = tuple(int(s) for s in t.shape)
     if any(s < 0 for s in shape):
         raise InputError(f"{where}: loss_fn_inputs[{name!r}] has a negative dimension in shape {list(shape)}")

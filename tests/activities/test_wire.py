@@ -168,3 +168,17 @@ def test_topk_prompt_logprobs_reach_the_sdk_as_rows_per_prompt_position():
         seq_id=0,
     )
     assert wire.sample_input(req.model_dump_json().encode(), None).topk_prompt_logprobs == 2
+
+
+def test_a_dtype_number_outside_the_enum_is_a_user_error_naming_it():
+    """Found by the wire fuzz: protobuf keeps unknown enum numbers, and naming one raised a ValueError (a server
+    error) instead of the InputError the field deserves."""
+    from tinker.proto import tinker_public_pb2 as pb
+
+    from tinkerflow.activities.wire import _tensor  # pyright: ignore[reportPrivateUsage]  (the decoder under test)
+    from tinkerflow.common.errors import InputError
+
+    tensor = pb.Tensor()
+    tensor.dtype = 5  # pyright: ignore[reportAttributeAccessIssue]  (an enum number the schema does not define)
+    with pytest.raises(InputError, match=r"loss_fn_inputs\['weights'\] has unsupported dtype 5"):
+        _tensor("weights", tensor, "datum 0")
