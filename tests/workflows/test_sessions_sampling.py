@@ -9,16 +9,12 @@ import asyncio
 import time
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError
 from wf_harness import (
-    MockEngine,
     Tinker,
     TrainingOp,
     blob,
     body_hash,
     eventually,
-    fwd_seq,
     jax_worker,
     new_queue,
     session_has_runs,
@@ -39,15 +35,6 @@ from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 from tinkerflow.workflows.session import SessionWorkflow
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def fwd_seqs(engine: MockEngine, model_id: str | None = None) -> list[int]:
-    return [fwd_seq(i) for i in engine.of_kind("forward_backward") if model_id in (None, i.model_id)]
-
-
-def assert_seq_conflict(err: WorkflowUpdateFailedError) -> None:
-    assert isinstance(err.cause, ApplicationError), err.cause
-    assert err.cause.type == "SeqConflict", err.cause
 
 
 # --- 6. sessions ------------------------------------------------------------------------------------------------------
