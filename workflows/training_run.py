@@ -44,6 +44,9 @@ RECOVERABLE_KINDS = {
     OpKind.LOAD_WEIGHTS,
 }
 STEP_ATTRIBUTE_EVERY = 10
+# How many times one op restores its adapter when the worker keeps dying under it, before it fails (category server).
+RECOVERY_ATTEMPTS = 3
+PATCH_RECOVER_AGAIN = "run-recover-again-after-worker-lost"
 # How far ahead of the run's next seq_id an op may be. The SDK numbers every op of a TrainingClient from one counter
 # and sends its chunks concurrently, so a real client is a few dozen ahead at most; an op far beyond would wait for
 # its gap forever. It is refused at submit (HTTP 400): the run's next seq_id is unchanged, so nothing else waits.
@@ -211,12 +214,26 @@ class TrainingRunWorkflow(RunCheckpoints):
         if self.s.status != "ready":
             return Outcome.failed(f"training run {self.s.start.model_id} is {self.s.status}: {self.s.error}")
         outcome = await self._execute_once(op)
-        if outcome.worker_lost and op.kind in RECOVERABLE_KINDS:
-            problem = await self._recover(outcome.error)
-            if problem:
-                return Outcome.failed(f"{outcome.error}; restoring the adapter failed: {problem}", "server")
-            outcome = await self._execute_once(op)
-        return outcome
+        if not (outcome.worker_lost and op.kind in RECOVERABLE_KINDS):
+            return outcome
+        attempt = 0
+        while True:
+            attempt += 1
+            restored = await self._recover(outcome.error)
+            if restored.ok:
+                outcome = await self._execute_once(op)
+                if not outcome.worker_lost:
+                    return outcome
+                answer = outcome
+            else:
+                answer = Outcome.failed(f"{outcome.error}; restoring the adapter failed: {restored.error}", "server")
+                if not restored.worker_lost:
+                    return answer
+            # The worker died again, during the restore or the op: a multi-host group re-forms in steps (Ray restarts
+            # one actor, then its peers are restarted), so a restore can land on a group that is about to go. Restore
+            # again on whatever is live now. Histories recorded before this loop answered here; the patch keeps them.
+            if attempt >= RECOVERY_ATTEMPTS or not workflow.patched(PATCH_RECOVER_AGAIN):
+                return answer
 
     async def _execute_once(self, op: TrainingOp) -> Outcome:
         model_id = self.s.start.model_id
@@ -283,11 +300,11 @@ class TrainingRunWorkflow(RunCheckpoints):
         else:  # keep the log: recovery then replays from the previous snapshot
             workflow.logger.warning("automatic snapshot of %s failed: %s", self.s.start.model_id, outcome.error)
 
-    async def _recover(self, why: str) -> str:
+    async def _recover(self, why: str) -> Outcome:
         """Re-place the adapter on a live worker, load the latest automatic snapshot and replay the ops logged since:
-        the exact state the dead worker held. Returns "" on success, else what went wrong."""
+        the exact state the dead worker held. Returns the last step's outcome: ok, or what went wrong."""
         if not self.s.start.snapshot_every:
-            return "automatic snapshots are off for this run (--auto-snapshot-every 0)"
+            return Outcome.failed("automatic snapshots are off for this run (--auto-snapshot-every 0)", "server")
         self.s.recoveries += 1
         workflow.logger.warning(
             "restoring %s (%s): snapshot %s + %d ops",
@@ -317,7 +334,7 @@ class TrainingRunWorkflow(RunCheckpoints):
                 load=entry.load,
             )
         self._publish()
-        return "" if outcome.ok else outcome.error
+        return outcome
 
     # --- visibility ----------------------------------------------------------------------------------------------
 

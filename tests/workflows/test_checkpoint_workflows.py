@@ -24,12 +24,14 @@ from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart, parse_rfc3339
 from tinkerflow.workflows.messages import (
     AdamSpec,
+    Outcome,
     LoadCheckpoint,
     LoraSpec,
     OpKind,
     RunState,
     SaveRequest,
     TrainingOp,
+    WorkItem,
     WorkKind,
 )
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
@@ -245,6 +247,36 @@ async def test_a_run_whose_worker_restarted_restores_from_its_snapshot_and_repla
     )  # the same rank, groups and (drawn) seed
     state: RunState = await run.query(TrainingRunWorkflow.describe)
     assert state.recoveries == 1 and [e.kind for e in state.since_snapshot] == [WorkKind.FORWARD_BACKWARD] * 2
+
+
+async def test_a_restore_that_loses_its_worker_too_restores_again(tinker: Tinker) -> None:
+    """A multi-host group re-forms in steps (Ray restarts one actor, then its peers), so the restore itself can land on
+    a group that is going away: the op restores again instead of failing (at most RECOVERY_ATTEMPTS times)."""
+    sid, _ = await tinker.start_session()
+    run, outcome = await tinker.create_run(sid, 1, snapshot_every=1)
+    assert outcome.ok
+    model_id = names.model_id_for(sid, 1)
+    optim = TrainingOp(seq_id=2, kind="optim_step", body_hash=body_hash("o", 2), adam=AdamSpec(learning_rate=0.1))
+    for op in (tinker.fwd(1), optim):
+        assert (await tinker.op(run, op)).ok
+
+    answer = tinker.engine.answer
+    lost_loads: list[str] = []
+
+    def first_load_lost(item: WorkItem) -> Outcome:
+        if item.kind == "load_checkpoint" and not lost_loads:
+            lost_loads.append(item.key)
+            return Outcome(error="the JAX worker died (test)", category="server", worker_lost=True)
+        return answer(item)
+
+    tinker.engine.answer = first_load_lost  # type: ignore[method-assign]
+    await tinker.register(tinker.queues[0])
+    before = len(tinker.engine.items)
+    assert (await tinker.op(run, tinker.fwd(3))).ok
+    after = [i.kind for i in tinker.engine.items[before:] if i.model_id == model_id]
+    assert after == ["create_adapter", "load_checkpoint", "create_adapter", "load_checkpoint", "forward_backward"]
+    state: RunState = await run.query(TrainingRunWorkflow.describe)
+    assert state.recoveries == 2 and len(lost_loads) == 1
 
 
 async def test_without_automatic_snapshots_a_lost_adapter_fails_clearly(tinker: Tinker) -> None:
