@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
+import subprocess
 from collections import Counter
 
 import prometheus_client
@@ -149,3 +151,20 @@ def test_other_overlays_stay_free_of_operator_resources(overlay):
     """ServiceMonitor/PodMonitor need the Prometheus operator; only overlays that ask for monitoring carry them."""
     kinds = {o["kind"] for o in render(overlay)}
     assert ("ServiceMonitor" in kinds) == (overlay == "monitoring")
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool (Debian: apt install prometheus)")
+def test_the_local_prometheus_config_is_valid():
+    """docs/grafana.md's local recipe: Prometheus' own checker accepts its scrape config."""
+    check = subprocess.run(
+        [
+            shutil.which("promtool") or "promtool",
+            "check",
+            "config",
+            str(INFRA / "grafana" / "local" / "prometheus.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
