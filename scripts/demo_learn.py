@@ -67,7 +67,7 @@ def chart(losses: list[float], height: int = 8, width: int = 60) -> str:
     levels = [round((c - lo) / span * (height - 1)) for c in cols]
     rows = []
     for r in range(height - 1, -1, -1):
-        label = f"{lo + span * r / (height - 1):7.3f} │" if r in (0, height - 1) else "        │"
+        label = f"{hi if r else lo:7.3f} │" if r in (0, height - 1) else "        │"
         rows.append(label + "".join("●" if lv == r else ("│" if lv > r else " ") for lv in levels))
     rows.append("        └" + "─" * len(cols))
     rows.append(f"         step 1{' ' * max(1, len(cols) - 6 - len(str(len(losses))))}{len(losses)}")
