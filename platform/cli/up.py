@@ -64,6 +64,7 @@ class Stack:
         log_path = self.logs / f"{name}.log"
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         part = Part(name, self._spawn(cmd, log_path), log_path, kind or name, cmd=tuple(cmd))
+        RESTARTS.labels(name)  # exported from the start: a part never restarted reads 0, not "no data"
         self.parts.append(part)
         self._write_parts()
         return part

@@ -8,20 +8,27 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import ACCEPTANCE
-from tinkerflow.cli.launch import RunningStack, launch
+from tinkerflow.cli.launch import RunningStack, free_port, launch
 
 API_KEY = "tml-e2e-key"
 OTHER_API_KEY = "tml-e2e-other"  # a second tenant on the same stack (tenant isolation tests)
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> Iterator[RunningStack]:
+def metrics_ports() -> dict[str, int]:
+    """The shared stack's other /metrics ports: the JAX worker's (--metrics-port) and `up`'s (--up-metrics-port)."""
+    return {"jax-worker": free_port(), "up": free_port()}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, metrics_ports) -> Iterator[RunningStack]:
     # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
     # 32 adapter slots: the session's tests open many training clients and leave them to the session's end.
     s = launch(
         tmp_path_factory.mktemp("e2e") / "state",
         api_key=API_KEY,
-        extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY],
+        extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY]
+        + ["--metrics-port", str(metrics_ports["jax-worker"]), "--up-metrics-port", str(metrics_ports["up"])],
     )
     yield s
     s.stop()

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 K8S = INFRA / "k8s"
 TERRAFORM = INFRA / "terraform"
-OVERLAYS = ["base", "cpu", "gpu", "tpu", "temporal-cloud"]
+OVERLAYS = ["base", "cpu", "gpu", "tpu", "temporal-cloud", "monitoring"]
 
 
 def kubectl() -> str | None:

@@ -7,6 +7,8 @@ Supported (and nothing else, on purpose: infra/k8s keeps to these so this stays 
   namespace   set on every namespaced object
   images      name -> newName/newTag/digest on containers[].image anywhere in the object (as kustomize does)
   patches     JSON 6902 patches from `path:` or inline `patch:`, selected by `target` kind/name
+  configMapGenerator  ConfigMaps from `files:` (`key=path` or `path`), with generatorOptions labels/annotations and
+              disableNameSuffixHash: true only (kustomize's name hash is not reproduced here)
 When a kubectl binary is present the tests also compare this renderer's output with `kubectl kustomize`.
 """
 
@@ -27,7 +29,17 @@ CLUSTER_SCOPED = {
     "StorageClass",
     "PriorityClass",
 }
-SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "components", "namespace", "images", "patches"}
+SUPPORTED_KEYS = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "components",
+    "namespace",
+    "images",
+    "patches",
+    "configMapGenerator",
+    "generatorOptions",
+}
 
 
 class UnsupportedKustomization(ValueError):
@@ -60,6 +72,7 @@ def _build(directory: Path, component: bool, objects: list[dict[str, Any]] | Non
             objects.extend(_build(path, component=False))
         else:
             objects.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    objects.extend(_generated_config_maps(directory, k))
     for comp in k.get("components", []):
         objects = _build(directory / comp, component=True, objects=objects)
     for patch in k.get("patches", []):
@@ -84,6 +97,27 @@ def _build(directory: Path, component: bool, objects: list[dict[str, Any]] | Non
         for obj in objects:
             _set_images(obj, image)
     return objects
+
+
+def _generated_config_maps(directory: Path, k: dict[str, Any]) -> list[dict[str, Any]]:
+    options = k.get("generatorOptions", {})
+    if k.get("configMapGenerator") and options.get("disableNameSuffixHash") is not True:
+        raise UnsupportedKustomization(f"{directory}: configMapGenerator needs generatorOptions.disableNameSuffixHash")
+    out = []
+    for gen in k.get("configMapGenerator", []):
+        unknown = set(gen) - {"name", "files"}
+        if unknown:
+            raise UnsupportedKustomization(f"{directory}: configMapGenerator keys {sorted(unknown)}")
+        data = {}
+        for entry in gen.get("files", []):
+            key, _, path = entry.rpartition("=")
+            data[key or Path(path).name] = (directory / path).read_text()
+        metadata: dict[str, Any] = {"name": gen["name"]}
+        for field in ("labels", "annotations"):
+            if options.get(field):
+                metadata[field] = dict(options[field])
+        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
+    return out
 
 
 def _matches(obj: dict[str, Any], target: dict[str, Any]) -> bool:

@@ -15,7 +15,7 @@ kubernetes_validate = pytest.importorskip(
 )
 
 K8S_VERSION = "1.32"  # GKE REGULAR channel at the time of writing
-CRDS = {"JobSet"}  # not in kubernetes-validate's schemas; checked structurally below
+CRDS = {"JobSet", "ServiceMonitor", "PodMonitor"}  # not in kubernetes-validate's schemas; checked structurally
 
 
 def test_overlay_renders(overlay):
