@@ -137,7 +137,7 @@ class RunMetricsStore:
 
     def __init__(self, url: str, max_points: int = DEFAULT_MAX_POINTS):
         if max_points < 2:
-            raise ValueError(f"max_points must be at least 2 (got {max_points})")
+            raise ValueError(f"--run-metrics-max-points must be at least 2 (got {max_points})")
         self.url = url.rstrip("/")
         self.fs, root = fsspec.core.url_to_fs(self.url)
         self.root = f"{root}/{KIND}"

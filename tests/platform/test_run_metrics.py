@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +120,8 @@ def test_paging_visits_every_point_once(tmp_path_factory, n, limit, after):
         seen += page.points
         cursor = page.next_after
     assert [p.index for p in seen] == list(range(max(after + 1, 0), n))
+
+
+def test_a_bound_below_two_is_refused_naming_its_flag(tmp_path):
+    with pytest.raises(ValueError, match="--run-metrics-max-points"):
+        _store(tmp_path, max_points=1)
