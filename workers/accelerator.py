@@ -15,7 +15,8 @@ backend answers None (jax 0.10.2 here), so a CPU worker exports no memory series
                             read forward_backward MFU as comparable with other trainers' figures, not as a bound)
 The attention scores and values (4·L·nh·hd·context per token) are left out: they depend on each sequence's length and
 are small at the lengths this service trains. Sampling counts generated tokens only (prefill is not in the count),
-so its MFU is an underestimate.
+so its MFU is an underestimate. A `forward` op batched into a forward_backward engine call counts as 6·N too (the
+kind is the engine call's).
 
 **MFU** = FLOPs of the engine call / its wall time / peak, where peak = per-device peak x the devices the call runs
 on: `--peak-tflops` when given, else the device's bf16 dense peak from PEAK_TFLOPS below, else (CPU, an unknown
