@@ -18,6 +18,7 @@ from tinkerflow.api import (
     routes_checkpoints,
     routes_futures,
     routes_openai,
+    routes_run_metrics,
     routes_runs,
     routes_sampling,
     routes_service,
@@ -74,6 +75,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     )
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
+    app.include_router(routes_run_metrics.router)  # per-run metric points (issue 18)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
 
     @app.get("/api/v1/readyz", include_in_schema=False)

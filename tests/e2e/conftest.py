@@ -21,14 +21,22 @@ def metrics_ports() -> dict[str, int]:
 
 
 @pytest.fixture(scope="session")
+def jax_metrics_port(metrics_ports) -> int:
+    """The shared stack's JAX worker serves its Prometheus /metrics here (accelerator metrics tests)."""
+    return metrics_ports["jax-worker"]
+
+
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory, metrics_ports) -> Iterator[RunningStack]:
     # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
     # 32 adapter slots: the session's tests open many training clients and leave them to the session's end.
     s = launch(
         tmp_path_factory.mktemp("e2e") / "state",
         api_key=API_KEY,
-        extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY]
-        + ["--metrics-port", str(metrics_ports["jax-worker"]), "--up-metrics-port", str(metrics_ports["up"])],
+        extra=[
+            *("--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY),
+            *("--metrics-port", str(metrics_ports["jax-worker"]), "--up-metrics-port", str(metrics_ports["up"])),
+        ],
     )
     yield s
     s.stop()
