@@ -15,7 +15,9 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from tinkerflow.api import (
+    console_data,
     routes_checkpoints,
+    routes_console,
     routes_futures,
     routes_openai,
     routes_runs,
@@ -75,6 +77,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
+    app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)
+    app.include_router(routes_console.router)  # the web console's pages and assets at /console (docs/console.md)
 
     @app.get("/api/v1/readyz", include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:

@@ -1,0 +1,236 @@
+"""The console's JSON (docs/console.md): the caller's runs and sessions a page at a time, one run's facts, and the
+service's workers and queues. Same key and tenancy as every /api/v1 route: the console page sends the key as
+X-API-Key from its fetch calls, so these routes are plain API routes and any client may use them.
+
+Listings filter and page on Temporal visibility (owner, type and id), so a page costs one visibility scan plus one
+`describe` query per row shown, however many runs the caller has. A row whose query does not answer (a closed run
+whose history a busy worker has not replayed yet) still shows, with the coarse status and step of its search
+attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Query
+from temporalio.client import WorkflowExecution
+
+from tinkerflow.api.deps import owner, services
+from tinkerflow.api.lookups import run_of_caller
+from tinkerflow.api.services import Services
+from tinkerflow.workflows import names
+from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.session import SessionWorkflow
+from tinkerflow.workflows.training_run import TrainingRunWorkflow
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/api/v1/console")
+MAX_QUERY_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One of the caller's workflows as visibility lists it: no workflow task needed."""
+
+    id: str  # the model id or session id (the workflow id without its prefix)
+    started: datetime | None
+    status: str  # the TinkerflowStatus search attribute (coarse: set on change)
+    step: int | None  # the TinkerflowStep search attribute (coarse: every few steps)
+    base_model: str
+    session_id: str
+
+
+def _owned(workflow_type: str, who: str) -> str:
+    # The same filter as the REST listings (routes_runs): continue-as-new leaves closed executions behind.
+    return (
+        f"WorkflowType = '{workflow_type}' AND {names.OWNER.name} = '{names.owner_value(who)}' "
+        "AND ExecutionStatus != 'ContinuedAsNew'"
+    )
+
+
+def _listed(wf: WorkflowExecution, prefix: str) -> Listed:
+    attrs = wf.typed_search_attributes
+    return Listed(
+        id=wf.id.removeprefix(prefix),
+        started=wf.start_time,
+        status=attrs.get(names.STATUS) or "",
+        step=attrs.get(names.STEP),
+        base_model=attrs.get(names.BASE_MODEL) or "",
+        session_id=attrs.get(names.SESSION_ID) or "",
+    )
+
+
+async def _matching(svc: Services, workflow_type: str, prefix: str, who: str, q: str) -> list[Listed]:
+    """The caller's workflows of one type whose id (or base model) holds `q`, case-insensitively; newest first.
+
+    The search runs here rather than in the visibility query: the SQLite visibility store of the dev server has no
+    substring operator, and the ids are short, so a scan of hundreds of rows costs milliseconds."""
+    needle = q.strip().lower()[:MAX_QUERY_CHARS]
+    seen: set[str] = set()
+    out: list[Listed] = []
+    async for wf in svc.client.list_workflows(_owned(workflow_type, who)):
+        if not wf.id.startswith(prefix) or wf.id in seen:
+            continue
+        seen.add(wf.id)
+        row = _listed(wf, prefix)
+        if needle and needle not in row.id.lower() and needle not in row.base_model.lower():
+            continue
+        out.append(row)
+    return out
+
+
+async def _describe_run(svc: Services, model_id: str) -> RunState | None:
+    try:
+        return await svc.client.get_workflow_handle(names.run_workflow_id(model_id)).query(TrainingRunWorkflow.describe)
+    except Exception as e:  # the row still shows, from its search attributes
+        log.debug("console: run %s not described: %s", model_id, e)
+        return None
+
+
+async def _describe_session(svc: Services, session_id: str) -> SessionState | None:
+    try:
+        return await svc.client.get_workflow_handle(names.session_workflow_id(session_id)).query(
+            SessionWorkflow.describe
+        )
+    except Exception as e:
+        log.debug("console: session %s not described: %s", session_id, e)
+        return None
+
+
+def _time(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+def _run_row(row: Listed, state: RunState | None) -> dict[str, Any]:
+    return {
+        "training_run_id": row.id,
+        "session_id": row.session_id or names.session_of(row.id),
+        "base_model": state.start.base_model if state else row.base_model,
+        "status": state.status if state else row.status,
+        "step": state.step if state else row.step,
+        "last_loss": state.last_loss if state else None,
+        "started": _time(row.started),
+        "last_request_time": (state.last_request_time or None) if state else None,
+    }
+
+
+def temporal_ui_link(svc: Services, workflow_id: str) -> str:
+    base = svc.settings.resolved_temporal_ui_url
+    namespace = quote(svc.settings.temporal_namespace, safe="")
+    return f"{base}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
+
+
+@router.get("/runs")
+async def runs(
+    q: str = Query("", max_length=MAX_QUERY_CHARS, description="substring of the run id (or its base model)"),
+    offset: int = Query(0, ge=0),
+    limit: int = Query(25, ge=1, le=200),
+    svc: Services = Depends(services),
+    who: str = Depends(owner),
+) -> dict:
+    found = await _matching(svc, "TrainingRun", "training-run/", who, q)
+    page = found[offset : offset + limit]
+    states = await asyncio.gather(*(_describe_run(svc, r.id) for r in page))
+    return {
+        "training_runs": [_run_row(r, s) for r, s in zip(page, states)],
+        "offset": offset,
+        "limit": limit,
+        "total": len(found),
+    }
+
+
+@router.get("/sessions")
+async def sessions(
+    q: str = Query("", max_length=MAX_QUERY_CHARS, description="substring of the session id"),
+    offset: int = Query(0, ge=0),
+    limit: int = Query(25, ge=1, le=200),
+    svc: Services = Depends(services),
+    who: str = Depends(owner),
+) -> dict:
+    found = await _matching(svc, "Session", "session/", who, q)
+    page = found[offset : offset + limit]
+    states = await asyncio.gather(*(_describe_session(svc, r.id) for r in page))
+    rows = [
+        {
+            "session_id": r.id,
+            "display_name": (s.display_name or None) if s else None,
+            "status": s.status if s else r.status,
+            "training_run_ids": list(s.training_run_ids) if s else [],
+            "samplers": len(s.samplers) if s else None,
+            "started": _time(r.started),
+        }
+        for r, s in zip(page, states)
+    ]
+    return {"sessions": rows, "offset": offset, "limit": limit, "total": len(found)}
+
+
+@router.get("/runs/{run_id}")
+async def run(run_id: str, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
+    """One run: its facts, its checkpoints (sizes, expiry) and its workflow in the Temporal UI; 404 as for
+    GET /api/v1/training_runs/{id} when it is another tenant's or unknown."""
+    state = await run_of_caller(svc, run_id, who)
+    manifests = await asyncio.to_thread(svc.checkpoints.list, run_id)  # unexpired, newest first
+    checkpoints = [m.as_checkpoint() for m in manifests]
+    return {
+        "training_run_id": run_id,
+        "session_id": state.start.session_id,
+        "base_model": state.start.base_model,
+        "lora_rank": state.lora_spec.rank,
+        "status": state.status,
+        "error": state.error or None,
+        "step": state.step,
+        "forward_backward_count": state.fwdbwd_count,
+        "tokens_seen": state.tokens_seen,
+        "last_loss": state.last_loss,
+        "last_request_time": state.last_request_time or None,
+        "recoveries": state.recoveries,
+        "checkpoints": checkpoints,
+        "temporal_ui_url": temporal_ui_link(svc, names.run_workflow_id(run_id)),
+        "metrics_url": f"/api/v1/training_runs/{quote(run_id, safe='')}/metrics",
+    }
+
+
+@router.get("/service")
+async def service(svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
+    """Per served base model (one Coordinator each): its workers and their adapter slots, and its sampling queue.
+    Counts only: which adapters sit in the slots (other tenants' run ids) is not shown."""
+    models = []
+    query = "WorkflowType = 'Coordinator' AND ExecutionStatus = 'Running'"
+    async for wf in svc.client.list_workflows(query):
+        try:
+            d: dict[str, Any] = await svc.client.get_workflow_handle(wf.id).query("describe")
+        except Exception as e:
+            log.debug("console: coordinator %s not described: %s", wf.id, e)
+            models.append({"coordinator": wf.id, "answered": False})
+            continue
+        workers = [
+            {
+                "worker_id": w.get("worker_id", q),
+                "slots_used": int(w.get("slots_used", 0)),
+                "slots_total": int(w.get("max_adapters", 0)),
+                "busy": bool(w.get("busy", False)),
+            }
+            for q, w in sorted(d.get("workers", {}).items())
+        ]
+        models.append(
+            {
+                "coordinator": wf.id,
+                "answered": True,
+                "base_model": d.get("base_model", ""),
+                "pool": d.get("pool", ""),
+                "workers": workers,
+                "slots_used": sum(w["slots_used"] for w in workers),
+                "slots_total": sum(w["slots_total"] for w in workers),
+                "queued_samples": int(d.get("pending_samples", 0)),
+                "queued_sample_tokens": int(d.get("pending_sample_tokens", 0)),
+                "queued_work_items": int(d.get("pending", 0)),
+                "dispatched_batches": int(d.get("dispatched_batches", 0)),
+                "temporal_ui_url": temporal_ui_link(svc, wf.id),
+            }
+        )
+    return {"models": models}
