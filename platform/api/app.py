@@ -32,6 +32,7 @@ from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.api.signed_urls import signing_key
+from tinkerflow.api.worker_metrics import WorkerMetrics, worker_metrics_urls
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.errors import TinkerflowError
 from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
@@ -59,6 +60,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             signing_key=signing_key(settings),
             api_keys=settings.accepted_api_keys(),
             sample_batcher=SampleBatcher(temporal),
+            worker_metrics=WorkerMetrics(urls) if (urls := worker_metrics_urls(settings)) else None,
         )
         if not app.state.services.api_keys:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")

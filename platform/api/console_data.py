@@ -197,8 +197,9 @@ async def run(run_id: str, svc: Services = Depends(services), who: str = Depends
 
 @router.get("/service")
 async def service(svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
-    """Per served base model (one Coordinator each): its workers and their adapter slots, and its sampling queue.
-    Counts only: which adapters sit in the slots (other tenants' run ids) is not shown."""
+    """Per served base model (one Coordinator each): its workers and their adapter slots, and its sampling queue;
+    per JAX worker whose /metrics the API reads (worker_metrics): tokens/s, MFU and device memory. Counts only:
+    which adapters sit in the slots (other tenants' run ids) is not shown."""
     models = []
     query = "WorkflowType = 'Coordinator' AND ExecutionStatus = 'Running'"
     async for wf in svc.client.list_workflows(query):
@@ -233,4 +234,5 @@ async def service(svc: Services = Depends(services), _: str = Depends(owner)) ->
                 "temporal_ui_url": temporal_ui_link(svc, wf.id),
             }
         )
-    return {"models": models}
+    workers = await svc.worker_metrics.read() if svc.worker_metrics else []
+    return {"models": models, "engines": workers}

@@ -211,6 +211,12 @@ class Settings:
                                   choices=("key", "public", "off"))
     # Nothing there is secret, but a server on the internet need not advertise its routes.
     api_docs: bool = setting(False, "serve /openapi.json, /docs and /redoc to anyone", API, shown="off")
+    # The console's tokens/s, MFU and device memory: only the engine measures them (platform/api/worker_metrics.py).
+    worker_metrics_urls: tuple[str, ...] = setting((), "JAX workers' Prometheus /metrics URLs the console reads "
+                                                   "tokens/s, MFU and device memory from, repeatable or "
+                                                   "comma-separated", API,
+                                                   shown="http://<host>:<metrics-port>/metrics when --metrics-port "
+                                                   "is set, else none")
     # The console's "open in Temporal UI" links (docs/console.md); the UI itself is Temporal's, not ours.
     temporal_ui_url: str = setting("", "base URL of the Temporal Web UI, for the console's links to each run's "
                                    "workflow", API, shown="http://<temporal host>:<ui-port>, as `up` prints it")

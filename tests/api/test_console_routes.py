@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from temporalio.client import Client
 
 from tinkerflow.api.app import create_app
+from tinkerflow.api.worker_metrics import WorkerMetrics, summarize, worker_metrics_urls
 from tinkerflow.cli.launch import free_port
 from tinkerflow.common.settings import Settings
 
@@ -72,3 +73,35 @@ def test_temporal_ui_url_is_derived_as_up_prints_it(tmp_path):
     assert s.resolved_temporal_ui_url == "http://10.1.2.3:8444"
     given = Settings(state_dir=tmp_path, temporal_ui_url="https://temporal.example/")
     assert given.resolved_temporal_ui_url == "https://temporal.example"
+
+
+def test_worker_exposition_is_summarized_for_the_service_panel(tmp_path):
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+    tps = Gauge("tinkerflow_engine_tokens_per_second", "t", ["kind"], registry=reg)
+    tps.labels("forward_backward").set(1234.5)
+    tps.labels("sample").set(float("nan"))  # not finite: left out, not shown as NaN
+    mem = Gauge("tinkerflow_device_memory_in_use_bytes", "m", ["device"], registry=reg)
+    mem.labels("cpu:0").set(100)
+    mem.labels("cpu:1").set(23)
+    Gauge("tinkerflow_engine_mfu", "f", ["kind"], registry=reg).labels("forward_backward").set(0.25)
+    out = summarize(generate_latest(reg).decode())
+    assert out == {
+        "tokens_per_second": {"forward_backward": 1234.5},
+        "device_memory_in_use_bytes": 123,
+        "mfu": {"forward_backward": 0.25},
+    }
+    assert summarize("") == {}
+
+    assert worker_metrics_urls(Settings(state_dir=tmp_path)) == ()
+    assert worker_metrics_urls(Settings(state_dir=tmp_path, metrics_port=9400, host="0.0.0.0")) == (
+        "http://127.0.0.1:9400/metrics",
+    )
+    given = Settings(state_dir=tmp_path, metrics_port=9400, worker_metrics_urls=("http://w1:9/metrics",))
+    assert worker_metrics_urls(given) == ("http://w1:9/metrics",)
+
+
+def test_service_panel_says_when_a_worker_does_not_answer():
+    wm = WorkerMetrics(urls=(f"http://127.0.0.1:{free_port()}/metrics",))
+    assert asyncio.run(wm.read()) == [{"answered": False}]

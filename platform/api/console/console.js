@@ -226,9 +226,36 @@ function serviceRow(m) {
   return tr;
 }
 
+function byKind(values, fmt) {
+  const entries = Object.entries(values || {});
+  return entries.length ? entries.map(([k, v]) => `${k || "all"}: ${fmt(v)}`).join(" · ") : null;
+}
+
+function engineRow(e, i) {
+  const tr = document.createElement("tr");
+  cell(tr, `worker ${i + 1}`);
+  if (!e.answered) {
+    cell(tr, "its /metrics did not answer (restarting?)").colSpan = 5;
+    return tr;
+  }
+  cell(tr, byKind(e.tokens_per_second, (v) => Math.round(v).toLocaleString()), "tps");
+  cell(tr, byKind(e.mfu, (v) => `${(100 * v).toFixed(2)} %`));
+  cell(tr, fmtBytes(e.device_memory_in_use_bytes), "num");
+  cell(tr, fmtBytes(e.device_memory_peak_bytes), "num");
+  cell(tr, fmtBytes(e.device_memory_limit_bytes), "num");
+  return tr;
+}
+
 async function loadService() {
   const data = await api("/api/v1/console/service");
   fill($("service-table").tBodies[0], data.models.map(serviceRow), "no base model is served", 8);
+  fill(
+    $("engines-table").tBodies[0],
+    data.engines.map(engineRow),
+    "tokens/s: the API reads no JAX worker /metrics (start the worker with --metrics-port, or give " +
+      "--worker-metrics-urls)",
+    6,
+  );
 }
 
 function runsPage() {
