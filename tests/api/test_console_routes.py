@@ -4,15 +4,21 @@ data and carry a strict CSP; plotly.js comes from the installed wheel; the conso
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
 from temporalio.client import Client
 
+from tinkerflow.api import console_data
 from tinkerflow.api.app import create_app
 from tinkerflow.api.worker_metrics import WorkerMetrics, summarize, worker_metrics_urls
 from tinkerflow.cli.launch import free_port
 from tinkerflow.common.settings import Settings
+from tinkerflow.workflows import names
+from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState
 
 KEY = "tml-console"
 
@@ -105,3 +111,64 @@ def test_worker_exposition_is_summarized_for_the_service_panel(tmp_path):
 def test_service_panel_says_when_a_worker_does_not_answer():
     wm = WorkerMetrics(urls=(f"http://127.0.0.1:{free_port()}/metrics",))
     assert asyncio.run(wm.read()) == [{"answered": False}]
+
+
+class _Handle:
+    def __init__(self, client: _FakeTemporal, workflow_id: str):
+        self.client, self.workflow_id = client, workflow_id
+
+    async def query(self, *_):
+        self.client.queried.append(self.workflow_id)
+        if self.workflow_id.endswith(":7"):
+            raise RuntimeError("query timed out")  # the row must still show, from its search attributes
+        n = int(self.workflow_id.rsplit(":", 1)[1])
+        start = RunStart(
+            model_id=self.workflow_id.removeprefix("training-run/"),
+            session_id="s",
+            owner="o",
+            base_model="tiny",
+            lora=LoraSpec(rank=4),
+        )
+        return RunState(start=start, step=n, status="ready", last_loss=1.5)
+
+
+class _FakeTemporal:
+    """list_workflows/get_workflow_handle as the console's listing uses them: 300 runs of one owner, newest first,
+    plus a closed execution of one of them that visibility lists again."""
+
+    def __init__(self, n: int):
+        self.queried: list[str] = []
+        self.listed: list[str] = []
+        now = datetime.now(UTC)
+        rows = [(f"training-run/sess-{i:03d}:train:{i}", now - timedelta(seconds=i)) for i in range(n)]
+        rows.insert(3, rows[2])  # the same id listed twice (an earlier execution): shown once
+        self.rows = rows
+
+    async def list_workflows(self, query: str):
+        self.listed.append(query)
+        for workflow_id, started in self.rows:
+            attrs = names.search_attributes((names.STATUS, "ready"), (names.STEP, 0), (names.BASE_MODEL, "tiny"))
+            yield SimpleNamespace(id=workflow_id, start_time=started, typed_search_attributes=attrs)
+
+    def get_workflow_handle(self, workflow_id: str):
+        return _Handle(self, workflow_id)
+
+
+def test_hundreds_of_runs_are_paged_and_searched_on_the_server_asking_only_the_shown_rows():
+    temporal = _FakeTemporal(300)
+    svc = cast(Any, SimpleNamespace(client=temporal))
+    page = asyncio.run(console_data.runs(q="", offset=0, limit=25, svc=svc, who="o"))
+    assert page["total"] == 300 and page["offset"] == 0
+    ids = [r["training_run_id"] for r in page["training_runs"]]
+    assert ids == [f"sess-{i:03d}:train:{i}" for i in range(25)]  # newest first, the duplicate once
+    assert len(temporal.queried) == 25  # one describe per shown row, not per run
+    assert "TinkerflowOwner = 'o'" in temporal.listed[0]
+    row7 = page["training_runs"][7]
+    assert row7["status"] == "ready" and row7["step"] == 0 and row7["last_loss"] is None  # from search attributes
+    assert page["training_runs"][8]["step"] == 8 and page["training_runs"][8]["last_loss"] == 1.5
+
+    last = asyncio.run(console_data.runs(q="", offset=275, limit=25, svc=svc, who="o"))
+    assert [r["training_run_id"] for r in last["training_runs"]][-1] == "sess-299:train:299"
+    found = asyncio.run(console_data.runs(q="SESS-12", offset=0, limit=25, svc=svc, who="o"))
+    assert found["total"] == 10 and {r["training_run_id"][:7] for r in found["training_runs"]} == {"sess-12"}
+    assert asyncio.run(console_data.runs(q="nobody", offset=0, limit=25, svc=svc, who="o"))["total"] == 0
