@@ -27,11 +27,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.activities import checkpoint_io, wire
+from tinkerflow.activities.op_points import EngineTimer, OpPoints
 from tinkerflow.activities.specs import adam_config, lora_config
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.storage_faults import storage_fault
 from tinkerflow.common.store import ClaimCheckStore
+from tinkerflow.workers.accelerator import AcceleratorMeter
 from tinkerflow.workers.engine.interface import EngineApi
 from tinkerflow.workers.engine.types import (
     ForwardBackwardInput,
@@ -80,7 +82,7 @@ def _heartbeats(every_s: float) -> Generator[list[str], None, None]:
         thread.join()
 
 
-def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) -> None:
+def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) -> int:  # the tokens processed
     label = kind.value
     metrics.ENGINE_OP_SECONDS.labels(label).observe(seconds)
     metrics.BATCH_ITEMS.labels(label).observe(n)
@@ -91,6 +93,7 @@ def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) ->
     if kind in (WorkKind.CREATE_ADAPTER, WorkKind.FREE_ADAPTER):
         ok = sum(1 for o in outcomes if o.ok)
         metrics.ADAPTER_SLOTS_USED.inc(ok if kind is WorkKind.CREATE_ADAPTER else -ok)
+    return tokens
 
 
 class EngineActivities:
@@ -101,8 +104,11 @@ class EngineActivities:
         deliver: Deliver | None = None,
         checkpoints: CheckpointStore | None = None,
         incarnation: str = "",
+        points: OpPoints | None = None,
+        meter: AcceleratorMeter | None = None,
     ):
         self.engine = engine
+        self.points, self.meter = points, meter  # each op's metric point; device memory and MFU per engine call
         self.incarnation = incarnation
         self.store = store
         self.checkpoints = checkpoints
@@ -179,7 +185,9 @@ class EngineActivities:
                     log.exception("engine failed on %s ×%d", group[0].kind, len(group))
                     message = f"engine error in {group[0].kind}: {e}"
                 outcomes = [Outcome.failed(message, "server")] * len(group)
-            _observe(group[0].kind, len(group), outcomes, time.perf_counter() - started)
+            tokens = _observe(group[0].kind, len(group), outcomes, seconds := time.perf_counter() - started)
+            if self.meter is not None:
+                self.meter.observe(group[0].kind.value, tokens, seconds)
             for item, outcome in zip(group, outcomes):
                 self._remember(item.key, outcome)
                 if self.deliver is not None:
@@ -233,11 +241,17 @@ class EngineActivities:
     def _optim_step(self, item: WorkItem) -> Outcome:
         if item.adam is None:
             raise InputError("optim_step needs adam_params")
+        started = time.perf_counter()
         step_metrics = self.engine.optim_step(item.slot, adam_config(item.adam))
+        if self.points is not None:
+            point = {"grad_norm": step_metrics.get("grad_norm"), "learning_rate": item.adam.learning_rate}
+            self.points.training(item, "optim_step", {**point, "wall_s": time.perf_counter() - started})
         return Outcome(json={"metrics": wire.optim_step_metrics(step_metrics), "type": "optim_step"})
 
     def _snapshot(self, item: WorkItem) -> Outcome:
         self.engine.snapshot(item.slot, item.snapshot)
+        if self.points is not None:
+            self.points.snapshot_taken(item)
         return Outcome(json={})
 
     def _drop_snapshots(self, item: WorkItem) -> Outcome:
@@ -250,6 +264,8 @@ class EngineActivities:
             )
         for key in keys:
             self.engine.drop_snapshot(key)
+        if self.points is not None:
+            self.points.snapshots_dropped(keys)
         return Outcome(json={"dropped": len(keys)})
 
     def _checkpoint_store(self) -> CheckpointStore:
@@ -295,23 +311,35 @@ class EngineActivities:
         return Outcome(json={})
 
     def _forward_backward(self, items: list[WorkItem]) -> list[Outcome]:
+        asked: dict[int, WorkItem] = {}  # id(decoded input) -> its item, for its metric point
+        timer = EngineTimer()
+
         def decode(item: WorkItem) -> ForwardBackwardInput:
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
-            return wire.forward_backward_input(
+            inp = wire.forward_backward_input(
                 wire.parse_forward_backward(self.store.get(_payload(item))), item.slot, bounds
             )
+            asked[id(inp)] = item
+            return inp
 
         def encode(inp: ForwardBackwardInput, res: ForwardBackwardResult) -> Outcome:
             tokens = sum(len(d.tokens) for d in inp.data)
+            if self.points is not None:  # wall_s: the one engine call this op shared with the others batched in it
+                op = "forward" if inp.forward_only else "forward_backward"
+                point = {**res.metrics, "tokens": tokens, "wall_s": timer.seconds}
+                self.points.training(asked[id(inp)], op, point)
             return Outcome(
                 blob=self.store.put(wire.forward_backward_output(res), "results"),
                 json={"loss": float(res.metrics.get("loss:sum", 0.0)), "tokens": tokens},
             )
 
-        return self._one_engine_call(items, decode, self.engine.forward_backward, encode)
+        return self._one_engine_call(items, decode, timer.wrap(self.engine.forward_backward), encode)
 
     def _sample(self, items: list[WorkItem]) -> list[Outcome]:
+        asked: dict[int, WorkItem] = {}
+        timer = EngineTimer()
+
         def decode(item: WorkItem) -> SampleInput:
             snapshot = item.snapshot or None
             if snapshot in self._load_errors:
@@ -326,15 +354,18 @@ class EngineActivities:
                     checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
                 except (InputError, CheckpointError) as e:
                     raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
-            return wire.sample_input(self.store.get(_payload(item)), snapshot)
+            inp = wire.sample_input(self.store.get(_payload(item)), snapshot)
+            asked[id(inp)] = item
+            return inp
 
-        def encode(_inp: SampleInput, res: SampleResult) -> Outcome:
-            return Outcome(
-                blob=self.store.put(wire.sample_output(res), "results"),
-                json={"tokens": sum(len(s.tokens) for s in res.sequences)},
-            )
+        def encode(inp: SampleInput, res: SampleResult) -> Outcome:
+            tokens = sum(len(s.tokens) for s in res.sequences)
+            if self.points is not None:
+                point = {"num_samples": len(res.sequences), "tokens_generated": tokens, "wall_s": timer.seconds}
+                self.points.sample(asked[id(inp)], point)
+            return Outcome(blob=self.store.put(wire.sample_output(res), "results"), json={"tokens": tokens})
 
-        return self._one_engine_call(items, decode, self.engine.sample, encode)
+        return self._one_engine_call(items, decode, timer.wrap(self.engine.sample), encode)
 
     @staticmethod
     def _one_engine_call(

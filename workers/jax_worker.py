@@ -30,9 +30,11 @@ from temporalio.worker import Worker
 
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
+from tinkerflow.common.run_metrics import RunMetricsStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
+from tinkerflow.workers.accelerator import AcceleratorMeter
 from tinkerflow.workers.engine.types import SamplerWarmUp
 from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
@@ -60,6 +62,7 @@ async def serve(
     """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered. `warm_up`: the
     sampler shapes compiled before registering (None: none, each compiles at its first use)."""
     from tinkerflow.activities.engine_activities import EngineActivities
+    from tinkerflow.activities.op_points import OpPoints
 
     _enable_compile_cache(settings)
     multi_host = settings.num_processes > 1
@@ -100,6 +103,8 @@ async def serve(
         deliver=deliver,
         checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
         incarnation=incarnation,
+        points=OpPoints(RunMetricsStore(settings.resolved_store_url, settings.run_metrics_max_points)),
+        meter=AcceleratorMeter(getattr(engine, "config", None), settings.peak_tflops),
     )
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
     worker = activity_worker(client, queue, activities.run_batch, executor)

@@ -292,6 +292,11 @@ class WorkItem:
     drop: DropSnapshots | None = None
     save: SaveCheckpoint | None = None
     load: LoadCheckpoint | None = None
+    # A training op's place in its run, so the JAX worker can record its metric point (tinkerflow.common.run_metrics):
+    # the op's seq_id (None: not an SDK op, e.g. a recovery replay, which records nothing) and the optimizer steps the
+    # run had completed when it ran.
+    seq_id: int | None = None
+    step: int = 0
 
     def __post_init__(self) -> None:
         kind = WorkKind(self.kind)

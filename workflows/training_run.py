@@ -49,6 +49,7 @@ STEP_ATTRIBUTE_EVERY = 10
 # its gap forever. It is refused at submit (HTTP 400): the run's next seq_id is unchanged, so nothing else waits.
 SEQ_WINDOW = 10_000
 CONTINUE_AS_NEW_EVENTS = 6_000
+RUN_METRICS_PATCH = "run-metrics-tags"
 
 
 @workflow.defn(name="TrainingRun")
@@ -220,9 +221,12 @@ class TrainingRunWorkflow(RunCheckpoints):
 
     async def _execute_once(self, op: TrainingOp) -> Outcome:
         model_id = self.s.start.model_id
+        # Tag the engine item with the op's seq_id and the run's step: the JAX worker records the op's metric point.
+        # Patched: the items this workflow signals change.
+        tag = {"seq_id": op.seq_id, "step": self.s.step} if workflow.patched(RUN_METRICS_PATCH) else {}
         if op.kind is OpKind.FORWARD_BACKWARD:
             outcome = await self._calls.call(
-                self._coordinator, WorkKind.FORWARD_BACKWARD, model_id=model_id, payload=op.payload
+                self._coordinator, WorkKind.FORWARD_BACKWARD, model_id=model_id, payload=op.payload, **tag
             )
             if outcome.ok:
                 self._log(LoggedOp(WorkKind.FORWARD_BACKWARD, payload=op.payload))
@@ -234,7 +238,9 @@ class TrainingRunWorkflow(RunCheckpoints):
                 outcome = Outcome(blob=outcome.blob)
             return outcome
         if op.kind is OpKind.OPTIM_STEP:
-            outcome = await self._calls.call(self._coordinator, WorkKind.OPTIM_STEP, model_id=model_id, adam=op.adam)
+            outcome = await self._calls.call(
+                self._coordinator, WorkKind.OPTIM_STEP, model_id=model_id, adam=op.adam, **tag
+            )
             if outcome.ok:
                 self.s.step += 1
                 self._log(LoggedOp(WorkKind.OPTIM_STEP, adam=op.adam))

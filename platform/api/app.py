@@ -20,6 +20,7 @@ from tinkerflow.api import (
     routes_console,
     routes_futures,
     routes_openai,
+    routes_run_metrics,
     routes_runs,
     routes_sampling,
     routes_service,
@@ -78,6 +79,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     )
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
+    app.include_router(routes_run_metrics.router)  # per-run metric points (issue 18)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
     app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)
     app.include_router(routes_console.router)  # the web console's pages and assets at /console (docs/console.md)

@@ -35,3 +35,18 @@ ENGINE_TOKENS = Counter("tinkerflow_engine_tokens_total", "tokens processed (tra
 ENGINE_TOKENS_PER_S = Gauge("tinkerflow_engine_tokens_per_second", "tokens/s of the most recent engine call", ["kind"])
 ADAPTER_SLOTS_USED = Gauge("tinkerflow_adapter_slots_used", "LoRA adapter slots holding a training run")
 ADAPTER_SLOTS_TOTAL = Gauge("tinkerflow_adapter_slots_total", "LoRA adapter slots on this worker")
+
+# --- accelerators (JAX worker; workers/accelerator.py says how MFU is estimated) --------------------------------------
+DEVICE_MEMORY_IN_USE = Gauge(
+    "tinkerflow_device_memory_in_use_bytes",
+    "device memory in use (memory_stats; absent where JAX reports none)",
+    ["device"],
+)
+DEVICE_MEMORY_PEAK = Gauge("tinkerflow_device_memory_peak_bytes", "peak device memory in use since start", ["device"])
+DEVICE_MEMORY_LIMIT = Gauge("tinkerflow_device_memory_limit_bytes", "device memory JAX may use", ["device"])
+ENGINE_MFU = Gauge(
+    "tinkerflow_engine_mfu", "model FLOPs utilisation (0..1) of the most recent engine call of this kind", ["kind"]
+)
+ENGINE_FLOPS = Counter(
+    "tinkerflow_engine_flops_total", "model FLOPs of engine calls (estimate from the config)", ["kind"]
+)

@@ -168,6 +168,13 @@ class Settings:
                                       shown="0: a tenth of the device's memory")
     metrics_port: int = setting(0, "serve the JAX worker's Prometheus /metrics on this port (the API always serves "
                                 "/metrics on its own port)", MODEL, shown="0: off")
+    run_metrics_max_points: int = setting(2000, "metric points kept per training run in the store (one per "
+                                          "training op and per sample call); past it the older half is thinned, "
+                                          "every second point of each kind dropped", MODEL)
+    peak_tflops: float = setting(0.0, "peak dense TFLOP/s of one accelerator, the denominator of the JAX worker's "
+                                 "MFU estimate (tinkerflow_engine_mfu)", MODEL,
+                                 shown="0: from a table of known devices (H100, H200, A100, TPU v5e/v6e), else a "
+                                 "nominal CPU figure")
     # On Kubernetes, a path on a volume that outlives pods, so a rescheduled worker starts warm.
     compilation_cache_dir: str = setting("", "XLA persistent compilation cache of the JAX worker, so a restarted "
                                          "worker compiles nothing it compiled before; 'off' disables it", MODEL,

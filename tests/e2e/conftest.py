@@ -8,20 +8,29 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import ACCEPTANCE
-from tinkerflow.cli.launch import RunningStack, launch
+from tinkerflow.cli.launch import RunningStack, free_port, launch
 
 API_KEY = "tml-e2e-key"
 OTHER_API_KEY = "tml-e2e-other"  # a second tenant on the same stack (tenant isolation tests)
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> Iterator[RunningStack]:
+def jax_metrics_port() -> int:
+    """The shared stack's JAX worker serves its Prometheus /metrics here (accelerator metrics tests)."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, jax_metrics_port) -> Iterator[RunningStack]:
     # A 4 MB body limit: far above what the acceptance loops send, low enough to test 413 cheaply.
     # 32 adapter slots: the session's tests open many training clients and leave them to the session's end.
     s = launch(
         tmp_path_factory.mktemp("e2e") / "state",
         api_key=API_KEY,
-        extra=["--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY],
+        extra=[
+            *("--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY),
+            *("--metrics-port", str(jax_metrics_port)),
+        ],
     )
     yield s
     s.stop()
