@@ -38,7 +38,9 @@ SECURITY_HEADERS = {
 # The page's own files: a fixed list, so a path from the URL never reaches the file system.
 STATIC = {
     "console.css": "text/css; charset=utf-8",
-    "console.js": "text/javascript; charset=utf-8",
+    "common.js": "text/javascript; charset=utf-8",  # the key, fetch, sign-in: both pages
+    "runs.js": "text/javascript; charset=utf-8",
+    "run.js": "text/javascript; charset=utf-8",
 }
 
 

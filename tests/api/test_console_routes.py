@@ -52,7 +52,8 @@ def test_assets_come_from_the_package_and_nothing_else_is_served(http):
     js = http.get("/console/static/plotly.min.js")
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
     assert len(js.content) > 1_000_000 and b"plotly" in js.content[:2000].lower()
-    assert http.get("/console/static/console.js").status_code == 200
+    for name in ["common.js", "runs.js", "run.js"]:
+        assert http.get(f"/console/static/{name}").headers["content-type"].startswith("text/javascript"), name
     assert http.get("/console/static/console.css").headers["content-type"].startswith("text/css")
     for name in ["../app.py", "..%2Fapp.py", "index.html", "nope.js"]:
         assert http.get(f"/console/static/{name}").status_code == 404, name
