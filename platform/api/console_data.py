@@ -43,6 +43,7 @@ class Listed:
     step: int | None  # the TinkerflowStep search attribute (coarse: every few steps)
     base_model: str
     session_id: str
+    name: str = ""  # a session's display name, from its memo (sessions created before it was recorded: "")
 
 
 def _owned(workflow_type: str, who: str) -> str:
@@ -53,9 +54,16 @@ def _owned(workflow_type: str, who: str) -> str:
     )
 
 
-def _listed(wf: WorkflowExecution, prefix: str) -> Listed:
+async def _listed(wf: WorkflowExecution, prefix: str) -> Listed:
     attrs = wf.typed_search_attributes
+    name = ""
+    if prefix == "session/":
+        try:
+            name = str((await wf.memo()).get("display_name") or "")
+        except Exception as e:  # a memo this API cannot decode: the row is still listed, by id
+            log.debug("console: memo of %s: %s", wf.id, e)
     return Listed(
+        name=name,
         id=wf.id.removeprefix(prefix),
         started=wf.start_time,
         status=attrs.get(names.STATUS) or "",
@@ -65,23 +73,40 @@ def _listed(wf: WorkflowExecution, prefix: str) -> Listed:
     )
 
 
-async def _matching(svc: Services, workflow_type: str, prefix: str, who: str, q: str) -> list[Listed]:
-    """The caller's workflows of one type whose id (or base model) holds `q`, case-insensitively; newest first.
-
-    The search runs here rather than in the visibility query: the SQLite visibility store of the dev server has no
-    substring operator, and the ids are short, so a scan of hundreds of rows costs milliseconds."""
-    needle = q.strip().lower()[:MAX_QUERY_CHARS]
+async def _listing(svc: Services, workflow_type: str, prefix: str, who: str) -> list[Listed]:
+    """The caller's workflows of one type, newest first (visibility's order), each id once."""
     seen: set[str] = set()
     out: list[Listed] = []
     async for wf in svc.client.list_workflows(_owned(workflow_type, who)):
-        if not wf.id.startswith(prefix) or wf.id in seen:
-            continue
-        seen.add(wf.id)
-        row = _listed(wf, prefix)
-        if needle and needle not in row.id.lower() and needle not in row.base_model.lower():
-            continue
-        out.append(row)
+        if wf.id.startswith(prefix) and wf.id not in seen:
+            seen.add(wf.id)
+            out.append(await _listed(wf, prefix))
     return out
+
+
+def _found(needle: str, *texts: str) -> bool:
+    return not needle or any(needle in t.lower() for t in texts)
+
+
+async def _matching_sessions(svc: Services, who: str, q: str) -> list[Listed]:
+    """The caller's sessions whose id or display name holds `q`, case-insensitively.
+
+    The search runs here rather than in the visibility query: the SQLite visibility store of the dev server has no
+    substring operator, and `q` never becomes query text; a scan of hundreds of short rows costs milliseconds."""
+    needle = q.strip().lower()
+    return [s for s in await _listing(svc, "Session", "session/", who) if _found(needle, s.id, s.name)]
+
+
+async def _matching_runs(svc: Services, who: str, q: str) -> list[Listed]:
+    """The caller's runs whose id, base model or session's display name holds `q`."""
+    needle = q.strip().lower()
+    runs = await _listing(svc, "TrainingRun", "training-run/", who)
+    if not needle:
+        return runs
+    names_of = {s.id: s.name for s in await _listing(svc, "Session", "session/", who)}
+    return [
+        r for r in runs if _found(needle, r.id, r.base_model, names_of.get(r.session_id or names.session_of(r.id), ""))
+    ]
 
 
 async def _describe_run(svc: Services, model_id: str) -> RunState | None:
@@ -127,13 +152,15 @@ def temporal_ui_link(svc: Services, workflow_id: str) -> str:
 
 @router.get("/runs")
 async def runs(
-    q: str = Query("", max_length=MAX_QUERY_CHARS, description="substring of the run id (or its base model)"),
+    q: str = Query(
+        "", max_length=MAX_QUERY_CHARS, description="substring of the run id, its base model or its session's name"
+    ),
     offset: int = Query(0, ge=0),
     limit: int = Query(25, ge=1, le=200),
     svc: Services = Depends(services),
     who: str = Depends(owner),
 ) -> dict:
-    found = await _matching(svc, "TrainingRun", "training-run/", who, q)
+    found = await _matching_runs(svc, who, q)
     page = found[offset : offset + limit]
     states = await asyncio.gather(*(_describe_run(svc, r.id) for r in page))
     return {
@@ -146,19 +173,19 @@ async def runs(
 
 @router.get("/sessions")
 async def sessions(
-    q: str = Query("", max_length=MAX_QUERY_CHARS, description="substring of the session id"),
+    q: str = Query("", max_length=MAX_QUERY_CHARS, description="substring of the session id or name"),
     offset: int = Query(0, ge=0),
     limit: int = Query(25, ge=1, le=200),
     svc: Services = Depends(services),
     who: str = Depends(owner),
 ) -> dict:
-    found = await _matching(svc, "Session", "session/", who, q)
+    found = await _matching_sessions(svc, who, q)
     page = found[offset : offset + limit]
     states = await asyncio.gather(*(_describe_session(svc, r.id) for r in page))
     rows = [
         {
             "session_id": r.id,
-            "display_name": (s.display_name or None) if s else None,
+            "display_name": (s.display_name if s else r.name) or None,
             "status": s.status if s else r.status,
             "training_run_ids": list(s.training_run_ids) if s else [],
             "samplers": len(s.samplers) if s else None,

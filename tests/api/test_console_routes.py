@@ -114,6 +114,13 @@ def test_service_panel_says_when_a_worker_does_not_answer():
     assert asyncio.run(wm.read()) == [{"answered": False}]
 
 
+def _returns(value):
+    async def call():
+        return value
+
+    return call
+
+
 class _Handle:
     def __init__(self, client: _FakeTemporal, workflow_id: str):
         self.client, self.workflow_id = client, workflow_id
@@ -147,9 +154,16 @@ class _FakeTemporal:
 
     async def list_workflows(self, query: str):
         self.listed.append(query)
+        sessions = "WorkflowType = 'Session'" in query
         for workflow_id, started in self.rows:
+            if sessions:  # each run's session; session 5 is named (its memo), the rest are not
+                session_id = workflow_id.removeprefix("training-run/").split(":")[0]
+                workflow_id = f"session/{session_id}"
+            memo = {"display_name": "<b>Alpha</b> run"} if workflow_id.startswith("session/sess-005") else {}
             attrs = names.search_attributes((names.STATUS, "ready"), (names.STEP, 0), (names.BASE_MODEL, "tiny"))
-            yield SimpleNamespace(id=workflow_id, start_time=started, typed_search_attributes=attrs)
+            yield SimpleNamespace(
+                id=workflow_id, start_time=started, typed_search_attributes=attrs, memo=_returns(memo)
+            )
 
     def get_workflow_handle(self, workflow_id: str):
         return _Handle(self, workflow_id)
@@ -173,3 +187,9 @@ def test_hundreds_of_runs_are_paged_and_searched_on_the_server_asking_only_the_s
     found = asyncio.run(console_data.runs(q="SESS-12", offset=0, limit=25, svc=svc, who="o"))
     assert found["total"] == 10 and {r["training_run_id"][:7] for r in found["training_runs"]} == {"sess-12"}
     assert asyncio.run(console_data.runs(q="nobody", offset=0, limit=25, svc=svc, who="o"))["total"] == 0
+    # By name: a session's display name finds the session and its runs; the name is data, never query text.
+    by_name = asyncio.run(console_data.runs(q="alpha", offset=0, limit=25, svc=svc, who="o"))
+    assert [r["training_run_id"] for r in by_name["training_runs"]] == ["sess-005:train:5"]
+    sessions = asyncio.run(console_data.sessions(q="ALPHA</b>", offset=0, limit=25, svc=svc, who="o"))
+    assert sessions["total"] == 1 and sessions["sessions"][0]["session_id"] == "sess-005"
+    assert all("alpha" not in q.lower() for q in temporal.listed)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tinker
 from tinker import types
 
 from tests.e2e.conftest import OTHER_API_KEY
@@ -54,10 +55,16 @@ def browser():
         b.close()
 
 
+# A session name with markup in it: the console shows it as text and runs none of it.
+HOSTILE_NAME = '<img src=x onerror="window.__pwned=1">Console & <b>co</b>'
+
+
 @pytest.fixture(scope="module")
-def trained(stack, service_client, base_model):
-    """A run of STEPS steps (one forward_backward and one optim_step each) and one saved state with a TTL."""
-    training = service_client.create_lora_training_client(base_model=base_model, rank=4).result()
+def trained(stack, base_model):
+    """A run of STEPS steps (one forward_backward and one optim_step each) and one saved state with a TTL, in a
+    session named HOSTILE_NAME."""
+    client = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key, display_name=HOSTILE_NAME)
+    training = client.create_lora_training_client(base_model=base_model, rank=4).result()
     for _ in range(STEPS):
         training.forward_backward([DATUM], "cross_entropy").result(timeout=300)
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=300)
@@ -94,8 +101,18 @@ def test_run_chart_plots_one_point_per_step_and_lists_the_run(stack, browser, tr
         row.wait_for(timeout=WAIT_MS)
         assert row.locator("td").nth(3).inner_text() == "ready"
         assert row.locator("td").nth(4).inner_text() == str(STEPS)
-        # The session's row links the run too.
-        assert page.locator(f"#sessions-table tr[data-session-id='{trained.split(':')[0]}']").count() == 1
+        # The session's row links the run too, and shows its name as text.
+        session_row = page.locator(f"#sessions-table tr[data-session-id='{trained.split(':')[0]}']")
+        assert session_row.count() == 1
+        assert session_row.locator("td").nth(1).inner_text() == HOSTILE_NAME
+        assert page.locator("#sessions-table img").count() == 0 and page.evaluate("() => window.__pwned") is None
+        # Search by the session's name finds the run (any case).
+        page.fill("#runs-q", "console & <B>")
+        page.click("#runs-search button")
+        page.wait_for_function(
+            "() => document.getElementById('runs-page').textContent.endsWith(' of 1')", timeout=WAIT_MS
+        )
+        assert row.count() == 1
         # The service: one served model, its worker and the slot this run holds.
         service = page.locator("#service-table tbody tr").first.locator("td")
         used, total = (int(v) for v in service.nth(3).inner_text().split(" / "))
