@@ -10,6 +10,8 @@ from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from temporalio.client import Client
 
 from tinkerflow.api import console_data
@@ -193,3 +195,21 @@ def test_hundreds_of_runs_are_paged_and_searched_on_the_server_asking_only_the_s
     sessions = asyncio.run(console_data.sessions(q="ALPHA</b>", offset=0, limit=25, svc=svc, who="o"))
     assert sessions["total"] == 1 and sessions["sessions"][0]["session_id"] == "sess-005"
     assert all("alpha" not in q.lower() for q in temporal.listed)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(q=st.text(max_size=40))
+def test_any_search_text_answers_the_rows_holding_it_and_nothing_else(q):
+    temporal = _FakeTemporal(40)
+    svc = cast(Any, SimpleNamespace(client=temporal))
+    page = asyncio.run(console_data.runs(q=q, offset=0, limit=200, svc=svc, who="o"))
+    needle = q.strip().lower()
+    expected = [
+        f"sess-{i:03d}:train:{i}"
+        for i in range(40)
+        if not needle
+        or needle in f"sess-{i:03d}:train:{i}"
+        or needle in "tiny"
+        or (i == 5 and needle in "<b>alpha</b> run")
+    ]
+    assert [r["training_run_id"] for r in page["training_runs"]] == expected

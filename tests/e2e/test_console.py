@@ -152,6 +152,13 @@ def test_second_tenant_sees_none_of_the_first_tenants_runs(stack, browser, train
             timeout=60,
         ).json()["training_runs"]
         assert trained not in shown
+        # Its run's console data: the same 404 as a run that never existed (only the id in the message differs).
+        bob = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": OTHER_API_KEY}, timeout=60)
+        theirs_run = bob.get(f"/api/v1/console/runs/{trained}")
+        unknown = "sess-000000000000:train:0"
+        none_run = bob.get(f"/api/v1/console/runs/{unknown}")
+        assert theirs_run.status_code == none_run.status_code == 404
+        assert theirs_run.json()["detail"].replace(trained, unknown) == none_run.json()["detail"]
         assert set(shown) <= {r["training_run_id"] for r in theirs}
         # Searching for the run by its id finds nothing; opening its page by URL shows nothing of it.
         page.fill("#runs-q", trained)
