@@ -223,10 +223,15 @@ class TrainingRunWorkflow(RunCheckpoints):
         model_id = self.s.start.model_id
         # Tag the engine item with the op's seq_id and the run's step: the JAX worker records the op's metric point.
         # Patched: the items this workflow signals change.
-        tag = {"seq_id": op.seq_id, "step": self.s.step} if workflow.patched(RUN_METRICS_PATCH) else {}
+        seq_id, step = (op.seq_id, self.s.step) if workflow.patched(RUN_METRICS_PATCH) else (None, 0)
         if op.kind is OpKind.FORWARD_BACKWARD:
             outcome = await self._calls.call(
-                self._coordinator, WorkKind.FORWARD_BACKWARD, model_id=model_id, payload=op.payload, **tag
+                self._coordinator,
+                WorkKind.FORWARD_BACKWARD,
+                model_id=model_id,
+                payload=op.payload,
+                seq_id=seq_id,
+                step=step,
             )
             if outcome.ok:
                 self._log(LoggedOp(WorkKind.FORWARD_BACKWARD, payload=op.payload))
@@ -239,7 +244,7 @@ class TrainingRunWorkflow(RunCheckpoints):
             return outcome
         if op.kind is OpKind.OPTIM_STEP:
             outcome = await self._calls.call(
-                self._coordinator, WorkKind.OPTIM_STEP, model_id=model_id, adam=op.adam, **tag
+                self._coordinator, WorkKind.OPTIM_STEP, model_id=model_id, adam=op.adam, seq_id=seq_id, step=step
             )
             if outcome.ok:
                 self.s.step += 1

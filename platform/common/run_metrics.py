@@ -120,6 +120,18 @@ def _index_of(name: str) -> int | None:
         return None
 
 
+def _read_local(paths: list[str]) -> dict[str, bytes]:
+    """Plain file reads: about ten times faster than fsspec's per-file overhead for a page of small points."""
+    out: dict[str, bytes] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                out[path] = f.read()
+        except FileNotFoundError:
+            pass
+    return out
+
+
 class RunMetricsStore:
     """Reads and writes the points of every run under `<store url>/run_metrics/`. Thread-safe within a process."""
 
@@ -143,8 +155,10 @@ class RunMetricsStore:
     # --- reading --------------------------------------------------------------------------------------------------
 
     def _indices(self, model_id: str) -> list[int]:
-        try:
-            names = self.fs.ls(self.run_dir(model_id), detail=False)
+        try:  # a local directory: names only (fsspec's local ls also stats every entry)
+            names = (
+                os.listdir(self.run_dir(model_id)) if self._local else self.fs.ls(self.run_dir(model_id), detail=False)
+            )
         except FileNotFoundError:
             return []
         return sorted(i for i in (_index_of(str(n)) for n in names) if i is not None)
@@ -153,8 +167,8 @@ class RunMetricsStore:
         if not indices:
             return []
         paths = [self._path(model_id, i) for i in indices]
-        # on_error="omit": a point thinned away between the listing and this read is simply not answered.
-        blobs = self.fs.cat(paths, on_error="omit")
+        # A point thinned away between the listing and this read is simply not answered (on_error="omit").
+        blobs = _read_local(paths) if self._local else self.fs.cat(paths, on_error="omit")
         points: list[MetricPoint] = []
         for path in paths:
             data = blobs.get(path) if isinstance(blobs, dict) else None

@@ -156,7 +156,21 @@ def test_every_recorded_training_op_decodes_into_typed_fields(paths: list[Path])
     named = [
         op.save for op in ops if op.kind is OpKind.SAVE_WEIGHTS_FOR_SAMPLER and op.save is not None and op.save.path
     ]
-    assert [s.ttl_seconds for s in named] == [3600]  # record.py: "replay-weights", ttl_seconds=3600
+    # record.py: "replay-weights", ttl_seconds=3600, once per recording
+    assert named and [s.ttl_seconds for s in named] == [3600] * len(named)
+
+
+def test_training_items_recorded_since_run_metrics_carry_their_ops_seq_id_and_step() -> None:
+    """The run workflow tags its forward_backward and optim_step items (patch "run-metrics-tags") so the JAX worker
+    can record each op's metric point; the recovery replays it sends carry no seq_id (they record nothing)."""
+    tagged = [p for p in TYPED if "-metrics-" in p.name]
+    items = [i for i in _work_items_recorded(tagged) if i.kind in (WorkKind.FORWARD_BACKWARD, WorkKind.OPTIM_STEP)]
+    seqs = [i.seq_id for i in items if i.seq_id is not None]
+    assert len(seqs) > 10 and all(s >= 1 for s in seqs)
+    steps = [i.step for i in items if i.kind is WorkKind.OPTIM_STEP and i.seq_id is not None]
+    assert min(steps) == 0 and max(steps) > 0  # the run's step as each optim_step began (items recur: signal, batch)
+    untagged = [p for p in TYPED if "-metrics-" not in p.name]
+    assert all(i.seq_id is None for i in _work_items_recorded(untagged))
 
 
 def test_the_two_recordings_hold_the_two_shapes() -> None:
@@ -272,6 +286,8 @@ def work_items(draw) -> WorkItem:
         model_id=draw(st.text(max_size=20)),
         payload=draw(st.none() | st.just(REF)),
         slot=draw(st.integers(-1, 64)),
+        seq_id=draw(st.none() | st.integers(0, 2**53)),  # the run-metrics tag of a training op
+        step=draw(st.integers(0, 10**9)),
         **fields,
     )
 
