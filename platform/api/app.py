@@ -15,7 +15,9 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from tinkerflow.api import (
+    console_data,
     routes_checkpoints,
+    routes_console,
     routes_futures,
     routes_openai,
     routes_run_metrics,
@@ -31,6 +33,7 @@ from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.api.signed_urls import signing_key
+from tinkerflow.api.worker_metrics import WorkerMetrics, worker_metrics_urls
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.errors import TinkerflowError
 from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
@@ -58,6 +61,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             signing_key=signing_key(settings),
             api_keys=settings.accepted_api_keys(),
             sample_batcher=SampleBatcher(temporal),
+            worker_metrics=WorkerMetrics(urls) if (urls := worker_metrics_urls(settings)) else None,
         )
         if not app.state.services.api_keys:
             log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
@@ -77,6 +81,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(routes_run_metrics.router)  # per-run metric points (issue 18)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
+    app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)
+    app.include_router(routes_console.router)  # the web console's pages and assets at /console (docs/console.md)
 
     @app.get("/api/v1/readyz", include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:

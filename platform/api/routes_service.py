@@ -80,6 +80,9 @@ async def create_session(request: Request, svc: Services = Depends(services), wh
         ),
         static_summary=f"Tinker session {session_id}" + (f" ({req.display_name})" if req.display_name else "") + tags,
         static_details=f"sdk {req.sdk_version}; user_metadata {json.dumps(req.user_metadata or {})[:500]}",
+        # Listings return the memo with each row: the console searches sessions (and their runs) by this name
+        # without asking every session's workflow.
+        memo={"display_name": req.display_name} if req.display_name else None,
     )
     return {"session_id": session_id, "type": "create_session"}
 

@@ -24,6 +24,7 @@ from tinkerflow.workflows.messages import ModelCard, SamplerInfo
 
 if TYPE_CHECKING:
     from tinkerflow.api.sample_batches import SampleBatcher
+    from tinkerflow.api.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 REGISTRY_TTL_S = 2.0
@@ -69,6 +70,7 @@ class Services:
     signing_key: bytes = b""  # signs download URLs (external_weights_urls)
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
     sample_batcher: SampleBatcher | None = None
+    worker_metrics: WorkerMetrics | None = None  # the console's tokens/s (None: no worker /metrics to read)
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
     _depths: dict[str, tuple[float, tuple[int, int]]] = field(default_factory=dict)  # id -> (when, depth)
 

@@ -218,6 +218,15 @@ class Settings:
                                   choices=("key", "public", "off"))
     # Nothing there is secret, but a server on the internet need not advertise its routes.
     api_docs: bool = setting(False, "serve /openapi.json, /docs and /redoc to anyone", API, shown="off")
+    # The console's tokens/s, MFU and device memory: only the engine measures them (platform/api/worker_metrics.py).
+    worker_metrics_urls: tuple[str, ...] = setting((), "JAX workers' Prometheus /metrics URLs the console reads "
+                                                   "tokens/s, MFU and device memory from, repeatable or "
+                                                   "comma-separated", API,
+                                                   shown="http://<host>:<metrics-port>/metrics when --metrics-port "
+                                                   "is set, else none")
+    # The console's "open in Temporal UI" links (docs/console.md); the UI itself is Temporal's, not ours.
+    temporal_ui_url: str = setting("", "base URL of the Temporal Web UI, for the console's links to each run's "
+                                   "workflow", API, shown="http://<temporal host>:<ui-port>, as `up` prints it")
 
     # --- the Temporal dev server `up`, `ray --with-stack` and `temporal` start
     temporal_port: int = setting(7233, "frontend port of the dev server", DEV_TEMPORAL)
@@ -317,6 +326,14 @@ class Settings:
     @property
     def resolved_checkpoint_root(self) -> str:
         return self.checkpoint_root or (self.state_dir / "checkpoints").as_uri()
+
+    @property
+    def resolved_temporal_ui_url(self) -> str:
+        """--temporal-ui-url, else where `tinkerflow up`'s dev server serves its UI (the frontend's host, --ui-port)."""
+        if self.temporal_ui_url:
+            return self.temporal_ui_url.rstrip("/")
+        host = self.temporal_address.rsplit(":", 1)[0] or "127.0.0.1"
+        return f"http://{host}:{self.ui_port}"
 
     @property
     def resolved_compilation_cache_dir(self) -> Path | None:

@@ -1,0 +1,215 @@
+"""The console's pages and assets without a browser (the browser test is tests/e2e/test_console.py): pages hold no
+data and carry a strict CSP; plotly.js comes from the installed wheel; the console's data routes want a key."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from temporalio.client import Client
+
+from tinkerflow.api import console_data
+from tinkerflow.api.app import create_app
+from tinkerflow.api.worker_metrics import WorkerMetrics, summarize, worker_metrics_urls
+from tinkerflow.cli.launch import free_port
+from tinkerflow.common.settings import Settings
+from tinkerflow.workflows import names
+from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState
+
+KEY = "tml-console"
+
+
+@pytest.fixture
+def http(tmp_path):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens: the pages must not need Temporal
+    settings = Settings(state_dir=tmp_path, temporal_address=address, api_keys=(KEY,))
+    client = asyncio.run(Client.connect(address, lazy=True))
+    with TestClient(create_app(settings, client=client), raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path", ["/console/", "/console/runs/sess-abc:train:0"])
+def test_pages_are_static_with_a_strict_policy(http, path):
+    r = http.get(path)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    assert r.headers["referrer-policy"] == "no-referrer"
+    assert "<script>" not in r.text  # nothing inline: the policy would refuse it anyway
+    assert 'id="login"' in r.text
+
+
+def test_console_without_slash_redirects(http):
+    r = http.get("/console", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/console/"
+
+
+def test_assets_come_from_the_package_and_nothing_else_is_served(http):
+    js = http.get("/console/static/plotly.min.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert len(js.content) > 1_000_000 and b"plotly" in js.content[:2000].lower()
+    for name in ["common.js", "runs.js", "run.js"]:
+        assert http.get(f"/console/static/{name}").headers["content-type"].startswith("text/javascript"), name
+    assert http.get("/console/static/console.css").headers["content-type"].startswith("text/css")
+    for name in ["../app.py", "..%2Fapp.py", "index.html", "nope.js"]:
+        assert http.get(f"/console/static/{name}").status_code == 404, name
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/console/runs", "/api/v1/console/sessions", "/api/v1/console/service", "/api/v1/console/runs/x"]
+)
+def test_console_data_wants_a_key(http, path):
+    assert http.get(path).status_code == 401
+    assert http.get(path, headers={"X-API-Key": "tml-wrong"}).status_code == 401
+    # With the key it reaches Temporal (down here): 503 naming it, not a page of someone's runs.
+    r = http.get(path, headers={"X-API-Key": KEY})
+    assert r.status_code in (400, 503), r.text  # "x" is not a model id shape: 400 before Temporal is asked
+
+
+def test_search_text_is_bounded(http):
+    r = http.get("/api/v1/console/runs", params={"q": "a" * 201}, headers={"X-API-Key": KEY})
+    assert r.status_code == 400
+
+
+def test_temporal_ui_url_is_derived_as_up_prints_it(tmp_path):
+    s = Settings(state_dir=tmp_path, temporal_address="10.1.2.3:7233", ui_port=8444)
+    assert s.resolved_temporal_ui_url == "http://10.1.2.3:8444"
+    given = Settings(state_dir=tmp_path, temporal_ui_url="https://temporal.example/")
+    assert given.resolved_temporal_ui_url == "https://temporal.example"
+
+
+def test_worker_exposition_is_summarized_for_the_service_panel(tmp_path):
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+    tps = Gauge("tinkerflow_engine_tokens_per_second", "t", ["kind"], registry=reg)
+    tps.labels("forward_backward").set(1234.5)
+    tps.labels("sample").set(float("nan"))  # not finite: left out, not shown as NaN
+    mem = Gauge("tinkerflow_device_memory_in_use_bytes", "m", ["device"], registry=reg)
+    mem.labels("cpu:0").set(100)
+    mem.labels("cpu:1").set(23)
+    Gauge("tinkerflow_engine_mfu", "f", ["kind"], registry=reg).labels("forward_backward").set(0.25)
+    out = summarize(generate_latest(reg).decode())
+    assert out == {
+        "tokens_per_second": {"forward_backward": 1234.5},
+        "device_memory_in_use_bytes": 123,
+        "mfu": {"forward_backward": 0.25},
+    }
+    assert summarize("") == {}
+
+    assert worker_metrics_urls(Settings(state_dir=tmp_path)) == ()
+    assert worker_metrics_urls(Settings(state_dir=tmp_path, metrics_port=9400, host="0.0.0.0")) == (
+        "http://127.0.0.1:9400/metrics",
+    )
+    given = Settings(state_dir=tmp_path, metrics_port=9400, worker_metrics_urls=("http://w1:9/metrics",))
+    assert worker_metrics_urls(given) == ("http://w1:9/metrics",)
+
+
+def test_service_panel_says_when_a_worker_does_not_answer():
+    wm = WorkerMetrics(urls=(f"http://127.0.0.1:{free_port()}/metrics",))
+    assert asyncio.run(wm.read()) == [{"answered": False}]
+
+
+def _returns(value):
+    async def call():
+        return value
+
+    return call
+
+
+class _Handle:
+    def __init__(self, client: _FakeTemporal, workflow_id: str):
+        self.client, self.workflow_id = client, workflow_id
+
+    async def query(self, *_):
+        self.client.queried.append(self.workflow_id)
+        if self.workflow_id.endswith(":7"):
+            raise RuntimeError("query timed out")  # the row must still show, from its search attributes
+        n = int(self.workflow_id.rsplit(":", 1)[1])
+        start = RunStart(
+            model_id=self.workflow_id.removeprefix("training-run/"),
+            session_id="s",
+            owner="o",
+            base_model="tiny",
+            lora=LoraSpec(rank=4),
+        )
+        return RunState(start=start, step=n, status="ready", last_loss=1.5)
+
+
+class _FakeTemporal:
+    """list_workflows/get_workflow_handle as the console's listing uses them: 300 runs of one owner, newest first,
+    plus a closed execution of one of them that visibility lists again."""
+
+    def __init__(self, n: int):
+        self.queried: list[str] = []
+        self.listed: list[str] = []
+        now = datetime.now(UTC)
+        rows = [(f"training-run/sess-{i:03d}:train:{i}", now - timedelta(seconds=i)) for i in range(n)]
+        rows.insert(3, rows[2])  # the same id listed twice (an earlier execution): shown once
+        self.rows = rows
+
+    async def list_workflows(self, query: str):
+        self.listed.append(query)
+        sessions = "WorkflowType = 'Session'" in query
+        for workflow_id, started in self.rows:
+            if sessions:  # each run's session; session 5 is named (its memo), the rest are not
+                session_id = workflow_id.removeprefix("training-run/").split(":")[0]
+                workflow_id = f"session/{session_id}"
+            memo = {"display_name": "<b>Alpha</b> run"} if workflow_id.startswith("session/sess-005") else {}
+            attrs = names.search_attributes((names.STATUS, "ready"), (names.STEP, 0), (names.BASE_MODEL, "tiny"))
+            yield SimpleNamespace(
+                id=workflow_id, start_time=started, typed_search_attributes=attrs, memo=_returns(memo)
+            )
+
+    def get_workflow_handle(self, workflow_id: str):
+        return _Handle(self, workflow_id)
+
+
+def test_hundreds_of_runs_are_paged_and_searched_on_the_server_asking_only_the_shown_rows():
+    temporal = _FakeTemporal(300)
+    svc = cast(Any, SimpleNamespace(client=temporal))
+    page = asyncio.run(console_data.runs(q="", offset=0, limit=25, svc=svc, who="o"))
+    assert page["total"] == 300 and page["offset"] == 0
+    ids = [r["training_run_id"] for r in page["training_runs"]]
+    assert ids == [f"sess-{i:03d}:train:{i}" for i in range(25)]  # newest first, the duplicate once
+    assert len(temporal.queried) == 25  # one describe per shown row, not per run
+    assert "TinkerflowOwner = 'o'" in temporal.listed[0]
+    row7 = page["training_runs"][7]
+    assert row7["status"] == "ready" and row7["step"] == 0 and row7["last_loss"] is None  # from search attributes
+    assert page["training_runs"][8]["step"] == 8 and page["training_runs"][8]["last_loss"] == 1.5
+
+    last = asyncio.run(console_data.runs(q="", offset=275, limit=25, svc=svc, who="o"))
+    assert [r["training_run_id"] for r in last["training_runs"]][-1] == "sess-299:train:299"
+    found = asyncio.run(console_data.runs(q="SESS-12", offset=0, limit=25, svc=svc, who="o"))
+    assert found["total"] == 10 and {r["training_run_id"][:7] for r in found["training_runs"]} == {"sess-12"}
+    assert asyncio.run(console_data.runs(q="nobody", offset=0, limit=25, svc=svc, who="o"))["total"] == 0
+    # By name: a session's display name finds the session and its runs; the name is data, never query text.
+    by_name = asyncio.run(console_data.runs(q="alpha", offset=0, limit=25, svc=svc, who="o"))
+    assert [r["training_run_id"] for r in by_name["training_runs"]] == ["sess-005:train:5"]
+    sessions = asyncio.run(console_data.sessions(q="ALPHA</b>", offset=0, limit=25, svc=svc, who="o"))
+    assert sessions["total"] == 1 and sessions["sessions"][0]["session_id"] == "sess-005"
+    assert all("alpha" not in q.lower() for q in temporal.listed)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(q=st.text(max_size=40))
+def test_any_search_text_answers_the_rows_holding_it_and_nothing_else(q):
+    temporal = _FakeTemporal(40)
+    svc = cast(Any, SimpleNamespace(client=temporal))
+    page = asyncio.run(console_data.runs(q=q, offset=0, limit=200, svc=svc, who="o"))
+    needle = q.strip().lower()
+    expected = [
+        f"sess-{i:03d}:train:{i}"
+        for i in range(40)
+        if not needle
+        or needle in f"sess-{i:03d}:train:{i}"
+        or needle in "tiny"
+        or (i == 5 and needle in "<b>alpha</b> run")
+    ]
+    assert [r["training_run_id"] for r in page["training_runs"]] == expected

@@ -1,0 +1,205 @@
+"""The web console at /console (issue 18, docs/console.md) in a real headless Chromium (Debian's `chromium`, driven by
+Playwright through its executable path) against the real stack: after N training steps through the SDK the run's
+chart plots N points; a second tenant's console shows none of the first tenant's runs; the page keeps working after
+the API process is killed and `up` restarts it.
+
+TINKERFLOW_SCREENSHOTS=docs writes docs/console-runs.png and docs/console-run.png (the README's pictures).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import tinker
+from tinker import types
+
+from tests.e2e.conftest import OTHER_API_KEY
+
+pytestmark = pytest.mark.e2e
+CHROMIUM = "/usr/bin/chromium"
+# Flags for a browser that must reach nothing but the API under test: no network chatter of its own.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",  # tests run as root in containers, where Chromium's sandbox cannot start
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+STEPS = 3
+DATUM = types.Datum(
+    model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+    loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0, 1.0, 1.0, 1.0]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+)
+WAIT_MS = 120_000  # a bound on a hang on a busy 2-core machine, not a timing assertion
+# Page functions are passed as functions, never as expression strings: Playwright polls an expression with eval(),
+# which the console's Content-Security-Policy (rightly) refuses.
+PLOTTED = "() => { const c = document.getElementById('chart'); return c && c.data ? c.data[0].x.length : -1; }"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is absent: apt-get install chromium (scripts/test.sh does, as root)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    with sync_api.sync_playwright() as p:
+        # launch() runs the browser on a fresh temporary profile (user-data dir) that Playwright deletes at close.
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+# A session name with markup in it: the console shows it as text and runs none of it.
+HOSTILE_NAME = '<img src=x onerror="window.__pwned=1">Console & <b>co</b>'
+
+
+@pytest.fixture(scope="module")
+def trained(stack, base_model):
+    """A run of STEPS steps (one forward_backward and one optim_step each) and one saved state with a TTL, in a
+    session named HOSTILE_NAME."""
+    client = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key, display_name=HOSTILE_NAME)
+    training = client.create_lora_training_client(base_model=base_model, rank=4).result()
+    for _ in range(STEPS):
+        training.forward_backward([DATUM], "cross_entropy").result(timeout=300)
+        training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=300)
+    training.save_state("console-ckpt", ttl_seconds=7200).result(timeout=300)
+    return training.model_id
+
+
+def _signed_in(browser, base_url: str, key: str, path: str = "/console/"):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto(base_url + path)
+    page.fill("#key", key)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("body[data-loaded='1']", timeout=WAIT_MS)
+    return context, page
+
+
+def _screenshot(page, name: str) -> None:
+    where = os.environ.get("TINKERFLOW_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(where) / name), full_page=True)
+
+
+def _chart_points(page, n: int) -> dict:
+    page.wait_for_function(f"n => ({PLOTTED})() === n", arg=n, timeout=WAIT_MS)
+    return page.evaluate("() => { const t = document.getElementById('chart').data[0]; return {x: t.x, y: t.y}; }")
+
+
+def test_run_chart_plots_one_point_per_step_and_lists_the_run(stack, browser, trained):
+    context, page = _signed_in(browser, stack.base_url, stack.api_key)
+    try:
+        row = page.locator(f"#runs-table tr[data-run-id='{trained}']")
+        row.wait_for(timeout=WAIT_MS)
+        assert row.locator("td").nth(3).inner_text() == "ready"
+        assert row.locator("td").nth(4).inner_text() == str(STEPS)
+        # The session's row links the run too, and shows its name as text.
+        session_row = page.locator(f"#sessions-table tr[data-session-id='{trained.split(':')[0]}']")
+        assert session_row.count() == 1
+        assert session_row.locator("td").nth(1).inner_text() == HOSTILE_NAME
+        assert page.locator("#sessions-table img").count() == 0 and page.evaluate("() => window.__pwned") is None
+        # Search by the session's name finds the run (any case).
+        page.fill("#runs-q", "console & <B>")
+        page.click("#runs-search button")
+        page.wait_for_function(
+            "() => document.getElementById('runs-page').textContent.endsWith(' of 1')", timeout=WAIT_MS
+        )
+        assert row.count() == 1
+        # The service: one served model, its worker and the slot this run holds.
+        service = page.locator("#service-table tbody tr").first.locator("td")
+        used, total = (int(v) for v in service.nth(3).inner_text().split(" / "))
+        assert 1 <= used <= total
+        # tokens/s from the JAX worker's own /metrics (the shared stack serves it on --metrics-port).
+        tps = page.locator("#engines-table tbody tr td.tps").first.inner_text()
+        trained_tps = [part for part in tps.split(" · ") if part.startswith("forward_backward: ")]
+        assert trained_tps and float(trained_tps[0].split(": ")[1].replace(",", "")) > 0, tps
+        _screenshot(page, "console-runs.png")
+
+        row.locator("a").click()
+        page.wait_for_url("**/console/runs/**", timeout=WAIT_MS)
+        plotted = _chart_points(page, STEPS)
+        assert page.locator("#metric").input_value() == "loss:sum"
+        assert plotted["x"] == list(range(STEPS))  # the i-th forward_backward ran after i optimizer steps
+        assert all(isinstance(y, (int, float)) and y > 0 for y in plotted["y"])  # cross-entropy sums are positive
+        checkpoints = page.locator("#checkpoints-table tbody tr")
+        checkpoints.first.wait_for(timeout=WAIT_MS)
+        assert checkpoints.count() == 1
+        assert f"tinker://{trained}/weights/console-ckpt" in checkpoints.first.inner_text()
+        assert checkpoints.first.locator("td").nth(4).inner_text() != "never"  # it has a TTL
+        link = page.get_attribute("#temporal-link", "href") or ""
+        assert link.endswith("/namespaces/default/workflows/" + f"training-run%2F{trained}".replace(":", "%3A"))
+        _screenshot(page, "console-run.png")
+    finally:
+        context.close()
+
+
+def test_second_tenant_sees_none_of_the_first_tenants_runs(stack, browser, trained):
+    context, page = _signed_in(browser, stack.base_url, OTHER_API_KEY)
+    try:
+        shown = page.locator("#runs-table tbody tr[data-run-id]").evaluate_all("rows => rows.map(r => r.dataset.runId)")
+        theirs = httpx.get(
+            f"{stack.base_url}/api/v1/console/runs",
+            params={"limit": 200},
+            headers={"X-API-Key": OTHER_API_KEY},
+            timeout=60,
+        ).json()["training_runs"]
+        assert trained not in shown
+        # Its run's console data: the same 404 as a run that never existed (only the id in the message differs).
+        bob = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": OTHER_API_KEY}, timeout=60)
+        theirs_run = bob.get(f"/api/v1/console/runs/{trained}")
+        unknown = "sess-000000000000:train:0"
+        none_run = bob.get(f"/api/v1/console/runs/{unknown}")
+        assert theirs_run.status_code == none_run.status_code == 404
+        assert theirs_run.json()["detail"].replace(trained, unknown) == none_run.json()["detail"]
+        assert set(shown) <= {r["training_run_id"] for r in theirs}
+        # Searching for the run by its id finds nothing; opening its page by URL shows nothing of it.
+        page.fill("#runs-q", trained)
+        page.click("#runs-search button")
+        page.wait_for_function("() => document.getElementById('runs-page').textContent === 'none'", timeout=WAIT_MS)
+        page.goto(f"{stack.base_url}/console/runs/{trained}")
+        page.wait_for_function(
+            "() => document.getElementById('status').textContent.includes('does not exist')", timeout=WAIT_MS
+        )
+        assert page.evaluate(PLOTTED) <= 0
+        assert page.locator("#checkpoints-table tbody tr").count() == 0
+    finally:
+        context.close()
+
+
+def test_console_keeps_working_after_the_api_restarts(stack, browser, trained):
+    context, page = _signed_in(browser, stack.base_url, stack.api_key, f"/console/runs/{trained}")
+    try:
+        _chart_points(page, STEPS)
+        old = stack.kill_part("api")
+        stack.wait_restarted("api", old)
+        deadline = time.monotonic() + WAIT_MS / 1000  # the new API answers once it has connected to Temporal
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{stack.base_url}/api/v1/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        # The open page recovers by itself on its next poll (the key is in the tab, not in the dead process)...
+        page.wait_for_function(
+            "() => !document.getElementById('status').classList.contains('error') && "
+            "document.getElementById('status').textContent.startsWith('updated')",
+            timeout=WAIT_MS,
+        )
+        # ...and a reload (a fresh page load from the new process) signs in from the tab's storage and plots again.
+        page.reload()
+        page.wait_for_selector("body[data-loaded='1']", timeout=WAIT_MS)
+        assert page.locator("#login").is_hidden()
+        assert _chart_points(page, STEPS)["x"] == list(range(STEPS))
+        page.goto(f"{stack.base_url}/console/")
+        page.locator(f"#runs-table tr[data-run-id='{trained}']").wait_for(timeout=WAIT_MS)
+    finally:
+        context.close()
