@@ -32,6 +32,7 @@ from benchmarks.common import (
     sampler_of,
     sdk_datums,
     served_model,
+    share_compile_cache,
     stats,
     worker_compiles,
 )
@@ -144,6 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     with running_stack(args.base_url, args.api_key) as (base_url, stack):
         sdk, model_dir, compiles = sdk_loop(base_url, args.api_key, args.iterations, args.warmup, stack)
+        share_compile_cache(stack)
         engine = engine_loop(model_dir, args.iterations, args.warmup)
     for name in OPS:
         emit_pair(

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -82,7 +83,11 @@ QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants")
 
 def run(names: Iterable[str]) -> list[dict]:
     lines = []
+    # One XLA cache for every stack the benchmarks launch (as the test session shares one): each would otherwise
+    # compile the same programs again before it is measured. cold_start keeps its own, empty at first, on purpose.
+    cache = tempfile.TemporaryDirectory(prefix="tinkerflow-bench-xla-")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TINKER_TELEMETRY="0")
+    env.setdefault("TINKERFLOW_COMPILATION_CACHE_DIR", cache.name)
     for name in names:
         t0 = time.perf_counter()
         print(f"report: running benchmarks.{name} …", file=sys.stderr, flush=True)
@@ -98,6 +103,7 @@ def run(names: Iterable[str]) -> list[dict]:
             got.append({"bench": name, "figure": "failed", "returncode": proc.returncode})
         print(f"report: {name}: {len(got)} lines in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         lines += got
+    cache.cleanup()
     return lines
 
 

@@ -19,7 +19,15 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 import numpy as np
 
-from benchmarks.common import emit, emit_pair, running_stack, sampler_of, served_model, worker_compiles
+from benchmarks.common import (
+    emit,
+    emit_pair,
+    running_stack,
+    sampler_of,
+    served_model,
+    share_compile_cache,
+    worker_compiles,
+)
 
 API_KEY = "tml-bench-key"
 SAMPLES, NEW_TOKENS = 4, 32
@@ -108,6 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     with running_stack(args.base_url, args.api_key) as (base_url, stack):
         sdk, model_dir = sdk_sweep(base_url, args.api_key, args.concurrency, args.rounds, stack)
+        share_compile_cache(stack)
         engine = engine_sweep(model_dir, args.concurrency, args.rounds)
     for n in args.concurrency:
         s, e = sdk[n], engine[n]

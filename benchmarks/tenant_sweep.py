@@ -28,6 +28,7 @@ from benchmarks.common import (
     running_stack,
     sdk_datums,
     served_model,
+    share_compile_cache,
     worker_compiles,
 )
 
@@ -123,6 +124,7 @@ def main() -> None:
     extra = [f"--api-key={k}" for k in api_keys[1:]] + ["--max-lora-adapters", str(max(8, n_max + 1))]
     with running_stack(args.base_url, api_keys[0], extra) as (base_url, stack):
         sdk, model_dir = sdk_sweep(base_url, api_keys, args.tenants, args.steps, stack)
+        share_compile_cache(stack)
         engine = engine_sweep(model_dir, args.tenants, args.steps)
     for n in args.tenants:
         emit_pair(
