@@ -193,6 +193,30 @@ def cpu_under_loop(stack, base_url: str, api_key: str, iterations: int, py_spy: 
             proc.kill()
         for frame, share in top_frames(out):
             emit(figure="control_plane_py_spy_top_self", part=name, frame=frame, share_of_samples=share)
+        if name == "workflow-worker":  # what passing the protocol's modules through the sandbox cut (issue 17)
+            emit(
+                figure="control_plane_py_spy_sandbox_start",
+                part=name,
+                frame=SANDBOX_START,
+                share_of_samples=inclusive_share(out, SANDBOX_START),
+            )
+
+
+#: The frame under which the workflow sandbox builds a new run's instance (re-importing its modules).
+SANDBOX_START = "_Instance._create_instance"
+
+
+def inclusive_share(raw: Path, frame: str) -> float | None:
+    """Share of py-spy's samples with `frame` (a function name as py-spy prints it) anywhere on the stack."""
+    if not raw.exists():
+        return None
+    hit = total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            total += int(count)
+            hit += int(count) if any(f.startswith(frame + " ") for f in stack.split(";")) else 0
+    return round(hit / total, 3) if total else None
 
 
 def top_frames(raw: Path, n: int = 12) -> list[tuple[str, float]]:

@@ -227,6 +227,13 @@ def control_plane(lines: list[dict]) -> list[str]:
             "|---|---|---|",
         ]
         out += [f"| {x['part']} | {x['cpu_s']} | {x['cpu_share_of_wall']} |" for x in cpu]
+    for x in lines:
+        if x.get("figure") == "control_plane_py_spy_sandbox_start" and x.get("share_of_samples") is not None:
+            out += [
+                "",
+                f"py-spy, {x['part']}: {x['share_of_samples']:.1%} of its samples under `{x['frame']}` (the "
+                "workflow sandbox building a new run's instance, re-importing the modules it does not share).",
+            ]
     spy = [x for x in lines if x.get("figure") == "control_plane_py_spy_top_self"]
     for part in dict.fromkeys(x["part"] for x in spy):
         out += ["", f"py-spy, {part}, under the mixed loop: top self-time frames (share of samples on CPU):", ""]
@@ -244,9 +251,13 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
         "`tinkerflow up` on the embedded tiny model) beside the engine alone on the same workload, measured in the "
         "same run; ratio = tinkerflow / engine alone (above 1 is slower for times, below 1 is slower for rates).",
         "",
-        f"Measured {meta.get('when', '?')} on {meta.get('machine', '?')}; load average (1/5/15 min) "
-        f"{meta.get('load_before', '?')} before and {meta.get('load_after', '?')} after. "
-        f"Benchmarks: {', '.join(meta.get('benchmarks', [])) or '?'}.",
+        "Measured (one line per run of the report whose figures are shown):",
+        "",
+        *[
+            f"- {', '.join(r['benchmarks'])}: {r['when']} on {r['machine']}; load average (1/5/15 min) "
+            f"{r['load_before']} before, {r['load_after']} after."
+            for r in meta.get("runs", [])
+        ],
         "",
         "## The table",
         "",
@@ -294,19 +305,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.reuse:
         previous = [json.loads(x) for x in args.reuse.read_text().splitlines() if x.strip()]
     names = args.only or ([] if args.reuse else list(BENCHMARKS))
-    meta_prev = next((x for x in previous if x.get("figure") == "report_meta"), {})
-    meta = dict(meta_prev)
-    if names:
-        meta.update(
-            when=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            load_before=load_average(),
-            machine=f"{os.cpu_count()} CPU cores ({os.uname().machine})",
-        )
+    meta = next((x for x in previous if x.get("figure") == "report_meta"), {})
+    runs = [r for r in meta.get("runs", []) if set(r["benchmarks"]) - set(names)]  # runs still shown, in part
+    when, before = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), load_average()
     fresh = run(names)
     if names:
-        meta["load_after"] = load_average()
+        machine = f"{os.cpu_count()} CPU cores ({os.uname().machine})"
+        runs.append(
+            {"when": when, "machine": machine, "load_before": before, "load_after": load_average(), "benchmarks": names}
+        )
     lines = [x for x in previous if x.get("bench") not in names and x.get("figure") != "report_meta"] + fresh
-    meta.update(figure="report_meta", benchmarks=sorted({x["bench"] for x in lines if "bench" in x}))
+    meta = {"figure": "report_meta", "runs": runs}
     lines.append(meta)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text("".join(json.dumps(x) + "\n" for x in lines))
