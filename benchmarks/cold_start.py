@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ def stack_start(state_dir: Path) -> tuple[dict, str]:
 
     from tinkerflow.cli.launch import launch
 
+    built_before = _programs_built(state_dir)
     t0 = time.perf_counter()
     stack = launch(state_dir, api_key=API_KEY)
     out = {"up_to_healthy_s": time.perf_counter() - t0}
@@ -68,12 +70,29 @@ def stack_start(state_dir: Path) -> tuple[dict, str]:
         )
         model_dir = training.get_info().model_data.tokenizer_id
         assert model_dir is not None
-        out["compiles_in_first_answers"] = (
-            (stack.state_dir / "logs" / "jax-worker.log").read_text(errors="replace").count("jit_cache: compiled ")
-        )
+        out["programs_built"] = _programs_built(state_dir) - built_before
+        out.update(_xla_cache_at_ready(state_dir))
     finally:
         stack.stop()
     return out, model_dir
+
+
+def _programs_built(state_dir: Path) -> int:
+    """Programs the JAX worker's jit cache has built in this state dir so far (its log is appended across starts;
+    a persistent-cache hit is counted too: it is a program this start needed and did not have in memory)."""
+    log = state_dir / "logs" / "jax-worker.log"
+    return log.read_text(errors="replace").count("jit_cache: compiled ") if log.exists() else 0
+
+
+def _xla_cache_at_ready(state_dir: Path) -> dict:
+    """What the JAX worker logged when it registered (this start's line is the last): XLA programs read back from
+    the state dir's persistent cache and compiled, before it was ready."""
+    log = state_dir / "logs" / "jax-worker.log"
+    found = re.findall(r"(\d+) programs read back, (\d+) compiled so far", log.read_text(errors="replace"))
+    if not found:
+        return {}
+    hits, misses = found[-1]
+    return {"xla_programs_read_back_before_ready": int(hits), "xla_programs_compiled_before_ready": int(misses)}
 
 
 def engine_child(model_dir: str, cache_dir: str) -> None:
@@ -145,7 +164,7 @@ def main() -> None:
                 sdk[name],
                 engine[name],
                 start=start,
-                compiles_in_first_answers=sdk["compiles_in_first_answers"],
+                **{k: v for k, v in sdk.items() if k not in FIGURES},
             )
 
 

@@ -306,7 +306,9 @@ def main(argv: list[str] | None = None) -> None:
         previous = [json.loads(x) for x in args.reuse.read_text().splitlines() if x.strip()]
     names = args.only or ([] if args.reuse else list(BENCHMARKS))
     meta = next((x for x in previous if x.get("figure") == "report_meta"), {})
-    runs = [r for r in meta.get("runs", []) if set(r["benchmarks"]) - set(names)]  # runs still shown, in part
+    # Earlier runs whose figures are still shown, each naming only those benchmarks now.
+    kept = ({**r, "benchmarks": [b for b in r["benchmarks"] if b not in names]} for r in meta.get("runs", []))
+    runs = [r for r in kept if r["benchmarks"]]
     when, before = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), load_average()
     fresh = run(names)
     if names:
