@@ -318,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     lines = [x for x in previous if x.get("bench") not in names and x.get("figure") != "report_meta"] + fresh
     meta = {"figure": "report_meta", "runs": runs}
+    order = {name: i for i, name in enumerate(BENCHMARKS)}
+    lines.sort(key=lambda x: order.get(x.get("bench", ""), len(order)))  # the page in BENCHMARKS order
     lines.append(meta)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text("".join(json.dumps(x) + "\n" for x in lines))
