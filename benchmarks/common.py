@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform as _stdlib_platform  # noqa: F401  (the stdlib one: the repo's platform/ is not importable)
 import statistics
 import tempfile
@@ -55,16 +56,100 @@ def pig_latin_examples(tokenizer) -> list[tuple[list[int], list[int], list[float
 
 
 @contextlib.contextmanager
-def running_stack(base_url: str | None, api_key: str):
-    """Use the stack at base_url, or launch one (`tinkerflow up` on free ports) for the duration."""
+def running_stack(base_url: str | None, api_key: str, extra: tuple[str, ...] | list[str] = ()):
+    """Use the stack at base_url, or launch one (`tinkerflow up` on free ports, `extra` flags) for the duration."""
     if base_url:
         yield base_url, None
         return
     from tinkerflow.cli.launch import launch
 
     with tempfile.TemporaryDirectory(prefix="tinkerflow-bench-") as d:
-        stack = launch(Path(d) / "state", api_key=api_key)
+        stack = launch(Path(d) / "state", api_key=api_key, extra=extra)
         try:
             yield stack.base_url, stack
         finally:
             stack.stop()
+
+
+# --- the workloads of issue 17's table, shared by its benchmarks (cold_start, mixed_loop, sample_sweep, tenant_sweep)
+
+
+def emit_pair(figure: str, unit: str, tinkerflow: float, engine: float, **extra) -> None:
+    """One figure of the table: the SDK-through-the-stack value beside the engine-alone value of the same workload,
+    measured in the same run, and their ratio (tinkerflow / engine: > 1 is slower for times, < 1 is slower for
+    rates). benchmarks/report.py turns these lines into docs/benchmarks.md."""
+    emit(
+        figure=figure,
+        unit=unit,
+        tinkerflow=round(tinkerflow, 3),
+        engine=round(engine, 3),
+        ratio=round(tinkerflow / engine, 3) if engine else None,
+        **extra,
+    )
+
+
+def median(samples: list[float]) -> float:
+    return float(statistics.median(samples))
+
+
+def cycle_rows(rows: list, n: int) -> list:
+    """n rows taken round-robin from `rows` (the Pig Latin batch has 3; the table's workloads use 1 and 8)."""
+    return [rows[i % len(rows)] for i in range(n)]
+
+
+def sdk_datums(rows) -> list:
+    from tinker import types
+
+    return [
+        types.Datum(model_input=types.ModelInput.from_ints(t), loss_fn_inputs=dict(target_tokens=y, weights=w))  # pyright: ignore[reportArgumentType] (Datum converts lists)
+        for t, y, w in rows
+    ]
+
+
+def engine_datums(rows) -> list:
+    import numpy as np
+
+    from tinkerflow.workers.engine.types import Datum
+
+    return [
+        Datum(
+            tokens=np.asarray(t, np.int32),
+            inputs={"target_tokens": np.asarray(y, np.int64), "weights": np.asarray(w, np.float32)},
+        )
+        for t, y, w in rows
+    ]
+
+
+def worker_compiles(stack) -> int | None:
+    """Programs the stack's JAX worker has compiled so far (its jit_cache log lines); None for a stack we did not
+    launch (its logs are elsewhere)."""
+    if stack is None:
+        return None
+    log = stack.state_dir / "logs" / "jax-worker.log"
+    return log.read_text(errors="replace").count("jit_cache: compiled ") if log.exists() else 0
+
+
+def sampler_of(training):
+    """save_weights_and_get_sampling_client's client (newer SDKs hand back a future of it)."""
+    sampler = training.save_weights_and_get_sampling_client()
+    return sampler.result() if hasattr(sampler, "result") else sampler
+
+
+def served_model(base_url: str, api_key: str) -> str:
+    """The base model the stack serves (its capabilities route; the SDK's own call for it is deprecated)."""
+    from tinkerflow.cli.up import served_models
+
+    models = served_models(base_url, api_key)
+    if not models:
+        raise RuntimeError(f"{base_url} serves no model (not up, or no JAX worker yet)")
+    return models[0]
+
+
+def share_compile_cache(stack) -> None:
+    """Let the in-process engine read back what the stack's JAX worker compiled (its state dir's persistent cache),
+    so the engine-alone part compiles less before it is timed; it changes no timed figure (those follow warm-ups)."""
+    if stack is None:
+        return
+    from tinkerflow.workers.engine import compile_cache
+
+    compile_cache.enable(Path(os.environ.get("TINKERFLOW_COMPILATION_CACHE_DIR") or stack.state_dir / "xla-cache"))

@@ -8,6 +8,7 @@ import logging
 
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from tinkerflow.activities.storage_activities import StorageActivities
 from tinkerflow.common.checkpoints import CheckpointStore
@@ -25,6 +26,21 @@ from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 log = logging.getLogger(__name__)
 WORKFLOWS = [SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWorkflow, CheckpointExpiry, StoreJanitor]
+#: The protocol's pure-data modules (frozen dataclasses, enums and id helpers: no state, no I/O, no clock). The sandbox
+#: re-executes every module a workflow imports for each new workflow run (a SampleRequest per batch of sample calls,
+#: each continue-as-new); py-spy under the mixed loop found ~40% of this process's CPU re-creating these dataclasses
+#: (issue 17, docs/benchmarks.md). Passed through, they are imported once and shared; the workflows themselves stay
+#: sandboxed, so their determinism checks are unchanged.
+SHARED_MODULES = (
+    "tinkerflow.workflows.work",
+    "tinkerflow.workflows.messages",
+    "tinkerflow.workflows.names",
+    "tinkerflow.workflows.errors",
+)
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_MODULES))
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
@@ -43,6 +59,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
         activities=[storage.delete_expired_checkpoint, storage.delete_internal_checkpoint, storage.sweep_claim_checks],
         activity_executor=executor,
         max_concurrent_workflow_tasks=200,
+        workflow_runner=workflow_runner(),
     )
     log.info("workflow worker polling %s on %s", names.WORKFLOW_TASK_QUEUE, settings.temporal_address)
     async with worker:

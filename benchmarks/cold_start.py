@@ -1,0 +1,172 @@
+"""Cold start (issue 17): `tinkerflow up` until healthy, then the first answers a new user waits for: creating a
+rank-8 run, the first forward_backward (8 datums), the first optim_step, the first sample (1 x 16 tokens, on the
+sampler of a fresh save_weights_and_get_sampling_client). Twice: a first start on an empty state dir (so an empty
+XLA compilation cache: it lives in the state dir), then a restart of `up` on the same state dir.
+
+The engine alone does the same in a fresh process each time (`--engine-child`): Engine.load, the same first
+forward_backward / optim_step / sample, with the persistent compilation cache in a directory that is empty the
+first time and kept for the second. `up` to healthy is set beside Engine.load (the stack loads the same model, then
+starts its other parts around it).
+
+    python -m benchmarks.cold_start [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+
+from benchmarks.common import cycle_rows, emit_pair, engine_datums, pig_latin_examples, sampler_of, sdk_datums
+
+API_KEY = "tml-bench-key"
+FIGURES = ("up_to_healthy_s", "create_run_s", "first_forward_backward_s", "first_optim_step_s", "first_sample_s")
+
+
+def stack_start(state_dir: Path) -> tuple[dict, str]:
+    import tinker
+    from tinker import types
+
+    from tinkerflow.cli.launch import launch
+
+    built_before = _programs_built(state_dir)
+    t0 = time.perf_counter()
+    stack = launch(state_dir, api_key=API_KEY)
+    out = {"up_to_healthy_s": time.perf_counter() - t0}
+    try:
+        service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
+
+        def timed(name: str, fn):
+            t0 = time.perf_counter()
+            result = fn()
+            out[name] = time.perf_counter() - t0
+            return result
+
+        training = timed(
+            "create_run_s",
+            lambda: service.create_lora_training_client(base_model=stack.served_model(), rank=8).result(timeout=900),
+        )
+        eight = sdk_datums(cycle_rows(pig_latin_examples(training.get_tokenizer()), 8))
+        timed("first_forward_backward_s", lambda: training.forward_backward(eight, "cross_entropy").result(timeout=900))
+        timed(
+            "first_optim_step_s", lambda: training.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=900)
+        )
+        sampler = sampler_of(training)
+        params = types.SamplingParams(max_tokens=16, temperature=1.0, stop=[])
+        timed(
+            "first_sample_s",
+            lambda: sampler.sample(
+                types.ModelInput.from_ints([1, 2, 3, 4]), num_samples=1, sampling_params=params
+            ).result(timeout=900),
+        )
+        model_dir = training.get_info().model_data.tokenizer_id
+        assert model_dir is not None
+        out["programs_built"] = _programs_built(state_dir) - built_before
+        out.update(_xla_cache_at_ready(state_dir))
+    finally:
+        stack.stop()
+    return out, model_dir
+
+
+def _programs_built(state_dir: Path) -> int:
+    """Programs the JAX worker's jit cache has built in this state dir so far (its log is appended across starts;
+    a persistent-cache hit is counted too: it is a program this start needed and did not have in memory)."""
+    log = state_dir / "logs" / "jax-worker.log"
+    return log.read_text(errors="replace").count("jit_cache: compiled ") if log.exists() else 0
+
+
+def _xla_cache_at_ready(state_dir: Path) -> dict:
+    """What the JAX worker logged when it registered (this start's line is the last): XLA programs read back from
+    the state dir's persistent cache and compiled, before it was ready."""
+    log = state_dir / "logs" / "jax-worker.log"
+    found = re.findall(r"(\d+) programs read back, (\d+) compiled so far", log.read_text(errors="replace"))
+    if not found:
+        return {}
+    hits, misses = found[-1]
+    return {"xla_programs_read_back_before_ready": int(hits), "xla_programs_compiled_before_ready": int(misses)}
+
+
+def engine_child(model_dir: str, cache_dir: str) -> None:
+    """In a fresh process: Engine.load and the first answers, with the compilation cache at cache_dir."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from tinkerflow.workers.engine import compile_cache
+
+    compile_cache.enable(Path(cache_dir))
+    from tinkerflow.workers.engine.engine import Engine
+    from tinkerflow.workers.engine.types import AdamConfig, ForwardBackwardInput, LoraConfig, SampleInput
+
+    out = {}
+    t0 = time.perf_counter()
+    engine = Engine.load(model_dir, max_lora_adapters=8, max_lora_rank=32, progress=False)
+    out["up_to_healthy_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.create_adapter(0, LoraConfig(rank=8))
+    out["create_run_s"] = time.perf_counter() - t0
+    eight = engine_datums(cycle_rows(pig_latin_examples(AutoTokenizer.from_pretrained(model_dir)), 8))
+    t0 = time.perf_counter()
+    engine.forward_backward([ForwardBackwardInput(0, eight, "cross_entropy")])
+    out["first_forward_backward_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.optim_step(0, AdamConfig(learning_rate=1e-4))
+    out["first_optim_step_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.snapshot(0, "s")
+    engine.sample(
+        [SampleInput(prompt=np.asarray([1, 2, 3, 4], np.int32), max_tokens=16, stop_token_ids=[], snapshot="s")]
+    )
+    out["first_sample_s"] = time.perf_counter() - t0
+    print(json.dumps(out), flush=True)
+
+
+def engine_start(model_dir: str, cache_dir: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cold_start", "--engine-child", model_dir, str(cache_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", help="work in this directory (kept) instead of a temporary one")
+    parser.add_argument("--engine-child", nargs=2, metavar=("MODEL_DIR", "CACHE_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.engine_child:
+        engine_child(*args.engine_child)
+        return
+    # The stack's compilation cache must start empty and live in its state dir, not in a shared test cache.
+    os.environ.pop("TINKERFLOW_COMPILATION_CACHE_DIR", None)
+    with tempfile.TemporaryDirectory(prefix="tinkerflow-bench-cold-", dir=args.keep) as work:
+        state = Path(work) / "state"
+        first, model_dir = stack_start(state)
+        restart, _ = stack_start(state)
+        engine_cache = Path(work) / "engine-xla-cache"
+        engine_first = engine_start(model_dir, engine_cache)
+        engine_restart = engine_start(model_dir, engine_cache)
+    for start, sdk, engine in (("first", first, engine_first), ("restart", restart, engine_restart)):
+        for name in FIGURES:
+            emit_pair(
+                f"cold_start_{name}",
+                "s",
+                sdk[name],
+                engine[name],
+                start=start,
+                **{k: v for k, v in sdk.items() if k not in FIGURES},
+            )
+
+
+if __name__ == "__main__":
+    main()

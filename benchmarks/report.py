@@ -1,0 +1,331 @@
+"""Run issue 17's benchmarks and write docs/benchmarks.md: the table (figure, tinkerflow, engine alone, ratio, the
+issue's target, met or not), plots of the two sweeps (PNG beside it) and where a trivial op's time goes.
+
+    python -m benchmarks.report                         # run all of them, then write the page
+    python -m benchmarks.report --only mixed_loop sample_sweep
+    python -m benchmarks.report --reuse docs/benchmarks.jsonl               # write the page from earlier results
+    python -m benchmarks.report --reuse docs/benchmarks.jsonl --only cold_start   # re-run one, keep the others
+
+Every benchmark runs in its own process (`python -m benchmarks.<name>`) and prints one JSON line per figure; the
+report tags each line with its benchmark and keeps them all in --results (default docs/benchmarks.jsonl), so the page
+can be written again without measuring. The hand-written reading of the figures (what stands in the way of each
+target not met, the next step) is benchmarks/findings.md, included as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: In the order they run and appear; each is `python -m benchmarks.<name>` with these arguments.
+BENCHMARKS: dict[str, list[str]] = {
+    "cold_start": [],
+    "mixed_loop": [],
+    "sample_sweep": [],
+    "tenant_sweep": [],
+    "control_plane": ["--py-spy"],
+}
+FINDINGS = Path(__file__).resolve().parent / "findings.md"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The issue's target for a figure: `field` (tinkerflow, ratio) compared with `bound`; `when` narrows which
+    lines it applies to (for instance only the first start)."""
+
+    text: str
+    field: str
+    op: str  # "<=" or ">="
+    bound: float
+    when: tuple[tuple[str, object], ...] = ()
+
+    def applies(self, line: dict) -> bool:
+        return all(line.get(k) == v for k, v in self.when)
+
+    def met(self, line: dict) -> bool | None:
+        value = line.get(self.field)
+        if not isinstance(value, int | float):
+            return None
+        return value <= self.bound if self.op == "<=" else value >= self.bound
+
+
+TARGETS: dict[str, Target] = {
+    "cold_start_up_to_healthy_s": Target("≤ 15 s first start", "tinkerflow", "<=", 15, (("start", "first"),)),
+    "cold_start_first_forward_backward_s": Target("≤ 0.5 s", "tinkerflow", "<=", 0.5),
+    "cold_start_first_optim_step_s": Target("≤ 0.5 s", "tinkerflow", "<=", 0.5),
+    "cold_start_first_sample_s": Target("≤ 1 s", "tinkerflow", "<=", 1.0),
+    "mixed_loop_forward_1_datum": Target("≤ 30 ms", "tinkerflow", "<=", 30),
+    "mixed_loop_forward_backward_8_datums": Target("≤ 40 ms", "tinkerflow", "<=", 40),
+    "mixed_loop_optim_step": Target("≤ 30 ms", "tinkerflow", "<=", 30),
+    "mixed_loop_sample_4x32": Target("≤ 60 ms", "tinkerflow", "<=", 60),
+    "sample_sweep_tokens_per_s": Target(
+        "≥ 50% of the engine alone at 128", "ratio", ">=", 0.5, (("concurrency", 128),)
+    ),
+    "sample_sweep_scaling": Target("128 calls ≥ 10× one call", "tinkerflow", ">=", 10),
+    "tenant_sweep_scaling": Target("8 tenants ≥ 5× one tenant", "tinkerflow", ">=", 5),
+}
+#: Keys of a table line that say which variant of its figure it is (shown beside the figure's name).
+QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants")
+
+
+# --- running ----------------------------------------------------------------------------------------------------
+
+
+def run(names: Iterable[str]) -> list[dict]:
+    lines = []
+    # One XLA cache for every stack the benchmarks launch (as the test session shares one): each would otherwise
+    # compile the same programs again before it is measured. cold_start keeps its own, empty at first, on purpose.
+    cache = tempfile.TemporaryDirectory(prefix="tinkerflow-bench-xla-")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TINKER_TELEMETRY="0")
+    env.setdefault("TINKERFLOW_COMPILATION_CACHE_DIR", cache.name)
+    for name in names:
+        t0 = time.perf_counter()
+        print(f"report: running benchmarks.{name} …", file=sys.stderr, flush=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", f"benchmarks.{name}", *BENCHMARKS[name]],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        got = [dict(json.loads(x), bench=name) for x in proc.stdout.splitlines() if x.startswith("{")]
+        if proc.returncode != 0:
+            got.append({"bench": name, "figure": "failed", "returncode": proc.returncode})
+        print(f"report: {name}: {len(got)} lines in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        lines += got
+    cache.cleanup()
+    return lines
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
+
+
+# --- rendering --------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def _label(line: dict) -> str:
+    quals = [f"{k}={line[k]}" for k in QUALIFIERS if k in line]
+    return f"`{line['figure']}`" + (f" ({', '.join(quals)})" if quals else "")
+
+
+def table(lines: list[dict]) -> list[str]:
+    out = [
+        "| figure | unit | tinkerflow | engine alone | ratio | target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for line in lines:
+        if "tinkerflow" not in line or "engine" not in line:
+            continue
+        target = TARGETS.get(line["figure"])
+        text, met = "", ""
+        if target is not None and target.applies(line):
+            text = target.text
+            ok = target.met(line)
+            met = "—" if ok is None else ("yes" if ok else "**no**")
+        unit = line.get("unit", "×")
+        out.append(
+            f"| {_label(line)} | {unit} | {_fmt(line['tinkerflow'])} | {_fmt(line['engine'])} | "
+            f"{_fmt(line.get('ratio'))} | {text} | {met} |"
+        )
+    return out
+
+
+def compile_rows(lines: list[dict]) -> list[str]:
+    rows = [
+        f"| {_label(x)} | {x['compilations_during_timed_part']} |"
+        for x in lines
+        if x.get("compilations_during_timed_part") is not None and "tinkerflow" in x
+    ]
+    return ["| workload | JAX worker compiles while timed |", "|---|---|", *rows] if rows else []
+
+
+def plot_sweep(lines: list[dict], figure: str, x: str, ylabel: str, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    points = sorted((line[x], line["tinkerflow"], line["engine"]) for line in lines if line.get("figure") == figure)
+    if not points:
+        return False
+    xs = [p[0] for p in points]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    ax.plot(xs, [p[1] for p in points], "o-", label="tinkerflow (SDK → up)")
+    ax.plot(xs, [p[2] for p in points], "s--", label="engine alone, same workload")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(v) for v in xs])
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    ax.set_title(figure)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def control_plane(lines: list[dict]) -> list[str]:
+    out = []
+    total = next((x for x in lines if x.get("figure") == "control_plane_forward_1_datum_ms"), None)
+    if total:
+        out += [
+            f"A `forward` of 1 datum through the SDK took **{total['median_ms']} ms** median over {total['n']} ops "
+            "(sequential, idle stack). Timeline (median ms after the SDK call; history event times are the "
+            "Temporal server's clock):",
+            "",
+            "| hop (workflow:event#k) | ms after the call | ops with it |",
+            "|---|---|---|",
+        ]
+        out += [
+            f"| {x['event']} | {x['median_ms_after_call']} | {x['ops_with_event']}/{x['ops']} |"
+            for x in lines
+            if x.get("figure") == "control_plane_hop"
+        ]
+        out.append(f"| result in hand at the SDK | {total['median_ms']} | |")
+    routes = [x for x in lines if x.get("figure") == "control_plane_api_route_ms"]
+    if routes:
+        out += [
+            "",
+            "API time per route over those ops (its /metrics histogram):",
+            "",
+            "| route | mean ms at the API | requests per op |",
+            "|---|---|---|",
+        ]
+        out += [f"| `{x['route']}` | {x['mean_ms']} | {x['requests_per_op']} |" for x in routes]
+    cpu = [x for x in lines if x.get("figure") == "control_plane_cpu_under_mixed_loop"]
+    if cpu:
+        out += [
+            "",
+            f"CPU of each part over {cpu[0]['iterations']} mixed-loop iterations ({cpu[0]['wall_s']} s "
+            "wall; 1.0 = one core busy all the time):",
+            "",
+            "| part | CPU s | share of wall |",
+            "|---|---|---|",
+        ]
+        out += [f"| {x['part']} | {x['cpu_s']} | {x['cpu_share_of_wall']} |" for x in cpu]
+    for x in lines:
+        if x.get("figure") == "control_plane_py_spy_sandbox_start" and x.get("share_of_samples") is not None:
+            out += [
+                "",
+                f"py-spy, {x['part']}: {x['share_of_samples']:.1%} of its samples under `{x['frame']}` (the "
+                "workflow sandbox building a new run's instance, re-importing the modules it does not share).",
+            ]
+    spy = [x for x in lines if x.get("figure") == "control_plane_py_spy_top_self"]
+    for part in dict.fromkeys(x["part"] for x in spy):
+        out += ["", f"py-spy, {part}, under the mixed loop: top self-time frames (share of samples on CPU):", ""]
+        out += [f"- {x['share_of_samples']:.1%} `{x['frame']}`" for x in spy if x["part"] == part][:8]
+    return out
+
+
+def render(lines: list[dict], docs: Path, meta: dict) -> Path:
+    docs.mkdir(parents=True, exist_ok=True)
+    md = [
+        "# Benchmarks (issue 17)",
+        "",
+        "Written by `python -m benchmarks.report` (do not edit by hand: the reading of the figures is "
+        "`benchmarks/findings.md`, included below). Every figure sets tinkerflow (the unmodified tinker SDK against "
+        "`tinkerflow up` on the embedded tiny model) beside the engine alone on the same workload, measured in the "
+        "same run; ratio = tinkerflow / engine alone (above 1 is slower for times, below 1 is slower for rates).",
+        "",
+        "Measured (one line per run of the report whose figures are shown):",
+        "",
+        *[
+            f"- {', '.join(r['benchmarks'])}: {r['when']} on {r['machine']}; load average (1/5/15 min) "
+            f"{r['load_before']} before, {r['load_after']} after."
+            for r in meta.get("runs", [])
+        ],
+        "",
+        "## The table",
+        "",
+        *table(lines),
+        "",
+    ]
+    compiles = compile_rows(lines)
+    if compiles:
+        md += ["Compiles during timed parts (the issue: no compile inside a workload, ever):", "", *compiles, ""]
+    plots = [
+        ("sample_sweep_tokens_per_s", "concurrency", "aggregate tokens/s", "benchmarks-sample-sweep.png"),
+        ("tenant_sweep_steps_per_s", "tenants", "aggregate steps/s", "benchmarks-tenant-sweep.png"),
+    ]
+    drawn = [(f, png) for f, x, y, png in plots if plot_sweep(lines, f, x, y, docs / png)]
+    if drawn:
+        md += ["## The sweeps", ""] + [f"![{f}]({png})\n" for f, png in drawn]
+    cp = control_plane(lines)
+    if cp:
+        md += ["## Where a trivial op's time goes", "", *cp, ""]
+    failed = [x["bench"] for x in lines if x.get("figure") == "failed"]
+    if failed:
+        md += [f"Failed to run: {', '.join(failed)} (see its output).", ""]
+    if FINDINGS.exists():
+        md += [FINDINGS.read_text().rstrip(), ""]
+    page = docs / "benchmarks.md"
+    page.write_text("\n".join(md))
+    return page
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--only", nargs="+", choices=list(BENCHMARKS), help="run these benchmarks (default: all, or none with --reuse)"
+    )
+    parser.add_argument("--reuse", type=Path, help="earlier results (JSONL); lines of benchmarks re-run are replaced")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks.jsonl",
+        help="where all results are kept (default docs/benchmarks.jsonl)",
+    )
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where the page and plots go (default docs/)")
+    args = parser.parse_args(argv)
+    previous = []
+    if args.reuse:
+        previous = [json.loads(x) for x in args.reuse.read_text().splitlines() if x.strip()]
+    names = args.only or ([] if args.reuse else list(BENCHMARKS))
+    meta = next((x for x in previous if x.get("figure") == "report_meta"), {})
+    # Earlier runs whose figures are still shown, each naming only those benchmarks now.
+    kept = ({**r, "benchmarks": [b for b in r["benchmarks"] if b not in names]} for r in meta.get("runs", []))
+    runs = [r for r in kept if r["benchmarks"]]
+    when, before = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), load_average()
+    fresh = run(names)
+    if names:
+        machine = f"{os.cpu_count()} CPU cores ({os.uname().machine})"
+        runs.append(
+            {"when": when, "machine": machine, "load_before": before, "load_after": load_average(), "benchmarks": names}
+        )
+    lines = [x for x in previous if x.get("bench") not in names and x.get("figure") != "report_meta"] + fresh
+    meta = {"figure": "report_meta", "runs": runs}
+    order = {name: i for i, name in enumerate(BENCHMARKS)}
+    lines.sort(key=lambda x: order.get(x.get("bench", ""), len(order)))  # the page in BENCHMARKS order
+    lines.append(meta)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    page = render([x for x in lines if x.get("figure") != "report_meta"], args.docs, meta)
+    print(f"report: wrote {page} and {args.results}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
