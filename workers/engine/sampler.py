@@ -39,7 +39,7 @@ from .config import ModelConfig, round_up_pow2, round_up_seq_len
 
 # The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
 from .decode import MAX_TOPK_PROMPT_LOGPROBS, RowParams, Slots, admit, decode, empty_slots
-from .jit_cache import AotCache
+from .jit_cache import AotCache, warmed_bucket
 from .sharding import Placement
 
 __all__ = [
@@ -120,6 +120,10 @@ class SlotSampler:
         self._empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
         self._idle: dict[tuple[int, int, int], tuple[Slots, np.ndarray]] = {}  # (B, L, M) -> slots, pending release
         self._families: set[tuple] = set()
+        # Prompt and cache-length buckets the warm-up compiles (Engine.prefer_buckets): rows round up to them where
+        # they fit. Fixed at start, whatever the warm-up got to, so a row's shapes never depend on timing.
+        self.warmed_prompts: frozenset[int] = frozenset()
+        self.warmed_caches: frozenset[int] = frozenset()
 
     def caches(self) -> list[AotCache]:
         return [self._admit, self._decode, self._empty]
@@ -228,7 +232,7 @@ class SlotSampler:
         n = len(rows)
         buckets = self.buckets()
         b = next((x for x in buckets if x >= n), buckets[-1])
-        length, m = self.cache_len(rows), self.stop_width(rows)
+        length, m = warmed_bucket(self.cache_len(rows), self.warmed_caches), self.stop_width(rows)
         small = admission_rows(b, self.placement)
         slots, release = self._take(b, length, m)
         queue = deque(range(n))
@@ -241,7 +245,8 @@ class SlotSampler:
             while queue and free:
                 chosen = [queue.popleft() for _ in range(min(len(queue), len(free), small))]
                 index = [free.popleft() for _ in chosen]
-                plen = round_up_seq_len(max(len(rows[i].prompt) for i in chosen))
+                plen = warmed_bucket(round_up_seq_len(max(len(rows[i].prompt) for i in chosen)),
+                                     self.warmed_prompts, limit=length)  # fmt: skip
                 plp = any(rows[i].prompt_logprobs for i in chosen)
                 if self.eager_buckets:
                     self._keep(slots, release, length, m)
