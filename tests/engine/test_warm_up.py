@@ -96,3 +96,35 @@ def test_the_default_plan_lifecycle_first_and_every_piece_once():
     families = {(p.cache_len, p.prompt_len) for p in later if p.kind == "sampler"}
     assert families == {(c, p) for c in (128, 256) for p in (16, 32, 64)}
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
+
+
+def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
+    import threading
+
+    from tinkerflow.workers.engine.warm_up import Serialized
+
+    class Fake:
+        def __init__(self):
+            self.inside = threading.Event()
+            self.release = threading.Event()
+
+        def forward_backward(self, requests):
+            self.inside.set()
+            self.release.wait(10)
+            return requests
+
+        def warm_up(self, pieces):
+            return len(pieces)
+
+    fake = Fake()
+    engine = Serialized(fake)
+    call = threading.Thread(target=engine.forward_backward, args=([1],))
+    call.start()
+    assert fake.inside.wait(10)
+    assert engine.idle_seconds() == 0.0  # a call in progress: no warm-up piece starts
+    assert not engine.lock.acquire(blocking=False)  # and a piece would wait for it
+    fake.release.set()
+    call.join(10)
+    assert engine.warm_up((1, 2)) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
+    first, later = jax_worker.warm_up_pieces(Settings(), warm_cache=True)  # a restart: register at once
+    assert first == () and later == jax_worker.warm_up_plan(Settings()).pieces()

@@ -13,8 +13,10 @@ A warm-up is a list of pieces, each small enough to run between two activities o
 - `sampler`: one sampler shape family (cache length, prompt bucket, snapshots per batch, prompt logprobs) for
   every slot bucket, run on empty slots (`SlotSampler._ensure_family`).
 
-The JAX worker runs the lifecycle (and, by default, everything else) before it registers; `--warm-up background`
-leaves the other pieces to run after it registered, one at a time between activities.
+The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
+default) the lifecycle before it registers and the rest after, one piece at a time whenever the engine has been idle
+for a moment (`Serialized`), or everything after registering when the persistent compilation cache already holds
+programs (a restart, a second `up`: reading back what a request needs, when it needs it, beats reading back all).
 """
 
 from __future__ import annotations
@@ -127,21 +129,37 @@ def _expect_ok(results: list) -> None:
 class Serialized:
     """The engine with every public method call under one lock, so a background warm-up and the activities take
     turns: an engine call waits at most for the one warm-up piece in progress, and waits inside its activity, which
-    heartbeats meanwhile. Attribute reads and writes pass through."""
+    heartbeats meanwhile. It also tells how long the engine has been idle (`idle_seconds`: the background warm-up
+    starts a piece only after a pause in the traffic, so a burst of requests, such as a recovery's restore and
+    replay, is not slowed by it). Attribute reads and writes pass through."""
 
     def __init__(self, engine: Any) -> None:
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "lock", threading.Lock())
+        object.__setattr__(self, "_busy", 0)
+        object.__setattr__(self, "_last_end", time.monotonic())
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last engine call other than a warm-up ended; 0 while one runs or waits."""
+        return 0.0 if self._busy else time.monotonic() - self._last_end
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._engine, name)
         if name.startswith("_") or not inspect.ismethod(value):
             return value
+        traffic = name != "warm_up"
 
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
-            with self.lock:
-                return value(*args, **kwargs)
+            if traffic:
+                object.__setattr__(self, "_busy", self._busy + 1)  # under the GIL; read only as a hint
+            try:
+                with self.lock:
+                    return value(*args, **kwargs)
+            finally:
+                if traffic:
+                    object.__setattr__(self, "_last_end", time.monotonic())
+                    object.__setattr__(self, "_busy", self._busy - 1)
 
         return call
 
