@@ -128,6 +128,10 @@ async def serve(
         if ready is not None:
             ready.set()
         reregister = asyncio.create_task(_keep_registered(client, settings, info))
+        if later:
+            from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
+
+            later = split_by_slot_bucket(later, engine.slot_buckets)
         background = asyncio.create_task(_warm_up_later(engine, later)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()

@@ -22,8 +22,9 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
+from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
-# Small shapes, so the test compiles little: train buckets (1, 2, 4) x 32 tokens, prompts of 16 and 32 tokens.
+# Small shapes, so the test compiles little: train buckets (1, 4) x 32 tokens, prompts of 16 and 32 tokens.
 SETTINGS = dict(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, warm_up="ready", warm_up_train_rows=(1, 4),
                 warm_up_train_lens=(32,), warm_up_prompt_lens=(16, 32), warm_up_cache_lens=(128,))  # fmt: skip
 
@@ -40,7 +41,11 @@ def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
 def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     settings = Settings(**SETTINGS)
     assert jax_worker.warm_up_pieces(settings)[1] == ()  # `ready`: everything before the worker registers
-    engine = jax_worker.start_engine(settings, str(qwen3_dir))
+    # As the background warm-up runs it: loaded, then piece by piece, each sampler family one slot bucket at a time
+    engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
+    pieces = split_by_slot_bucket(jax_worker.warm_up_plan(settings).pieces(), engine.slot_buckets)
+    assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
+    assert sum(engine.warm_up((p,)) for p in pieces) > 0
     before = compile_cache.counts().requests
     rng = np.random.default_rng(0)
 

@@ -234,6 +234,11 @@ class Engine:
     def sample_slots(self, value: int) -> None:
         self._sampler.max_slots = self._placement.round_rows(int(value))
 
+    @property
+    def slot_buckets(self) -> list[int]:
+        """The sampler's decode-slot buckets (rows decoded together), smallest first."""
+        return self._sampler.buckets()
+
     def warm_up_sampler(
         self,
         *,

@@ -209,22 +209,34 @@ class SlotSampler:
         t0 = time.perf_counter()
         before = self.compile_count()
         for b in self.buckets():
-            slots, release = self._take(b, length, m)
-            slots, _ = self._admit_call(lora, base, slots, [], [], [], admission_rows(b, self.placement), plen, plp)
-            slots = self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0)
-            self._keep(slots, release, length, m)
+            self.warm_bucket(lora, base, b, length, m, plen, plp)
         if self.compile_count() > before:
             log.info("sampler: compiled %d programs for cache=%d stops=%d prompt=%d prompt_logprobs=%s adapters=%d "
                      "in %.1fs", self.compile_count() - before, length, m, plen, plp, family[4],
                      time.perf_counter() - t0)  # fmt: skip
 
+    def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
+        """One slot bucket of a family: its empty slots, admission and decode chunk, run on no rows."""
+        slots, release = self._take(b, length, m)
+        slots, _ = self._admit_call(lora, base, slots, [], [], [], admission_rows(b, self.placement), plen, plp)
+        slots = self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0)
+        self._keep(slots, release, length, m)
+
     def warm_up(self, lora, base, *, cache_lens, prompt_lens, stop_width: int = MIN_STOP_IDS,
-                prompt_logprobs: tuple[bool, ...] = (False,)) -> None:  # fmt: skip
+                prompt_logprobs: tuple[bool, ...] = (False,),
+                buckets: tuple[int, ...] | None = None) -> None:  # fmt: skip
+        """Compile the families of these shapes; only the slot `buckets` named (None: all, and the family counts
+        as done)."""
         for length in cache_lens:
             for plen in prompt_lens:
                 for plp in prompt_logprobs:
-                    if plen <= length:
+                    if plen > length:
+                        continue
+                    if buckets is None:
                         self._ensure_family(lora, base, length, stop_width, plen, plp)
+                    else:
+                        for b in buckets:
+                            self.warm_bucket(lora, base, b, length, stop_width, plen, plp)
 
     # -------------------------------------------------------------- the loop
 

@@ -181,3 +181,4 @@ class WarmUpPiece:
     prompt_len: int = 0
     adapters: int = 1
     prompt_logprobs: bool = False
+    slots: int = 0  # a sampler piece: one slot bucket of the family (0: every bucket)

@@ -11,7 +11,7 @@ A warm-up is a list of pieces, each small enough to run between two activities o
   Nothing of it stays: the slot ends zeroed and unallocated, the snapshots dropped.
 - `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run.
 - `sampler`: one sampler shape family (cache length, prompt bucket, snapshots per batch, prompt logprobs) for
-  every slot bucket, run on empty slots (`SlotSampler._ensure_family`).
+  every slot bucket (or one, `slots`: the background warm-up takes them one at a time), run on empty slots.
 
 The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
 default) the lifecycle before it registers and the rest after, one piece at a time whenever the engine has been idle
@@ -21,6 +21,7 @@ programs (a restart, a second `up`: reading back what a request needs, when it n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -81,7 +82,20 @@ def _sampler(engine: Engine, piece: WarmUpPiece) -> None:
     sampler = engine._sampler
     lora = engine._sampler_snapshots.zero_stack(piece.adapters)
     sampler.warm_up(lora, engine._base, cache_lens=(piece.cache_len,), prompt_lens=(piece.prompt_len,),
-                    stop_width=MIN_STOP_IDS, prompt_logprobs=(piece.prompt_logprobs,))  # fmt: skip
+                    stop_width=MIN_STOP_IDS, prompt_logprobs=(piece.prompt_logprobs,),
+                    buckets=(piece.slots,) if piece.slots else None)  # fmt: skip
+
+
+def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) -> tuple[WarmUpPiece, ...]:
+    """Each whole-family sampler piece as one piece per slot bucket: a third of the time under the lock each, for a
+    background warm-up that shares the engine with requests."""
+    out: list[WarmUpPiece] = []
+    for p in pieces:
+        if p.kind == "sampler" and not p.slots:
+            out += [dataclasses.replace(p, slots=b) for b in buckets]
+        else:
+            out.append(p)
+    return tuple(out)
 
 
 def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
