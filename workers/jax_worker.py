@@ -49,6 +49,9 @@ REREGISTER_EVERY_S = 30.0
 # The background warm-up starts its next piece only after the engine served nothing for this long: the gaps between
 # the ops of one client's loop (a workflow round trip) are far shorter, so a loop in progress is never held up.
 WARM_UP_AFTER_IDLE_S = 1.0
+# A restarted worker's first background piece waits this long for the recovery (longer than the coordinator's 15 s
+# batch heartbeat timeout, which is when it notices the old process died) unless a request came first.
+WARM_UP_AFTER_RESTART_S = 20.0
 
 
 def stable_worker_id(settings: Settings) -> str:
@@ -132,7 +135,10 @@ async def serve(
             from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
             later = split_by_slot_bucket(later, engine.slot_buckets)
-        background = asyncio.create_task(_warm_up_later(engine, later)) if later else None
+        # After a restart the coordinator sends the recovery once it noticed the old process died (the batch's
+        # heartbeat timeout, up to 15 s after the kill): the warm-up waits for it rather than run in its way.
+        first_pause = WARM_UP_AFTER_RESTART_S if not first else WARM_UP_AFTER_IDLE_S
+        background = asyncio.create_task(_warm_up_later(engine, later, first_pause)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()
         if background is not None:
@@ -223,13 +229,18 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
     return Serialized(engine)
 
 
-async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...]) -> None:
+async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], first_pause: float = WARM_UP_AFTER_IDLE_S) -> None:
     """The background warm-up: one piece at a time on a thread of its own, each under the engine's lock, each once
-    the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first)."""
-    built = 0
+    the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first); the first once it served a request
+    and paused, or was idle for `first_pause`."""
+    built, pause = 0, first_pause
     for piece in pieces:
-        while engine.idle_seconds() < WARM_UP_AFTER_IDLE_S:
+        while True:
+            idle = engine.idle_seconds()
+            if idle >= WARM_UP_AFTER_IDLE_S and (engine.calls > 0 or idle >= pause):
+                break
             await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
+        pause = WARM_UP_AFTER_IDLE_S
         try:
             built += await asyncio.to_thread(engine.warm_up, (piece,))
         except Exception:  # a warm-up that fails costs a compile later, never the worker

@@ -131,5 +131,6 @@ def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_
     fake.release.set()
     call.join(10)
     assert engine.warm_up((1, 2)) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
+    assert engine.calls == 1
     first, later = jax_worker.warm_up_pieces(Settings(), warm_cache=True)  # a restart: register at once
     assert first == () and later == jax_worker.warm_up_plan(Settings()).pieces()

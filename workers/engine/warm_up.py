@@ -152,6 +152,7 @@ class Serialized:
         object.__setattr__(self, "lock", threading.Lock())
         object.__setattr__(self, "_busy", 0)
         object.__setattr__(self, "_last_end", time.monotonic())
+        object.__setattr__(self, "calls", 0)  # engine calls served (warm-ups not counted)
 
     def idle_seconds(self) -> float:
         """Seconds since the last engine call other than a warm-up ended; 0 while one runs or waits."""
@@ -174,6 +175,7 @@ class Serialized:
                 if traffic:
                     object.__setattr__(self, "_last_end", time.monotonic())
                     object.__setattr__(self, "_busy", self._busy - 1)
+                    object.__setattr__(self, "calls", self.calls + 1)
 
         return call
 
