@@ -145,8 +145,9 @@ async def serve(
             background.cancel()
     executor.shutdown(wait=False, cancel_futures=True)
     if multi_host:  # after the call in flight, if any (the driven engine serialises calls)
-        assert isinstance(engine, multihost.DrivenEngine)
-        await asyncio.to_thread(engine.stop_followers)
+        driven = engine._engine  # inside warm_up.Serialized
+        assert isinstance(driven, multihost.DrivenEngine)
+        await asyncio.to_thread(driven.stop_followers)
 
 
 def _enable_compile_cache(settings: Settings) -> None:
