@@ -27,6 +27,7 @@ import socket
 import sys
 import uuid
 from datetime import timedelta
+from typing import TYPE_CHECKING, cast
 
 import prometheus_client
 from temporalio.client import Client, WorkflowHandle
@@ -43,6 +44,9 @@ from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
+
+if TYPE_CHECKING:
+    from tinkerflow.workers.engine.interface import EngineApi
 
 log = logging.getLogger(__name__)
 REREGISTER_EVERY_S = 30.0
@@ -103,7 +107,7 @@ async def serve(
 
     incarnation = uuid.uuid4().hex  # this process; a batch placed for an earlier one is refused (WorkerLost)
     activities = EngineActivities(
-        engine,
+        cast("EngineApi", engine),  # warm_up.Serialized passes every EngineApi call through
         ClaimCheckStore(settings.resolved_store_url),
         deliver=deliver,
         checkpoints=CheckpointStore(settings.resolved_checkpoint_root),

@@ -24,9 +24,11 @@ from tinkerflow.workers.engine.types import (
 )
 from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
+
 # Small shapes, so the test compiles little: train buckets (1, 4) x 32 tokens, prompts of 16 and 32 tokens.
-SETTINGS = dict(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, warm_up="ready", warm_up_train_rows=(1, 4),
-                warm_up_train_lens=(32,), warm_up_prompt_lens=(16, 32), warm_up_cache_lens=(128,))  # fmt: skip
+def _settings() -> Settings:
+    return Settings(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, warm_up="ready", warm_up_train_rows=(1, 4),
+                    warm_up_train_lens=(32,), warm_up_prompt_lens=(16, 32), warm_up_cache_lens=(128,))  # fmt: skip
 
 
 def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
@@ -39,7 +41,7 @@ def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
 
 
 def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
-    settings = Settings(**SETTINGS)
+    settings = _settings()
     assert jax_worker.warm_up_pieces(settings)[1] == ()  # `ready`: everything before the worker registers
     # As the background warm-up runs it: loaded, then piece by piece, each sampler family one slot bucket at a time
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())

@@ -55,7 +55,7 @@ class _Counter:
             with self._lock:
                 self.misses += 1
 
-    def on_duration(self, event: str, duration: float, **_: object) -> None:
+    def on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == _BACKEND_COMPILE:
             with self._lock:
                 self.requests += 1
