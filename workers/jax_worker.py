@@ -9,19 +9,25 @@ on a mesh over all their devices; process 0 alone talks to Temporal, through a `
 replay each engine call (`follow`), so all of them run the same SPMD steps (workers/engine/multihost.py).
 
 Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
-compiles the sampler's programs for the shapes a first sample usually has (`SamplerWarmUp`), so that first sample
-waits for no compile.
+compiles what a first request of each kind runs (`--warm-up`, workers/engine/warm_up.py): with `ready` every
+warm-up shape, with `background` (the default) an adapter's whole lifecycle at the smallest shapes, the other shapes
+after it registered, one piece at a time under the engine's lock (an activity waits for one piece at most,
+heartbeating). A restart reads them back from the persistent compilation cache.
+
+The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
+cost seconds of every (re)start, and nothing here uses it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import socket
+import sys
 import uuid
 from datetime import timedelta
+from typing import TYPE_CHECKING, cast
 
 import prometheus_client
 from temporalio.client import Client, WorkflowHandle
@@ -35,16 +41,23 @@ from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
 from tinkerflow.workers.accelerator import AcceleratorMeter
-from tinkerflow.workers.engine.types import SamplerWarmUp
+from tinkerflow.workers.engine.types import SamplerWarmUp, TrainWarmUp, WarmUpPiece, WarmUpPlan
 from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
 
-DEFAULT_WARM_UP = SamplerWarmUp()  # frozen; the shapes warmed up when a caller names none
+if TYPE_CHECKING:
+    from tinkerflow.workers.engine.interface import EngineApi
 
 log = logging.getLogger(__name__)
 REREGISTER_EVERY_S = 30.0
+# The background warm-up starts its next piece only after the engine served nothing for this long: the gaps between
+# the ops of one client's loop (a workflow round trip) are far shorter, so a loop in progress is never held up.
+WARM_UP_AFTER_IDLE_S = 1.0
+# A restarted worker's first background piece waits this long for the recovery (longer than the coordinator's 15 s
+# batch heartbeat timeout, which is when it notices the old process died) unless a request came first.
+WARM_UP_AFTER_RESTART_S = 20.0
 
 
 def stable_worker_id(settings: Settings) -> str:
@@ -57,10 +70,8 @@ async def serve(
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
     worker_id: str | None = None,
-    warm_up: SamplerWarmUp | None = DEFAULT_WARM_UP,
 ) -> None:
-    """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered. `warm_up`: the
-    sampler shapes compiled before registering (None: none, each compiles at its first use)."""
+    """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered."""
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.activities.op_points import OpPoints
 
@@ -80,7 +91,8 @@ async def serve(
     metrics.ADAPTER_SLOTS_TOTAL.set(settings.max_lora_adapters)
     name, local_path = resolve_base_model(settings)
     client = await connect(settings)
-    engine = await asyncio.to_thread(start_engine, settings, local_path, warm_up=warm_up)
+    first, later = warm_up_pieces(settings, warm_cache=_cache_holds_programs(settings))
+    engine = await asyncio.to_thread(start_engine, settings, local_path, pieces=first)
     card = ModelCard(
         name=name,
         arch=engine.info.arch,
@@ -98,7 +110,7 @@ async def serve(
 
     incarnation = uuid.uuid4().hex  # this process; a batch placed for an earlier one is refused (WorkerLost)
     activities = EngineActivities(
-        engine,
+        cast("EngineApi", engine),  # warm_up.Serialized passes every EngineApi call through
         ClaimCheckStore(settings.resolved_store_url),
         deliver=deliver,
         checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
@@ -128,12 +140,23 @@ async def serve(
         if ready is not None:
             ready.set()
         reregister = asyncio.create_task(_keep_registered(client, settings, info))
+        if later:
+            from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
+
+            later = split_by_slot_bucket(later, engine.slot_buckets)
+        # After a restart the coordinator sends the recovery once it noticed the old process died (the batch's
+        # heartbeat timeout, up to 15 s after the kill): the warm-up waits for it rather than run in its way.
+        first_pause = WARM_UP_AFTER_RESTART_S if not first else WARM_UP_AFTER_IDLE_S
+        background = asyncio.create_task(_warm_up_later(engine, later, first_pause)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()
+        if background is not None:
+            background.cancel()
     executor.shutdown(wait=False, cancel_futures=True)
     if multi_host:  # after the call in flight, if any (the driven engine serialises calls)
-        assert isinstance(engine, multihost.DrivenEngine)
-        await asyncio.to_thread(engine.stop_followers)
+        driven = engine._engine  # inside warm_up.Serialized
+        assert isinstance(driven, multihost.DrivenEngine)
+        await asyncio.to_thread(driven.stop_followers)
 
 
 def _enable_compile_cache(settings: Settings) -> None:
@@ -165,18 +188,83 @@ def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.
     )
 
 
-def start_engine(settings: Settings, local_path: str, *, warm_up: SamplerWarmUp | None = DEFAULT_WARM_UP):
+def warm_up_plan(settings: Settings) -> WarmUpPlan:
+    return WarmUpPlan(
+        train=TrainWarmUp(rows=settings.warm_up_train_rows, seq_lens=settings.warm_up_train_lens),
+        sampler=SamplerWarmUp(cache_lens=settings.warm_up_cache_lens, prompt_lens=settings.warm_up_prompt_lens),
+    )
+
+
+def warm_up_pieces(
+    settings: Settings, *, warm_cache: bool = False
+) -> tuple[tuple[WarmUpPiece, ...], tuple[WarmUpPiece, ...]]:
+    """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says.
+    `warm_cache`: the persistent compilation cache already holds programs (a restart): with `background`, register
+    at once and read back in the background. Measured on the shared 2-core box under load: the lifecycle read back
+    took 20 s before registering and delayed a killed worker's recovery by as much; a recovery's own ops need only a
+    few of its programs."""
+    if settings.warm_up == "off":
+        return (), ()
+    pieces = warm_up_plan(settings).pieces()
+    if settings.warm_up == "ready":
+        return pieces, ()
+    if warm_cache:
+        return (), pieces
+    return pieces[:1], pieces[1:]  # the lifecycle first (WarmUpPlan.pieces)
+
+
+def _cache_holds_programs(settings: Settings) -> bool:
+    directory = settings.resolved_compilation_cache_dir
+    return directory is not None and directory.is_dir() and any(directory.iterdir())
+
+
+def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPiece, ...] | None = None):
     """Process 0's engine, ready for work: loaded, driven when the worker spans several processes (every engine call
-    is replayed by the others first, multihost.py), and its sampler compiled for `warm_up`'s shapes (on every
-    process: the warm-up is an engine call like any other)."""
+    is replayed by the others first, multihost.py), its buckets rounded up to the warm-up's, warmed up with `pieces`
+    (default: what `--warm-up` runs before registering; on every process: the warm-up is an engine call like any
+    other), and serialized (warm_up.Serialized) so a background warm-up can share it with the activities."""
+    from tinkerflow.workers.engine.warm_up import Serialized
+
     engine = load_engine(settings, local_path)
     if settings.num_processes > 1:
         from tinkerflow.workers.engine import multihost
 
         engine = multihost.DrivenEngine(engine)
-    if warm_up is not None:
-        engine.warm_up_sampler(**dataclasses.asdict(warm_up))
-    return engine
+    if settings.warm_up != "off":
+        engine.prefer_buckets(warm_up_plan(settings))
+    if pieces is None:
+        pieces = warm_up_pieces(settings)[0]
+    if pieces:
+        engine.warm_up(pieces)
+    return Serialized(engine)
+
+
+async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], first_pause: float = WARM_UP_AFTER_IDLE_S) -> None:
+    """The background warm-up: one piece at a time on a thread of its own, each under the engine's lock, each once
+    the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first); the first once it served a request
+    and paused, or was idle for `first_pause`."""
+    built, pause = 0, first_pause
+    for piece in pieces:
+        while True:
+            idle = engine.idle_seconds()
+            if idle >= WARM_UP_AFTER_IDLE_S and (engine.calls > 0 or idle >= pause):
+                break
+            await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
+        pause = WARM_UP_AFTER_IDLE_S
+        try:
+            built += await asyncio.to_thread(engine.warm_up, (piece,))
+        except Exception:  # a warm-up that fails costs a compile later, never the worker
+            log.exception("background warm-up of %s failed", piece)
+    log.info("background warm-up done: %d pieces, %d programs built", len(pieces), built)
+
+
+def keep_torch_out() -> None:
+    """Make `import torch` fail in this process (before anything imports it). The tinker SDK's types and transformers
+    import torch when it is installed (the parity extra installs it), which adds seconds to every JAX worker start;
+    neither needs it here: transformers then serves the tokenizer alone. For the worker's own process only (the CLI
+    calls it), never where tests or parity code run in the same interpreter."""
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # pyright: ignore[reportArgumentType]  (None: Python's "not importable")
 
 
 def load_engine(settings: Settings, local_path: str):

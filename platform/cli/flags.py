@@ -60,7 +60,7 @@ def _kind(f: dataclasses.Field) -> dict:
     if isinstance(default, bool):
         return {"action": argparse.BooleanOptionalAction}
     if isinstance(default, tuple):
-        return {"action": "append", "metavar": "KEY[,KEY...]"}
+        return {"action": "append", "metavar": f.metadata["metavar"] or "KEY[,KEY...]"}
     if isinstance(default, (int, float)):
         kwargs["type"] = type(default)
         kwargs["metavar"] = f.metadata["metavar"] or "N"

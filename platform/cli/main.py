@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "jax-worker":
         from tinkerflow.workers import jax_worker
 
+        jax_worker.keep_torch_out()  # a process of its own: seconds off every start (see the function)
         return _run_async(jax_worker.serve, settings, args.ready_file, worker_id=settings.worker_id or None)
     return 2
 

@@ -71,6 +71,13 @@ def _parse_keys(raw: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in raw.split(",") if k.strip())
 
 
+def _parse_sizes(raw: str) -> tuple[int, ...]:
+    sizes = tuple(int(k) for k in _parse_keys(raw))
+    if not sizes or min(sizes) < 1:
+        raise ValueError("expected positive whole numbers, comma-separated")
+    return sizes
+
+
 def _parse_path(raw: str) -> Path:
     return Path(raw).expanduser().resolve()
 
@@ -179,6 +186,30 @@ class Settings:
     compilation_cache_dir: str = setting("", "XLA persistent compilation cache of the JAX worker, so a restarted "
                                          "worker compiles nothing it compiled before; 'off' disables it", MODEL,
                                          metavar="DIR", shown="<state-dir>/xla-cache")
+    # What the JAX worker compiles ahead of traffic (workers/engine/warm_up.py). Measured on the tiny model on the
+    # shared 2-core box at load 10-17 (no quiet figure yet): the first-request lifecycle (24 programs) 83-90 s cold,
+    # 18-20 s read back from a warm --compilation-cache-dir; all default shapes (66 programs) 300-370 s cold.
+    warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "
+                           "warm-up shape below before it registers (nothing compiles later, readiness waits); "
+                           "'background' compiles what a first request of each kind needs (an adapter's create, "
+                           "forward_backward, forward, optim_step, snapshot and sample at the smallest shapes) "
+                           "before it registers and the other shapes after, one at a time between requests; "
+                           "'off' compiles each program at its first use", MODEL,
+                           choices=("ready", "background", "off"))
+    warm_up_train_rows: tuple[int, ...] = setting((1, 2, 4, 8), "datums per forward_backward/forward to compile "
+                                                  "ahead (rounded up to powers of two), each at every "
+                                                  "--warm-up-train-lens", MODEL, shown="1,2,4,8", metavar="N[,N...]",
+                                                  parse=_parse_sizes)
+    warm_up_train_lens: tuple[int, ...] = setting((32, 64, 128), "tokens per datum to compile ahead (rounded up "
+                                                  "to the buckets 16, 24, 32, 48, 64, 96, 128, ...)", MODEL,
+                                                  shown="32,64,128", metavar="N[,N...]", parse=_parse_sizes)
+    warm_up_prompt_lens: tuple[int, ...] = setting((16, 32, 64), "sampling prompt lengths to compile ahead "
+                                                   "(rounded up like --warm-up-train-lens), each at every "
+                                                   "--warm-up-cache-lens", MODEL, shown="16,32,64",
+                                                   metavar="N[,N...]", parse=_parse_sizes)
+    warm_up_cache_lens: tuple[int, ...] = setting((128, 256), "sampling prompt + max_tokens totals to compile "
+                                                  "ahead (rounded up to powers of two, at least 128)", MODEL,
+                                                  shown="128,256", metavar="N[,N...]", parse=_parse_sizes)
 
     # --- the HTTP API
     host: str = setting("127.0.0.1", "address the API binds", API)
@@ -375,7 +406,7 @@ def _to_env(value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, tuple):
-        return ",".join(value)
+        return ",".join(str(v) for v in value)
     return str(value)
 
 

@@ -33,14 +33,15 @@ def test_rl_loop_acceptance_script(stack):
 def test_full_sampling_queue_answers_429_and_the_sdk_retries_until_all_complete(tmp_path):
     from tinkerflow.cli.launch import launch
 
-    small = launch(tmp_path / "state", api_key="tml-429", extra=["--max-queued-samples", "2"])
+    # No warm-up: the first wave must meet a compile (with one, its prompts would round up to a warmed bucket).
+    small = launch(tmp_path / "state", api_key="tml-429", extra=["--max-queued-samples", "2", "--warm-up", "off"])
     try:
         client = tinker.ServiceClient(base_url=small.base_url, api_key="tml-429")
         sampler = client.create_sampling_client(base_model=small.served_model()).result()
         params = types.SamplingParams(max_tokens=4, temperature=1.0, stop=[])
 
         def wave(n: int, offset: int):
-            # 20-token prompts: a prompt bucket (24) the JAX worker does not compile ahead (its warm-up does 16).
+            # 20-token prompts: a prompt bucket (24) the JAX worker has not compiled (--warm-up off).
             return [
                 sampler.sample(
                     prompt=types.ModelInput.from_ints([5, 6, *range(offset + i, offset + i + 18)]),

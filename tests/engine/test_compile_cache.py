@@ -1,5 +1,6 @@
-"""A restarted JAX worker with a warm persistent compilation cache compiles nothing (issue 17), and gives the same
-numbers: counted with JAX's own cache events, in two fresh processes sharing one cache directory."""
+"""A restarted JAX worker with a warm persistent compilation cache compiles nothing (issue 17), warm-up included,
+and gives the same numbers: counted with JAX's own cache events, in two fresh processes sharing one cache directory,
+each started as the jax-worker command starts its engine (no torch, warm-up before work)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,6 @@ def test_second_process_compiles_nothing_and_answers_the_same(tmp_path):
     assert warm["misses"] == 0, warm  # the restarted one read every program back
     assert warm["hits"] >= cold["misses"], (cold, warm)
     assert warm["loss"] == cold["loss"] and warm["tokens"] == cold["tokens"], (cold, warm)
+    # The warm-up built every program the steps needed: none after it, in either lifetime.
+    assert cold["warm_up_programs"] > 0 and cold["after_warm_up"] == 0 and warm["after_warm_up"] == 0, (cold, warm)
+    assert not cold["torch"] and not warm["torch"], (cold, warm)

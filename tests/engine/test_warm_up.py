@@ -1,38 +1,138 @@
-"""The JAX worker compiles its sampler before it takes work: after `start_engine` (what `jax_worker.serve` runs
-before it registers), samples of the warmed shapes compile nothing, whatever the batch size."""
+"""The JAX worker compiles ahead of traffic (issue 17): after `start_engine` (what `jax_worker.serve` runs before it
+registers) and the warm-up, a steady workload that mixes training, forward, optimizer steps, snapshots and sampling
+at several concurrency levels, prompt lengths and stop lists builds no program at all. Counted with JAX's own
+compile events (`compile_cache.counts().requests`: every executable a process builds, eager ops included)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from conftest import MAX_ADAPTERS, MAX_RANK
 
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers import jax_worker
-from tinkerflow.workers.engine.types import LoraConfig, SampleInput, SampleResult, SamplerWarmUp
+from tinkerflow.workers.engine import compile_cache
+from tinkerflow.workers.engine.types import (
+    AdamConfig,
+    Datum,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    LoraConfig,
+    SampleInput,
+    SampleResult,
+)
+from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
-PROMPT = np.array([5, 17, 42, 99, 7], np.int32)
+
+# Small shapes, so the test compiles little: train buckets (1, 4) x 32 tokens, prompts of 16 and 32 tokens.
+def _settings() -> Settings:
+    return Settings(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, warm_up="ready", warm_up_train_rows=(1, 4),
+                    warm_up_train_lens=(32,), warm_up_prompt_lens=(16, 32), warm_up_cache_lens=(128,))  # fmt: skip
 
 
-def test_a_warmed_worker_engine_compiles_nothing_for_its_first_samples(qwen3_dir):
-    settings = Settings(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK)
-    engine = jax_worker.start_engine(settings, str(qwen3_dir))  # the worker's default warm-up
-    assert SamplerWarmUp() == SamplerWarmUp(cache_lens=(128,), prompt_lens=(16,), num_adapters=(1,))
-    sampler = engine._sampler
-    warmed = sampler.compile_count()
-    # admit + decode per slot bucket (8, 64, 256), and the empty slots of each
-    assert warmed == 3 * len(sampler.buckets()), warmed
+def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
+    tokens = rng.integers(1, 200, n).astype(np.int32)
+    targets = rng.integers(1, 200, n).astype(np.int32)
+    if loss == "cross_entropy":
+        return Datum(tokens=tokens, inputs={"target_tokens": targets, "weights": np.ones(n, np.float32)})
+    return Datum(tokens=tokens, inputs={"target_tokens": targets, "logprobs": np.full(n, -2.0, np.float32),
+                                        "advantages": rng.normal(size=n).astype(np.float32)})  # fmt: skip
 
-    engine.create_adapter(0, LoraConfig(rank=4, seed=3))
-    engine.snapshot(0, "warm")
-    base = engine.sample([SampleInput(prompt=PROMPT, max_tokens=8, seed=1)])[0]
-    lora = engine.sample([SampleInput(prompt=PROMPT, max_tokens=8, seed=1, snapshot="warm")])[0]
-    # a coordinator batch of another size (another slot bucket), some rows near the prompt bucket's edge
-    many = engine.sample([SampleInput(prompt=np.arange(1, 3 + i % 14, dtype=np.int32), num_samples=3, max_tokens=20,
-                                      seed=i, snapshot="warm" if i % 2 else None) for i in range(30)])  # fmt: skip
-    assert sampler.compile_count() == warmed
-    assert isinstance(base, SampleResult) and isinstance(lora, SampleResult), (base, lora)
-    assert all(isinstance(r, SampleResult) for r in many), many
-    assert len(base.sequences[0].tokens) >= 1 and len(lora.sequences[0].tokens) >= 1
-    assert all(isinstance(r, SampleResult) and len(r.sequences) == 3 for r in many)
-    # The same again: warm-up of shapes already compiled compiles nothing.
-    assert engine.warm_up_sampler() == 0
+
+def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
+    settings = _settings()
+    assert jax_worker.warm_up_pieces(settings)[1] == ()  # `ready`: everything before the worker registers
+    # As the background warm-up runs it: loaded, then piece by piece, each sampler family one slot bucket at a time
+    engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
+    pieces = split_by_slot_bucket(jax_worker.warm_up_plan(settings).pieces(), engine.slot_buckets)
+    assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
+    assert sum(engine.warm_up((p,)) for p in pieces) > 0
+    before = compile_cache.counts().requests
+    rng = np.random.default_rng(0)
+
+    engine.create_adapter(0, LoraConfig(rank=4, seed=1))
+    engine.create_adapter(1, LoraConfig(rank=8, seed=2, train_unembed=False))
+    # Three of the four sequence lengths fall in buckets (16, 24) that were not warmed: they round up to 32.
+    for step, (n, loss) in enumerate([(9, "cross_entropy"), (20, "importance_sampling"), (31, "ppo"),
+                                      (23, "cross_entropy")]):  # fmt: skip
+        # two tenants in one batch (1 + 3 rows: the 4-row bucket), then one alone (1 row), then a forward
+        results = engine.forward_backward([
+            ForwardBackwardInput(slot=0, data=[_datum(n, loss, rng)], loss_fn=loss),
+            ForwardBackwardInput(slot=1, data=[_datum(n - 3, loss, rng) for _ in range(3)], loss_fn=loss),
+        ])  # fmt: skip
+        results += engine.forward_backward([ForwardBackwardInput(slot=1, data=[_datum(n, loss, rng)], loss_fn=loss)])
+        forward = ForwardBackwardInput(slot=0, data=[_datum(n, "cross_entropy", rng)], loss_fn="cross_entropy",
+                                       forward_only=True)  # fmt: skip
+        results += engine.forward_backward([forward])
+        assert all(isinstance(r, ForwardBackwardResult) for r in results), results
+        for slot in (0, 1):
+            engine.optim_step(slot, AdamConfig(learning_rate=1e-3, weight_decay=0.01, grad_clip_norm=1.0))
+        engine.snapshot(0, f"s{step}")
+        # Sampling: concurrency 1, 8, 40 and the whole slot set (coordinator batches of these many calls), prompts
+        # of 3 to 30 tokens, default (EOS), explicit and empty stop lists, stop strings, base model and snapshot rows.
+        for calls in (1, 8, 40, engine.sample_slots):
+            requests = [
+                SampleInput(
+                    prompt=rng.integers(1, 200, 3 + (i * 7 + step) % 28).astype(np.int32),
+                    num_samples=1 + i % 2, max_tokens=4 + i % 13, seed=i,
+                    stop_token_ids=[None, [5, 9], [], [int(x) for x in range(1, 9)]][i % 4],
+                    stop_strings=["the"] if i % 5 == 0 else [],
+                    snapshot=f"s{step}" if i % 3 else None,
+                )
+                for i in range(calls)
+            ]  # fmt: skip
+            sampled = engine.sample(requests)
+            assert all(isinstance(r, SampleResult) for r in sampled), sampled
+        engine.drop_snapshot(f"s{step}")
+    engine.free_adapter(1)
+    engine.create_adapter(1, LoraConfig(rank=2, seed=5))
+
+    built = compile_cache.counts().requests - before
+    assert built == 0, f"{built} programs built after the warm-up"
+
+
+def test_the_default_plan_lifecycle_first_and_every_piece_once():
+    settings = Settings()
+    first, later = jax_worker.warm_up_pieces(settings)
+    assert [p.kind for p in first] == ["lifecycle"]
+    plan = jax_worker.warm_up_plan(settings)
+    assert first + later == plan.pieces() and len(set(plan.pieces())) == len(plan.pieces())
+    trains = {(p.rows, p.seq) for p in later if p.kind == "train"}
+    assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
+    families = {(p.cache_len, p.prompt_len) for p in later if p.kind == "sampler"}
+    assert families == {(c, p) for c in (128, 256) for p in (16, 32, 64)}
+    assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
+
+
+def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
+    import threading
+
+    from tinkerflow.workers.engine.warm_up import Serialized
+
+    class Fake:
+        def __init__(self):
+            self.inside = threading.Event()
+            self.release = threading.Event()
+
+        def forward_backward(self, requests):
+            self.inside.set()
+            self.release.wait(10)
+            return requests
+
+        def warm_up(self, pieces):
+            return len(pieces)
+
+    fake = Fake()
+    engine = Serialized(fake)
+    call = threading.Thread(target=engine.forward_backward, args=([1],))
+    call.start()
+    assert fake.inside.wait(10)
+    assert engine.idle_seconds() == 0.0  # a call in progress: no warm-up piece starts
+    assert not engine.lock.acquire(blocking=False)  # and a piece would wait for it
+    fake.release.set()
+    call.join(10)
+    assert engine.warm_up((1, 2)) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
+    assert engine.calls == 1
+    first, later = jax_worker.warm_up_pieces(Settings(), warm_cache=True)  # a restart: register at once
+    assert first == () and later == jax_worker.warm_up_plan(Settings()).pieces()

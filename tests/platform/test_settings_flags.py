@@ -105,6 +105,8 @@ def _sample(f) -> tuple[str, object]:
         return raw, raw
     if isinstance(default, bool):
         return ("0", False) if default else ("1", True)
+    if isinstance(default, tuple) and default and isinstance(default[0], int):  # sizes (--warm-up-train-rows)
+        return "3,5", (3, 5)
     if isinstance(default, tuple):
         return "k1,k2", ("k1", "k2")
     if isinstance(default, int):
@@ -182,6 +184,7 @@ def test_flag_reaches_the_field_and_wins_over_env(f, monkeypatch):
     else:
         argv = [flag_name(f), raw]
         other = default if f.metadata["choices"] else "env" if isinstance(default, tuple) else raw + "0"
+        other = "7" if isinstance(default, tuple) and default and isinstance(default[0], int) else other
         monkeypatch.setenv(env_name(f.name), other)
     s = Settings().with_args(build_parser().parse_args([command, *argv]))
     assert getattr(s, f.name) == value and f.name in s.given

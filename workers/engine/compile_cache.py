@@ -7,7 +7,9 @@ so a restarted worker deserialises instead of compiling. We keep everything (no 
 the tiny programs of a small model are exactly the ones a user waits for at the first request.
 
 The counters come from JAX's own monitoring events, so a test (or the worker's log) can say "this process compiled
-nothing": `misses` counts programs XLA really compiled, `hits` those read back from disk.
+nothing": `misses` counts programs XLA really compiled, `hits` those read back from disk, and `requests` every program
+the process had to build at all (compiled or read back; counted whether or not the cache is on): after a warm-up, a
+steady workload adds none.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ log = logging.getLogger(__name__)
 
 _HIT = "/jax/compilation_cache/cache_hits"
 _MISS = "/jax/compilation_cache/cache_misses"
+# Timed around every backend compile JAX asks for (a persistent-cache hit included), whatever the cache setting.
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 @dataclass(frozen=True)
 class CacheCounts:
     hits: int
     misses: int
+    requests: int = 0  # programs built by this process: compiled, or read back from the persistent cache
 
 
 class _Counter:
@@ -39,6 +44,7 @@ class _Counter:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.requests = 0
         self.directory: Path | None = None
 
     def on_event(self, event: str, **_: object) -> None:
@@ -49,9 +55,15 @@ class _Counter:
             with self._lock:
                 self.misses += 1
 
+    def on_duration(self, event: str, duration_secs: float, **_: str | int) -> None:
+        if event == _BACKEND_COMPILE:
+            with self._lock:
+                self.requests += 1
+
 
 _counter = _Counter()
 monitoring.register_event_listener(_counter.on_event)
+monitoring.register_event_duration_secs_listener(_counter.on_duration)
 
 
 def enable(directory: Path) -> None:
@@ -69,6 +81,7 @@ def enable(directory: Path) -> None:
 
 
 def counts() -> CacheCounts:
-    """Persistent-cache hits and misses of this process so far (both 0 while the cache is off)."""
+    """Persistent-cache hits and misses of this process so far (both 0 while the cache is off), and the programs it
+    built either way."""
     with _counter._lock:
-        return CacheCounts(hits=_counter.hits, misses=_counter.misses)
+        return CacheCounts(hits=_counter.hits, misses=_counter.misses, requests=_counter.requests)

@@ -39,6 +39,8 @@ from .types import (
     SampleResult,
     SamplerWarmUp,
     SlotState,
+    WarmUpPiece,
+    WarmUpPlan,
 )
 
 log = logging.getLogger(__name__)
@@ -232,6 +234,11 @@ class Engine:
     def sample_slots(self, value: int) -> None:
         self._sampler.max_slots = self._placement.round_rows(int(value))
 
+    @property
+    def slot_buckets(self) -> list[int]:
+        """The sampler's decode-slot buckets (rows decoded together), smallest first."""
+        return self._sampler.buckets()
+
     def warm_up_sampler(
         self,
         *,
@@ -248,6 +255,21 @@ class Engine:
             self._sampler, self._sampler_snapshots, self._base, cache_lens=cache_lens, prompt_lens=prompt_lens,
             num_adapters=num_adapters, prompt_logprobs=prompt_logprobs,
         )  # fmt: skip
+
+    def prefer_buckets(self, plan: WarmUpPlan) -> None:
+        """Round training sequences, sampling prompts and cache lengths up to the buckets `plan` warms, where one
+        fits, so a workload within them compiles nothing (from now on, whether or not the warm-up ran yet)."""
+        pieces = plan.pieces()
+        self._steps.warmed_seqs = frozenset(p.seq for p in pieces if p.kind == "train")
+        self._sampler.warmed_prompts = frozenset(p.prompt_len for p in pieces if p.kind == "sampler")
+        self._sampler.warmed_caches = frozenset(p.cache_len for p in pieces if p.kind == "sampler")
+
+    def warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> int:
+        """Compile ahead of traffic what `pieces` name (see warm_up.py; `WarmUpPlan.pieces()` lists them), leaving
+        no state behind; returns the number of programs built (compiled, or read back from the persistent cache)."""
+        from . import warm_up
+
+        return warm_up.run(self, tuple(pieces))
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
         return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests, info=self.info)

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from functools import partial
 from typing import Any
 
 import jax
 
 log = logging.getLogger(__name__)
+
+
+def warmed_bucket(bucket: int, warmed: Collection[int], limit: int | None = None) -> int:
+    """The smallest warmed bucket >= `bucket` (and <= `limit`), else `bucket` itself: padding a little more is
+    cheaper than compiling in the middle of a workload (warm_up.py records what it warmed)."""
+    return min((w for w in warmed if bucket <= w and (limit is None or w <= limit)), default=bucket)
 
 
 def _shape_key(args: tuple) -> Hashable:
@@ -31,7 +37,9 @@ class AotCache:
         self._compiled: dict[Hashable, Callable] = {}
         self.compile_seconds: dict[str, float] = {}
 
-    def __call__(self, label: str, *args: Any, **static: Any) -> Any:
+    def prepare(self, label: str, *args: Any, **static: Any) -> Callable:
+        """The executable for these arguments' shapes, compiled now if it was not yet; nothing runs (a warm-up can
+        pass the live state: it is only read for its shapes and shardings, never donated)."""
         key = (_shape_key(args), tuple(sorted(static.items())))
         compiled = self._compiled.get(key)
         if compiled is None:
@@ -43,4 +51,7 @@ class AotCache:
             self.compile_seconds[desc] = seconds
             self._compiled[key] = compiled
             log.info("compiled %s for %s in %.2fs", self.name, desc, seconds)
-        return compiled(*args)
+        return compiled
+
+    def __call__(self, label: str, *args: Any, **static: Any) -> Any:
+        return self.prepare(label, *args, **static)(*args)

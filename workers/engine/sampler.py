@@ -39,7 +39,7 @@ from .config import ModelConfig, round_up_pow2, round_up_seq_len
 
 # The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
 from .decode import MAX_TOPK_PROMPT_LOGPROBS, RowParams, Slots, admit, decode, empty_slots
-from .jit_cache import AotCache
+from .jit_cache import AotCache, warmed_bucket
 from .sharding import Placement
 
 __all__ = [
@@ -120,6 +120,10 @@ class SlotSampler:
         self._empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
         self._idle: dict[tuple[int, int, int], tuple[Slots, np.ndarray]] = {}  # (B, L, M) -> slots, pending release
         self._families: set[tuple] = set()
+        # Prompt and cache-length buckets the warm-up compiles (Engine.prefer_buckets): rows round up to them where
+        # they fit. Fixed at start, whatever the warm-up got to, so a row's shapes never depend on timing.
+        self.warmed_prompts: frozenset[int] = frozenset()
+        self.warmed_caches: frozenset[int] = frozenset()
 
     def caches(self) -> list[AotCache]:
         return [self._admit, self._decode, self._empty]
@@ -205,22 +209,34 @@ class SlotSampler:
         t0 = time.perf_counter()
         before = self.compile_count()
         for b in self.buckets():
-            slots, release = self._take(b, length, m)
-            slots, _ = self._admit_call(lora, base, slots, [], [], [], admission_rows(b, self.placement), plen, plp)
-            slots = self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0)
-            self._keep(slots, release, length, m)
+            self.warm_bucket(lora, base, b, length, m, plen, plp)
         if self.compile_count() > before:
             log.info("sampler: compiled %d programs for cache=%d stops=%d prompt=%d prompt_logprobs=%s adapters=%d "
                      "in %.1fs", self.compile_count() - before, length, m, plen, plp, family[4],
                      time.perf_counter() - t0)  # fmt: skip
 
+    def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
+        """One slot bucket of a family: its empty slots, admission and decode chunk, run on no rows."""
+        slots, release = self._take(b, length, m)
+        slots, _ = self._admit_call(lora, base, slots, [], [], [], admission_rows(b, self.placement), plen, plp)
+        slots = self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0)
+        self._keep(slots, release, length, m)
+
     def warm_up(self, lora, base, *, cache_lens, prompt_lens, stop_width: int = MIN_STOP_IDS,
-                prompt_logprobs: tuple[bool, ...] = (False,)) -> None:  # fmt: skip
+                prompt_logprobs: tuple[bool, ...] = (False,),
+                buckets: tuple[int, ...] | None = None) -> None:  # fmt: skip
+        """Compile the families of these shapes; only the slot `buckets` named (None: all, and the family counts
+        as done)."""
         for length in cache_lens:
             for plen in prompt_lens:
                 for plp in prompt_logprobs:
-                    if plen <= length:
+                    if plen > length:
+                        continue
+                    if buckets is None:
                         self._ensure_family(lora, base, length, stop_width, plen, plp)
+                    else:
+                        for b in buckets:
+                            self.warm_bucket(lora, base, b, length, stop_width, plen, plp)
 
     # -------------------------------------------------------------- the loop
 
@@ -228,7 +244,7 @@ class SlotSampler:
         n = len(rows)
         buckets = self.buckets()
         b = next((x for x in buckets if x >= n), buckets[-1])
-        length, m = self.cache_len(rows), self.stop_width(rows)
+        length, m = warmed_bucket(self.cache_len(rows), self.warmed_caches), self.stop_width(rows)
         small = admission_rows(b, self.placement)
         slots, release = self._take(b, length, m)
         queue = deque(range(n))
@@ -241,7 +257,8 @@ class SlotSampler:
             while queue and free:
                 chosen = [queue.popleft() for _ in range(min(len(queue), len(free), small))]
                 index = [free.popleft() for _ in chosen]
-                plen = round_up_seq_len(max(len(rows[i].prompt) for i in chosen))
+                plen = warmed_bucket(round_up_seq_len(max(len(rows[i].prompt) for i in chosen)),
+                                     self.warmed_prompts, limit=length)  # fmt: skip
                 plp = any(rows[i].prompt_logprobs for i in chosen)
                 if self.eager_buckets:
                     self._keep(slots, release, length, m)

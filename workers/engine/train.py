@@ -7,6 +7,7 @@ budget; gradients are sums, so accumulating micro-batches equals the full batch.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from .config import round_up_pow2, round_up_seq_len
-from .jit_cache import AotCache
+from .jit_cache import AotCache, warmed_bucket
 from .lora import LoraRouting
 from .losses import LossInputs, token_losses
 from .sharding import Placement
@@ -99,13 +100,16 @@ def pack(rows: list[Row], batch: int, seq: int, k: int) -> TrainBatch:
     )
 
 
-def plan_micro_batches(rows: list[Row], token_budget: int) -> list[tuple[list[int], int, int]]:
-    """Group row indices (longest first) into (indices, batch bucket, seq bucket) under `token_budget` tokens each."""
+def plan_micro_batches(
+    rows: list[Row], token_budget: int, warmed_seqs: Collection[int] = ()
+) -> list[tuple[list[int], int, int]]:
+    """Group row indices (longest first) into (indices, batch bucket, seq bucket) under `token_budget` tokens each.
+    A sequence bucket is the smallest of `warmed_seqs` that fits, when one does (no compile mid-workload)."""
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens))
     plans = []
     start = 0
     while start < len(order):
-        seq = round_up_seq_len(len(rows[order[start]].tokens))
+        seq = warmed_bucket(round_up_seq_len(len(rows[order[start]].tokens)), warmed_seqs)
         cap = max(1, token_budget // seq)
         cap = 1 << (cap.bit_length() - 1)  # largest power of two within budget, so full chunks are exact buckets
         chunk = order[start : start + cap]
@@ -135,6 +139,9 @@ class StepFunctions:
 
     def __init__(self, graphdef: nnx.GraphDef, placement: Placement):
         self.placement = placement
+        # Sequence buckets the warm-up compiles (Engine.prefer_buckets); batches round up to them. Fixed at start,
+        # whatever the warm-up got to, so a batch's shapes (and so its float rounding) never depend on timing.
+        self.warmed_seqs: frozenset[int] = frozenset()
 
         def grad_step(lora, base, acc, batch):
             grad_fn = jax.value_and_grad(lambda lo: _forward(graphdef, lo, base, batch), has_aux=True)
@@ -167,7 +174,7 @@ def run_rows(
     """Run every row through forward (+backward where row.train), accumulating into `acc`; outputs in row order."""
     outputs: list[RowOutput | None] = [None] * len(rows)
     k = max(r.targets.shape[1] for r in rows)
-    for idx, batch_rows, seq in plan_micro_batches(rows, token_budget):
+    for idx, batch_rows, seq in plan_micro_batches(rows, token_budget, steps.warmed_seqs):
         batch = pack([rows[i] for i in idx], steps.placement.round_rows(batch_rows), seq, k)
         batch = steps.placement.put_batch(batch)
         if any(rows[i].train for i in idx):

@@ -14,6 +14,8 @@ import numpy as np
 
 from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; raised by this name)
 
+from .config import round_up_pow2, round_up_seq_len
+
 
 @dataclass(frozen=True)
 class LoraConfig:
@@ -131,3 +133,52 @@ class SamplerWarmUp:
     prompt_lens: tuple[int, ...] = (16,)  # prompt buckets (16, 24, 32, 48, 64, ...)
     num_adapters: tuple[int, ...] = (1,)  # distinct snapshots in a batch (stack sizes are powers of two)
     prompt_logprobs: tuple[bool, ...] = (False,)
+
+
+@dataclass(frozen=True)
+class TrainWarmUp:
+    """forward_backward / forward buckets compiled ahead of traffic: every (rows, sequence) pair. Rows are datums per
+    micro-batch, rounded up to a power of two; sequence lengths to the buckets 16, 24, 32, 48, 64, 96, 128, ...
+    The defaults cover a first call of up to 8 datums of up to 128 tokens (the cookbook's small recipes, the
+    tests and benchmarks here)."""
+
+    rows: tuple[int, ...] = (1, 2, 4, 8)
+    seq_lens: tuple[int, ...] = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class WarmUpPlan:
+    train: TrainWarmUp = field(default_factory=TrainWarmUp)
+    sampler: SamplerWarmUp = field(default_factory=SamplerWarmUp)
+
+    def pieces(self) -> tuple[WarmUpPiece, ...]:
+        """The lifecycle first (what a first user needs), then the train buckets, then the sampler families."""
+        rows = sorted({round_up_pow2(r) for r in self.train.rows})
+        lens = sorted({round_up_seq_len(n) for n in self.train.seq_lens})
+        s = self.sampler
+        out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0], cache_len=s.cache_lens[0],
+                           prompt_len=s.prompt_lens[0])]  # fmt: skip
+        out += [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
+        out += [
+            WarmUpPiece(
+                "sampler", cache_len=c, prompt_len=round_up_seq_len(p), adapters=round_up_pow2(a), prompt_logprobs=plp
+            )
+            for a in s.num_adapters
+            for c in s.cache_lens
+            for p in s.prompt_lens
+            for plp in s.prompt_logprobs
+            if round_up_seq_len(p) <= c
+        ]
+        return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class WarmUpPiece:
+    kind: Literal["lifecycle", "train", "sampler"]
+    rows: int = 0
+    seq: int = 0
+    cache_len: int = 0
+    prompt_len: int = 0
+    adapters: int = 1
+    prompt_logprobs: bool = False
+    slots: int = 0  # a sampler piece: one slot bucket of the family (0: every bucket)

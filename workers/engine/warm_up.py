@@ -1,0 +1,184 @@
+"""Compile ahead of traffic: every program a first request of each kind runs, before the JAX worker takes work.
+
+A warm-up is a list of pieces, each small enough to run between two activities on the engine thread:
+
+- `lifecycle`: one adapter's whole life on a scratch slot (the last one), at the smallest warmed shapes: create,
+  forward_backward with each loss the cookbook uses (cross_entropy, importance_sampling, ppo: one program serves
+  every loss, the loss is a per-row index), forward, optim_step, sampler snapshot, a sample through it and one of the
+  base model, export and import of the slot's state (checkpoints and the restore after a worker died), a snapshot
+  loaded from weights (sampling a saved checkpoint), then the slot freed. It runs the real programs, so the small
+  helpers around them (slot writes, zeroing, the snapshot stack) are built too, with the shardings traffic uses.
+  Nothing of it stays: the slot ends zeroed and unallocated, the snapshots dropped.
+- `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run.
+- `sampler`: one sampler shape family (cache length, prompt bucket, snapshots per batch, prompt logprobs) for
+  every slot bucket (or one, `slots`: the background warm-up takes them one at a time), run on empty slots.
+
+The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
+default) the lifecycle before it registers and the rest after, one piece at a time whenever the engine has been idle
+for a moment (`Serialized`), or everything after registering when the persistent compilation cache already holds
+programs (a restart, a second `up`: reading back what a request needs, when it needs it, beats reading back all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import compile_cache
+from .sampler import MIN_STOP_IDS
+from .train import pack
+from .types import (
+    AdamConfig,
+    Datum,
+    ForwardBackwardInput,
+    InputError,
+    LoraConfig,
+    SampleInput,
+    WarmUpPiece,
+)
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+SCRATCH_SNAPSHOT = "__warm-up__"
+
+
+def run(engine: Engine, pieces: tuple[WarmUpPiece, ...]) -> int:
+    """Run `pieces` on `engine`; the number of programs this built (compiled, or read back from the persistent
+    compilation cache)."""
+    t0 = time.perf_counter()
+    before = compile_cache.counts().requests
+    for piece in pieces:
+        if piece.kind == "lifecycle":
+            _lifecycle(engine, piece)
+        elif piece.kind == "train":
+            _train(engine, piece.rows, piece.seq)
+        else:
+            _sampler(engine, piece)
+    built = compile_cache.counts().requests - before
+    log.info("warm-up: %d pieces, %d programs built in %.1fs", len(pieces), built, time.perf_counter() - t0)
+    return built
+
+
+def _train(engine: Engine, rows: int, seq: int) -> None:
+    """Compile (not run) the train and forward steps of the (rows, seq) bucket, single-target datums."""
+    steps, slots = engine._steps, engine._adapters
+    batch = steps.placement.put_batch(pack([], steps.placement.round_rows(rows), seq, 1))
+    label = f"batch={rows} seq={seq} (warm-up)"
+    steps.grad_step.prepare(label, slots.lora, engine._base, slots.grads, batch)
+    steps.forward_step.prepare(label, slots.lora, engine._base, batch)
+
+
+def _sampler(engine: Engine, piece: WarmUpPiece) -> None:
+    sampler = engine._sampler
+    lora = engine._sampler_snapshots.zero_stack(piece.adapters)
+    sampler.warm_up(lora, engine._base, cache_lens=(piece.cache_len,), prompt_lens=(piece.prompt_len,),
+                    stop_width=MIN_STOP_IDS, prompt_logprobs=(piece.prompt_logprobs,),
+                    buckets=(piece.slots,) if piece.slots else None)  # fmt: skip
+
+
+def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) -> tuple[WarmUpPiece, ...]:
+    """Each whole-family sampler piece as one piece per slot bucket: a third of the time under the lock each, for a
+    background warm-up that shares the engine with requests."""
+    out: list[WarmUpPiece] = []
+    for p in pieces:
+        if p.kind == "sampler" and not p.slots:
+            out += [dataclasses.replace(p, slots=b) for b in buckets]
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
+    slot = engine.max_lora_adapters - 1
+    if slot in engine._slots:  # never touch a live adapter (the worker warms up before it takes work)
+        log.warning("warm-up: slot %d is in use, adapter lifecycle not warmed", slot)
+        return
+    n = piece.seq - 1  # a datum of seq - 1 tokens: the `seq` bucket whatever the buckets' rounding
+    tokens = np.arange(n, dtype=np.int32) % engine.info.vocab_size
+    zeros, ones = np.zeros(n, np.float32), np.ones(n, np.float32)
+    per_loss = {
+        "cross_entropy": {"target_tokens": tokens, "weights": ones},
+        "importance_sampling": {"target_tokens": tokens, "logprobs": zeros, "advantages": ones},
+        "ppo": {"target_tokens": tokens, "logprobs": zeros, "advantages": ones},
+    }
+    engine.create_adapter(slot, LoraConfig(rank=1, seed=0))
+    try:
+        for loss, inputs in per_loss.items():
+            data = [Datum(tokens=tokens, inputs=inputs)] * piece.rows
+            _expect_ok(engine.forward_backward([ForwardBackwardInput(slot=slot, data=data, loss_fn=loss)]))
+        data = [Datum(tokens=tokens, inputs=per_loss["cross_entropy"])] * piece.rows
+        _expect_ok(engine.forward_backward([ForwardBackwardInput(slot=slot, data=data, loss_fn="cross_entropy",
+                                                                 forward_only=True)]))  # fmt: skip
+        engine.optim_step(slot, AdamConfig(learning_rate=0.0))
+        state = engine.export_slot(slot)
+        engine.import_slot(slot, state, optimizer=True)
+        engine.snapshot(slot, SCRATCH_SNAPSHOT)
+        engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
+        prompt = np.arange(piece.prompt_len, dtype=np.int32) % engine.info.vocab_size
+        max_tokens = max(1, min(4, piece.cache_len - piece.prompt_len))
+        for snapshot in (SCRATCH_SNAPSHOT, None):
+            _expect_ok(engine.sample([SampleInput(prompt=prompt, max_tokens=max_tokens, seed=0, snapshot=snapshot)]))
+    finally:
+        engine.drop_snapshot(SCRATCH_SNAPSHOT)
+        engine.drop_snapshot(SCRATCH_SNAPSHOT + "loaded")
+        engine.free_adapter(slot)
+
+
+def _expect_ok(results: list) -> None:
+    for r in results:
+        if isinstance(r, InputError):
+            raise RuntimeError(f"warm-up request refused: {r}")
+
+
+class Serialized:
+    """The engine with every public method call under one lock, so a background warm-up and the activities take
+    turns: an engine call waits at most for the one warm-up piece in progress, and waits inside its activity, which
+    heartbeats meanwhile. It also tells how long the engine has been idle (`idle_seconds`: the background warm-up
+    starts a piece only after a pause in the traffic, so a burst of requests, such as a recovery's restore and
+    replay, is not slowed by it). Attribute reads and writes pass through."""
+
+    def __init__(self, engine: Any) -> None:
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "lock", threading.Lock())
+        object.__setattr__(self, "_busy", 0)
+        object.__setattr__(self, "_last_end", time.monotonic())
+        object.__setattr__(self, "calls", 0)  # engine calls served (warm-ups not counted)
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last engine call other than a warm-up ended; 0 while one runs or waits."""
+        return 0.0 if self._busy else time.monotonic() - self._last_end
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._engine, name)
+        if name.startswith("_") or not inspect.ismethod(value):
+            return value
+        traffic = name != "warm_up"
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if traffic:
+                object.__setattr__(self, "_busy", self._busy + 1)  # under the GIL; read only as a hint
+            try:
+                with self.lock:
+                    return value(*args, **kwargs)
+            finally:
+                if traffic:
+                    object.__setattr__(self, "_last_end", time.monotonic())
+                    object.__setattr__(self, "_busy", self._busy - 1)
+                    object.__setattr__(self, "calls", self.calls + 1)
+
+        return call
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        with self.lock:
+            setattr(self._engine, name, value)
