@@ -158,3 +158,19 @@ def test_scanned_and_looped_sampling_agree(engines):
         assert a.prompt_logprobs is not None and b.prompt_logprobs is not None
         np.testing.assert_allclose(np.asarray(a.prompt_logprobs[1:]), np.asarray(b.prompt_logprobs[1:]),
                                    rtol=RTOL, atol=1e-5)  # fmt: skip
+
+
+def test_a_checkpoint_missing_one_layers_tensor_is_refused_naming_it(qwen3_dir, tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from tinkerflow.workers.engine.loader import load_model
+
+    directory = tmp_path / "partial"
+    shutil.copytree(qwen3_dir, directory)
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.q_proj.weight"]
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"lacks layers\.self_attn\.q_proj\.kernel of layers \[1\]"):
+        load_model(str(directory), max_adapters=1, max_rank=1, progress=False)
