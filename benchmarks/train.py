@@ -2,6 +2,7 @@
 step doing the same math. Prints one JSON line per figure.
 
     python -m benchmarks.train [--shape tiny|qwen3-0.6b|qwen3-8b|qwen3-30b-a3b-1l] [--steps N] [--with-sdk]
+                               [--layers scan|loop]
 
 Shapes: `tiny` is the embedded tiny Qwen3 (make_tiny_model); `qwen3-0.6b` and `qwen3-8b` are random-weight
 checkpoints with Qwen3-0.6B's / Qwen3-8B's exact shapes, written in the Hugging Face layout to a temporary directory
@@ -20,6 +21,10 @@ bf16 peak.
 With --with-sdk each shape is also measured through the Tinker SDK against `tinkerflow up` serving that checkpoint
 (HTTP -> Temporal -> JAX worker), after the in-process engine is released; `sdk_vs_engine` then sets the SDK's
 forward_backward tokens/s and optim_step ms beside the engine-alone ones (ratio and per-step overhead).
+
+--layers loop runs the engine (and the bare step, which uses the engine's model) with the per-layer loop instead
+of the default stacked, scanned layers (model.DecoderStack), to set the two side by side; every figure carries
+`layers`.
 """
 
 from __future__ import annotations
@@ -75,18 +80,21 @@ def batch(vocab: int, rows: int = ROWS, seq: int = SEQ, seed: int = 0) -> list[n
     return [rng.integers(1, vocab, seq + 1).astype(np.int32) for _ in range(rows)]
 
 
-def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int, mfu_params: int | None) -> dict:
+def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int, mfu_params: int | None,
+                   layers: str = "scan") -> dict:  # fmt: skip
     from tinkerflow.workers.engine.engine import Engine
     from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
 
     t0 = time.perf_counter()
-    engine = Engine.load(str(model_dir), max_lora_adapters=4, max_lora_rank=RANK, progress=False)
+    engine = Engine.load(str(model_dir), max_lora_adapters=4, max_lora_rank=RANK, progress=False,
+                         scan_layers=layers == "scan")  # fmt: skip
     load_s = time.perf_counter() - t0
     engine.create_adapter(0, LoraConfig(rank=RANK, seed=0))
     data = [Datum(tokens=s[:-1], inputs={"target_tokens": s[1:]}) for s in seqs]
     request = ForwardBackwardInput(slot=0, data=data, loss_fn="cross_entropy")
     tokens = sum(len(d.tokens) for d in data)
-    common = dict(shape=label, rows=len(seqs), seq=len(data[0].tokens), lora_rank=RANK, dtype=str(engine.dtype))
+    common = dict(shape=label, rows=len(seqs), seq=len(data[0].tokens), lora_rank=RANK, dtype=str(engine.dtype),
+                  layers=layers)  # fmt: skip
 
     def fb():
         [res] = engine.forward_backward([request])  # noqa: F821 - fb is not called after `del engine` below
@@ -235,6 +243,12 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, help="timed steps after one warm-up (default 20 tiny, 3 larger)")
     parser.add_argument("--with-sdk", action="store_true", help="also measure through the SDK against tinkerflow up")
+    parser.add_argument(
+        "--layers",
+        choices=["scan", "loop"],
+        default="scan",
+        help="decoder layers stacked and scanned (default) or a per-layer loop, for comparison",
+    )
     parser.add_argument("--workdir", help="where to write checkpoints (default: a temporary directory)")
     args = parser.parse_args()
 
@@ -259,7 +273,7 @@ def main() -> None:
                 params, vocab = matmul_params(SHAPES[label]), SHAPES[label]["vocab_size"]
                 steps = args.steps or 3
             seqs = batch(vocab)
-            engine = engine_figures(model_dir, label, seqs, steps, params if accelerator else None)
+            engine = engine_figures(model_dir, label, seqs, steps, params if accelerator else None, args.layers)
             if args.with_sdk:
                 sdk_figures(model_dir, label, seqs, steps, engine)
             if label != "tiny":

@@ -108,7 +108,7 @@ def test_steps_touch_only_their_slot_and_rank(engine, rng):
     # Beyond rank 2 everything stays exactly zero (check in the untrimmed state).
     full = {k: np.asarray(v[0]) for k, v in _flat(engine._lora).items()}
     for k, v in full.items():
-        tail = v[:, 2:] if k.endswith("lora_a") else v[2:]
+        tail = v[..., 2:] if k.endswith("lora_a") else v[..., 2:, :]  # the rank axis (stacked layers: [L, ...])
         assert np.all(tail == 0), k
     assert engine.optim_step(0, ADAM)["step"] == 4
 

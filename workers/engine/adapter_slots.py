@@ -4,7 +4,10 @@ Every LoRA-shaped tree here carries the adapter axis first (slot i is `tree[i]`)
 is written and zeroed by one jitted update of the whole tree (one compile, in place, shardings kept), so a slot's
 bookkeeping never touches another slot's values. This module holds which slots are allocated and with what
 `LoraConfig`, and the named, rank-trimmed view of a slot (`layers.0.mlp.up_proj.lora_a` -> [in, rank]) that export,
-import and checkpoints use. Training (`trainer.py`) and snapshots (`snapshots.py`) read and write these trees.
+import and checkpoints use. With stacked layers (model.DecoderStack) a slot's leaf `layers.mlp.up_proj.lora_a` is
+[L, in, R]; its layer i is named `layers.{i}.mlp.up_proj.lora_a` as in the per-layer layout, so names (and every file
+format built on them) do not depend on the layout. Training (`trainer.py`) and snapshots (`snapshots.py`) read and
+write these trees.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .lora import LORA_ALPHA, init_a, is_a_leaf, module_kind
+from .lora import LORA_ALPHA, init_a, is_a_leaf, is_stacked_layer, module_kind
 from .optimizer import OptState
 from .sharding import Placement
 from .types import InputError, LoraConfig, SlotState
@@ -26,6 +29,16 @@ def leaf_name(path: tuple) -> str:
     """A tree path as the dotted module name of its leaf (e.g. "layers.0.mlp.up_proj.lora_a")."""
     keys = [getattr(k, "key", getattr(k, "name", k)) for k in path]
     return ".".join(str(k) for k in keys if k != "value")
+
+
+def leaf_parts(path: tuple, slot_shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """The module names within one slot's leaf (shape without the adapter axis) and the index of each: the leaf
+    itself, or each layer of a stacked leaf."""
+    name = leaf_name(path)
+    if not is_stacked_layer(path):
+        return [(name, ())]
+    rest = name.split("layers.", 1)[1]
+    return [(f"layers.{i}.{rest}", (i,)) for i in range(slot_shape[0])]
 
 
 def trained_groups(config: LoraConfig) -> dict[str, bool]:
@@ -96,12 +109,16 @@ class AdapterSlots:
 
         def init(path, leaf):
             # A random (PEFT's kaiming-uniform) in trained groups, B zero: the fresh adapter equals the base model.
-            if is_a_leaf(path) and trained[module_kind(path)]:
-                *experts, in_features, max_rank = leaf.shape[1:]  # MoE expert A: [E, in, R], one draw per expert
+            out = np.zeros(leaf.shape[1:], np.float32)
+            if not (is_a_leaf(path) and trained[module_kind(path)]):
+                return out
+            for _, index in leaf_parts(path, out.shape):  # each layer of a stacked leaf
+                *experts, in_features, max_rank = out[index].shape  # MoE expert A: [E, in, R], one draw per expert
                 if experts:
-                    return np.stack([init_a(rng, in_features, config.rank, max_rank) for _ in range(experts[0])])
-                return init_a(rng, in_features, config.rank, max_rank)
-            return np.zeros(leaf.shape[1:], np.float32)
+                    out[index] = np.stack([init_a(rng, in_features, config.rank, max_rank) for _ in range(experts[0])])
+                else:
+                    out[index] = init_a(rng, in_features, config.rank, max_rank)
+            return out
 
         values = jax.tree_util.tree_map_with_path(init, self.lora)
         self.lora = self.write_slot(self.lora, np.int32(slot), values)
@@ -127,8 +144,9 @@ class AdapterSlots:
         out = {}
         host = self.placement.to_host(self.take_slot(tree, np.int32(slot)))  # one gather, also across hosts
         for path, leaf in jax.tree_util.tree_flatten_with_path(host)[0]:
-            arr = np.asarray(leaf)
-            out[leaf_name(path)] = arr[..., :rank] if is_a_leaf(path) else arr[..., :rank, :]
+            for name, index in leaf_parts(path, np.shape(leaf)):
+                arr = np.asarray(leaf)[index]
+                out[name] = arr[..., :rank] if is_a_leaf(path) else arr[..., :rank, :]
         return out
 
     def set_weights(self, slot: int, weights: dict[str, np.ndarray]) -> None:
@@ -144,20 +162,23 @@ class AdapterSlots:
                 raise InputError(f"{name}: shape {np.shape(value)} != {current[name].shape} (rank {rank})")
 
         current_full = {
-            leaf_name(p): np.asarray(x)
+            leaf_name(p): np.array(x)
             for p, x in jax.tree_util.tree_flatten_with_path(
                 self.placement.to_host(self.take_slot(self.lora, np.int32(slot))))[0]
         }  # fmt: skip
 
         def put(path, leaf):
-            value = weights.get(leaf_name(path))
-            if value is None:
-                return current_full[leaf_name(path)]
-            full = np.zeros(leaf.shape[1:], np.float32)
-            if is_a_leaf(path):
-                full[..., :rank] = value
-            else:
-                full[..., :rank, :] = value
+            full = current_full[leaf_name(path)]
+            for name, index in leaf_parts(path, full.shape):
+                value = weights.get(name)
+                if value is None:
+                    continue
+                part = np.zeros(full[index].shape, np.float32)
+                if is_a_leaf(path):
+                    part[..., :rank] = value
+                else:
+                    part[..., :rank, :] = value
+                full[index] = part
             return full
 
         self.lora = self.write_slot(self.lora, np.int32(slot), jax.tree_util.tree_map_with_path(put, self.lora))
@@ -202,26 +223,28 @@ class AdapterSlots:
         trained = trained_groups(config)
         rank = config.rank
         paths = jax.tree_util.tree_flatten_with_path(self.lora)[0]
-        unknown = sorted(set(named) - {leaf_name(p) for p, _ in paths})
+        known = {name for p, leaf in paths for name, _ in leaf_parts(p, leaf.shape[1:])}
+        unknown = sorted(set(named) - known)
         if unknown:
             raise InputError(f"unknown LoRA {what} {unknown[:3]}")
 
         def full(path, leaf):
-            name, out = leaf_name(path), np.zeros(leaf.shape[1:], np.float32)
-            if named.get(name) is None:
-                return out
-            value = np.asarray(named[name])
-            expected = (*leaf.shape[1:-1], rank) if is_a_leaf(path) else (*leaf.shape[1:-2], rank, leaf.shape[-1])
-            if value.shape != expected:
-                raise InputError(f"{what} {name}: shape {value.shape} != {expected} for rank {rank}")
-            if not np.all(np.isfinite(value)):
-                raise InputError(f"{what} {name}: non-finite values")
-            if not trained[module_kind(path)] and np.any(value):
-                raise InputError(f"{what} {name}: non-zero, but its {module_kind(path)} group is not trained")
-            if is_a_leaf(path):
-                out[..., :rank] = value
-            else:
-                out[..., :rank, :] = value
+            out = np.zeros(leaf.shape[1:], np.float32)
+            for name, index in leaf_parts(path, out.shape):
+                if named.get(name) is None:
+                    continue
+                value, part = np.asarray(named[name]), out[index]  # part: a view into out
+                expected = (*part.shape[:-1], rank) if is_a_leaf(path) else (*part.shape[:-2], rank, part.shape[-1])
+                if value.shape != expected:
+                    raise InputError(f"{what} {name}: shape {value.shape} != {expected} for rank {rank}")
+                if not np.all(np.isfinite(value)):
+                    raise InputError(f"{what} {name}: non-finite values")
+                if not trained[module_kind(path)] and np.any(value):
+                    raise InputError(f"{what} {name}: non-zero, but its {module_kind(path)} group is not trained")
+                if is_a_leaf(path):
+                    part[..., :rank] = value
+                else:
+                    part[..., :rank, :] = value
             return out
 
         return jax.tree_util.tree_map_with_path(full, self.lora)

@@ -58,7 +58,7 @@ class RowParams:
 class Slots:
     """The decode slots: KV cache, per-slot parameters and routing, and generation state. Free slots are done."""
 
-    cache: list[LayerCache]  # [B, L, kv_heads, head_dim] per layer
+    cache: LayerCache  # [layers, B, L, kv_heads, head_dim]
     params: RowParams
     adapter: jax.Array  # int32 [B]: index into the LoRA stack, -1 = base model
     scale: jax.Array  # float32 [B]
@@ -139,7 +139,7 @@ def _constrain(slots: Slots, placement: Placement) -> Slots:
     """Pin the slots to their layout (cache rows on fsdp and kv heads on tp, the rest rows on fsdp), so every
     compiled function takes and returns the same shardings."""
     cache_sharding = placement.cache_sharding()
-    cache = [LayerCache(*(jax.lax.with_sharding_constraint(x, cache_sharding) for x in c)) for c in slots.cache]
+    cache = LayerCache(*(jax.lax.with_sharding_constraint(x, cache_sharding) for x in slots.cache))
     rest = placement.constrain_batch({k: v for k, v in vars(slots).items() if k != "cache"})
     return Slots(cache=cache, **rest)
 
@@ -200,13 +200,11 @@ def admit(
         return dst.at[index].set(src.astype(dst.dtype), mode="drop")
 
     cols = jnp.arange(plen)[None, :]
-    cache = [
-        LayerCache(
-            old.k.at[index[:, None], cols].set(new.k.astype(old.k.dtype), mode="drop"),
-            old.v.at[index[:, None], cols].set(new.v.astype(old.v.dtype), mode="drop"),
-        )
-        for old, new in zip(slots.cache, local)
-    ]
+    old = slots.cache
+    cache = LayerCache(
+        old.k.at[:, index[:, None], cols].set(local.k.astype(old.k.dtype), mode="drop"),
+        old.v.at[:, index[:, None], cols].set(local.v.astype(old.v.dtype), mode="drop"),
+    )
     out = Slots(
         cache=cache,
         params=jax.tree.map(put, slots.params, params),

@@ -124,11 +124,14 @@ class Engine:
         gradient_checkpointing: bool = False,
         dtype: Any = None,
         snapshot_budget_bytes: int = 0,
+        scan_layers: bool = True,
     ) -> Engine:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
-        decoder layer in the backward pass instead of keeping its activations."""
+        decoder layer in the backward pass instead of keeping its activations. `scan_layers` (dense models): the
+        layers stacked and run as one scan, so compile time does not grow with depth (model.py); off: a per-layer
+        loop, kept for comparison."""
         from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
@@ -136,7 +139,7 @@ class Engine:
         loaded = load_model(
             path, max_adapters=max_lora_adapters, max_rank=max_lora_rank, progress=progress,
             dtype=_weight_dtype(dtype), mesh=as_mesh(mesh),
-            remat=gradient_checkpointing,
+            remat=gradient_checkpointing, scan_layers=scan_layers,
         )  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(path)
         cfg = loaded.config

@@ -1,7 +1,10 @@
 """Load a Hugging Face checkpoint directory (config.json + safetensors, possibly sharded) into NNX state.
 
 The model is built abstractly (`nnx.eval_shape`), so no random weights are materialised, and each safetensors
-tensor is placed straight into its state slot. LoRA state starts all zero (every slot == base model).
+tensor is placed straight into its state slot. With stacked layers (model.DecoderStack, the default for dense
+models) a layer's tensor goes into its row of the stacked host array of that leaf ([L, ...]), which moves to its
+device sharding as soon as its last layer is read, so the stacked layout is built once, at load, never per step.
+LoRA state starts all zero (every slot == base model).
 """
 
 from __future__ import annotations
@@ -119,12 +122,14 @@ def load_model(
     dtype: Any = jnp.float32,
     mesh: Mesh | None = None,
     remat: bool = False,
+    scan_layers: bool = True,
 ) -> LoadedModel:
     """Read the checkpoint into base state (matrices in `dtype`, norms float32) and zero float32 LoRA state.
 
     With a `mesh`, the model's shape is checked against it first (ValueError naming the value that does not divide),
     every tensor goes straight to its sharding as it is read, and the hidden states between layers are pinned to
-    the fsdp batch layout; `LoadedModel.placement` then holds the shardings.
+    the fsdp batch layout; `LoadedModel.placement` then holds the shardings. `scan_layers`: stacked, scanned
+    layers (model.DecoderStack; dense models only) instead of a per-layer list.
     """
     path = Path(model_dir)
     hf_config = json.loads((path / "config.json").read_text())
@@ -135,12 +140,19 @@ def load_model(
     abstract = nnx.eval_shape(
         lambda: CausalLM(
             config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0), param_dtype=dtype, remat=remat,
-            act_sharding=act_sharding,
+            act_sharding=act_sharding, scan_layers=scan_layers,
         )
     )  # fmt: skip
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
     missing = {p for p, _ in _flat_paths(pure)}
+    stacks = _LayerStacks(pure, config.num_layers) if abstract.scan_layers else None
+
+    def place(state_path: tuple, tensor: Any) -> None:
+        if placement is not None:
+            tensor = jax.device_put(tensor, placement.sharding_of(state_path, tensor.shape))
+        _set(pure, state_path, tensor)
+        missing.discard(state_path)
 
     files = _shard_files(path)
     total = 0
@@ -160,8 +172,13 @@ def load_model(
                     skipped.append(name)
                     continue
                 state_path, transpose = target
+                layer = None
+                if stacks is not None and state_path[0] == "layers":
+                    layer, state_path = state_path[1], ("layers", *state_path[2:])
                 tensor = st.get_tensor(name)
                 expected = _get(pure, state_path)
+                if layer is not None:
+                    expected = jax.ShapeDtypeStruct(expected.shape[1:], expected.dtype)
                 if tuple(expected.shape[::-1] if transpose else expected.shape) != tuple(tensor.shape):
                     shape = tuple(tensor.shape[::-1]) if transpose else tuple(tensor.shape)
                     raise ValueError(f"{name}: checkpoint shape {shape} != model shape {expected.shape}")
@@ -169,20 +186,21 @@ def load_model(
                 tensor = tensor.astype(expected.dtype)
                 if transpose:
                     tensor = tensor.T
-                if placement is not None:
-                    tensor = jax.device_put(tensor, placement.sharding_of(state_path, tensor.shape))
-                _set(pure, state_path, tensor)
-                missing.discard(state_path)
+                if layer is None:
+                    place(state_path, tensor)
+                else:
+                    assert stacks is not None  # a layer index is split off only for stacked layers
+                    full = stacks.put(state_path, layer, tensor, name)
+                    if full is not None:  # the leaf's last layer: the stack goes to the device in one piece
+                        place(state_path, full)
     bar.close()
     for state_path, tensor in experts.finish():
         expected = _get(pure, state_path)
-        tensor = jnp.asarray(tensor, expected.dtype)
-        if placement is not None:
-            tensor = jax.device_put(tensor, placement.sharding_of(state_path, tensor.shape))
-        _set(pure, state_path, tensor)
-        missing.discard(state_path)
+        place(state_path, jnp.asarray(tensor, expected.dtype))
     if skipped:
         log.info("ignored %d checkpoint tensors (e.g. %s)", len(skipped), skipped[0])
+    if stacks is not None:
+        stacks.check_complete(path)
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(map(str, missing))[:3]}")
     nnx.replace_by_pure_dict(base, pure)
@@ -192,6 +210,36 @@ def load_model(
         shardings = placement.param_shardings(lora)
         lora = jax.tree.map(lambda s, sh: jnp.zeros(s.shape, s.dtype, device=sh), lora, shardings)
     return LoadedModel(config=config, hf_config=hf_config, graphdef=graphdef, lora=lora, base=base, placement=placement)
+
+
+class _LayerStacks:
+    """Host arrays [L, ...] of the stacked layers' base leaves, filled one layer at a time."""
+
+    def __init__(self, pure: dict, num_layers: int):
+        self.pure = pure
+        self.num_layers = num_layers
+        self.stacks: dict[tuple, np.ndarray] = {}
+        self.seen: dict[tuple, set[int]] = {}
+
+    def put(self, path: tuple, layer: int, tensor: Any, name: str) -> np.ndarray | None:
+        """Write layer `layer` of leaf `path`; the full stack once every layer is in, else None."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"{name}: layer {layer} out of range (num_hidden_layers={self.num_layers})")
+        if path not in self.stacks:
+            abstract = _get(self.pure, path)
+            self.stacks[path] = np.zeros(abstract.shape, abstract.dtype)  # ml_dtypes for bfloat16
+            self.seen[path] = set()
+        self.stacks[path][layer] = np.asarray(tensor)
+        self.seen[path].add(layer)
+        if len(self.seen[path]) < self.num_layers:
+            return None
+        self.seen.pop(path)
+        return self.stacks.pop(path)
+
+    def check_complete(self, checkpoint: Path) -> None:
+        for path, seen in self.seen.items():
+            absent = sorted(set(range(self.num_layers)) - seen)
+            raise ValueError(f"checkpoint {checkpoint} lacks {'.'.join(map(str, path))} of layers {absent[:5]}")
 
 
 class _ExpertStacks:

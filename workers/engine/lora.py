@@ -131,6 +131,16 @@ def module_kind(path: tuple) -> ModuleKind:
     raise ValueError(f"LoRA parameter at {path} is not under a known target module")
 
 
+def is_stacked_layer(path: tuple) -> bool:
+    """Whether a state path is a leaf of the stacked decoder layers (`layers.self_attn...`, a layer axis inside:
+    model.DecoderStack) rather than of one layer of a per-layer list (`layers.0.self_attn...`)."""
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    if "layers" not in names:
+        return False
+    i = names.index("layers")
+    return i + 1 < len(names) and not names[i + 1].isdigit()
+
+
 def is_a_leaf(path: tuple) -> bool:
     return any(getattr(k, "key", getattr(k, "name", k)) == "lora_a" for k in path)
 

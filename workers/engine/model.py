@@ -8,6 +8,16 @@ Dtypes: base matrices (linear kernels, the embedding) are stored in `param_dtype
 faster than bf16 and parity with transformers is asserted at 1e-4; bfloat16 on accelerators). Every matmul casts its
 activation to the weight's dtype and accumulates in float32 (`preferred_element_type`); the residual stream, norms,
 rope, softmax, LoRA parameters and logits stay float32, so with float32 weights nothing is ever cast.
+
+Layers stacked and scanned (`scan_layers`, the default for dense models): `layers` is one `DecoderStack` whose base
+leaves carry a leading layer axis ([L, in, out]) and whose LoRA leaves carry it second ([S, L, in, R], so the adapter
+axis stays first for slot writes, snapshots and the optimizer), and `hidden` runs the layers as one `jax.lax.scan`:
+the program holds one layer's computation whatever the depth, so compile time does not grow with it. The LoRA
+leaves are moved layer-first once per call for the scan (a copy of the LoRA state, which is small next to the base
+weights; the base weights are never copied). Mixture-of-experts models stay on the per-layer loop (`nnx.List`):
+Qwen3-MoE configs may mix dense and sparse layers (`mlp_only_layers`, `decoder_sparse_step`), which one scan body
+cannot hold, and the loader's per-expert stacking is per layer. The KV cache is one `LayerCache` of
+[L, B, S, kv_heads, head_dim] arrays in both layouts.
 """
 
 from __future__ import annotations
@@ -19,22 +29,21 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .config import ModelConfig
-from .lora import LoRALinear, LoraRouting, lora_delta, lora_embedding_delta
+from .lora import LoRALinear, LoraRouting, StackedLoraRouting, lora_delta, lora_embedding_delta
 from .moe import SparseMoeBlock
 
 
 class LayerCache(NamedTuple):
-    """Keys/values of one layer for every cache slot: [B, S, num_kv_heads, head_dim]."""
+    """Keys/values of every layer for every cache slot: [L, B, S, num_kv_heads, head_dim]."""
 
     k: jax.Array
     v: jax.Array
 
 
-def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32, sharding=None) -> list[LayerCache]:
+def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32, sharding=None) -> LayerCache:
     """Zero keys/values; `dtype` is the model's compute dtype (its param_dtype), in which attention reads them."""
-    shape = (batch, length, config.num_kv_heads, config.head_dim)
-    zeros = lambda: jnp.zeros(shape, dtype, device=sharding)  # noqa: E731
-    return [LayerCache(zeros(), zeros()) for _ in range(config.num_layers)]
+    shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
+    return LayerCache(jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding))
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -91,7 +100,10 @@ class Attention(nnx.Module):
         rope: tuple[jax.Array, jax.Array],
         routing: LoraRouting,
         cache: LayerCache | None,
+        layer: jax.Array | int = 0,
     ) -> tuple[jax.Array, LayerCache | None]:
+        """With a cache (every layer's, [L, B, S, ...]), this layer's new keys/values are written at
+        cache[layer] in place and attention reads cache[layer]."""
         c = self.config
         b, t, _ = x.shape
         q = self.q_proj(x, routing).reshape(b, t, c.num_heads, c.head_dim)
@@ -111,8 +123,8 @@ class Attention(nnx.Module):
             # Each row writes its new keys at its own positions, so rows of different prompt lengths share one
             # cache; slots past a row's position are masked below and overwritten before they become visible.
             rows = jnp.arange(b)[:, None]
-            cache = LayerCache(cache.k.at[rows, positions].set(k), cache.v.at[rows, positions].set(v))
-            k, v = cache.k, cache.v
+            cache = LayerCache(cache.k.at[layer, rows, positions].set(k), cache.v.at[layer, rows, positions].set(v))
+            k, v = cache.k[layer], cache.v[layer]
             key_positions = jnp.broadcast_to(jnp.arange(k.shape[1]), (b, k.shape[1]))
 
         groups = c.num_heads // c.num_kv_heads
@@ -174,8 +186,8 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = MLP(config, **kw)
 
-    def __call__(self, x, positions, rope, routing, cache):
-        attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache)
+    def __call__(self, x, positions, rope, routing, cache, layer: jax.Array | int = 0):
+        attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache, layer)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x), routing)
         return x, cache
@@ -205,6 +217,57 @@ class LMHead(nnx.Module):
         return base + lora_delta(h, self.lora_a[...], self.lora_b[...], routing)
 
 
+class DecoderStack(DecoderLayer):
+    """`num_layers` identical decoder layers stored as one: every base leaf gains a leading layer axis ([L, ...]),
+    every LoRA leaf a layer axis after its adapter axis ([S, L, ...], the adapter axis stays first: see the module
+    doc). Built from one layer's (deterministic: zeros, ones) initial values repeated; the loader fills the real
+    weights layer by layer. `CausalLM.hidden` scans over it; indexing gives one layer as a `DecoderLayer` view (for
+    tests and inspection, not for the hot path)."""
+
+    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
+                 param_dtype=jnp.float32):  # fmt: skip
+        super().__init__(config, max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        self.num_layers = config.num_layers
+        n = config.num_layers
+        lora, rest = nnx.state(self, nnx.LoRAParam, ...)
+        nnx.update(self, jax.tree.map(lambda x: jnp.repeat(x[:, None], n, axis=1), lora),
+                   jax.tree.map(lambda x: jnp.repeat(x[None], n, axis=0), rest))  # fmt: skip
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __getitem__(self, i: int) -> DecoderLayer:
+        graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
+        view = nnx.merge(graphdef, jax.tree.map(lambda x: x[:, i], lora), jax.tree.map(lambda x: x[i], rest))
+        return view
+
+    def __iter__(self):
+        return (self[i] for i in range(self.num_layers))
+
+    def scan(self, x, positions, rope, routing, cache: LayerCache | None, *, remat: bool, act_sharding):
+        """Every layer in order as one `jax.lax.scan` over the layer axis; the cache (all layers') rides in the
+        carry and each layer writes its slice in place.
+
+        Gradient checkpointing (`remat`): `jax.checkpoint` around the scanned body with the default policy (nothing
+        saveable), so the backward pass keeps one [B, T, H] hidden state per layer and recomputes the layer's
+        insides from it, as the per-layer `_remat_layer` of the loop does."""
+        graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
+        lora = jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0), lora)  # layer-first for the scan: LoRA-sized copy
+
+        def body(carry, xs):
+            x, cache = carry
+            layer_lora, layer_rest, i = xs
+            layer = nnx.merge(graphdef, layer_lora, layer_rest)
+            x, cache = DecoderLayer.__call__(layer, x, positions, rope, routing, cache, i)
+            return (_constrain(x, act_sharding), cache), None
+
+        if remat and cache is None:
+            body = jax.checkpoint(body, prevent_cse=False)  # prevent_cse is not needed inside scan (JAX's advice)
+        layers = jnp.arange(self.num_layers, dtype=jnp.int32)
+        (x, cache), _ = jax.lax.scan(body, (x, cache), (lora, rest, layers))
+        return x, cache
+
+
 def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing):
     return layer(x, positions, rope, routing, None)[0]
 
@@ -222,9 +285,15 @@ def _remat_layer(layer: DecoderLayer, x, positions, rope, routing):
     return jax.checkpoint(run)(state, x, positions, rope, routing)
 
 
+def can_scan(config: ModelConfig) -> bool:
+    """Whether the layers can be stacked and scanned: dense models (see the module doc for MoE)."""
+    return not config.num_experts
+
+
 class CausalLM(nnx.Module):
-    """The decoder. `remat` (gradient checkpointing) and `act_sharding` (the [B, T, H] hidden-state sharding
-    between layers) are static settings, fixed when the engine builds the model."""
+    """The decoder. `remat` (gradient checkpointing), `act_sharding` (the [B, T, H] hidden-state sharding
+    between layers) and `scan_layers` (stacked layers, one scan; dense models only, see the module doc) are static
+    settings, fixed when the engine builds the model."""
 
     def __init__(
         self,
@@ -236,13 +305,19 @@ class CausalLM(nnx.Module):
         param_dtype=jnp.float32,
         remat: bool = False,
         act_sharding=None,
+        scan_layers: bool = True,
     ):
         self.config = config
         self.remat = remat
         self.act_sharding = act_sharding
+        self.scan_layers = scan_layers and can_scan(config)
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, param_dtype)
-        self.layers = nnx.List([DecoderLayer(config, **kw, layer_idx=i) for i in range(config.num_layers)])
+        self.layers: DecoderStack | nnx.List
+        if self.scan_layers:
+            self.layers = DecoderStack(config, **kw)
+        else:
+            self.layers = nnx.List([DecoderLayer(config, **kw, layer_idx=i) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = LMHead(config, max_adapters=max_adapters, max_rank=max_rank, param_dtype=param_dtype)
 
@@ -255,27 +330,28 @@ class CausalLM(nnx.Module):
         self,
         tokens: jax.Array,
         positions: jax.Array,
-        routing: LoraRouting,
-        cache: list[LayerCache] | None = None,
-    ) -> tuple[jax.Array, list[LayerCache] | None]:
+        routing: LoraRouting | StackedLoraRouting,
+        cache: LayerCache | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
         """Final-norm hidden states [B, T, H] (and the updated cache when one is given)."""
         rope = rope_tables(self.config, positions)
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
         x = _constrain(x, self.act_sharding)
-        new_cache = [] if cache is not None else None
+        if isinstance(self.layers, DecoderStack):
+            x, cache = self.layers.scan(x, positions, rope, routing, cache, remat=self.remat,
+                                        act_sharding=self.act_sharding)  # fmt: skip
+            return self.norm(x), cache
         for i, layer in enumerate(self.layers):
             if cache is None and self.remat:
                 x = _remat_layer(layer, x, positions, rope, routing)
             elif cache is None:
                 x = _layer_no_cache(layer, x, positions, rope, routing)
             else:
-                x, layer_cache = layer(x, positions, rope, routing, cache[i])
-                assert new_cache is not None  # a list whenever cache is given (set above)
-                new_cache.append(layer_cache)
+                x, cache = layer(x, positions, rope, routing, cache, i)
             x = _constrain(x, self.act_sharding)
-        return self.norm(x), new_cache
+        return self.norm(x), cache
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
         return self.lm_head(h, self.embed_tokens, routing)

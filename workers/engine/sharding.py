@@ -6,7 +6,9 @@ One `MeshConfig` says how many devices go on each axis. Parameters are placed by
 * row-parallel linears (o/down): in on `tp`, out on `fsdp`;
 * LoRA A [S, in, R] / B [S, R, out] follow their base kernel's in / out sharding, the adapter axis unsharded;
 * the embedding [V, H]: vocab on `tp`, hidden on `fsdp` (the tied unembedding then gives vocab-parallel logits);
-  an untied lm_head kernel [H, V] likewise; norms are replicated.
+  an untied lm_head kernel [H, V] likewise; norms are replicated;
+* stacked decoder layers (model.DecoderStack): the layer axis (leading on base leaves, second on LoRA leaves) is
+  unsharded, the other axes as above; the KV cache [L, B, S, kv, hd] likewise.
 
 Batches (every array whose leading dimension is the batch) are sharded on `fsdp`; row buckets are rounded up to a
 multiple of the fsdp size, and padding rows carry no weight. A model whose shape does not divide the mesh (heads,
@@ -32,6 +34,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .config import ModelConfig
+from .lora import is_stacked_layer
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,16 @@ def _name(key: Any) -> Any:
 
 def param_spec(path: tuple, shape: tuple[int, ...], config: ModelConfig, mesh: Mesh) -> P:
     """The PartitionSpec of one base (Param) or LoRA (LoRAParam) leaf, from its state path."""
+    if is_stacked_layer(path):  # one layer's spec with the (unsharded) layer axis put in
+        names = [_name(k) for k in path if _name(k) != "value"]
+        if names[-1] in ("lora_a", "lora_b"):  # [S, L, ...]
+            one = _layer_spec(path, (shape[0], *shape[2:]), config, mesh)
+            return P(one[0], None, *one[1:])
+        return P(None, *_layer_spec(path, shape[1:], config, mesh))  # [L, ...]
+    return _layer_spec(path, shape, config, mesh)
+
+
+def _layer_spec(path: tuple, shape: tuple[int, ...], config: ModelConfig, mesh: Mesh) -> P:
     names = [_name(k) for k in path if _name(k) != "value"]
     leaf, owner = names[-1], names[-2] if len(names) > 1 else None
     tp = mesh.shape[TP]
@@ -169,8 +182,8 @@ class Placement:
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.batch_sharding(x.ndim)), tree)
 
     def cache_sharding(self) -> NamedSharding:
-        """KV cache [B, S, kv_heads, head_dim]: rows on fsdp, heads on tp."""
-        return NamedSharding(self.mesh, P(self._batch_axis, None, TP, None))
+        """KV cache [L, B, S, kv_heads, head_dim]: layers unsharded, rows on fsdp, heads on tp."""
+        return NamedSharding(self.mesh, P(None, self._batch_axis, None, TP, None))
 
     def constrain_params(self, tree: Any) -> Any:
         return jax.tree.map(jax.lax.with_sharding_constraint, tree, self.param_shardings(tree))

@@ -1,0 +1,87 @@
+"""Train-step compile time against depth: the engine's forward+backward step lowered and compiled for a model shape at
+several layer counts, with the decoder layers stacked and scanned (the default) and as a per-layer loop. Abstract
+shapes only (no weights are made, nothing runs), so it needs little memory. One JSON line per (layers, depth):
+lower_s, compile_s and the lowered program's StableHLO op count.
+
+    python -m benchmarks.compile_depth [--shape qwen3-0.6b] [--depths 2,8,28] [--batch 4] [--seq 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from benchmarks.common import emit
+from benchmarks.train import RANK, SHAPES
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dict:
+    from transformers import Qwen3Config
+
+    from tinkerflow.workers.engine.config import ModelConfig
+    from tinkerflow.workers.engine.engine import default_dtype
+    from tinkerflow.workers.engine.lora import LoraRouting
+    from tinkerflow.workers.engine.losses import LossInputs
+    from tinkerflow.workers.engine.model import CausalLM
+    from tinkerflow.workers.engine.sharding import MeshConfig, Placement, as_mesh
+    from tinkerflow.workers.engine.train import StepFunctions, TrainBatch
+
+    config = ModelConfig.from_hf(Qwen3Config(**{**shape, "num_hidden_layers": depth}).to_dict())
+    model = nnx.eval_shape(lambda: CausalLM(config, max_adapters=4, max_rank=RANK, rngs=nnx.Rngs(0),
+                                            param_dtype=default_dtype(), scan_layers=scan))  # fmt: skip
+    graphdef, lora, base = nnx.split(model, nnx.LoRAParam, nnx.Param)
+    steps = StepFunctions(graphdef, Placement(as_mesh(MeshConfig(fsdp=1, tp=1)), config))
+
+    def f32(*s: int) -> Any:
+        return jax.ShapeDtypeStruct(s, jnp.float32)
+
+    def i32(*s: int) -> Any:
+        return jax.ShapeDtypeStruct(s, jnp.int32)
+
+    b, t = batch, seq
+    data = TrainBatch(tokens=i32(b, t), targets=i32(b, t, 1), routing=LoraRouting(adapter=i32(b), scale=f32(b)),
+                      loss=LossInputs(loss_id=i32(b), weights=f32(b, t, 1), mask=f32(b, t),
+                                      sampler_logprobs=f32(b, t), advantages=f32(b, t), clip_low=f32(b),
+                                      clip_high=f32(b), beta=f32(b), seq_mask=f32(b, t)),
+                      train=f32(b))  # fmt: skip
+    # The engine's own step function (train.StepFunctions), jitted as its AotCache jits it (accumulator donated).
+    t0 = time.perf_counter()
+    lowered = jax.jit(steps.grad_step._fn, donate_argnums=2).lower(_abstract(lora), _abstract(base), _abstract(lora),
+                                                                    data)  # fmt: skip
+    t1 = time.perf_counter()
+    lowered.compile()
+    t2 = time.perf_counter()
+    ops = len(re.findall(r"= (?:stablehlo|chlo)\.\w+", lowered.as_text()))
+    return dict(lower_s=round(t1 - t0, 2), compile_s=round(t2 - t1, 2), hlo_ops=ops)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=[s for s in SHAPES if s.startswith("qwen3-") and "a3b" not in s],
+                        default="qwen3-0.6b")  # fmt: skip
+    parser.add_argument("--depths", default="2,8,28", help="comma-separated layer counts")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+    for scan in (True, False):
+        for depth in (int(d) for d in args.depths.split(",")):
+            figures = measure(SHAPES[args.shape], depth, scan=scan, batch=args.batch, seq=args.seq)
+            emit(figure="train_step_compile_by_depth", shape=args.shape, layers="scan" if scan else "loop",
+                 depth=depth, rows=args.batch, seq=args.seq, lora_rank=RANK, **figures)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
