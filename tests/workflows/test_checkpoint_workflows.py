@@ -24,10 +24,10 @@ from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart, parse_rfc3339
 from tinkerflow.workflows.messages import (
     AdamSpec,
-    Outcome,
     LoadCheckpoint,
     LoraSpec,
     OpKind,
+    Outcome,
     RunState,
     SaveRequest,
     TrainingOp,
