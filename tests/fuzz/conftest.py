@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 
 from tests.e2e.conftest import (  # noqa: F401  (fixtures, and the hook that shows the stack's logs on a failure)
     base_model,
+    metrics_ports,
     pytest_runtest_makereport,
     service_client,
     stack,
