@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import CancelledError as CancelledError_
 from temporalio.exceptions import TimeoutError as TimeoutError_
 
 from tinkerflow.workflows.errors import ErrorType
@@ -39,6 +40,10 @@ MAX_BATCH_ITEMS = 64
 # worker replays the whole history (~1.5 ms per event on 2 cores: 6 s at Temporal's ~4,100-event suggestion, during
 # which nothing is dispatched). A shorter history keeps that stall to a few seconds, at a drain every ~2,000 events.
 CONTINUE_AS_NEW_EVENTS = 2_000
+# A worker that registers again under a new incarnation is a new process: the batch its predecessor was running is
+# lost. Failing it then, instead of at the activity's heartbeat timeout (15 s), is what lets a killed worker's runs
+# restore as soon as its successor is up. Patched: it answers an in-flight batch at a different point in history.
+PATCH_FAIL_RESTARTED_BATCH = "coordinator-fail-batch-of-restarted-worker"
 
 KIND_LABELS = {
     WorkKind.FORWARD_BACKWARD: "fwd/bwd",
@@ -68,6 +73,7 @@ class Coordinator:
         self._changed = True
         # Strong references to the fire-and-forget tasks (dispatches, signal deliveries) until they finish.
         self._tasks: set[asyncio.Future[None]] = set()
+        self._dispatching: dict[str, asyncio.Future[None]] = {}  # worker queue -> its batch in flight
 
     @workflow.run
     async def run(self, state: CoordinatorState) -> None:
@@ -84,7 +90,8 @@ class Coordinator:
                 items = self._take_for(queue)
                 if items:
                     self._busy.add(queue)
-                    self._keep(asyncio.ensure_future(self._dispatch(queue, items)))
+                    self._dispatching[queue] = task = asyncio.ensure_future(self._dispatch(queue, items))
+                    self._keep(task)
 
     @staticmethod
     def _drops_per_holder() -> bool:
@@ -107,6 +114,9 @@ class Coordinator:
             # A restarted worker lost its in-memory adapters and snapshots: what we had placed there is forgotten, so
             # the runs that lived on it restore themselves instead of silently training a fresh adapter.
             workflow.logger.warning("worker %s re-registered; its adapters were lost", info.worker_id)
+            in_flight = self._dispatching.get(info.task_queue)
+            if in_flight is not None and not in_flight.done() and workflow.patched(PATCH_FAIL_RESTARTED_BATCH):
+                in_flight.cancel()  # _dispatch answers its items as worker-lost
         self._changed = True
         self._set_details()
 
@@ -238,25 +248,25 @@ class Coordinator:
                 summary=_summarise(items),
             )
             results = result.results
+        except asyncio.CancelledError:
+            # Only register_worker cancels a dispatch: the worker restarted under it (the Coordinator itself is never
+            # cancelled). Its predecessor's placements are already forgotten; the runs restore themselves.
+            results = _lost(items, f"the JAX worker on {queue} restarted while running this")
         except ActivityError as e:
             # An ActivityError's cause is a FailureError (ApplicationError, TimeoutError, ...), which has a message.
             cause = e.cause.message if isinstance(e.cause, FailureError) else str(e)
-            lost = isinstance(e.cause, TimeoutError_) or getattr(e.cause, "type", "") == "WorkerLost"
+            # Cancelled: register_worker cancelled it, the worker restarted under it (as asyncio.CancelledError above).
+            lost = isinstance(e.cause, (TimeoutError_, CancelledError_)) or getattr(e.cause, "type", "") == "WorkerLost"
             workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
             if lost:
                 self._lose_worker(queue, incarnation)
-                message = (
-                    f"the JAX worker on {queue} died or restarted while running this ({cause}); "
-                    "its adapters are restored from their latest snapshot"
-                )
+                results = _lost(items, f"the JAX worker on {queue} died or restarted while running this ({cause})")
             else:
                 message = f"the JAX worker failed this batch: {cause}"
-            results = [
-                WorkResult(key=i.key, outcome=Outcome(error=message, category="server", worker_lost=lost))
-                for i in items
-            ]
+                results = [WorkResult(key=i.key, outcome=Outcome(error=message, category="server")) for i in items]
         finally:
             self._busy.discard(queue)
+            self._dispatching.pop(queue, None)
             self._changed = True
         by_key = {r.key: r for r in results}
         for item in items:
@@ -298,6 +308,11 @@ class Coordinator:
         workflow.set_current_details(
             f"{self.s.base_model} · {len(self.s.workers)} worker(s) · adapter slots {used}/{total} in use"
         )
+
+
+def _lost(items: list[WorkItem], why: str) -> list[WorkResult]:
+    message = f"{why}; its adapters are restored from their latest snapshot"
+    return [WorkResult(key=i.key, outcome=Outcome(error=message, category="server", worker_lost=True)) for i in items]
 
 
 def _resolved_drop(item: WorkItem, routed: WorkItem) -> bool:

@@ -12,7 +12,9 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
+from temporalio.worker import Replayer
 from wf_harness import (
+    ALL_WORKFLOWS,
     MockEngine,
     Tinker,
     TrainingOp,
@@ -30,6 +32,8 @@ from wf_harness import (
     workflow_worker,
 )
 
+from tinkerflow.workflows import names
+from tinkerflow.workflows.coordinator import PATCH_FAIL_RESTARTED_BATCH
 from tinkerflow.workflows.messages import (
     AdamSpec,
     Batch,
@@ -303,6 +307,40 @@ async def test_a_restarted_worker_lost_its_adapters(tinker: Tinker) -> None:
     await run.signal(TrainingRunWorkflow.close, "")
     assert (await within(run.result())).status == "closed"  # closing still completes (nothing left to free)
     assert tinker.engine.of_kind("free_adapter") == []
+
+
+async def test_a_batch_in_flight_on_a_worker_that_restarts_is_failed_at_once_and_the_run_restores(
+    tinker: Tinker,
+) -> None:
+    """The new process's registration fails its predecessor's batch at once, not at the 15 s heartbeat timeout."""
+    sid, _ = await tinker.start_session()
+    handle, outcome = await tinker.create_run(sid, 1, snapshot_every=10)
+    assert outcome.ok, outcome
+    model_id = names.model_id_for(sid, 1)
+    held = await tinker.submit(handle, tinker.fwd(1, hold=True))
+    await tinker.engine.wait_for(lambda: len(fwd_seqs(tinker.engine, model_id)) == 1)
+    await tinker.register(tinker.queues[0])  # the worker came back as a new process; the held batch died with it
+
+    # The run starts restoring itself well inside the heartbeat timeout (the mocked activity never heartbeats).
+    async def restoring() -> bool:
+        state: RunState = await handle.query(TrainingRunWorkflow.describe)
+        return state.recoveries == 1
+
+    await eventually(restoring, timeout=10)
+    # The mock's one activity slot is still held by the dead batch (a real dead process holds nothing): let it go.
+    # Its late answer is dropped; the op runs again on the new process, after a fresh adapter (no snapshot yet).
+    tinker.engine.release.set()
+    answer = await within(held.result())
+    assert answer.ok, answer
+    assert len(tinker.engine.of_kind("create_adapter")) == 2
+    assert fwd_seqs(tinker.engine, model_id) == [1, 1]
+    # The new path is behind its patch (a marker in history) and replays deterministically from that history.
+    history = await tinker.coordinator.fetch_history()
+    markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
+    assert any(PATCH_FAIL_RESTARTED_BATCH in str(m.marker_recorded_event_attributes) for m in markers)
+    await Replayer(workflows=ALL_WORKFLOWS).replay_workflow(history)
+    state: RunState = await handle.query(TrainingRunWorkflow.describe)
+    assert state.recoveries == 1 and state.fwdbwd_count == 1
 
 
 # --- 9. continue-as-new -----------------------------------------------------------------------------------------------
