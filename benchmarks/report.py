@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "sample_sweep": [],
     "tenant_sweep": [],
     "control_plane": ["--py-spy"],
+    "recovery": ["--mode", "restart"],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
 
@@ -73,6 +74,7 @@ TARGETS: dict[str, Target] = {
     ),
     "sample_sweep_scaling": Target("128 calls ≥ 10× one call", "tinkerflow", ">=", 10),
     "tenant_sweep_scaling": Target("8 tenants ≥ 5× one tenant", "tinkerflow", ">=", 5),
+    "recovery_kill_to_next_answer_s": Target("≤ 8 s", "tinkerflow", "<=", 8),
 }
 #: Keys of a table line that say which variant of its figure it is (shown beside the figure's name).
 QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants")
