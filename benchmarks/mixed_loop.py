@@ -1,7 +1,9 @@
 """Op latency in a loop that trains, snapshots and samples, as an RL or eval-while-training loop does (issue 17).
 
-Each iteration: forward of 1 datum, forward_backward of 8 datums, optim_step, save_weights_and_get_sampling_client,
-one sample call of 4 samples x 32 tokens from that new sampler. Every op is timed from the SDK call until its result
+Each iteration: forward of 1 datum, forward_backward of 8 datums, optim_step, one training step as the cookbook's
+loops make it (forward_backward of 8 datums and optim_step submitted together, then both awaited: the run starts the
+optim_step without a client round trip), save_weights_and_get_sampling_client, one sample call of 4 samples x 32
+tokens from that new sampler. Every op is timed from the SDK call until its result
 is in hand (medians over --iterations, after --warmup iterations that compile every shape). The same loop then runs
 on the engine alone in this process (forward_backward forward-only / with grads, optim_step, a sampler snapshot,
 sample), on the model directory the stack serves, with the stack idle. One JSON line per op: tinkerflow's median,
@@ -44,6 +46,7 @@ OPS = (
     "forward_1_datum",
     "forward_backward_8_datums",
     "optim_step",
+    "train_step_pipelined",
     "save_weights_and_get_sampling_client",
     "sample_4x32",
 )
@@ -72,6 +75,10 @@ def sdk_loop(base_url: str, api_key: str, iterations: int, warmup: int, stack) -
         "forward_1_datum": lambda: training.forward(one, "cross_entropy").result(timeout=900),
         "forward_backward_8_datums": lambda: training.forward_backward(eight, "cross_entropy").result(timeout=900),
         "optim_step": lambda: training.optim_step(adam).result(timeout=900),
+        "train_step_pipelined": lambda: [
+            f.result(timeout=900)
+            for f in (training.forward_backward(eight, "cross_entropy"), training.optim_step(adam))
+        ],
         "save_weights_and_get_sampling_client": save,
         "sample_4x32": lambda: (
             sampler[0].sample(prompt, num_samples=SAMPLES, sampling_params=params).result(timeout=900)
@@ -115,6 +122,10 @@ def engine_loop(model_dir: str, iterations: int, warmup: int) -> dict:
         ),
         "forward_backward_8_datums": lambda: engine.forward_backward([ForwardBackwardInput(0, eight, "cross_entropy")]),
         "optim_step": lambda: engine.optim_step(0, adam),
+        "train_step_pipelined": lambda: (
+            engine.forward_backward([ForwardBackwardInput(0, eight, "cross_entropy")]),
+            engine.optim_step(0, adam),
+        ),
         "save_weights_and_get_sampling_client": save,
         "sample_4x32": sample,
     }
