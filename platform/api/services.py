@@ -23,6 +23,7 @@ from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workflows.messages import ModelCard, SamplerInfo
 
 if TYPE_CHECKING:
+    from tinkerflow.api.batch_results import BatchResults
     from tinkerflow.api.sample_batches import SampleBatcher
     from tinkerflow.api.worker_metrics import WorkerMetrics
 
@@ -70,6 +71,7 @@ class Services:
     signing_key: bytes = b""  # signs download URLs (external_weights_urls)
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
     sample_batcher: SampleBatcher | None = None
+    batch_results: BatchResults | None = None  # one shared result wait per sample batch workflow
     worker_metrics: WorkerMetrics | None = None  # the console's tokens/s (None: no worker /metrics to read)
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
     _depths: dict[str, tuple[float, tuple[int, int]]] = field(default_factory=dict)  # id -> (when, depth)

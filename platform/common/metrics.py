@@ -16,6 +16,13 @@ API_LATENCY = Histogram(
     ["route"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+SAMPLE_BATCHES = Counter(
+    "tinkerflow_api_sample_batches_total", "sample batch workflows (SampleRequest) the API started for asample calls"
+)
+BATCH_RESULT_FETCHES = Counter(
+    "tinkerflow_api_batch_result_fetches_total",
+    "Temporal result waits on sample batch workflows (one per batch, shared by all its futures' polls)",
+)
 SAMPLING_QUEUE = Gauge("tinkerflow_sampling_queue_depth", "samples waiting in a coordinator's queue", ["base_model"])
 
 # --- JAX worker -----------------------------------------------------------------------------------------------------
