@@ -23,6 +23,10 @@ BATCH_RESULT_FETCHES = Counter(
     "tinkerflow_api_batch_result_fetches_total",
     "Temporal result waits on sample batch workflows (one per batch, shared by all its futures' polls)",
 )
+QUEUE_DEPTH_QUERIES = Counter(
+    "tinkerflow_api_queue_depth_queries_total",
+    "Coordinator queue-depth queries sent for asample's 429 check (one at a time, shared by concurrent calls)",
+)
 SAMPLING_QUEUE = Gauge("tinkerflow_sampling_queue_depth", "samples waiting in a coordinator's queue", ["base_model"])
 
 # --- JAX worker -----------------------------------------------------------------------------------------------------
