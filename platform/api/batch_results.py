@@ -29,7 +29,7 @@ from tinkerflow.workflows.messages import Outcome
 
 log = logging.getLogger(__name__)
 
-MAX_FINISHED = 1024  # batches whose result is kept (~64 small Outcomes each: well under 20 MB in all)
+MAX_FINISHED = 256  # batches whose result is kept: a full one (64 Outcomes) decodes to ~100 kB, so ≤ ~26 MB
 FINISHED_TTL_S = 120.0  # SDK polls re-arrive within seconds of a result; later ones (after a restart) just re-fetch
 ABANDON_GRACE_S = 10.0  # the SDK re-polls at once after try_again; a wait nobody rejoins within this is dropped
 
