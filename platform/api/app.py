@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -26,17 +25,18 @@ from tinkerflow.api import (
     routes_service,
     routes_training,
 )
+from tinkerflow.api.batch_results import BatchResults
 from tinkerflow.api.body_limits import BodyLimit
-from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal, classify
+from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal
 from tinkerflow.api.deps import metrics_caller
 from tinkerflow.api.json_wire import WireJSONResponse
+from tinkerflow.api.observe import Observe
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.worker_metrics import WorkerMetrics, worker_metrics_urls
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.errors import TinkerflowError
-from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
@@ -61,6 +61,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             signing_key=signing_key(settings),
             api_keys=settings.accepted_api_keys(),
             sample_batcher=SampleBatcher(temporal),
+            batch_results=BatchResults(temporal),
             worker_metrics=WorkerMetrics(urls) if (urls := worker_metrics_urls(settings)) else None,
         )
         if not app.state.services.api_keys:
@@ -110,26 +111,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                 metrics_caller(request)
             return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        started = time.perf_counter()
-        # Bodies over their route's limit were refused before this by BodyLimit (the outermost middleware).
-        try:
-            response: Response = await call_next(request)
-        except Exception as e:
-            down = classify(e, settings.temporal_address, settings.resolved_store_url)
-            if down is None:
-                raise
-            log.warning("%s %s: %s", request.method, request.url.path, down.message())
-            response = JSONResponse(status_code=503, content=down.body())
-        if response.status_code == 503 and "retry-after" not in response.headers:
-            # The SDK retries 5xx with its own backoff; a person or a proxy reads this.
-            response.headers["Retry-After"] = str(RETRY_AFTER_S)
-        route = request.scope.get("route")
-        name = getattr(route, "path", "unmatched")  # the template, e.g. /api/v1/samplers/{sampler_id}
-        API_REQUESTS.labels(name, str(response.status_code)).inc()
-        API_LATENCY.labels(name).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(Observe, settings=settings)  # counts and times every answer; 503 for a dependency down
 
     # Added last, so outermost: a body over its route's limit is refused before anything reads it.
     app.add_middleware(BodyLimit, settings=settings)

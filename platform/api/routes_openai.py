@@ -49,7 +49,7 @@ from tinkerflow.api.openai_stream import stream as _stream
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
-from tinkerflow.workflows.messages import ModelCard, Outcome
+from tinkerflow.workflows.messages import ModelCard
 
 RETRY_AFTER_S = 1
 
@@ -193,9 +193,9 @@ async def _sample(
 
 async def _results(svc: Services, ref: BatchItemRef) -> Any:
     """Wait for the outcome of one submitted request (what retrieve_future long-polls), as the SDK's SampleResponse."""
-    handle = svc.client.get_workflow_handle(ref.workflow_id, result_type=list[Outcome])
+    assert svc.batch_results is not None
     try:
-        outcome = (await handle.result())[ref.index]
+        outcome = await svc.batch_results.outcome(ref.workflow_id, ref.index)
     except WorkflowFailureError as e:
         raise OpenAIError(
             500, f"sampling failed: {getattr(e.cause, 'message', None) or e}", None, "server_error"

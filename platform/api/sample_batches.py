@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
+from tinkerflow.common.metrics import SAMPLE_BATCHES
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import BlobRef, SamplerInfo, SampleStart
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
@@ -73,6 +74,7 @@ class SampleBatcher:
                         if not future.done():
                             future.set_exception(e)
                     continue
+                SAMPLE_BATCHES.inc()
                 for index, (*_, future) in enumerate(batch):
                     if not future.done():
                         future.set_result((workflow_id, index))

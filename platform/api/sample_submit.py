@@ -77,6 +77,8 @@ async def submit_sample(
     max_tokens = req.sampling_params.max_tokens
     prompt_tokens = sum(len(getattr(c, "tokens", ()) or ()) for c in req.prompt.chunks)
     work = req.num_samples * (prompt_tokens + (max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS))
+    # Counted before the next await, so the calls of a burst checked against one query answer see each other.
+    svc.queue_depths.admitted(coordinator, req.num_samples, work)
     body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
     ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
     assert svc.sample_batcher is not None

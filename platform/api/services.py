@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING
 
 from temporalio.client import Client
 
+from tinkerflow.api.queue_depths import QueueDepths
 from tinkerflow.common.checkpoints import CheckpointStore
-from tinkerflow.common.metrics import SAMPLING_QUEUE
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workflows.messages import ModelCard, SamplerInfo
 
 if TYPE_CHECKING:
+    from tinkerflow.api.batch_results import BatchResults
     from tinkerflow.api.sample_batches import SampleBatcher
     from tinkerflow.api.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 REGISTRY_TTL_S = 2.0
-QUEUE_DEPTH_TTL_S = 0.25
 
 
 class ModelRegistry:
@@ -70,25 +70,17 @@ class Services:
     signing_key: bytes = b""  # signs download URLs (external_weights_urls)
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
     sample_batcher: SampleBatcher | None = None
+    batch_results: BatchResults | None = None  # one shared result wait per sample batch workflow
     worker_metrics: WorkerMetrics | None = None  # the console's tokens/s (None: no worker /metrics to read)
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
-    _depths: dict[str, tuple[float, tuple[int, int]]] = field(default_factory=dict)  # id -> (when, depth)
+    queue_depths: QueueDepths = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.queue_depths = QueueDepths(self.client)
 
     async def queued_samples(self, coordinator_id: str) -> tuple[int, int]:
-        """(samples, tokens of work) waiting in a coordinator's queue, from its query, refreshed at most every
-        QUEUE_DEPTH_TTL_S."""
-        now = time.monotonic()
-        cached = self._depths.get(coordinator_id)
-        if cached is None or now - cached[0] > QUEUE_DEPTH_TTL_S:
-            try:
-                described = await self.client.get_workflow_handle(coordinator_id).query("describe")
-                depth = (int(described.get("pending_samples", 0)), int(described.get("pending_sample_tokens", 0)))
-            except Exception as e:  # no answer (a busy coordinator): keep the last depth known, else accept the work
-                log.debug("queue depth of %s unknown: %s", coordinator_id, e)
-                depth = cached[1] if cached is not None else (0, 0)
-            cached = self._depths[coordinator_id] = (now, depth)
-            SAMPLING_QUEUE.labels(coordinator_id.split("/", 1)[-1].rsplit("/", 1)[0]).set(depth[0])
-        return cached[1]
+        """(samples, tokens of work) waiting in a coordinator's queue, from one query shared by concurrent callers."""
+        return await self.queue_depths.depth(coordinator_id)
 
     def owner_of(self, api_key: str | None) -> str:
         if not self.api_keys or not api_key:

@@ -16,6 +16,17 @@ API_LATENCY = Histogram(
     ["route"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+SAMPLE_BATCHES = Counter(
+    "tinkerflow_api_sample_batches_total", "sample batch workflows (SampleRequest) the API started for asample calls"
+)
+BATCH_RESULT_FETCHES = Counter(
+    "tinkerflow_api_batch_result_fetches_total",
+    "Temporal result waits on sample batch workflows (one per batch, shared by all its futures' polls)",
+)
+QUEUE_DEPTH_QUERIES = Counter(
+    "tinkerflow_api_queue_depth_queries_total",
+    "Coordinator queue-depth queries sent for asample's 429 check (one at a time, shared by concurrent calls)",
+)
 SAMPLING_QUEUE = Gauge("tinkerflow_sampling_queue_depth", "samples waiting in a coordinator's queue", ["base_model"])
 
 # --- JAX worker -----------------------------------------------------------------------------------------------------
