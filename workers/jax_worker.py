@@ -10,9 +10,12 @@ replay each engine call (`follow`), so all of them run the same SPMD steps (work
 
 Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
 compiles what a first request of each kind runs (`--warm-up`, workers/engine/warm_up.py): with `ready` every
-warm-up shape, with `background` (the default) an adapter's whole lifecycle at the smallest shapes, the other shapes
-after it registered, one piece at a time under the engine's lock (an activity waits for one piece at most,
-heartbeating). A restart reads them back from the persistent compilation cache.
+warm-up shape, with `background` (the default) what a first training user needs (the training half of an adapter's
+lifecycle at the smallest shapes, the train bucket of a first batch of several datums), and right after it
+registered the rest in the order a user needs it (the first sampler family and the sampling half of the lifecycle
+first), one piece at a time under the engine's lock (an activity waits for one piece at most, heartbeating). Train
+buckets compile side by side on `--warm-up-threads`. A restart registers at once and reads the same pieces back from
+the persistent compilation cache, in the same order, right away.
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.
@@ -55,9 +58,6 @@ REREGISTER_EVERY_S = 30.0
 # The background warm-up starts its next piece only after the engine served nothing for this long: the gaps between
 # the ops of one client's loop (a workflow round trip) are far shorter, so a loop in progress is never held up.
 WARM_UP_AFTER_IDLE_S = 1.0
-# A restarted worker's first background piece waits this long for the recovery (longer than the coordinator's 15 s
-# batch heartbeat timeout, which is when it notices the old process died) unless a request came first.
-WARM_UP_AFTER_RESTART_S = 20.0
 
 
 def stable_worker_id(settings: Settings) -> str:
@@ -93,6 +93,7 @@ async def serve(
     client = await connect(settings)
     first, later = warm_up_pieces(settings, warm_cache=_cache_holds_programs(settings))
     engine = await asyncio.to_thread(start_engine, settings, local_path, pieces=first)
+    log.info("JAX worker engine ready: %d warm-up pieces before registering, %d after", len(first), len(later))
     card = ModelCard(
         name=name,
         arch=engine.info.arch,
@@ -144,10 +145,8 @@ async def serve(
             from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
             later = split_by_slot_bucket(later, engine.slot_buckets)
-        # After a restart the coordinator sends the recovery once it noticed the old process died (the batch's
-        # heartbeat timeout, up to 15 s after the kill): the warm-up waits for it rather than run in its way.
-        first_pause = WARM_UP_AFTER_RESTART_S if not first else WARM_UP_AFTER_IDLE_S
-        background = asyncio.create_task(_warm_up_later(engine, later, first_pause)) if later else None
+        threads = settings.resolved_warm_up_threads
+        background = asyncio.create_task(_warm_up_later(engine, later, threads)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()
         if background is not None:
@@ -198,19 +197,22 @@ def warm_up_plan(settings: Settings) -> WarmUpPlan:
 def warm_up_pieces(
     settings: Settings, *, warm_cache: bool = False
 ) -> tuple[tuple[WarmUpPiece, ...], tuple[WarmUpPiece, ...]]:
-    """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says.
-    `warm_cache`: the persistent compilation cache already holds programs (a restart): with `background`, register
-    at once and read back in the background. Measured on the shared 2-core box under load: the lifecycle read back
-    took 20 s before registering and delayed a killed worker's recovery by as much; a recovery's own ops need only a
-    few of its programs."""
+    """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says; both
+    in the order a first user needs them (WarmUpPlan.pieces). With `background`: the training pieces a first user
+    needs before registering, the rest (the sampling half first) after. `warm_cache`: the persistent compilation
+    cache already holds programs (a restart): register at once and read everything back in the background. Measured
+    on the shared 2-core box under load: the lifecycle read back took 20 s before registering and delayed a killed
+    worker's recovery by as much; a recovery's own ops need only a few of its programs."""
     if settings.warm_up == "off":
         return (), ()
-    pieces = warm_up_plan(settings).pieces()
+    plan = warm_up_plan(settings)
+    pieces = plan.pieces()
     if settings.warm_up == "ready":
         return pieces, ()
     if warm_cache:
         return (), pieces
-    return pieces[:1], pieces[1:]  # the lifecycle first (WarmUpPlan.pieces)
+    n = plan.training_first()
+    return pieces[:n], pieces[n:]
 
 
 def _cache_holds_programs(settings: Settings) -> bool:
@@ -235,24 +237,20 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
     if pieces is None:
         pieces = warm_up_pieces(settings)[0]
     if pieces:
-        engine.warm_up(pieces)
+        engine.warm_up(pieces, settings.resolved_warm_up_threads)
     return Serialized(engine)
 
 
-async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], first_pause: float = WARM_UP_AFTER_IDLE_S) -> None:
-    """The background warm-up: one piece at a time on a thread of its own, each under the engine's lock, each once
-    the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first); the first once it served a request
-    and paused, or was idle for `first_pause`."""
-    built, pause = 0, first_pause
-    for piece in pieces:
-        while True:
-            idle = engine.idle_seconds()
-            if idle >= WARM_UP_AFTER_IDLE_S and (engine.calls > 0 or idle >= pause):
-                break
+async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> None:
+    """The background warm-up: one piece at a time on a thread of its own (train buckets on `threads`), each under
+    the engine's lock; the first at once (what a first user needs next: nothing is in its way yet), each later one
+    once the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first)."""
+    built = 0
+    for i, piece in enumerate(pieces):
+        while i > 0 and engine.idle_seconds() < WARM_UP_AFTER_IDLE_S:
             await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
-        pause = WARM_UP_AFTER_IDLE_S
         try:
-            built += await asyncio.to_thread(engine.warm_up, (piece,))
+            built += await asyncio.to_thread(engine.warm_up, (piece,), threads)
         except Exception:  # a warm-up that fails costs a compile later, never the worker
             log.exception("background warm-up of %s failed", piece)
     log.info("background warm-up done: %d pieces, %d programs built", len(pieces), built)

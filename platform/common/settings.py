@@ -196,6 +196,9 @@ class Settings:
                            "before it registers and the other shapes after, one at a time between requests; "
                            "'off' compiles each program at its first use", MODEL,
                            choices=("ready", "background", "off"))
+    warm_up_threads: int = setting(0, "threads the JAX worker's warm-up compiles train buckets on, side by side "
+                                   "(XLA compiles one program on about one core and releases the GIL meanwhile)",
+                                   MODEL, shown="0: the CPU count, at most 4", metavar="N")
     warm_up_train_rows: tuple[int, ...] = setting((1, 2, 4, 8), "datums per forward_backward/forward to compile "
                                                   "ahead (rounded up to powers of two), each at every "
                                                   "--warm-up-train-lens", MODEL, shown="1,2,4,8", metavar="N[,N...]",
@@ -375,6 +378,10 @@ class Settings:
             if self.compilation_cache_dir
             else self.state_dir / "xla-cache"
         )
+
+    @property
+    def resolved_warm_up_threads(self) -> int:
+        return self.warm_up_threads if self.warm_up_threads > 0 else max(1, min(4, os.cpu_count() or 1))
 
     def accepted_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)

@@ -43,11 +43,14 @@ def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
 def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     settings = _settings()
     assert jax_worker.warm_up_pieces(settings)[1] == ()  # `ready`: everything before the worker registers
-    # As the background warm-up runs it: loaded, then piece by piece, each sampler family one slot bucket at a time
+    # As `background` runs it: loaded, the training pieces at once (their train buckets compiled on two threads),
+    # then piece by piece, each sampler family one slot bucket at a time
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
-    pieces = split_by_slot_bucket(jax_worker.warm_up_plan(settings).pieces(), engine.slot_buckets)
+    plan = jax_worker.warm_up_plan(settings)
+    first = plan.training_first()
+    pieces = split_by_slot_bucket(plan.pieces()[first:], engine.slot_buckets)
     assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
-    assert sum(engine.warm_up((p,)) for p in pieces) > 0
+    assert engine.warm_up(plan.pieces()[:first], 2) + sum(engine.warm_up((p,), 2) for p in pieces) > 0
     before = compile_cache.counts().requests
     rng = np.random.default_rng(0)
 
@@ -92,17 +95,56 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     assert built == 0, f"{built} programs built after the warm-up"
 
 
-def test_the_default_plan_lifecycle_first_and_every_piece_once():
+def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_once():
     settings = Settings()
     first, later = jax_worker.warm_up_pieces(settings)
-    assert [p.kind for p in first] == ["lifecycle"]
+    # Before registering: what a first training user needs (the lifecycle's training half, the 8-datum bucket) ...
+    assert [(p.kind, p.rows, p.seq) for p in first] == [("lifecycle", 1, 32), ("train", 8, 32)]
+    # ... right after: the first sampler family, then the sampling half of the lifecycle that samples through it.
+    assert [(p.kind, p.cache_len, p.prompt_len) for p in later[:2]] == [("sampler", 128, 16),
+                                                                      ("lifecycle_sample", 128, 16)]  # fmt: skip
     plan = jax_worker.warm_up_plan(settings)
     assert first + later == plan.pieces() and len(set(plan.pieces())) == len(plan.pieces())
-    trains = {(p.rows, p.seq) for p in later if p.kind == "train"}
+    trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
     assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
     families = {(p.cache_len, p.prompt_len) for p in later if p.kind == "sampler"}
     assert families == {(c, p) for c in (128, 256) for p in (16, 32, 64)}
+    # A restart (warm persistent cache): everything after registering, in the same order.
+    assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), first + later)
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
+
+
+async def test_the_background_warm_up_starts_at_once_then_waits_for_pauses():
+    """The first background piece runs as soon as the worker registered (a restart's read-back and a first start's
+    sampling half, before the user who needs them asks), each later one only after a pause in the traffic."""
+    import asyncio
+
+    from tinkerflow.workers.engine.warm_up import Serialized
+
+    class Fake:
+        def __init__(self):
+            self.ran: list[tuple[int, int]] = []
+
+        def forward_backward(self, requests):
+            return requests
+
+        def warm_up(self, pieces, threads=1):
+            self.ran += [(p, threads) for p in pieces]
+            return len(pieces)
+
+    fake = Fake()
+    engine = Serialized(fake)
+    engine.forward_backward([1])  # traffic just now: no pause yet
+    task = asyncio.create_task(jax_worker._warm_up_later(engine, (1, 2, 3), threads=2))
+    for _ in range(100):
+        if fake.ran:
+            break
+        await asyncio.sleep(0.01)
+    assert fake.ran == [(1, 2)]  # the first piece at once, on the threads asked for
+    await asyncio.sleep(0.2)
+    assert fake.ran == [(1, 2)], "a later piece ran before the traffic paused"
+    await asyncio.wait_for(task, 30)
+    assert fake.ran == [(1, 2), (2, 2), (3, 2)] and engine.calls == 1
 
 
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
@@ -134,5 +176,3 @@ def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_
     call.join(10)
     assert engine.warm_up((1, 2)) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
     assert engine.calls == 1
-    first, later = jax_worker.warm_up_pieces(Settings(), warm_cache=True)  # a restart: register at once
-    assert first == () and later == jax_worker.warm_up_plan(Settings()).pieces()

@@ -267,12 +267,13 @@ class Engine:
         self._sampler.warmed_prompts = frozenset(p.prompt_len for p in pieces if p.kind == "sampler")
         self._sampler.warmed_caches = frozenset(p.cache_len for p in pieces if p.kind == "sampler")
 
-    def warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> int:
+    def warm_up(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
         """Compile ahead of traffic what `pieces` name (see warm_up.py; `WarmUpPlan.pieces()` lists them), leaving
-        no state behind; returns the number of programs built (compiled, or read back from the persistent cache)."""
+        no state behind; returns the number of programs built (compiled, or read back from the persistent cache).
+        `threads` > 1: the train buckets' steps compile side by side on that many threads."""
         from . import warm_up
 
-        return warm_up.run(self, tuple(pieces))
+        return warm_up.run(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
         return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests, info=self.info)

@@ -7,6 +7,7 @@ input predicts `target_tokens[i]`; the caller already shifted by one).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -152,14 +153,15 @@ class WarmUpPlan:
     sampler: SamplerWarmUp = field(default_factory=SamplerWarmUp)
 
     def pieces(self) -> tuple[WarmUpPiece, ...]:
-        """The lifecycle first (what a first user needs), then the train buckets, then the sampler families."""
+        """In the order a first user needs them: the training half of an adapter's lifecycle at the smallest
+        shapes, the train bucket of a first batch of several datums (the most rows at the shortest sequence), the
+        first sampler family and the sampling half of the lifecycle (snapshot, sample), then the other train
+        buckets, then the other sampler families. The JAX worker runs the leading training pieces before it
+        registers (`training_first`) and the rest after."""
         rows = sorted({round_up_pow2(r) for r in self.train.rows})
         lens = sorted({round_up_seq_len(n) for n in self.train.seq_lens})
         s = self.sampler
-        out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0], cache_len=s.cache_lens[0],
-                           prompt_len=s.prompt_lens[0])]  # fmt: skip
-        out += [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
-        out += [
+        families = [
             WarmUpPiece(
                 "sampler", cache_len=c, prompt_len=round_up_seq_len(p), adapters=round_up_pow2(a), prompt_logprobs=plp
             )
@@ -169,12 +171,21 @@ class WarmUpPlan:
             for plp in s.prompt_logprobs
             if round_up_seq_len(p) <= c
         ]
+        trains = [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
+        first_batch = WarmUpPiece("train", rows=rows[-1], seq=lens[0])
+        sample = dict(cache_len=s.cache_lens[0], prompt_len=s.prompt_lens[0])
+        out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0]), first_batch]
+        out += families[:1] + [WarmUpPiece("lifecycle_sample", **sample)] + trains + families[1:]
         return tuple(dict.fromkeys(out))
+
+    def training_first(self) -> int:
+        """How many leading pieces (of `pieces`) a first training user needs: lifecycle and first batch bucket."""
+        return len(list(itertools.takewhile(lambda p: p.kind in ("lifecycle", "train"), self.pieces())))
 
 
 @dataclass(frozen=True)
 class WarmUpPiece:
-    kind: Literal["lifecycle", "train", "sampler"]
+    kind: Literal["lifecycle", "lifecycle_sample", "train", "sampler"]
     rows: int = 0
     seq: int = 0
     cache_len: int = 0

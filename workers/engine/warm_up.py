@@ -21,6 +21,7 @@ programs (a restart, a second `up`: reading back what a request needs, when it n
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import inspect
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import compile_cache
+from .jit_cache import AotCache, abstract
 from .sampler import MIN_STOP_IDS
 from .train import pack
 from .types import (
@@ -52,30 +54,56 @@ log = logging.getLogger(__name__)
 SCRATCH_SNAPSHOT = "__warm-up__"
 
 
-def run(engine: Engine, pieces: tuple[WarmUpPiece, ...]) -> int:
+def run(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
     """Run `pieces` on `engine`; the number of programs this built (compiled, or read back from the persistent
-    compilation cache)."""
+    compilation cache). With `threads` > 1 the train and forward steps of every train bucket the pieces name (the
+    lifecycle's included) compile side by side on that many threads, beside the pieces' other work on this thread
+    (XLA releases the GIL while it compiles; AotCache compiles each shape once, whoever asks first)."""
     t0 = time.perf_counter()
     before = compile_cache.counts().requests
-    for piece in pieces:
-        if piece.kind == "lifecycle":
-            _lifecycle(engine, piece)
-        elif piece.kind == "train":
-            _train(engine, piece.rows, piece.seq)
-        else:
-            _sampler(engine, piece)
+    buckets = list(dict.fromkeys((p.rows, p.seq) for p in pieces if p.kind in ("lifecycle", "train")))
+    pool = concurrent.futures.ThreadPoolExecutor(threads, "warm-up") if threads > 1 and buckets else None
+    futures = []
+    if pool is not None:
+        for rows, seq in buckets:  # the arrays' shapes taken now: this thread goes on using (and donating) them
+            for step, args in _train_steps(engine, rows, seq, abstract_state=True):
+                futures.append(pool.submit(step.prepare, f"batch={rows} seq={seq} (warm-up)", *args))
+    try:
+        for piece in pieces:
+            if piece.kind == "lifecycle":
+                _lifecycle(engine, piece)
+            elif piece.kind == "lifecycle_sample":
+                _lifecycle_sample(engine, piece)
+            elif piece.kind == "train":
+                if pool is None:
+                    _train(engine, piece.rows, piece.seq)
+            else:
+                _sampler(engine, piece)
+        for future in futures:
+            future.result()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     built = compile_cache.counts().requests - before
-    log.info("warm-up: %d pieces, %d programs built in %.1fs", len(pieces), built, time.perf_counter() - t0)
+    log.info("warm-up: %d pieces, %d programs built in %.1fs (%d threads)", len(pieces), built,
+             time.perf_counter() - t0, threads if pool is not None else 1)  # fmt: skip
     return built
+
+
+def _train_steps(engine: Engine, rows: int, seq: int, *, abstract_state: bool) -> list[tuple[AotCache, tuple]]:
+    """The train and forward steps of the (rows, seq) bucket with their arguments (single-target datums)."""
+    steps, slots = engine._steps, engine._adapters
+    batch = steps.placement.put_batch(pack([], steps.placement.round_rows(rows), seq, 1))
+    lora, base, grads = slots.lora, engine._base, slots.grads
+    if abstract_state:
+        lora, base, grads, batch = abstract((lora, base, grads, batch))
+    return [(steps.grad_step, (lora, base, grads, batch)), (steps.forward_step, (lora, base, batch))]
 
 
 def _train(engine: Engine, rows: int, seq: int) -> None:
     """Compile (not run) the train and forward steps of the (rows, seq) bucket, single-target datums."""
-    steps, slots = engine._steps, engine._adapters
-    batch = steps.placement.put_batch(pack([], steps.placement.round_rows(rows), seq, 1))
-    label = f"batch={rows} seq={seq} (warm-up)"
-    steps.grad_step.prepare(label, slots.lora, engine._base, slots.grads, batch)
-    steps.forward_step.prepare(label, slots.lora, engine._base, batch)
+    for step, args in _train_steps(engine, rows, seq, abstract_state=False):
+        step.prepare(f"batch={rows} seq={seq} (warm-up)", *args)
 
 
 def _sampler(engine: Engine, piece: WarmUpPiece) -> None:
@@ -98,10 +126,19 @@ def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) ->
     return tuple(out)
 
 
-def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
+def _scratch_slot(engine: Engine) -> int | None:
     slot = engine.max_lora_adapters - 1
     if slot in engine._slots:  # never touch a live adapter (the worker warms up before it takes work)
         log.warning("warm-up: slot %d is in use, adapter lifecycle not warmed", slot)
+        return None
+    return slot
+
+
+def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
+    """The training half of an adapter's life: create, forward_backward with each loss, forward, optim_step,
+    export and import of its state."""
+    slot = _scratch_slot(engine)
+    if slot is None:
         return
     n = piece.seq - 1  # a datum of seq - 1 tokens: the `seq` bucket whatever the buckets' rounding
     tokens = np.arange(n, dtype=np.int32) % engine.info.vocab_size
@@ -122,6 +159,19 @@ def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
         engine.optim_step(slot, AdamConfig(learning_rate=0.0))
         state = engine.export_slot(slot)
         engine.import_slot(slot, state, optimizer=True)
+    finally:
+        engine.free_adapter(slot)
+
+
+def _lifecycle_sample(engine: Engine, piece: WarmUpPiece) -> None:
+    """The sampling half: a sampler snapshot of an adapter, a snapshot loaded from weights (sampling a saved
+    checkpoint), a sample through it and one of the base model (the sampler family of `piece`'s shapes, at every
+    slot bucket, unless earlier pieces built it), then the snapshots dropped and the slot freed."""
+    slot = _scratch_slot(engine)
+    if slot is None:
+        return
+    engine.create_adapter(slot, LoraConfig(rank=1, seed=0))
+    try:
         engine.snapshot(slot, SCRATCH_SNAPSHOT)
         engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
         prompt = np.arange(piece.prompt_len, dtype=np.int32) % engine.info.vocab_size
