@@ -10,12 +10,12 @@ replay each engine call (`follow`), so all of them run the same SPMD steps (work
 
 Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
 compiles what a first request of each kind runs (`--warm-up`, workers/engine/warm_up.py): with `ready` every
-warm-up shape, with `background` (the default) what a first training user needs (the training half of an adapter's
-lifecycle at the smallest shapes, the train bucket of a first batch of several datums), and right after it
-registered the rest in the order a user needs it (the first sampler family and the sampling half of the lifecycle
-first), one piece at a time under the engine's lock (an activity waits for one piece at most, heartbeating). Train
-buckets compile side by side on `--warm-up-threads`. A restart registers at once and reads the same pieces back from
-the persistent compilation cache, in the same order, right away.
+warm-up shape, with `background` (the default) the training half of an adapter's lifecycle at the smallest shapes
+(create, forward_backward, forward, optim_step); right after it registered, back to back, the rest of what a first
+user needs (the train bucket of a first batch of several datums, the first sampler family, the sampling half of the
+lifecycle), then the other shapes in the pauses of the traffic; one piece at a time under the engine's lock (an
+activity waits for one piece at most, heartbeating). A restart registers at once and reads the same pieces back
+from the persistent compilation cache, in the same order, right away.
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.
@@ -145,8 +145,10 @@ async def serve(
             from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
             later = split_by_slot_bucket(later, engine.slot_buckets)
-        threads = settings.resolved_warm_up_threads
-        background = asyncio.create_task(_warm_up_later(engine, later, threads)) if later else None
+        # What a first user needs (up to the lifecycle's sampling half) back to back, the rest in traffic pauses.
+        urgent = 1 + max((i for i, p in enumerate(later) if p.kind == "lifecycle_sample"), default=-1)
+        threads = settings.warm_up_threads
+        background = asyncio.create_task(_warm_up_later(engine, later, threads, urgent)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()
         if background is not None:
@@ -198,8 +200,8 @@ def warm_up_pieces(
     settings: Settings, *, warm_cache: bool = False
 ) -> tuple[tuple[WarmUpPiece, ...], tuple[WarmUpPiece, ...]]:
     """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says; both
-    in the order a first user needs them (WarmUpPlan.pieces). With `background`: the training pieces a first user
-    needs before registering, the rest (the sampling half first) after. `warm_cache`: the persistent compilation
+    in the order a first user needs them (WarmUpPlan.pieces). With `background`: the lifecycle's training half
+    before registering, the rest after. `warm_cache`: the persistent compilation
     cache already holds programs (a restart): register at once and read everything back in the background. Measured
     on the shared 2-core box under load: the lifecycle read back took 20 s before registering and delayed a killed
     worker's recovery by as much; a recovery's own ops need only a few of its programs."""
@@ -211,8 +213,7 @@ def warm_up_pieces(
         return pieces, ()
     if warm_cache:
         return (), pieces
-    n = plan.training_first()
-    return pieces[:n], pieces[n:]
+    return pieces[:1], pieces[1:]  # the lifecycle's training half first (WarmUpPlan.pieces)
 
 
 def _cache_holds_programs(settings: Settings) -> bool:
@@ -237,17 +238,18 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
     if pieces is None:
         pieces = warm_up_pieces(settings)[0]
     if pieces:
-        engine.warm_up(pieces, settings.resolved_warm_up_threads)
+        engine.warm_up(pieces, settings.warm_up_threads)
     return Serialized(engine)
 
 
-async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> None:
+async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1, urgent: int = 1) -> None:
     """The background warm-up: one piece at a time on a thread of its own (train buckets on `threads`), each under
-    the engine's lock; the first at once (what a first user needs next: nothing is in its way yet), each later one
-    once the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first)."""
+    the engine's lock. The first `urgent` pieces back to back from the start (what a first user needs next: a
+    request that comes meanwhile takes the lock between two pieces), each later one once the engine has been idle
+    for WARM_UP_AFTER_IDLE_S (requests come first)."""
     built = 0
     for i, piece in enumerate(pieces):
-        while i > 0 and engine.idle_seconds() < WARM_UP_AFTER_IDLE_S:
+        while i >= urgent and engine.idle_seconds() < WARM_UP_AFTER_IDLE_S:
             await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
         try:
             built += await asyncio.to_thread(engine.warm_up, (piece,), threads)

@@ -196,9 +196,11 @@ class Settings:
                            "before it registers and the other shapes after, one at a time between requests; "
                            "'off' compiles each program at its first use", MODEL,
                            choices=("ready", "background", "off"))
-    warm_up_threads: int = setting(0, "threads the JAX worker's warm-up compiles train buckets on, side by side "
-                                   "(XLA compiles one program on about one core and releases the GIL meanwhile)",
-                                   MODEL, shown="0: the CPU count, at most 4", metavar="N")
+    # Measured on the shared 2-core box (load 5-7): the lifecycle's training half plus the 8-datum bucket took
+    # 34 s on one thread, 39-49 s on two (XLA's CPU compile already keeps the cores busy); more may help on a host
+    # with many idle cores.
+    warm_up_threads: int = setting(1, "threads the JAX worker's warm-up compiles train buckets on, side by side "
+                                   "(XLA releases the GIL while it compiles)", MODEL, metavar="N")
     warm_up_train_rows: tuple[int, ...] = setting((1, 2, 4, 8), "datums per forward_backward/forward to compile "
                                                   "ahead (rounded up to powers of two), each at every "
                                                   "--warm-up-train-lens", MODEL, shown="1,2,4,8", metavar="N[,N...]",
@@ -378,10 +380,6 @@ class Settings:
             if self.compilation_cache_dir
             else self.state_dir / "xla-cache"
         )
-
-    @property
-    def resolved_warm_up_threads(self) -> int:
-        return self.warm_up_threads if self.warm_up_threads > 0 else max(1, min(4, os.cpu_count() or 1))
 
     def accepted_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)

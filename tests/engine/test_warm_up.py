@@ -47,7 +47,7 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     # then piece by piece, each sampler family one slot bucket at a time
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
     plan = jax_worker.warm_up_plan(settings)
-    first = plan.training_first()
+    first = 1  # the lifecycle's training half, before the worker registers
     pieces = split_by_slot_bucket(plan.pieces()[first:], engine.slot_buckets)
     assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
     assert engine.warm_up(plan.pieces()[:first], 2) + sum(engine.warm_up((p,), 2) for p in pieces) > 0
@@ -98,12 +98,13 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
 def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_once():
     settings = Settings()
     first, later = jax_worker.warm_up_pieces(settings)
-    # Before registering: what a first training user needs (the lifecycle's training half, the 8-datum bucket) ...
-    assert [(p.kind, p.rows, p.seq) for p in first] == [("lifecycle", 1, 32), ("train", 8, 32)]
-    # ... right after: the first sampler family, then the sampling half of the lifecycle that samples through it.
-    assert [(p.kind, p.cache_len, p.prompt_len) for p in later[:2]] == [("sampler", 128, 16),
-                                                                      ("lifecycle_sample", 128, 16)]  # fmt: skip
+    # Before registering: what a first training user needs (the lifecycle's training half) ...
+    assert [(p.kind, p.rows, p.seq) for p in first] == [("lifecycle", 1, 32)]
+    # ... right after, back to back: the 8-datum bucket, the first sampler family, then the sampling half of the
+    # lifecycle that samples through it.
     plan = jax_worker.warm_up_plan(settings)
+    assert [(p.kind, p.rows, p.seq, p.cache_len, p.prompt_len) for p in later[: plan.first_user() - 1]] == [
+        ("train", 8, 32, 0, 0), ("sampler", 0, 0, 128, 16), ("lifecycle_sample", 0, 0, 128, 16)]  # fmt: skip
     assert first + later == plan.pieces() and len(set(plan.pieces())) == len(plan.pieces())
     trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
     assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
@@ -114,9 +115,9 @@ def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_onc
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
 
 
-async def test_the_background_warm_up_starts_at_once_then_waits_for_pauses():
-    """The first background piece runs as soon as the worker registered (a restart's read-back and a first start's
-    sampling half, before the user who needs them asks), each later one only after a pause in the traffic."""
+async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_for_pauses():
+    """The urgent background pieces (what a first user needs) run as soon as the worker registered, back to back
+    whatever the traffic; each later one only after a pause in it."""
     import asyncio
 
     from tinkerflow.workers.engine.warm_up import Serialized
@@ -135,16 +136,17 @@ async def test_the_background_warm_up_starts_at_once_then_waits_for_pauses():
     fake = Fake()
     engine = Serialized(fake)
     engine.forward_backward([1])  # traffic just now: no pause yet
-    task = asyncio.create_task(jax_worker._warm_up_later(engine, (1, 2, 3), threads=2))
-    for _ in range(100):
-        if fake.ran:
+    task = asyncio.create_task(jax_worker._warm_up_later(engine, (1, 2, 3, 4), threads=2, urgent=2))
+    for _ in range(500):
+        if len(fake.ran) >= 2:
             break
         await asyncio.sleep(0.01)
-    assert fake.ran == [(1, 2)]  # the first piece at once, on the threads asked for
+    assert fake.ran == [(1, 2), (2, 2)]  # the urgent pieces at once, on the threads asked for
+    engine.forward_backward([2])  # traffic again: the next piece waits for a pause after it
     await asyncio.sleep(0.2)
-    assert fake.ran == [(1, 2)], "a later piece ran before the traffic paused"
+    assert fake.ran == [(1, 2), (2, 2)], "a later piece ran before the traffic paused"
     await asyncio.wait_for(task, 30)
-    assert fake.ran == [(1, 2), (2, 2), (3, 2)] and engine.calls == 1
+    assert fake.ran == [(1, 2), (2, 2), (3, 2), (4, 2)] and engine.calls == 2
 
 
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():

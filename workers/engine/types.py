@@ -7,7 +7,6 @@ input predicts `target_tokens[i]`; the caller already shifted by one).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -155,9 +154,10 @@ class WarmUpPlan:
     def pieces(self) -> tuple[WarmUpPiece, ...]:
         """In the order a first user needs them: the training half of an adapter's lifecycle at the smallest
         shapes, the train bucket of a first batch of several datums (the most rows at the shortest sequence), the
-        first sampler family and the sampling half of the lifecycle (snapshot, sample), then the other train
-        buckets, then the other sampler families. The JAX worker runs the leading training pieces before it
-        registers (`training_first`) and the rest after."""
+        first sampler family and the sampling half of the lifecycle (snapshot, sample): these `first_user` pieces;
+        then the other train buckets, then the other sampler families. With `--warm-up background` the JAX worker
+        runs the lifecycle's training half before it registers, the other first-user pieces right after, back to
+        back, and the rest in the pauses of the traffic."""
         rows = sorted({round_up_pow2(r) for r in self.train.rows})
         lens = sorted({round_up_seq_len(n) for n in self.train.seq_lens})
         s = self.sampler
@@ -178,9 +178,9 @@ class WarmUpPlan:
         out += families[:1] + [WarmUpPiece("lifecycle_sample", **sample)] + trains + families[1:]
         return tuple(dict.fromkeys(out))
 
-    def training_first(self) -> int:
-        """How many leading pieces (of `pieces`) a first training user needs: lifecycle and first batch bucket."""
-        return len(list(itertools.takewhile(lambda p: p.kind in ("lifecycle", "train"), self.pieces())))
+    def first_user(self) -> int:
+        """How many leading pieces (of `pieces`) a first user needs: up to the sampling half of the lifecycle."""
+        return 1 + [p.kind for p in self.pieces()].index("lifecycle_sample")
 
 
 @dataclass(frozen=True)
