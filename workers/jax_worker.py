@@ -14,8 +14,9 @@ warm-up shape, with `background` (the default) the training half of an adapter's
 (create, forward_backward, forward, optim_step); right after it registered, back to back, the rest of what a first
 user needs (the train bucket of a first batch of several datums, the first sampler family, the sampling half of the
 lifecycle), then the other shapes in the pauses of the traffic; one piece at a time under the engine's lock (an
-activity waits for one piece at most, heartbeating). A restart registers at once and reads the same pieces back
-from the persistent compilation cache, in the same order, right away.
+activity waits for one piece at most, heartbeating), except train buckets: they only compile, beside the traffic.
+A restart registers at once and reads the same pieces back from the persistent compilation cache, in the same
+order, right away.
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.
@@ -251,8 +252,10 @@ async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], threads: int =
     for i, piece in enumerate(pieces):
         while i >= urgent and engine.idle_seconds() < WARM_UP_AFTER_IDLE_S:
             await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
+        # A train bucket only compiles: beside the traffic, not in its way; the other pieces run programs, in turn.
+        call = engine.compile_ahead if piece.kind == "train" else engine.warm_up
         try:
-            built += await asyncio.to_thread(engine.warm_up, (piece,), threads)
+            built += await asyncio.to_thread(call, (piece,), threads)
         except Exception:  # a warm-up that fails costs a compile later, never the worker
             log.exception("background warm-up of %s failed", piece)
     log.info("background warm-up done: %d pieces, %d programs built", len(pieces), built)

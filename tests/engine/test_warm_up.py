@@ -21,6 +21,7 @@ from tinkerflow.workers.engine.types import (
     LoraConfig,
     SampleInput,
     SampleResult,
+    WarmUpPiece,
 )
 from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
@@ -50,7 +51,10 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     first = 1  # the lifecycle's training half, before the worker registers
     pieces = split_by_slot_bucket(plan.pieces()[first:], engine.slot_buckets)
     assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
-    assert engine.warm_up(plan.pieces()[:first], 2) + sum(engine.warm_up((p,), 2) for p in pieces) > 0
+    # (train buckets as the background compiles them: from the state's shapes, beside the traffic)
+    built = engine.warm_up(plan.pieces()[:first], 2)
+    built += sum((engine.compile_ahead if p.kind == "train" else engine.warm_up)((p,), 2) for p in pieces)
+    assert built > 0 and any(p.kind == "train" for p in pieces)
     before = compile_cache.counts().requests
     rng = np.random.default_rng(0)
 
@@ -124,29 +128,39 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
 
     class Fake:
         def __init__(self):
-            self.ran: list[tuple[int, int]] = []
+            self.ran: list[tuple[str, int, int]] = []
+            self.locked: list[bool] = []
 
         def forward_backward(self, requests):
             return requests
 
         def warm_up(self, pieces, threads=1):
-            self.ran += [(p, threads) for p in pieces]
+            self.locked.append(engine.lock.locked())
+            self.ran += [("run", p.rows, threads) for p in pieces]
+            return len(pieces)
+
+        def compile_ahead(self, pieces, threads=1):
+            self.locked.append(engine.lock.locked())
+            self.ran += [("compile", p.rows, threads) for p in pieces]
             return len(pieces)
 
     fake = Fake()
     engine = Serialized(fake)
+    pieces = (WarmUpPiece("train", rows=8, seq=32), WarmUpPiece("lifecycle_sample", rows=1),
+              WarmUpPiece("sampler", rows=2), WarmUpPiece("train", rows=4, seq=32))  # fmt: skip
     engine.forward_backward([1])  # traffic just now: no pause yet
-    task = asyncio.create_task(jax_worker._warm_up_later(engine, (1, 2, 3, 4), threads=2, urgent=2))
+    task = asyncio.create_task(jax_worker._warm_up_later(engine, pieces, threads=2, urgent=2))
     for _ in range(500):
         if len(fake.ran) >= 2:
             break
         await asyncio.sleep(0.01)
-    assert fake.ran == [(1, 2), (2, 2)]  # the urgent pieces at once, on the threads asked for
+    # the urgent pieces at once, on the threads asked for; a train bucket only compiles, without the engine's turn
+    assert fake.ran == [("compile", 8, 2), ("run", 1, 2)] and fake.locked == [False, True]
     engine.forward_backward([2])  # traffic again: the next piece waits for a pause after it
     await asyncio.sleep(0.2)
-    assert fake.ran == [(1, 2), (2, 2)], "a later piece ran before the traffic paused"
+    assert len(fake.ran) == 2, "a later piece ran before the traffic paused"
     await asyncio.wait_for(task, 30)
-    assert fake.ran == [(1, 2), (2, 2), (3, 2), (4, 2)] and engine.calls == 2
+    assert fake.ran[2:] == [("run", 2, 2), ("compile", 4, 2)] and engine.calls == 2
 
 
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():

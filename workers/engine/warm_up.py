@@ -90,6 +90,23 @@ def run(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> in
     return built
 
 
+def compile_ahead(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
+    """Compile (never run) the train and forward steps of the train pieces among `pieces`, from the shapes of the
+    engine's state alone: safe beside any other engine call (which may donate those arrays meanwhile), so it needs
+    no turn on the engine (`Serialized` lets it pass); a request that needs a program being compiled here waits for
+    that compile alone (AotCache). The number of programs this process built meanwhile."""
+    before = compile_cache.counts().requests
+    jobs = [
+        (step, f"batch={p.rows} seq={p.seq} (warm-up)", args)
+        for p in dict.fromkeys(p for p in pieces if p.kind == "train")
+        for step, args in _train_steps(engine, p.rows, p.seq, abstract_state=True)
+    ]
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads), "warm-up") as pool:
+        for future in [pool.submit(step.prepare, label, *args) for step, label, args in jobs]:
+            future.result()
+    return compile_cache.counts().requests - before
+
+
 def _train_steps(engine: Engine, rows: int, seq: int, *, abstract_state: bool) -> list[tuple[AotCache, tuple]]:
     """The train and forward steps of the (rows, seq) bucket with their arguments (single-target datums)."""
     steps, slots = engine._steps, engine._adapters
@@ -193,9 +210,10 @@ def _expect_ok(results: list) -> None:
 class Serialized:
     """The engine with every public method call under one lock, so a background warm-up and the activities take
     turns: an engine call waits at most for the one warm-up piece in progress, and waits inside its activity, which
-    heartbeats meanwhile. It also tells how long the engine has been idle (`idle_seconds`: the background warm-up
-    starts a piece only after a pause in the traffic, so a burst of requests, such as a recovery's restore and
-    replay, is not slowed by it). Attribute reads and writes pass through."""
+    heartbeats meanwhile; `compile_ahead` alone passes without the lock (it reads only shapes, and compiles). It
+    also tells how long the engine has been idle (`idle_seconds`: the background warm-up starts a piece only after
+    a pause in the traffic, so a burst of requests, such as a recovery's restore and replay, is not slowed by it).
+    Attribute reads and writes pass through."""
 
     def __init__(self, engine: Any) -> None:
         object.__setattr__(self, "_engine", engine)
@@ -212,7 +230,9 @@ class Serialized:
         value = getattr(self._engine, name)
         if name.startswith("_") or not inspect.ismethod(value):
             return value
-        traffic = name != "warm_up"
+        traffic = name not in ("warm_up", "compile_ahead")
+        if name == "compile_ahead":
+            return value
 
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
