@@ -11,12 +11,12 @@ replay each engine call (`follow`), so all of them run the same SPMD steps (work
 Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
 compiles what a first request of each kind runs (`--warm-up`, workers/engine/warm_up.py): with `ready` every
 warm-up shape, with `background` (the default) the training half of an adapter's lifecycle at the smallest shapes
-(create, forward_backward, forward, optim_step); right after it registered, back to back, the rest of what a first
-user needs (the train bucket of a first batch of several datums, the first sampler family, the sampling half of the
-lifecycle), then the other shapes in the pauses of the traffic; one piece at a time under the engine's lock (an
-activity waits for one piece at most, heartbeating), except train buckets: they only compile, beside the traffic.
-A restart registers at once and reads the same pieces back from the persistent compilation cache, in the same
-order, right away.
+(create, forward_backward, optim_step); right after it registered, back to back, the rest of what a first user
+needs (the train buckets of a first batch of several datums and of the lifecycle, the first sampler family, the rest
+of the lifecycle: export, import, snapshots, sampling), then the other shapes in the pauses of the traffic; one
+piece at a time under the engine's lock (an activity waits for one piece at most, heartbeating), except train
+buckets: they only compile, beside the traffic. A restart registers at once and reads the same pieces back from the
+persistent compilation cache, in the same order, right away.
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.

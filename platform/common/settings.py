@@ -191,9 +191,10 @@ class Settings:
     # 18-20 s read back from a warm --compilation-cache-dir; all default shapes (66 programs) 300-370 s cold.
     warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "
                            "warm-up shape below before it registers (nothing compiles later, readiness waits); "
-                           "'background' compiles what a first request of each kind needs (an adapter's create, "
-                           "forward_backward, forward, optim_step, snapshot and sample at the smallest shapes) "
-                           "before it registers and the other shapes after, one at a time between requests; "
+                           "'background' compiles what a first training request needs (an adapter's create, "
+                           "forward_backward and optim_step at the smallest shapes) before it registers, what a "
+                           "first user needs next (forward, the 8-datum bucket, snapshot, sample) right after, and "
+                           "the other shapes one at a time between requests; "
                            "'off' compiles each program at its first use", MODEL,
                            choices=("ready", "background", "off"))
     # Measured on the shared 2-core box (load 5-7): the lifecycle's training half plus the 8-datum bucket took

@@ -104,11 +104,12 @@ def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_onc
     first, later = jax_worker.warm_up_pieces(settings)
     # Before registering: what a first training user needs (the lifecycle's training half) ...
     assert [(p.kind, p.rows, p.seq) for p in first] == [("lifecycle", 1, 32)]
-    # ... right after, back to back: the 8-datum bucket, the first sampler family, then the sampling half of the
-    # lifecycle that samples through it.
+    # ... right after, back to back: the 8-datum bucket, the lifecycle's own (its forward step), the first sampler
+    # family, then the rest of the lifecycle (export, import, snapshots, a sample through that family).
     plan = jax_worker.warm_up_plan(settings)
     assert [(p.kind, p.rows, p.seq, p.cache_len, p.prompt_len) for p in later[: plan.first_user() - 1]] == [
-        ("train", 8, 32, 0, 0), ("sampler", 0, 0, 128, 16), ("lifecycle_sample", 0, 0, 128, 16)]  # fmt: skip
+        ("train", 8, 32, 0, 0), ("train", 1, 32, 0, 0), ("sampler", 0, 0, 128, 16),
+        ("lifecycle_sample", 0, 0, 128, 16)]  # fmt: skip
     assert first + later == plan.pieces() and len(set(plan.pieces())) == len(plan.pieces())
     trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
     assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}

@@ -153,8 +153,9 @@ class WarmUpPlan:
 
     def pieces(self) -> tuple[WarmUpPiece, ...]:
         """In the order a first user needs them: the training half of an adapter's lifecycle at the smallest
-        shapes, the train bucket of a first batch of several datums (the most rows at the shortest sequence), the
-        first sampler family and the sampling half of the lifecycle (snapshot, sample): these `first_user` pieces;
+        shapes (create, forward_backward, optim_step), the train bucket of a first batch of several datums (the most
+        rows at the shortest sequence) and the lifecycle's own (its forward step), the first sampler family and the
+        rest of the lifecycle (export, import, snapshot, sample): these `first_user` pieces;
         then the other train buckets, then the other sampler families. With `--warm-up background` the JAX worker
         runs the lifecycle's training half before it registers, the other first-user pieces right after, back to
         back, and the rest in the pauses of the traffic."""
@@ -172,9 +173,12 @@ class WarmUpPlan:
             if round_up_seq_len(p) <= c
         ]
         trains = [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
-        first_batch = WarmUpPiece("train", rows=rows[-1], seq=lens[0])
+        first_batches = [
+            WarmUpPiece("train", rows=rows[-1], seq=lens[0]),
+            WarmUpPiece("train", rows=rows[0], seq=lens[0]),
+        ]
         sample = dict(cache_len=s.cache_lens[0], prompt_len=s.prompt_lens[0])
-        out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0]), first_batch]
+        out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0]), *first_batches]
         out += families[:1] + [WarmUpPiece("lifecycle_sample", **sample)] + trains + families[1:]
         return tuple(dict.fromkeys(out))
 

@@ -2,21 +2,24 @@
 
 A warm-up is a list of pieces, each small enough to run between two activities on the engine thread:
 
-- `lifecycle`: one adapter's whole life on a scratch slot (the last one), at the smallest warmed shapes: create,
-  forward_backward with each loss the cookbook uses (cross_entropy, importance_sampling, ppo: one program serves
-  every loss, the loss is a per-row index), forward, optim_step, sampler snapshot, a sample through it and one of the
-  base model, export and import of the slot's state (checkpoints and the restore after a worker died), a snapshot
-  loaded from weights (sampling a saved checkpoint), then the slot freed. It runs the real programs, so the small
-  helpers around them (slot writes, zeroing, the snapshot stack) are built too, with the shardings traffic uses.
-  Nothing of it stays: the slot ends zeroed and unallocated, the snapshots dropped.
-- `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run.
+- `lifecycle`: the training half of one adapter's life on a scratch slot (the last one), at the smallest warmed
+  shapes: create, forward_backward with each loss the cookbook uses (cross_entropy, importance_sampling, ppo: one
+  program serves every loss, the loss is a per-row index), optim_step, then the slot freed.
+- `lifecycle_sample`: the rest of it: export and import of the slot's state (checkpoints and the restore after a
+  worker died), sampler snapshot, a sample through it and one of the base model, a snapshot loaded from weights
+  (sampling a saved checkpoint). Both run the real programs, so the small helpers around them (slot writes,
+  zeroing, the snapshot stack) are built too, with the shardings traffic uses. Nothing of them stays: the slot ends
+  zeroed and unallocated, the snapshots dropped.
+- `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run (from
+  the state's shapes alone with `compile_ahead`: beside the traffic, without a turn on the engine).
 - `sampler`: one sampler shape family (cache length, prompt bucket, snapshots per batch, prompt logprobs) for
   every slot bucket (or one, `slots`: the background warm-up takes them one at a time), run on empty slots.
 
 The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
-default) the lifecycle before it registers and the rest after, one piece at a time whenever the engine has been idle
-for a moment (`Serialized`), or everything after registering when the persistent compilation cache already holds
-programs (a restart, a second `up`: reading back what a request needs, when it needs it, beats reading back all).
+default) the lifecycle's training half before it registers and the rest after (WarmUpPlan.pieces gives the order):
+what a first user needs back to back, the rest one piece at a time whenever the engine has been idle for a moment
+(`Serialized`); everything after registering, in the same order, when the persistent compilation cache already
+holds programs (a restart, a second `up`).
 """
 
 from __future__ import annotations
@@ -152,8 +155,9 @@ def _scratch_slot(engine: Engine) -> int | None:
 
 
 def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
-    """The training half of an adapter's life: create, forward_backward with each loss, forward, optim_step,
-    export and import of its state."""
+    """The training half of an adapter's life: create, forward_backward with each loss, optim_step. (The forward
+    step is the train piece of the same bucket; export and import are in `_lifecycle_sample`: a first training user
+    needs neither before its first step.)"""
     slot = _scratch_slot(engine)
     if slot is None:
         return
@@ -170,25 +174,22 @@ def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
         for loss, inputs in per_loss.items():
             data = [Datum(tokens=tokens, inputs=inputs)] * piece.rows
             _expect_ok(engine.forward_backward([ForwardBackwardInput(slot=slot, data=data, loss_fn=loss)]))
-        data = [Datum(tokens=tokens, inputs=per_loss["cross_entropy"])] * piece.rows
-        _expect_ok(engine.forward_backward([ForwardBackwardInput(slot=slot, data=data, loss_fn="cross_entropy",
-                                                                 forward_only=True)]))  # fmt: skip
         engine.optim_step(slot, AdamConfig(learning_rate=0.0))
-        state = engine.export_slot(slot)
-        engine.import_slot(slot, state, optimizer=True)
     finally:
         engine.free_adapter(slot)
 
 
 def _lifecycle_sample(engine: Engine, piece: WarmUpPiece) -> None:
-    """The sampling half: a sampler snapshot of an adapter, a snapshot loaded from weights (sampling a saved
-    checkpoint), a sample through it and one of the base model (the sampler family of `piece`'s shapes, at every
-    slot bucket, unless earlier pieces built it), then the snapshots dropped and the slot freed."""
+    """The rest of an adapter's life: export and import of its state (checkpoints, and the restore after a worker
+    died), a sampler snapshot of it, a snapshot loaded from weights (sampling a saved checkpoint), a sample through
+    it and one of the base model (the sampler family of `piece`'s shapes, at every slot bucket, unless earlier
+    pieces built it), then the snapshots dropped and the slot freed."""
     slot = _scratch_slot(engine)
     if slot is None:
         return
     engine.create_adapter(slot, LoraConfig(rank=1, seed=0))
     try:
+        engine.import_slot(slot, engine.export_slot(slot), optimizer=True)
         engine.snapshot(slot, SCRATCH_SNAPSHOT)
         engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
         prompt = np.arange(piece.prompt_len, dtype=np.int32) % engine.info.vocab_size
