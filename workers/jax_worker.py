@@ -16,7 +16,8 @@ needs (the train buckets of a first batch of several datums and of the lifecycle
 of the lifecycle: export, import, snapshots, sampling), then the other shapes in the pauses of the traffic; one
 piece at a time under the engine's lock (an activity waits for one piece at most, heartbeating), except train
 buckets: they only compile, beside the traffic. A restart registers at once and reads the same pieces back from the
-persistent compilation cache, in the same order, right away.
+persistent compilation cache once the recovery (or a first request) was served, as before: read back at once, they
+delayed a recovery by 7-8 s.
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.
@@ -59,6 +60,9 @@ REREGISTER_EVERY_S = 30.0
 # The background warm-up starts its next piece only after the engine served nothing for this long: the gaps between
 # the ops of one client's loop (a workflow round trip) are far shorter, so a loop in progress is never held up.
 WARM_UP_AFTER_IDLE_S = 1.0
+# A restarted worker's first piece that runs programs waits this long for the recovery (longer than the coordinator's
+# 15 s batch heartbeat timeout, in case it did not fail the old process's batch at once) unless a request came first.
+WARM_UP_AFTER_RESTART_S = 20.0
 
 
 def stable_worker_id(settings: Settings) -> str:
@@ -148,8 +152,8 @@ async def serve(
             later = split_by_slot_bucket(later, engine.slot_buckets)
         # What a first user needs (up to the lifecycle's sampling half) back to back, the rest in traffic pauses.
         urgent = 1 + max((i for i, p in enumerate(later) if p.kind == "lifecycle_sample"), default=-1)
-        threads = settings.warm_up_threads
-        background = asyncio.create_task(_warm_up_later(engine, later, threads, urgent)) if later else None
+        threads, restart = settings.warm_up_threads, not first
+        background = asyncio.create_task(_warm_up_later(engine, later, threads, urgent, restart)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()
         if background is not None:
@@ -243,15 +247,28 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
     return Serialized(engine)
 
 
-async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1, urgent: int = 1) -> None:
+async def _warm_up_later(
+    engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1, urgent: int = 1, restart: bool = False
+) -> None:
     """The background warm-up: one piece at a time on a thread of its own (train buckets on `threads`), each under
-    the engine's lock. The first `urgent` pieces back to back from the start (what a first user needs next: a
-    request that comes meanwhile takes the lock between two pieces), each later one once the engine has been idle
-    for WARM_UP_AFTER_IDLE_S (requests come first)."""
-    built = 0
+    the engine's lock but train buckets (they only compile, beside the traffic). The first `urgent` pieces back to
+    back from the start (what a first user needs next: a request that comes meanwhile takes the lock between two
+    pieces), each later one once the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first).
+    `restart`: the first piece waits for the recovery the coordinator may send (a request served and a pause, or
+    WARM_UP_AFTER_RESTART_S without any). Measured (benchmarks.recovery, mode restart, shared 2-core box): read back
+    at once, the lifecycle delayed the recovery from 7.2 s to 14.0 s, and even the train buckets alone (read back
+    beside it, no engine turn) to 15.5 s: reading a program back costs about as much CPU as the recovery has."""
+    built, gate = 0, restart
     for i, piece in enumerate(pieces):
-        while i >= urgent and engine.idle_seconds() < WARM_UP_AFTER_IDLE_S:
+        while True:
+            idle = engine.idle_seconds()
+            if gate:
+                if idle >= WARM_UP_AFTER_IDLE_S and (engine.calls > 0 or idle >= WARM_UP_AFTER_RESTART_S):
+                    break
+            elif i < urgent or idle >= WARM_UP_AFTER_IDLE_S:
+                break
             await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
+        gate = False
         # A train bucket only compiles: beside the traffic, not in its way; the other pieces run programs, in turn.
         call = engine.compile_ahead if piece.kind == "train" else engine.warm_up
         try:

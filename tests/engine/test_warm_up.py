@@ -115,7 +115,7 @@ def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_onc
     assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
     families = {(p.cache_len, p.prompt_len) for p in later if p.kind == "sampler"}
     assert families == {(c, p) for c in (128, 256) for p in (16, 32, 64)}
-    # A restart (warm persistent cache): everything after registering, in the same order.
+    # A restart (warm persistent cache): everything after registering (its recovery first), in the same order.
     assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), first + later)
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
 
@@ -162,6 +162,17 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
     assert len(fake.ran) == 2, "a later piece ran before the traffic paused"
     await asyncio.wait_for(task, 30)
     assert fake.ran[2:] == [("run", 2, 2), ("compile", 4, 2)] and engine.calls == 2
+
+    # A restart: nothing until a request (the recovery) was served and the traffic paused, then the urgent pieces
+    # back to back.
+    fake.ran.clear()
+    engine = Serialized(fake)
+    task = asyncio.create_task(jax_worker._warm_up_later(engine, pieces, threads=1, urgent=3, restart=True))
+    await asyncio.sleep(1.5)  # idle, but no request yet: the CPU is the recovery's
+    assert fake.ran == []
+    engine.forward_backward([3])  # the recovery
+    await asyncio.wait_for(task, 30)
+    assert [r[:2] for r in fake.ran] == [("compile", 8), ("run", 1), ("run", 2), ("compile", 4)]
 
 
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
