@@ -240,6 +240,9 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
         engine = multihost.DrivenEngine(engine)
     if settings.warm_up != "off":
         engine.prefer_buckets(warm_up_plan(settings))
+    if settings.warm_up == "background":  # its first sampler family: a first sample compiles only its own bucket
+        plan = warm_up_plan(settings)
+        engine.schedule_warm_up(plan.pieces()[: plan.first_user()])
     if pieces is None:
         pieces = warm_up_pieces(settings)[0]
     if pieces:

@@ -204,3 +204,27 @@ def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_
     call.join(10)
     assert engine.warm_up((1, 2)) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
     assert engine.calls == 1
+
+
+def test_a_first_sample_before_the_background_warm_up_compiles_its_own_slot_bucket_only(qwen3_dir):
+    """`--warm-up background` schedules the first sampler family: a first 1-row sample that comes before the warm-up
+    built it compiles the smallest slot bucket's programs (empty slots, admission, decode chunk), not every bucket's;
+    the warm-up's pieces then build the others, and the same family at any concurrency compiles nothing more."""
+    settings = dataclasses.replace(_settings(), warm_up="background", warm_up_prompt_lens=(16,))
+    engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
+    sampler = engine._sampler
+    assert len(engine.slot_buckets) > 1
+    prompt = np.arange(1, 6, dtype=np.int32)
+    before = sampler.compile_count()
+    (result,) = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=0)])
+    assert isinstance(result, SampleResult) and len(result.sequences[0].tokens) <= 4
+    assert sampler.compile_count() - before == 3  # one bucket: slots, admission, decode chunk
+    plan = jax_worker.warm_up_plan(settings)
+    family = [p for p in plan.pieces()[: plan.first_user()] if p.kind == "sampler"]
+    for piece in split_by_slot_bucket(tuple(family), engine.slot_buckets):
+        engine.warm_up((piece,))
+    before = sampler.compile_count()
+    for calls in (1, 8, engine.sample_slots):
+        sampled = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=i) for i in range(calls)])
+        assert all(isinstance(r, SampleResult) for r in sampled)
+    assert sampler.compile_count() == before
