@@ -8,7 +8,7 @@ forward_backward / optim_step / sample, with the persistent compilation cache in
 first time and kept for the second. `up` to healthy is set beside Engine.load (the stack loads the same model, then
 starts its other parts around it).
 
-    python -m benchmarks.cold_start [--keep DIR]
+    python -m benchmarks.cold_start [--keep DIR] [--logs DIR]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,13 @@ def _xla_cache_at_ready(state_dir: Path) -> dict:
     return {"xla_programs_read_back_before_ready": int(hits), "xla_programs_compiled_before_ready": int(misses)}
 
 
+def _copy_logs(state_dir: Path, to: Path) -> None:
+    to.mkdir(parents=True, exist_ok=True)
+    for log in [state_dir / "up.log", *sorted((state_dir / "logs").glob("*.log"))]:
+        if log.exists():
+            shutil.copyfile(log, to / log.name)
+
+
 def engine_child(model_dir: str, cache_dir: str) -> None:
     """In a fresh process: Engine.load and the first answers, with the compilation cache at cache_dir."""
     import numpy as np
@@ -142,6 +150,11 @@ def engine_start(model_dir: str, cache_dir: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", help="work in this directory (kept) instead of a temporary one")
+    parser.add_argument(
+        "--logs",
+        help="copy the stack's logs (up.log, logs/*.log: both starts, with timestamps) "
+        "into this directory, for the profile",
+    )
     parser.add_argument("--engine-child", nargs=2, metavar=("MODEL_DIR", "CACHE_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine_child:
@@ -153,6 +166,8 @@ def main() -> None:
         state = Path(work) / "state"
         first, model_dir = stack_start(state)
         restart, _ = stack_start(state)
+        if args.logs:
+            _copy_logs(state, Path(args.logs))
         engine_cache = Path(work) / "engine-xla-cache"
         engine_first = engine_start(model_dir, engine_cache)
         engine_restart = engine_start(model_dir, engine_cache)

@@ -10,9 +10,14 @@ replay each engine call (`follow`), so all of them run the same SPMD steps (work
 
 Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
 compiles what a first request of each kind runs (`--warm-up`, workers/engine/warm_up.py): with `ready` every
-warm-up shape, with `background` (the default) an adapter's whole lifecycle at the smallest shapes, the other shapes
-after it registered, one piece at a time under the engine's lock (an activity waits for one piece at most,
-heartbeating). A restart reads them back from the persistent compilation cache.
+warm-up shape, with `background` (the default) the training half of an adapter's lifecycle at the smallest shapes
+(create, forward_backward, optim_step); right after it registered, back to back, the rest of what a first user
+needs (the train buckets of a first batch of several datums and of the lifecycle, the first sampler family, the rest
+of the lifecycle: export, import, snapshots, sampling), then the other shapes in the pauses of the traffic; one
+piece at a time under the engine's lock (an activity waits for one piece at most, heartbeating), except train
+buckets: they only compile, beside the traffic. A restart registers at once and reads the same pieces back from the
+persistent compilation cache once the recovery (or a first request) was served, as before: read back at once, they
+delayed a recovery by 7-8 s.
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.
@@ -55,8 +60,8 @@ REREGISTER_EVERY_S = 30.0
 # The background warm-up starts its next piece only after the engine served nothing for this long: the gaps between
 # the ops of one client's loop (a workflow round trip) are far shorter, so a loop in progress is never held up.
 WARM_UP_AFTER_IDLE_S = 1.0
-# A restarted worker's first background piece waits this long for the recovery (longer than the coordinator's 15 s
-# batch heartbeat timeout, which is when it notices the old process died) unless a request came first.
+# A restarted worker's first piece that runs programs waits this long for the recovery (longer than the coordinator's
+# 15 s batch heartbeat timeout, in case it did not fail the old process's batch at once) unless a request came first.
 WARM_UP_AFTER_RESTART_S = 20.0
 
 
@@ -93,6 +98,7 @@ async def serve(
     client = await connect(settings)
     first, later = warm_up_pieces(settings, warm_cache=_cache_holds_programs(settings))
     engine = await asyncio.to_thread(start_engine, settings, local_path, pieces=first)
+    log.info("JAX worker engine ready: %d warm-up pieces before registering, %d after", len(first), len(later))
     card = ModelCard(
         name=name,
         arch=engine.info.arch,
@@ -144,10 +150,10 @@ async def serve(
             from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
             later = split_by_slot_bucket(later, engine.slot_buckets)
-        # After a restart the coordinator sends the recovery once it noticed the old process died (the batch's
-        # heartbeat timeout, up to 15 s after the kill): the warm-up waits for it rather than run in its way.
-        first_pause = WARM_UP_AFTER_RESTART_S if not first else WARM_UP_AFTER_IDLE_S
-        background = asyncio.create_task(_warm_up_later(engine, later, first_pause)) if later else None
+        # What a first user needs (up to the lifecycle's sampling half) back to back, the rest in traffic pauses.
+        urgent = 1 + max((i for i, p in enumerate(later) if p.kind == "lifecycle_sample"), default=-1)
+        threads, restart = settings.warm_up_threads, not first
+        background = asyncio.create_task(_warm_up_later(engine, later, threads, urgent, restart)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()
         if background is not None:
@@ -198,19 +204,21 @@ def warm_up_plan(settings: Settings) -> WarmUpPlan:
 def warm_up_pieces(
     settings: Settings, *, warm_cache: bool = False
 ) -> tuple[tuple[WarmUpPiece, ...], tuple[WarmUpPiece, ...]]:
-    """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says.
-    `warm_cache`: the persistent compilation cache already holds programs (a restart): with `background`, register
-    at once and read back in the background. Measured on the shared 2-core box under load: the lifecycle read back
-    took 20 s before registering and delayed a killed worker's recovery by as much; a recovery's own ops need only a
-    few of its programs."""
+    """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says; both
+    in the order a first user needs them (WarmUpPlan.pieces). With `background`: the lifecycle's training half
+    before registering, the rest after. `warm_cache`: the persistent compilation
+    cache already holds programs (a restart): register at once and read everything back in the background. Measured
+    on the shared 2-core box under load: the lifecycle read back took 20 s before registering and delayed a killed
+    worker's recovery by as much; a recovery's own ops need only a few of its programs."""
     if settings.warm_up == "off":
         return (), ()
-    pieces = warm_up_plan(settings).pieces()
+    plan = warm_up_plan(settings)
+    pieces = plan.pieces()
     if settings.warm_up == "ready":
         return pieces, ()
     if warm_cache:
         return (), pieces
-    return pieces[:1], pieces[1:]  # the lifecycle first (WarmUpPlan.pieces)
+    return pieces[:1], pieces[1:]  # the lifecycle's training half first (WarmUpPlan.pieces)
 
 
 def _cache_holds_programs(settings: Settings) -> bool:
@@ -232,27 +240,42 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
         engine = multihost.DrivenEngine(engine)
     if settings.warm_up != "off":
         engine.prefer_buckets(warm_up_plan(settings))
+    if settings.warm_up == "background":  # its first sampler family: a first sample compiles only its own bucket
+        plan = warm_up_plan(settings)
+        engine.schedule_warm_up(plan.pieces()[: plan.first_user()])
     if pieces is None:
         pieces = warm_up_pieces(settings)[0]
     if pieces:
-        engine.warm_up(pieces)
+        engine.warm_up(pieces, settings.warm_up_threads)
     return Serialized(engine)
 
 
-async def _warm_up_later(engine, pieces: tuple[WarmUpPiece, ...], first_pause: float = WARM_UP_AFTER_IDLE_S) -> None:
-    """The background warm-up: one piece at a time on a thread of its own, each under the engine's lock, each once
-    the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first); the first once it served a request
-    and paused, or was idle for `first_pause`."""
-    built, pause = 0, first_pause
-    for piece in pieces:
+async def _warm_up_later(
+    engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1, urgent: int = 1, restart: bool = False
+) -> None:
+    """The background warm-up: one piece at a time on a thread of its own (train buckets on `threads`), each under
+    the engine's lock but train buckets (they only compile, beside the traffic). The first `urgent` pieces back to
+    back from the start (what a first user needs next: a request that comes meanwhile takes the lock between two
+    pieces), each later one once the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first).
+    `restart`: the first piece waits for the recovery the coordinator may send (a request served and a pause, or
+    WARM_UP_AFTER_RESTART_S without any). Measured (benchmarks.recovery, mode restart, shared 2-core box): read back
+    at once, the lifecycle delayed the recovery from 7.2 s to 14.0 s, and even the train buckets alone (read back
+    beside it, no engine turn) to 15.5 s: reading a program back costs about as much CPU as the recovery has."""
+    built, gate = 0, restart
+    for i, piece in enumerate(pieces):
         while True:
             idle = engine.idle_seconds()
-            if idle >= WARM_UP_AFTER_IDLE_S and (engine.calls > 0 or idle >= pause):
+            if gate:
+                if idle >= WARM_UP_AFTER_IDLE_S and (engine.calls > 0 or idle >= WARM_UP_AFTER_RESTART_S):
+                    break
+            elif i < urgent or idle >= WARM_UP_AFTER_IDLE_S:
                 break
             await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
-        pause = WARM_UP_AFTER_IDLE_S
+        gate = False
+        # A train bucket only compiles: beside the traffic, not in its way; the other pieces run programs, in turn.
+        call = engine.compile_ahead if piece.kind == "train" else engine.warm_up
         try:
-            built += await asyncio.to_thread(engine.warm_up, (piece,))
+            built += await asyncio.to_thread(call, (piece,), threads)
         except Exception:  # a warm-up that fails costs a compile later, never the worker
             log.exception("background warm-up of %s failed", piece)
     log.info("background warm-up done: %d pieces, %d programs built", len(pieces), built)

@@ -191,11 +191,17 @@ class Settings:
     # 18-20 s read back from a warm --compilation-cache-dir; all default shapes (66 programs) 300-370 s cold.
     warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "
                            "warm-up shape below before it registers (nothing compiles later, readiness waits); "
-                           "'background' compiles what a first request of each kind needs (an adapter's create, "
-                           "forward_backward, forward, optim_step, snapshot and sample at the smallest shapes) "
-                           "before it registers and the other shapes after, one at a time between requests; "
+                           "'background' compiles what a first training request needs (an adapter's create, "
+                           "forward_backward and optim_step at the smallest shapes) before it registers, what a "
+                           "first user needs next (forward, the 8-datum bucket, snapshot, sample) right after, and "
+                           "the other shapes one at a time between requests; "
                            "'off' compiles each program at its first use", MODEL,
                            choices=("ready", "background", "off"))
+    # Measured on the shared 2-core box (load 5-7): the lifecycle's training half plus the 8-datum bucket took
+    # 34 s on one thread, 39-49 s on two (XLA's CPU compile already keeps the cores busy); more may help on a host
+    # with many idle cores.
+    warm_up_threads: int = setting(1, "threads the JAX worker's warm-up compiles train buckets on, side by side "
+                                   "(XLA releases the GIL while it compiles)", MODEL, metavar="N")
     warm_up_train_rows: tuple[int, ...] = setting((1, 2, 4, 8), "datums per forward_backward/forward to compile "
                                                   "ahead (rounded up to powers of two), each at every "
                                                   "--warm-up-train-lens", MODEL, shown="1,2,4,8", metavar="N[,N...]",

@@ -21,6 +21,7 @@ from tinkerflow.workers.engine.types import (
     LoraConfig,
     SampleInput,
     SampleResult,
+    WarmUpPiece,
 )
 from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
@@ -43,11 +44,17 @@ def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
 def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     settings = _settings()
     assert jax_worker.warm_up_pieces(settings)[1] == ()  # `ready`: everything before the worker registers
-    # As the background warm-up runs it: loaded, then piece by piece, each sampler family one slot bucket at a time
+    # As `background` runs it: loaded, the training pieces at once (their train buckets compiled on two threads),
+    # then piece by piece, each sampler family one slot bucket at a time
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
-    pieces = split_by_slot_bucket(jax_worker.warm_up_plan(settings).pieces(), engine.slot_buckets)
+    plan = jax_worker.warm_up_plan(settings)
+    first = 1  # the lifecycle's training half, before the worker registers
+    pieces = split_by_slot_bucket(plan.pieces()[first:], engine.slot_buckets)
     assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
-    assert sum(engine.warm_up((p,)) for p in pieces) > 0
+    # (train buckets as the background compiles them: from the state's shapes, beside the traffic)
+    built = engine.warm_up(plan.pieces()[:first], 2)
+    built += sum((engine.compile_ahead if p.kind == "train" else engine.warm_up)((p,), 2) for p in pieces)
+    assert built > 0 and any(p.kind == "train" for p in pieces)
     before = compile_cache.counts().requests
     rng = np.random.default_rng(0)
 
@@ -92,17 +99,80 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     assert built == 0, f"{built} programs built after the warm-up"
 
 
-def test_the_default_plan_lifecycle_first_and_every_piece_once():
+def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_once():
     settings = Settings()
     first, later = jax_worker.warm_up_pieces(settings)
-    assert [p.kind for p in first] == ["lifecycle"]
+    # Before registering: what a first training user needs (the lifecycle's training half) ...
+    assert [(p.kind, p.rows, p.seq) for p in first] == [("lifecycle", 1, 32)]
+    # ... right after, back to back: the 8-datum bucket, the lifecycle's own (its forward step), the first sampler
+    # family, then the rest of the lifecycle (export, import, snapshots, a sample through that family).
     plan = jax_worker.warm_up_plan(settings)
+    assert [(p.kind, p.rows, p.seq, p.cache_len, p.prompt_len) for p in later[: plan.first_user() - 1]] == [
+        ("train", 8, 32, 0, 0), ("train", 1, 32, 0, 0), ("sampler", 0, 0, 128, 16),
+        ("lifecycle_sample", 0, 0, 128, 16)]  # fmt: skip
     assert first + later == plan.pieces() and len(set(plan.pieces())) == len(plan.pieces())
-    trains = {(p.rows, p.seq) for p in later if p.kind == "train"}
+    trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
     assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
     families = {(p.cache_len, p.prompt_len) for p in later if p.kind == "sampler"}
     assert families == {(c, p) for c in (128, 256) for p in (16, 32, 64)}
+    # A restart (warm persistent cache): everything after registering (its recovery first), in the same order.
+    assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), first + later)
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
+
+
+async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_for_pauses():
+    """The urgent background pieces (what a first user needs) run as soon as the worker registered, back to back
+    whatever the traffic; each later one only after a pause in it."""
+    import asyncio
+
+    from tinkerflow.workers.engine.warm_up import Serialized
+
+    class Fake:
+        def __init__(self):
+            self.ran: list[tuple[str, int, int]] = []
+            self.locked: list[bool] = []
+
+        def forward_backward(self, requests):
+            return requests
+
+        def warm_up(self, pieces, threads=1):
+            self.locked.append(engine.lock.locked())
+            self.ran += [("run", p.rows, threads) for p in pieces]
+            return len(pieces)
+
+        def compile_ahead(self, pieces, threads=1):
+            self.locked.append(engine.lock.locked())
+            self.ran += [("compile", p.rows, threads) for p in pieces]
+            return len(pieces)
+
+    fake = Fake()
+    engine = Serialized(fake)
+    pieces = (WarmUpPiece("train", rows=8, seq=32), WarmUpPiece("lifecycle_sample", rows=1),
+              WarmUpPiece("sampler", rows=2), WarmUpPiece("train", rows=4, seq=32))  # fmt: skip
+    engine.forward_backward([1])  # traffic just now: no pause yet
+    task = asyncio.create_task(jax_worker._warm_up_later(engine, pieces, threads=2, urgent=2))
+    for _ in range(500):
+        if len(fake.ran) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    # the urgent pieces at once, on the threads asked for; a train bucket only compiles, without the engine's turn
+    assert fake.ran == [("compile", 8, 2), ("run", 1, 2)] and fake.locked == [False, True]
+    engine.forward_backward([2])  # traffic again: the next piece waits for a pause after it
+    await asyncio.sleep(0.2)
+    assert len(fake.ran) == 2, "a later piece ran before the traffic paused"
+    await asyncio.wait_for(task, 30)
+    assert fake.ran[2:] == [("run", 2, 2), ("compile", 4, 2)] and engine.calls == 2
+
+    # A restart: nothing until a request (the recovery) was served and the traffic paused, then the urgent pieces
+    # back to back.
+    fake.ran.clear()
+    engine = Serialized(fake)
+    task = asyncio.create_task(jax_worker._warm_up_later(engine, pieces, threads=1, urgent=3, restart=True))
+    await asyncio.sleep(1.5)  # idle, but no request yet: the CPU is the recovery's
+    assert fake.ran == []
+    engine.forward_backward([3])  # the recovery
+    await asyncio.wait_for(task, 30)
+    assert [r[:2] for r in fake.ran] == [("compile", 8), ("run", 1), ("run", 2), ("compile", 4)]
 
 
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
@@ -134,5 +204,27 @@ def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_
     call.join(10)
     assert engine.warm_up((1, 2)) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
     assert engine.calls == 1
-    first, later = jax_worker.warm_up_pieces(Settings(), warm_cache=True)  # a restart: register at once
-    assert first == () and later == jax_worker.warm_up_plan(Settings()).pieces()
+
+
+def test_a_first_sample_before_the_background_warm_up_compiles_its_own_slot_bucket_only(qwen3_dir):
+    """`--warm-up background` schedules the first sampler family: a first 1-row sample that comes before the warm-up
+    built it compiles the smallest slot bucket's programs (empty slots, admission, decode chunk), not every bucket's;
+    the warm-up's pieces then build the others, and the same family at any concurrency compiles nothing more."""
+    settings = dataclasses.replace(_settings(), warm_up="background", warm_up_prompt_lens=(16,))
+    engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
+    sampler = engine._sampler
+    assert len(engine.slot_buckets) > 1
+    prompt = np.arange(1, 6, dtype=np.int32)
+    before = sampler.compile_count()
+    (result,) = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=0)])
+    assert isinstance(result, SampleResult) and len(result.sequences[0].tokens) <= 4
+    assert sampler.compile_count() - before == 3  # one bucket: slots, admission, decode chunk
+    plan = jax_worker.warm_up_plan(settings)
+    family = [p for p in plan.pieces()[: plan.first_user()] if p.kind == "sampler"]
+    for piece in split_by_slot_bucket(tuple(family), engine.slot_buckets):
+        engine.warm_up((piece,))
+    before = sampler.compile_count()
+    for calls in (1, 8, engine.sample_slots):
+        sampled = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=i) for i in range(calls)])
+        assert all(isinstance(r, SampleResult) for r in sampled)
+    assert sampler.compile_count() == before

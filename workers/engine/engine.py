@@ -267,12 +267,31 @@ class Engine:
         self._sampler.warmed_prompts = frozenset(p.prompt_len for p in pieces if p.kind == "sampler")
         self._sampler.warmed_caches = frozenset(p.cache_len for p in pieces if p.kind == "sampler")
 
-    def warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> int:
+    def schedule_warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> None:
+        """The sampler families among `pieces` are about to be warmed up in the background: a request that comes
+        first compiles only its own slot bucket of them (sampler.py)."""
+        from .sampler import MIN_STOP_IDS
+
+        self._sampler.scheduled_families = frozenset(
+            (p.cache_len, MIN_STOP_IDS, p.prompt_len, p.prompt_logprobs, p.adapters)
+            for p in pieces
+            if p.kind == "sampler"
+        )
+
+    def warm_up(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
         """Compile ahead of traffic what `pieces` name (see warm_up.py; `WarmUpPlan.pieces()` lists them), leaving
-        no state behind; returns the number of programs built (compiled, or read back from the persistent cache)."""
+        no state behind; returns the number of programs built (compiled, or read back from the persistent cache).
+        `threads` > 1: the train buckets' steps compile side by side on that many threads."""
         from . import warm_up
 
-        return warm_up.run(self, tuple(pieces))
+        return warm_up.run(self, tuple(pieces), threads)
+
+    def compile_ahead(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
+        """Compile, never run, the train buckets among `pieces`, from the state's shapes alone: safe beside any other
+        call of this engine, from another thread (warm_up.compile_ahead). Programs built."""
+        from . import warm_up
+
+        return warm_up.compile_ahead(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
         return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests, info=self.info)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Hashable
 from functools import partial
@@ -28,6 +29,10 @@ class AotCache:
     """Compiles `fn` once per (static kwargs, argument shapes and dtypes) and reuses the executable.
 
     `donate` names arguments whose buffers the step may reuse (gradient accumulators, decode state).
+
+    `prepare` may be called from several threads at once (the warm-up compiles several shapes side by side: XLA
+    releases the GIL while it compiles): each shape is compiled once, a second caller of a shape being compiled
+    waits for that compile, and compiles of different shapes do not wait for each other.
     """
 
     def __init__(self, name: str, fn: Callable, donate: tuple[str, ...] = ()):
@@ -36,22 +41,42 @@ class AotCache:
         self._donate = donate
         self._compiled: dict[Hashable, Callable] = {}
         self.compile_seconds: dict[str, float] = {}
+        self._lock = threading.Lock()  # guards _building
+        self._building: dict[Hashable, threading.Lock] = {}  # one lock per shape, held while it compiles
 
     def prepare(self, label: str, *args: Any, **static: Any) -> Callable:
         """The executable for these arguments' shapes, compiled now if it was not yet; nothing runs (a warm-up can
-        pass the live state: it is only read for its shapes and shardings, never donated)."""
+        pass the live state, or `abstract` of it: it is only read for its shapes and shardings, never donated)."""
         key = (_shape_key(args), tuple(sorted(static.items())))
         compiled = self._compiled.get(key)
-        if compiled is None:
-            t0 = time.perf_counter()
-            jitted = jax.jit(partial(self._fn, **static), donate_argnames=self._donate)
-            compiled = jitted.lower(*args).compile()
-            seconds = time.perf_counter() - t0
-            desc = f"{label} {static}" if static else label
-            self.compile_seconds[desc] = seconds
-            self._compiled[key] = compiled
-            log.info("compiled %s for %s in %.2fs", self.name, desc, seconds)
+        if compiled is not None:
+            return compiled
+        with self._lock:
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            compiled = self._compiled.get(key)  # compiled by another thread while this one waited
+            if compiled is None:
+                t0 = time.perf_counter()
+                jitted = jax.jit(partial(self._fn, **static), donate_argnames=self._donate)
+                compiled = jitted.lower(*args).compile()
+                seconds = time.perf_counter() - t0
+                desc = f"{label} {static}" if static else label
+                self.compile_seconds[desc] = seconds
+                self._compiled[key] = compiled
+                log.info("compiled %s for %s in %.2fs", self.name, desc, seconds)
         return compiled
 
     def __call__(self, label: str, *args: Any, **static: Any) -> Any:
         return self.prepare(label, *args, **static)(*args)
+
+
+def abstract(tree: Any) -> Any:
+    """Shapes, dtypes and shardings of `tree`'s arrays without their buffers: what `AotCache.prepare` needs, safe to
+    hand to another thread while this one goes on using (and donating) the arrays."""
+
+    def spec(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
+
+    return jax.tree.map(spec, tree)

@@ -14,7 +14,10 @@ two, at least MIN_CACHE_LEN), prompt length (round_up_seq_len), stop-id width an
 adapter-stack size (powers of two); admissions always take slots/8 rows (several calls fill the slots). With
 `eager_buckets` the first use of a (cache, prompt, adapters, stops) family compiles the decode chunk and the
 admission for every slot bucket, so coordinator batches of varying size
-(4 rows, then 252, ...) never compile in the middle of a workload; `warm_up` does the same ahead of time.
+(4 rows, then 252, ...) never compile in the middle of a workload; `warm_up` does the same ahead of time. A family
+the JAX worker's background warm-up is about to build (`scheduled_families`) is the exception: a request that comes
+first compiles its own slot bucket only, and leaves the others to the warm-up (a first sample of one row then waits
+for one bucket's programs, not three).
 
 Stop token ids are checked on device; stop strings here, on the host, between chunks (only when some row has them).
 """
@@ -124,6 +127,9 @@ class SlotSampler:
         # they fit. Fixed at start, whatever the warm-up got to, so a row's shapes never depend on timing.
         self.warmed_prompts: frozenset[int] = frozenset()
         self.warmed_caches: frozenset[int] = frozenset()
+        # (cache, stops, prompt, prompt_logprobs, adapters) families a background warm-up builds at every bucket soon.
+        self.scheduled_families: frozenset[tuple[int, int, int, bool, int]] = frozenset()
+        self._buckets_built: set[tuple] = set()
 
     def caches(self) -> list[AotCache]:
         return [self._admit, self._decode, self._empty]
@@ -215,6 +221,13 @@ class SlotSampler:
                      "in %.1fs", self.compile_count() - before, length, m, plen, plp, family[4],
                      time.perf_counter() - t0)  # fmt: skip
 
+    def _ensure_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
+        """Compile (by running on no rows) one slot bucket of a family, once."""
+        key = (b, length, m, plen, plp, _stack_size(lora))
+        if key not in self._buckets_built:
+            self._buckets_built.add(key)
+            self.warm_bucket(lora, base, b, length, m, plen, plp)
+
     def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
         """One slot bucket of a family: its empty slots, admission and decode chunk, run on no rows."""
         slots, release = self._take(b, length, m)
@@ -262,7 +275,10 @@ class SlotSampler:
                 plp = any(rows[i].prompt_logprobs for i in chosen)
                 if self.eager_buckets:
                     self._keep(slots, release, length, m)
-                    self._ensure_family(lora, base, length, m, plen, plp)
+                    if (length, m, plen, plp, _stack_size(lora)) in self.scheduled_families:
+                        self._ensure_bucket(lora, base, b, length, m, plen, plp)
+                    else:
+                        self._ensure_family(lora, base, length, m, plen, plp)
                     slots, release = self._take(b, length, m)
                 slots, prompt_lp = self._admit_call(lora, base, slots, rows, chosen, index, small, plen, plp)
                 host_lp = self.placement.to_host(prompt_lp) if prompt_lp is not None else None

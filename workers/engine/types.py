@@ -152,14 +152,17 @@ class WarmUpPlan:
     sampler: SamplerWarmUp = field(default_factory=SamplerWarmUp)
 
     def pieces(self) -> tuple[WarmUpPiece, ...]:
-        """The lifecycle first (what a first user needs), then the train buckets, then the sampler families."""
+        """In the order a first user needs them: the training half of an adapter's lifecycle at the smallest
+        shapes (create, forward_backward, optim_step), the train bucket of a first batch of several datums (the most
+        rows at the shortest sequence) and the lifecycle's own (its forward step), the first sampler family and the
+        rest of the lifecycle (export, import, snapshot, sample): these `first_user` pieces;
+        then the other train buckets, then the other sampler families. With `--warm-up background` the JAX worker
+        runs the lifecycle's training half before it registers, the other first-user pieces right after, back to
+        back, and the rest in the pauses of the traffic."""
         rows = sorted({round_up_pow2(r) for r in self.train.rows})
         lens = sorted({round_up_seq_len(n) for n in self.train.seq_lens})
         s = self.sampler
-        out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0], cache_len=s.cache_lens[0],
-                           prompt_len=s.prompt_lens[0])]  # fmt: skip
-        out += [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
-        out += [
+        families = [
             WarmUpPiece(
                 "sampler", cache_len=c, prompt_len=round_up_seq_len(p), adapters=round_up_pow2(a), prompt_logprobs=plp
             )
@@ -169,12 +172,24 @@ class WarmUpPlan:
             for plp in s.prompt_logprobs
             if round_up_seq_len(p) <= c
         ]
+        trains = [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
+        first_batches = [
+            WarmUpPiece("train", rows=rows[-1], seq=lens[0]),
+            WarmUpPiece("train", rows=rows[0], seq=lens[0]),
+        ]
+        sample = dict(cache_len=s.cache_lens[0], prompt_len=s.prompt_lens[0])
+        out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0]), *first_batches]
+        out += families[:1] + [WarmUpPiece("lifecycle_sample", **sample)] + trains + families[1:]
         return tuple(dict.fromkeys(out))
+
+    def first_user(self) -> int:
+        """How many leading pieces (of `pieces`) a first user needs: up to the sampling half of the lifecycle."""
+        return 1 + [p.kind for p in self.pieces()].index("lifecycle_sample")
 
 
 @dataclass(frozen=True)
 class WarmUpPiece:
-    kind: Literal["lifecycle", "train", "sampler"]
+    kind: Literal["lifecycle", "lifecycle_sample", "train", "sampler"]
     rows: int = 0
     seq: int = 0
     cache_len: int = 0

@@ -2,25 +2,29 @@
 
 A warm-up is a list of pieces, each small enough to run between two activities on the engine thread:
 
-- `lifecycle`: one adapter's whole life on a scratch slot (the last one), at the smallest warmed shapes: create,
-  forward_backward with each loss the cookbook uses (cross_entropy, importance_sampling, ppo: one program serves
-  every loss, the loss is a per-row index), forward, optim_step, sampler snapshot, a sample through it and one of the
-  base model, export and import of the slot's state (checkpoints and the restore after a worker died), a snapshot
-  loaded from weights (sampling a saved checkpoint), then the slot freed. It runs the real programs, so the small
-  helpers around them (slot writes, zeroing, the snapshot stack) are built too, with the shardings traffic uses.
-  Nothing of it stays: the slot ends zeroed and unallocated, the snapshots dropped.
-- `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run.
+- `lifecycle`: the training half of one adapter's life on a scratch slot (the last one), at the smallest warmed
+  shapes: create, forward_backward with each loss the cookbook uses (cross_entropy, importance_sampling, ppo: one
+  program serves every loss, the loss is a per-row index), optim_step, then the slot freed.
+- `lifecycle_sample`: the rest of it: export and import of the slot's state (checkpoints and the restore after a
+  worker died), sampler snapshot, a sample through it and one of the base model, a snapshot loaded from weights
+  (sampling a saved checkpoint). Both run the real programs, so the small helpers around them (slot writes,
+  zeroing, the snapshot stack) are built too, with the shardings traffic uses. Nothing of them stays: the slot ends
+  zeroed and unallocated, the snapshots dropped.
+- `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run (from
+  the state's shapes alone with `compile_ahead`: beside the traffic, without a turn on the engine).
 - `sampler`: one sampler shape family (cache length, prompt bucket, snapshots per batch, prompt logprobs) for
   every slot bucket (or one, `slots`: the background warm-up takes them one at a time), run on empty slots.
 
 The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
-default) the lifecycle before it registers and the rest after, one piece at a time whenever the engine has been idle
-for a moment (`Serialized`), or everything after registering when the persistent compilation cache already holds
-programs (a restart, a second `up`: reading back what a request needs, when it needs it, beats reading back all).
+default) the lifecycle's training half before it registers and the rest after (WarmUpPlan.pieces gives the order):
+what a first user needs back to back, the rest one piece at a time whenever the engine has been idle for a moment
+(`Serialized`); everything after registering, in the same order, when the persistent compilation cache already
+holds programs (a restart, a second `up`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import inspect
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import compile_cache
+from .jit_cache import AotCache, abstract
 from .sampler import MIN_STOP_IDS
 from .train import pack
 from .types import (
@@ -52,30 +57,73 @@ log = logging.getLogger(__name__)
 SCRATCH_SNAPSHOT = "__warm-up__"
 
 
-def run(engine: Engine, pieces: tuple[WarmUpPiece, ...]) -> int:
+def run(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
     """Run `pieces` on `engine`; the number of programs this built (compiled, or read back from the persistent
-    compilation cache)."""
+    compilation cache). With `threads` > 1 the train and forward steps of every train bucket the pieces name (the
+    lifecycle's included) compile side by side on that many threads, beside the pieces' other work on this thread
+    (XLA releases the GIL while it compiles; AotCache compiles each shape once, whoever asks first)."""
     t0 = time.perf_counter()
     before = compile_cache.counts().requests
-    for piece in pieces:
-        if piece.kind == "lifecycle":
-            _lifecycle(engine, piece)
-        elif piece.kind == "train":
-            _train(engine, piece.rows, piece.seq)
-        else:
-            _sampler(engine, piece)
+    buckets = list(dict.fromkeys((p.rows, p.seq) for p in pieces if p.kind in ("lifecycle", "train")))
+    pool = concurrent.futures.ThreadPoolExecutor(threads, "warm-up") if threads > 1 and buckets else None
+    futures = []
+    if pool is not None:
+        for rows, seq in buckets:  # the arrays' shapes taken now: this thread goes on using (and donating) them
+            for step, args in _train_steps(engine, rows, seq, abstract_state=True):
+                futures.append(pool.submit(step.prepare, f"batch={rows} seq={seq} (warm-up)", *args))
+    try:
+        for piece in pieces:
+            if piece.kind == "lifecycle":
+                _lifecycle(engine, piece)
+            elif piece.kind == "lifecycle_sample":
+                _lifecycle_sample(engine, piece)
+            elif piece.kind == "train":
+                if pool is None:
+                    _train(engine, piece.rows, piece.seq)
+            else:
+                _sampler(engine, piece)
+        for future in futures:
+            future.result()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     built = compile_cache.counts().requests - before
-    log.info("warm-up: %d pieces, %d programs built in %.1fs", len(pieces), built, time.perf_counter() - t0)
+    log.info("warm-up: %d pieces, %d programs built in %.1fs (%d threads)", len(pieces), built,
+             time.perf_counter() - t0, threads if pool is not None else 1)  # fmt: skip
     return built
+
+
+def compile_ahead(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
+    """Compile (never run) the train and forward steps of the train pieces among `pieces`, from the shapes of the
+    engine's state alone: safe beside any other engine call (which may donate those arrays meanwhile), so it needs
+    no turn on the engine (`Serialized` lets it pass); a request that needs a program being compiled here waits for
+    that compile alone (AotCache). The number of programs this process built meanwhile."""
+    before = compile_cache.counts().requests
+    jobs = [
+        (step, f"batch={p.rows} seq={p.seq} (warm-up)", args)
+        for p in dict.fromkeys(p for p in pieces if p.kind == "train")
+        for step, args in _train_steps(engine, p.rows, p.seq, abstract_state=True)
+    ]
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads), "warm-up") as pool:
+        for future in [pool.submit(step.prepare, label, *args) for step, label, args in jobs]:
+            future.result()
+    return compile_cache.counts().requests - before
+
+
+def _train_steps(engine: Engine, rows: int, seq: int, *, abstract_state: bool) -> list[tuple[AotCache, tuple]]:
+    """The train and forward steps of the (rows, seq) bucket with their arguments (single-target datums)."""
+    steps, slots = engine._steps, engine._adapters
+    batch = steps.placement.put_batch(pack([], steps.placement.round_rows(rows), seq, 1))
+    lora, base, grads = slots.lora, engine._base, slots.grads
+    if abstract_state:
+        lora, base, grads, batch = abstract((lora, base, grads, batch))
+    return [(steps.grad_step, (lora, base, grads, batch)), (steps.forward_step, (lora, base, batch))]
 
 
 def _train(engine: Engine, rows: int, seq: int) -> None:
     """Compile (not run) the train and forward steps of the (rows, seq) bucket, single-target datums."""
-    steps, slots = engine._steps, engine._adapters
-    batch = steps.placement.put_batch(pack([], steps.placement.round_rows(rows), seq, 1))
-    label = f"batch={rows} seq={seq} (warm-up)"
-    steps.grad_step.prepare(label, slots.lora, engine._base, slots.grads, batch)
-    steps.forward_step.prepare(label, slots.lora, engine._base, batch)
+    for step, args in _train_steps(engine, rows, seq, abstract_state=False):
+        step.prepare(f"batch={rows} seq={seq} (warm-up)", *args)
 
 
 def _sampler(engine: Engine, piece: WarmUpPiece) -> None:
@@ -98,10 +146,20 @@ def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) ->
     return tuple(out)
 
 
-def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
+def _scratch_slot(engine: Engine) -> int | None:
     slot = engine.max_lora_adapters - 1
     if slot in engine._slots:  # never touch a live adapter (the worker warms up before it takes work)
         log.warning("warm-up: slot %d is in use, adapter lifecycle not warmed", slot)
+        return None
+    return slot
+
+
+def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
+    """The training half of an adapter's life: create, forward_backward with each loss, optim_step. (The forward
+    step is the train piece of the same bucket; export and import are in `_lifecycle_sample`: a first training user
+    needs neither before its first step.)"""
+    slot = _scratch_slot(engine)
+    if slot is None:
         return
     n = piece.seq - 1  # a datum of seq - 1 tokens: the `seq` bucket whatever the buckets' rounding
     tokens = np.arange(n, dtype=np.int32) % engine.info.vocab_size
@@ -116,12 +174,22 @@ def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
         for loss, inputs in per_loss.items():
             data = [Datum(tokens=tokens, inputs=inputs)] * piece.rows
             _expect_ok(engine.forward_backward([ForwardBackwardInput(slot=slot, data=data, loss_fn=loss)]))
-        data = [Datum(tokens=tokens, inputs=per_loss["cross_entropy"])] * piece.rows
-        _expect_ok(engine.forward_backward([ForwardBackwardInput(slot=slot, data=data, loss_fn="cross_entropy",
-                                                                 forward_only=True)]))  # fmt: skip
         engine.optim_step(slot, AdamConfig(learning_rate=0.0))
-        state = engine.export_slot(slot)
-        engine.import_slot(slot, state, optimizer=True)
+    finally:
+        engine.free_adapter(slot)
+
+
+def _lifecycle_sample(engine: Engine, piece: WarmUpPiece) -> None:
+    """The rest of an adapter's life: export and import of its state (checkpoints, and the restore after a worker
+    died), a sampler snapshot of it, a snapshot loaded from weights (sampling a saved checkpoint), a sample through
+    it and one of the base model (the sampler family of `piece`'s shapes, at every slot bucket, unless earlier
+    pieces built it), then the snapshots dropped and the slot freed."""
+    slot = _scratch_slot(engine)
+    if slot is None:
+        return
+    engine.create_adapter(slot, LoraConfig(rank=1, seed=0))
+    try:
+        engine.import_slot(slot, engine.export_slot(slot), optimizer=True)
         engine.snapshot(slot, SCRATCH_SNAPSHOT)
         engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
         prompt = np.arange(piece.prompt_len, dtype=np.int32) % engine.info.vocab_size
@@ -143,9 +211,10 @@ def _expect_ok(results: list) -> None:
 class Serialized:
     """The engine with every public method call under one lock, so a background warm-up and the activities take
     turns: an engine call waits at most for the one warm-up piece in progress, and waits inside its activity, which
-    heartbeats meanwhile. It also tells how long the engine has been idle (`idle_seconds`: the background warm-up
-    starts a piece only after a pause in the traffic, so a burst of requests, such as a recovery's restore and
-    replay, is not slowed by it). Attribute reads and writes pass through."""
+    heartbeats meanwhile; `compile_ahead` alone passes without the lock (it reads only shapes, and compiles). It
+    also tells how long the engine has been idle (`idle_seconds`: the background warm-up starts a piece only after
+    a pause in the traffic, so a burst of requests, such as a recovery's restore and replay, is not slowed by it).
+    Attribute reads and writes pass through."""
 
     def __init__(self, engine: Any) -> None:
         object.__setattr__(self, "_engine", engine)
@@ -162,7 +231,9 @@ class Serialized:
         value = getattr(self._engine, name)
         if name.startswith("_") or not inspect.ismethod(value):
             return value
-        traffic = name != "warm_up"
+        traffic = name not in ("warm_up", "compile_ahead")
+        if name == "compile_ahead":
+            return value
 
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
