@@ -177,9 +177,13 @@ class WarmUpPlan:
             WarmUpPiece("train", rows=rows[-1], seq=lens[0]),
             WarmUpPiece("train", rows=rows[0], seq=lens[0]),
         ]
-        sample = dict(cache_len=s.cache_lens[0], prompt_len=s.prompt_lens[0])
         out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0]), *first_batches]
-        out += families[:1] + [WarmUpPiece("lifecycle_sample", **sample)] + trains + families[1:]
+        out += (
+            families[:1]
+            + [WarmUpPiece("lifecycle_sample", cache_len=s.cache_lens[0], prompt_len=s.prompt_lens[0])]
+            + trains
+            + families[1:]
+        )
         return tuple(dict.fromkeys(out))
 
     def first_user(self) -> int:
