@@ -65,7 +65,6 @@ class Coordinator:
     def __init__(self, state: CoordinatorState) -> None:
         self.s = state
         self.placement = Placement(state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder)
-        self._busy: set[str] = set()
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
         # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).
         # The loop wakes only on a change: routing that finds nothing to do must not spin (a workflow that loops
@@ -73,7 +72,8 @@ class Coordinator:
         self._changed = True
         # Strong references to the fire-and-forget tasks (dispatches, signal deliveries) until they finish.
         self._tasks: set[asyncio.Future[None]] = set()
-        self._dispatching: dict[str, asyncio.Future[None]] = {}  # worker queue -> its batch in flight
+        # Worker queue -> its batch in flight: a worker is busy while it has one (one batch per worker at a time).
+        self._dispatching: dict[str, asyncio.Future[None]] = {}
 
     @workflow.run
     async def run(self, state: CoordinatorState) -> None:
@@ -82,14 +82,13 @@ class Coordinator:
             self._changed = False
             if self._should_continue_as_new():
                 # Drain: dispatch nothing new; once no batch is in flight, carry the queue into a fresh run.
-                if self._busy:
+                if self._dispatching:
                     continue
                 await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._signals_in_flight)
                 workflow.continue_as_new(self.s)
             for queue in self._ready_queues():
                 items = self._take_for(queue)
                 if items:
-                    self._busy.add(queue)
                     self._dispatching[queue] = task = asyncio.ensure_future(self._dispatch(queue, items))
                     self._keep(task)
 
@@ -163,7 +162,7 @@ class Coordinator:
                     "worker_id": w.info.worker_id,
                     "slots_used": len(w.slots),
                     "max_adapters": w.info.max_adapters,
-                    "busy": q in self._busy,
+                    "busy": q in self._dispatching,
                 }
                 for q, w in self.s.workers.items()
             },
@@ -186,7 +185,7 @@ class Coordinator:
     def _ready_queues(self) -> list[str]:
         if not self.s.pending:
             return []
-        return [q for q in self.s.workers if q not in self._busy]
+        return [q for q in self.s.workers if q not in self._dispatching]
 
     def _take_for(self, queue: str) -> list[WorkItem]:
         """Route pending items; return (with slots filled in) the ones for `queue`, answer unroutable ones now."""
@@ -204,7 +203,7 @@ class Coordinator:
                 keep.append(item)
                 continue
             try:
-                target, routed = self.placement.route(item, self._busy, workflow.now().timestamp())
+                target, routed = self.placement.route(item, self._dispatching.keys(), workflow.now().timestamp())
             except ApplicationError as e:
                 outcome = Outcome(error=e.message, category="user", worker_lost=e.type == ErrorType.ADAPTER_LOST)
                 self._answer(WorkResult(key=item.key, outcome=outcome), item.requester)
@@ -248,14 +247,11 @@ class Coordinator:
                 summary=_summarise(items),
             )
             results = result.results
-        except asyncio.CancelledError:
-            # Only register_worker cancels a dispatch: the worker restarted under it (the Coordinator itself is never
-            # cancelled). Its predecessor's placements are already forgotten; the runs restore themselves.
-            results = _lost(items, f"the JAX worker on {queue} restarted while running this")
         except ActivityError as e:
             # An ActivityError's cause is a FailureError (ApplicationError, TimeoutError, ...), which has a message.
             cause = e.cause.message if isinstance(e.cause, FailureError) else str(e)
-            # Cancelled: register_worker cancelled it, the worker restarted under it (as asyncio.CancelledError above).
+            # Cancelled: register_worker cancelled it, the worker restarted under it (its predecessor's placements are
+            # already forgotten, so _lose_worker below finds nothing of the old incarnation to drop).
             lost = isinstance(e.cause, (TimeoutError_, CancelledError_)) or getattr(e.cause, "type", "") == "WorkerLost"
             workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
             if lost:
@@ -265,8 +261,7 @@ class Coordinator:
                 message = f"the JAX worker failed this batch: {cause}"
                 results = [WorkResult(key=i.key, outcome=Outcome(error=message, category="server")) for i in items]
         finally:
-            self._busy.discard(queue)
-            self._dispatching.pop(queue, None)
+            del self._dispatching[queue]
             self._changed = True
         by_key = {r.key: r for r in results}
         for item in items:

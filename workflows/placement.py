@@ -10,6 +10,7 @@ none of its own. Tested without a server in tests/workflows/test_placement.py.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -123,7 +124,7 @@ class Placement:
         for key in [k for k, q in self.s.snapshots.items() if q == queue]:
             self.forget_snapshot(key)
 
-    def least_busy(self, busy: set[str]) -> str | None:
+    def least_busy(self, busy: AbstractSet[str]) -> str | None:
         idle = [q for q in self.s.workers if q not in busy]
         pool = idle or list(self.s.workers)
         return sorted(pool)[0] if pool else None
@@ -134,7 +135,7 @@ class Placement:
 
     # --- routing -------------------------------------------------------------------------------------------------
 
-    def route(self, item: WorkItem, busy: set[str], now: float) -> tuple[str | None, WorkItem]:
+    def route(self, item: WorkItem, busy: AbstractSet[str], now: float) -> tuple[str | None, WorkItem]:
         """The worker queue `item` runs on (None: wait for a worker) and the item as dispatched (slot filled in).
         An ApplicationError answers the item now (type AdapterLost: its run may restore itself)."""
         if item.kind is WorkKind.CREATE_ADAPTER:
@@ -170,7 +171,7 @@ class Placement:
         if ":sample:" in key:
             self.s.snapshot_runs[key] = model_id
 
-    def _route_sample(self, item: WorkItem, busy: set[str], now: float) -> tuple[str | None, WorkItem]:
+    def _route_sample(self, item: WorkItem, busy: AbstractSet[str], now: float) -> tuple[str | None, WorkItem]:
         key = item.snapshot
         if not key:
             return self.least_busy(busy), item
