@@ -25,7 +25,6 @@ from tinkerflow.api import (
     routes_service,
     routes_training,
 )
-from tinkerflow.api.batch_results import BatchResults
 from tinkerflow.api.body_limits import BodyLimit
 from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal
 from tinkerflow.api.deps import metrics_caller
@@ -61,7 +60,6 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             signing_key=signing_key(settings),
             api_keys=settings.accepted_api_keys(),
             sample_batcher=SampleBatcher(temporal),
-            batch_results=BatchResults(temporal),
             worker_metrics=WorkerMetrics(urls) if (urls := worker_metrics_urls(settings)) else None,
         )
         if not app.state.services.api_keys:

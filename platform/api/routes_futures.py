@@ -36,7 +36,6 @@ async def _outcome(svc: Services, ref) -> Outcome:
             ref.update_id, workflow_run_id=ref.run_id or None, result_type=Outcome
         ).result()
     if isinstance(ref, request_ids.BatchItemRef):
-        assert svc.batch_results is not None
         return await svc.batch_results.outcome(ref.workflow_id, ref.index)  # one fetch per batch, however many poll
     return await svc.client.get_workflow_handle(ref.workflow_id, result_type=Outcome).result()
 

@@ -193,7 +193,6 @@ async def _sample(
 
 async def _results(svc: Services, ref: BatchItemRef) -> Any:
     """Wait for the outcome of one submitted request (what retrieve_future long-polls), as the SDK's SampleResponse."""
-    assert svc.batch_results is not None
     try:
         outcome = await svc.batch_results.outcome(ref.workflow_id, ref.index)
     except WorkflowFailureError as e:

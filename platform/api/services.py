@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from temporalio.client import Client
 
+from tinkerflow.api.batch_results import BatchResults
 from tinkerflow.api.queue_depths import QueueDepths
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.settings import Settings
@@ -23,7 +24,6 @@ from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workflows.messages import ModelCard, SamplerInfo
 
 if TYPE_CHECKING:
-    from tinkerflow.api.batch_results import BatchResults
     from tinkerflow.api.sample_batches import SampleBatcher
     from tinkerflow.api.worker_metrics import WorkerMetrics
 
@@ -70,13 +70,14 @@ class Services:
     signing_key: bytes = b""  # signs download URLs (external_weights_urls)
     api_keys: tuple[str, ...] = ()  # resolved once at start: flags, env and the keys file
     sample_batcher: SampleBatcher | None = None
-    batch_results: BatchResults | None = None  # one shared result wait per sample batch workflow
     worker_metrics: WorkerMetrics | None = None  # the console's tokens/s (None: no worker /metrics to read)
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
-    queue_depths: QueueDepths = field(init=False)
+    queue_depths: QueueDepths = field(init=False)  # one Coordinator queue-depth query at a time
+    batch_results: BatchResults = field(init=False)  # one shared result wait per sample batch workflow
 
     def __post_init__(self) -> None:
         self.queue_depths = QueueDepths(self.client)
+        self.batch_results = BatchResults(self.client)
 
     async def queued_samples(self, coordinator_id: str) -> tuple[int, int]:
         """(samples, tokens of work) waiting in a coordinator's queue, from one query shared by concurrent callers."""
