@@ -212,8 +212,7 @@ def warm_up_pieces(
     worker's recovery by as much; a recovery's own ops need only a few of its programs."""
     if settings.warm_up == "off":
         return (), ()
-    plan = warm_up_plan(settings)
-    pieces = plan.pieces()
+    pieces = warm_up_plan(settings).pieces()
     if settings.warm_up == "ready":
         return pieces, ()
     if warm_cache:
@@ -238,10 +237,10 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
         from tinkerflow.workers.engine import multihost
 
         engine = multihost.DrivenEngine(engine)
+    plan = warm_up_plan(settings)
     if settings.warm_up != "off":
-        engine.prefer_buckets(warm_up_plan(settings))
+        engine.prefer_buckets(plan)
     if settings.warm_up == "background":  # its first sampler family: a first sample compiles only its own bucket
-        plan = warm_up_plan(settings)
         engine.schedule_warm_up(plan.pieces()[: plan.first_user()])
     if pieces is None:
         pieces = warm_up_pieces(settings)[0]

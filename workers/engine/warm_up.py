@@ -231,9 +231,9 @@ class Serialized:
         value = getattr(self._engine, name)
         if name.startswith("_") or not inspect.ismethod(value):
             return value
-        traffic = name not in ("warm_up", "compile_ahead")
         if name == "compile_ahead":
             return value
+        traffic = name != "warm_up"
 
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
