@@ -64,11 +64,13 @@ def run_acceptance_script(stack: RunningStack, name: str, timeout_s: float) -> N
     script = ACCEPTANCE / name
     if not script.exists():
         pytest.skip(f"{script} not present (shared/ is not beside the repo)")
-    env = dict(os.environ, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0")
+    # PYTHONFAULTHANDLER: a client that dies of a signal (CI once saw SIGABRT after "OK", with nothing on stderr)
+    # prints every thread's Python stack, so the next one can be told apart (SDK teardown or us).
+    env = dict(os.environ, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0", PYTHONFAULTHANDLER="1")
     run = subprocess.run(
         [sys.executable, str(script), stack.base_url], env=env, capture_output=True, text=True, timeout=timeout_s
     )
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.returncode == 0, f"exit {run.returncode}\n--- stdout\n{run.stdout}--- stderr\n{run.stderr}"
     assert run.stdout.strip().splitlines()[-1] == "OK"
 
 
