@@ -7,6 +7,7 @@ import json
 import os
 import platform as _stdlib_platform  # noqa: F401  (the stdlib one: the repo's platform/ is not importable)
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -127,6 +128,23 @@ def worker_compiles(stack) -> int | None:
         return None
     log = stack.state_dir / "logs" / "jax-worker.log"
     return log.read_text(errors="replace").count("jit_cache: compiled ") if log.exists() else 0
+
+
+def wait_for_steady_state(stack, timeout_s: float = 1800.0) -> float | None:
+    """Wait until the stack's JAX worker has finished its background warm-up (its log says so), so a sweep measures
+    the steady state and not the first minutes after `up`, when the warm-up compiles beside the traffic (what a first
+    user meets there is the cold_start benchmark's). The seconds waited; None for a stack we did not launch."""
+    if stack is None:
+        return None
+    log = stack.state_dir / "logs" / "jax-worker.log"
+    t0 = time.perf_counter()
+    print("benchmark: waiting for the JAX worker's background warm-up to finish (steady state) …", file=sys.stderr)
+    while time.perf_counter() - t0 < timeout_s:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "background warm-up done" in text or ", 0 after" in text:  # done, or nothing was left for the background
+            return round(time.perf_counter() - t0, 1)
+        time.sleep(1.0)
+    raise TimeoutError(f"the JAX worker's background warm-up did not finish in {timeout_s:.0f} s: see {log}")
 
 
 def sampler_of(training):

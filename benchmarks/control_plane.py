@@ -10,9 +10,10 @@ the op), so the timeline reads receive → update accepted → workflow tasks �
 update completed → result in hand. The engine's own time for the op is measured alone in the same run.
 
 CPU per part: user+system CPU seconds of each process of `up` (API, workflow worker, JAX worker, Temporal dev
-server) over the mixed loop, from /proc, beside the loop's wall time. With --py-spy, py-spy records the API and the
-workflow worker during that loop and the top self-time frames of each are printed (profiles are written to
---profile-dir, never committed).
+server) over the mixed loop, from /proc, beside the loop's wall time. Both parts start once the JAX worker's
+background warm-up has finished (the steady state: its compiles are not the op's). With --py-spy, py-spy records
+the API and the workflow worker during that loop and the top self-time frames of each are printed (profiles are
+written to --profile-dir, never committed).
 
     python -m benchmarks.control_plane [--ops N] [--loop-iterations N] [--py-spy] [--profile-dir DIR]
 """
@@ -36,7 +37,16 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 import httpx
 
-from benchmarks.common import emit, median, pig_latin_examples, running_stack, sdk_datums, served_model, time_ms
+from benchmarks.common import (
+    emit,
+    median,
+    pig_latin_examples,
+    running_stack,
+    sdk_datums,
+    served_model,
+    time_ms,
+    wait_for_steady_state,
+)
 
 API_KEY = "tml-bench-key"
 
@@ -243,6 +253,7 @@ def main() -> None:
     parser.add_argument("--profile-dir", default=None, help="where py-spy writes (default: a temporary directory)")
     args = parser.parse_args()
     with running_stack(None, API_KEY) as (base_url, stack):
+        wait_for_steady_state(stack)  # the CPU figures are the loop's own, not the background warm-up's
         per_hop(stack, base_url, API_KEY, args.ops)
         with tempfile.TemporaryDirectory(prefix="tinkerflow-profile-") as tmp:
             cpu_under_loop(stack, base_url, API_KEY, args.loop_iterations, args.py_spy, Path(args.profile_dir or tmp))

@@ -8,6 +8,8 @@ is in hand (medians over --iterations, after --warmup iterations that compile ev
 on the engine alone in this process (forward_backward forward-only / with grads, optim_step, a sampler snapshot,
 sample), on the model directory the stack serves, with the stack idle. One JSON line per op: tinkerflow's median,
 the engine's, and their ratio; plus the jax worker's compile count during the timed part (it should be 0).
+A stack it launches is measured at its steady state: after the JAX worker's background warm-up has finished
+(`warm_up_wait_s`: the wait; the first minutes after `up` are the cold_start benchmark's).
 
     python -m benchmarks.mixed_loop [--base-url URL] [--iterations N] [--warmup N]
 """
@@ -36,6 +38,7 @@ from benchmarks.common import (
     served_model,
     share_compile_cache,
     stats,
+    wait_for_steady_state,
     worker_compiles,
 )
 
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
     args = parser.parse_args()
     with running_stack(args.base_url, args.api_key) as (base_url, stack):
+        warm_up_wait_s = wait_for_steady_state(stack)
         sdk, model_dir, compiles = sdk_loop(base_url, args.api_key, args.iterations, args.warmup, stack)
         share_compile_cache(stack)
         engine = engine_loop(model_dir, args.iterations, args.warmup)
@@ -167,6 +171,7 @@ def main() -> None:
             sdk_p90_ms=stats(sdk[name])["p90_ms"],
             n=len(sdk[name]),
             **compiles,
+            warm_up_wait_s=warm_up_wait_s,
         )
 
 

@@ -4,6 +4,8 @@ workload (the same N requests handed to Engine.sample in one call, on the same m
 
 For each N the first round is timed apart (`first_round_s`: a shape first seen compiles there, which the issue wants
 never to happen inside a workload) and the jax worker's compiles during the timed rounds are counted (should be 0).
+A stack it launches is measured at its steady state: after the JAX worker's background warm-up has finished
+(`warm_up_wait_s`: the wait; the first minutes after `up` are the cold_start benchmark's).
 
     python -m benchmarks.sample_sweep [--base-url URL] [--concurrency 1 8 32 128] [--rounds N]
 """
@@ -26,6 +28,7 @@ from benchmarks.common import (
     sampler_of,
     served_model,
     share_compile_cache,
+    wait_for_steady_state,
     worker_compiles,
 )
 
@@ -115,6 +118,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per level after one untimed (default 3)")
     args = parser.parse_args()
     with running_stack(args.base_url, args.api_key) as (base_url, stack):
+        warm_up_wait_s = wait_for_steady_state(stack)
         sdk, model_dir = sdk_sweep(base_url, args.api_key, args.concurrency, args.rounds, stack)
         share_compile_cache(stack)
         engine = engine_sweep(model_dir, args.concurrency, args.rounds)
@@ -131,6 +135,7 @@ def main() -> None:
             first_round_s=s["first_round_s"],
             engine_first_round_s=e["first_round_s"],
             compilations_during_timed_part=s["compilations_during_timed_part"],
+            warm_up_wait_s=warm_up_wait_s,
         )
     top, one = max(args.concurrency), min(args.concurrency)
     emit(

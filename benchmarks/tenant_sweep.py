@@ -5,6 +5,8 @@ one Engine.forward_backward call (as the Coordinator may batch them), then each 
 
 The stack is launched with --max-lora-adapters at least the largest tenant count; every tenant's run is created and
 takes one untimed step before the sweep. The jax worker's compiles during the timed part are counted (should be 0).
+A stack it launches is measured at its steady state: after the JAX worker's background warm-up has finished
+(`warm_up_wait_s`: the wait; the first minutes after `up` are the cold_start benchmark's).
 
     python -m benchmarks.tenant_sweep [--base-url URL --api-key K ...] [--tenants 1 2 4 8] [--steps N]
 """
@@ -29,6 +31,7 @@ from benchmarks.common import (
     sdk_datums,
     served_model,
     share_compile_cache,
+    wait_for_steady_state,
     worker_compiles,
 )
 
@@ -123,6 +126,7 @@ def main() -> None:
         parser.error(f"--tenants up to {n_max} needs as many --api-key")
     extra = [f"--api-key={k}" for k in api_keys[1:]] + ["--max-lora-adapters", str(max(8, n_max + 1))]
     with running_stack(args.base_url, api_keys[0], extra) as (base_url, stack):
+        warm_up_wait_s = wait_for_steady_state(stack)
         sdk, model_dir = sdk_sweep(base_url, api_keys, args.tenants, args.steps, stack)
         share_compile_cache(stack)
         engine = engine_sweep(model_dir, args.tenants, args.steps)
@@ -136,6 +140,7 @@ def main() -> None:
             rank=RANK,
             datums=8,
             **{k: v for k, v in sdk[n].items() if k != "steps_per_s"},
+            warm_up_wait_s=warm_up_wait_s,
         )
     top, one = max(args.tenants), min(args.tenants)
     emit(
