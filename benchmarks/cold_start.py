@@ -27,7 +27,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from benchmarks.common import cycle_rows, emit_pair, engine_datums, pig_latin_examples, sampler_of, sdk_datums
+from benchmarks.common import (
+    cycle_rows,
+    emit_pair,
+    engine_datums,
+    jax_worker_log,
+    pig_latin_examples,
+    programs_built,
+    sampler_of,
+    sdk_datums,
+)
 
 API_KEY = "tml-bench-key"
 FIGURES = ("up_to_healthy_s", "create_run_s", "first_forward_backward_s", "first_optim_step_s", "first_sample_s")
@@ -39,7 +48,7 @@ def stack_start(state_dir: Path) -> tuple[dict, str]:
 
     from tinkerflow.cli.launch import launch
 
-    built_before = _programs_built(state_dir)
+    built_before = programs_built(state_dir)  # the log is appended across starts
     t0 = time.perf_counter()
     stack = launch(state_dir, api_key=API_KEY)
     out = {"up_to_healthy_s": time.perf_counter() - t0}
@@ -71,25 +80,17 @@ def stack_start(state_dir: Path) -> tuple[dict, str]:
         )
         model_dir = training.get_info().model_data.tokenizer_id
         assert model_dir is not None
-        out["programs_built"] = _programs_built(state_dir) - built_before
+        out["programs_built"] = programs_built(state_dir) - built_before
         out.update(_xla_cache_at_ready(state_dir))
     finally:
         stack.stop()
     return out, model_dir
 
 
-def _programs_built(state_dir: Path) -> int:
-    """Programs the JAX worker's jit cache has built in this state dir so far (its log is appended across starts;
-    a persistent-cache hit is counted too: it is a program this start needed and did not have in memory)."""
-    log = state_dir / "logs" / "jax-worker.log"
-    return log.read_text(errors="replace").count("jit_cache: compiled ") if log.exists() else 0
-
-
 def _xla_cache_at_ready(state_dir: Path) -> dict:
     """What the JAX worker logged when it registered (this start's line is the last): XLA programs read back from
     the state dir's persistent cache and compiled, before it was ready."""
-    log = state_dir / "logs" / "jax-worker.log"
-    found = re.findall(r"(\d+) programs read back, (\d+) compiled so far", log.read_text(errors="replace"))
+    found = re.findall(r"(\d+) programs read back, (\d+) compiled so far", jax_worker_log(state_dir))
     if not found:
         return {}
     hits, misses = found[-1]

@@ -121,13 +121,23 @@ def engine_datums(rows) -> list:
     ]
 
 
+def jax_worker_log(state_dir: Path) -> str:
+    """What the JAX worker of a stack launched on `state_dir` has logged (every start's, appended), "" before it
+    started."""
+    log = state_dir / "logs" / "jax-worker.log"
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
+def programs_built(state_dir: Path) -> int:
+    """Programs the JAX worker's jit cache has built on `state_dir` so far (its jit_cache log lines; a persistent-cache
+    hit counts too: a program that start needed and did not have in memory)."""
+    return jax_worker_log(state_dir).count("jit_cache: compiled ")
+
+
 def worker_compiles(stack) -> int | None:
-    """Programs the stack's JAX worker has compiled so far (its jit_cache log lines); None for a stack we did not
-    launch (its logs are elsewhere)."""
-    if stack is None:
-        return None
-    log = stack.state_dir / "logs" / "jax-worker.log"
-    return log.read_text(errors="replace").count("jit_cache: compiled ") if log.exists() else 0
+    """Programs the stack's JAX worker has compiled so far; None for a stack we did not launch (its logs are
+    elsewhere)."""
+    return None if stack is None else programs_built(stack.state_dir)
 
 
 def wait_for_steady_state(stack, timeout_s: float = 1800.0) -> float | None:
@@ -136,15 +146,17 @@ def wait_for_steady_state(stack, timeout_s: float = 1800.0) -> float | None:
     user meets there is the cold_start benchmark's). The seconds waited; None for a stack we did not launch."""
     if stack is None:
         return None
-    log = stack.state_dir / "logs" / "jax-worker.log"
     t0 = time.perf_counter()
     print("benchmark: waiting for the JAX worker's background warm-up to finish (steady state) …", file=sys.stderr)
     while time.perf_counter() - t0 < timeout_s:
-        text = log.read_text(errors="replace") if log.exists() else ""
+        text = jax_worker_log(stack.state_dir)
         if "background warm-up done" in text or ", 0 after" in text:  # done, or nothing was left for the background
             return round(time.perf_counter() - t0, 1)
         time.sleep(1.0)
-    raise TimeoutError(f"the JAX worker's background warm-up did not finish in {timeout_s:.0f} s: see {log}")
+    raise TimeoutError(
+        f"the JAX worker's background warm-up did not finish in {timeout_s:.0f} s: see its log in "
+        f"{stack.state_dir / 'logs'}"
+    )
 
 
 def sampler_of(training):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,7 +19,7 @@ import numpy as np
 import tinker
 from tinker import types
 
-from benchmarks.common import emit, running_stack
+from benchmarks.common import emit, running_stack, worker_compiles
 
 API_KEY = "tml-bench-key"
 NEW_TOKENS = 64
@@ -56,20 +55,20 @@ def sdk_figures(base_url: str, stack, repeats: int) -> tuple[dict, str]:
         return sum(len(s.tokens) for f in futures for s in f.result().sequences)
 
     out = {}
-    log_path = stack.state_dir / "logs" / "jax-worker.log" if stack else None
     for name, fn in (("single_1x1", single), ("concurrent_64x4", concurrent)):
         fn()  # warm-up compiles this workload's shapes
-        before = _compiles(log_path)
+        before = worker_compiles(stack)
         tokens, seconds = 0, 0.0
         for _ in range(repeats):
             t0 = time.perf_counter()
             tokens += fn()
             seconds += time.perf_counter() - t0
+        after = worker_compiles(stack)
         out[name] = {
             "tokens_per_s": round(tokens / seconds, 1),
             "tokens": tokens,
             "seconds": round(seconds, 3),
-            "compilations_during_timed_part": None if log_path is None else _compiles(log_path) - before,
+            "compilations_during_timed_part": None if before is None or after is None else after - before,
         }
     tokenizer_id = model.get_info().model_data.tokenizer_id
     assert tokenizer_id is not None  # this stack reports its model directory there
@@ -81,12 +80,6 @@ def stack_model(base_url: str) -> str:
 
     caps = httpx.get(f"{base_url}/api/v1/get_server_capabilities", headers={"X-API-Key": API_KEY}).json()
     return caps["supported_models"][0]["model_name"]
-
-
-def _compiles(log_path) -> int:
-    if log_path is None or not log_path.exists():
-        return 0
-    return len(re.findall(r"jit_cache: compiled ", log_path.read_text(errors="replace")))
 
 
 _XLA_COMPILES = [0]
