@@ -26,8 +26,8 @@ from tinkerflow.common.checkpoints import (
     scratch_dir,
 )
 from tinkerflow.common.settings import env_setting
-from tinkerflow.workers.engine import checkpoint as formats
 from tinkerflow.workers.engine.interface import EngineApi
+from tinkerflow.workers.engine.model import checkpoint as formats
 from tinkerflow.workers.engine.types import LoraConfig, SlotState
 
 log = logging.getLogger(__name__)

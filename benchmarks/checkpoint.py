@@ -29,7 +29,7 @@ def main() -> None:
     from tinkerflow.activities import checkpoint_io
     from tinkerflow.common.checkpoints import CheckpointStore, now_rfc3339
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.tiny_model import make_tiny_model
+    from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
     from tinkerflow.workers.engine.types import LoraConfig
 
     scratch = Path(tempfile.mkdtemp(prefix="tinkerflow-bench-ckpt-"))

@@ -109,9 +109,9 @@ def engine_child(model_dir: str, cache_dir: str) -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from tinkerflow.workers.engine import compile_cache
+    from tinkerflow.workers.engine.runtime import persistent_cache
 
-    compile_cache.enable(Path(cache_dir))
+    persistent_cache.enable(Path(cache_dir))
     from tinkerflow.workers.engine.engine import Engine
     from tinkerflow.workers.engine.types import AdamConfig, ForwardBackwardInput, LoraConfig, SampleInput
 

@@ -129,9 +129,9 @@ def jax_worker_log(state_dir: Path) -> str:
 
 
 def programs_built(state_dir: Path) -> int:
-    """Programs the JAX worker's jit cache has built on `state_dir` so far (its jit_cache log lines; a persistent-cache
+    """Programs the JAX worker's AOT cache has built on `state_dir` so far (its aot_cache log lines; a persistent-cache
     hit counts too: a program that start needed and did not have in memory)."""
-    return jax_worker_log(state_dir).count("jit_cache: compiled ")
+    return jax_worker_log(state_dir).count("aot_cache: compiled ")
 
 
 def worker_compiles(stack) -> int | None:
@@ -180,6 +180,6 @@ def share_compile_cache(stack) -> None:
     so the engine-alone part compiles less before it is timed; it changes no timed figure (those follow warm-ups)."""
     if stack is None:
         return
-    from tinkerflow.workers.engine import compile_cache
+    from tinkerflow.workers.engine.runtime import persistent_cache
 
-    compile_cache.enable(Path(os.environ.get("TINKERFLOW_COMPILATION_CACHE_DIR") or stack.state_dir / "xla-cache"))
+    persistent_cache.enable(Path(os.environ.get("TINKERFLOW_COMPILATION_CACHE_DIR") or stack.state_dir / "xla-cache"))

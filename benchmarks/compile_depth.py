@@ -31,19 +31,19 @@ def _abstract(tree: Any) -> Any:
 def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dict:
     from transformers import Qwen3Config
 
-    from tinkerflow.workers.engine.config import ModelConfig
     from tinkerflow.workers.engine.engine import default_dtype
-    from tinkerflow.workers.engine.lora import LoraRouting
-    from tinkerflow.workers.engine.losses import LossInputs
-    from tinkerflow.workers.engine.model import CausalLM
-    from tinkerflow.workers.engine.sharding import MeshConfig, Placement, as_mesh
-    from tinkerflow.workers.engine.train import StepFunctions, TrainBatch
+    from tinkerflow.workers.engine.model.config import ModelConfig
+    from tinkerflow.workers.engine.model.decoder import CausalLM
+    from tinkerflow.workers.engine.model.lora import LoraRouting
+    from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
+    from tinkerflow.workers.engine.training.losses import LossInputs
+    from tinkerflow.workers.engine.training.steps import StepFunctions, TrainBatch
 
     config = ModelConfig.from_hf(Qwen3Config(**{**shape, "num_hidden_layers": depth}).to_dict())
     model = nnx.eval_shape(lambda: CausalLM(config, max_adapters=4, max_rank=RANK, rngs=nnx.Rngs(0),
                                             param_dtype=default_dtype(), scan_layers=scan))  # fmt: skip
     graphdef, lora, base = nnx.split(model, nnx.LoRAParam, nnx.Param)
-    steps = StepFunctions(graphdef, Placement(as_mesh(MeshConfig(fsdp=1, tp=1)), config))
+    steps = StepFunctions(graphdef, DeviceLayout(as_mesh(MeshConfig(fsdp=1, tp=1)), config))
 
     def f32(*s: int) -> Any:
         return jax.ShapeDtypeStruct(s, jnp.float32)
@@ -57,7 +57,7 @@ def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dic
                                       sampler_logprobs=f32(b, t), advantages=f32(b, t), clip_low=f32(b),
                                       clip_high=f32(b), beta=f32(b), seq_mask=f32(b, t)),
                       train=f32(b))  # fmt: skip
-    # The engine's own step function (train.StepFunctions), jitted as its AotCache jits it (accumulator donated).
+    # The engine's own step function (steps.StepFunctions), jitted as its AotCache jits it (accumulator donated).
     t0 = time.perf_counter()
     lowered = jax.jit(steps.grad_step._fn, donate_argnums=2).lower(_abstract(lora), _abstract(base), _abstract(lora),
                                                                     data)  # fmt: skip

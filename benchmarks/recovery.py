@@ -91,10 +91,10 @@ def engine_child(model_dir: str, cache_dir: str, ops_replayed: int) -> None:
     """In a fresh process (a restarted worker's floor): load, create the adapter, replay, answer the op."""
     import numpy as np
 
-    from tinkerflow.workers.engine import compile_cache
+    from tinkerflow.workers.engine.runtime import persistent_cache
 
     if cache_dir:
-        compile_cache.enable(Path(cache_dir))
+        persistent_cache.enable(Path(cache_dir))
     from tinkerflow.common.settings import Settings
     from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
     from tinkerflow.workers.jax_worker import load_engine, warm_up_plan

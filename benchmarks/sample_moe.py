@@ -45,8 +45,8 @@ def bare_tokens_per_s(engine, rows: int, repeats: int) -> float:
     """Prefill + NEW_TOKENS greedy decode steps of the same model under one jit, device-resident inputs."""
     from flax import nnx
 
-    from tinkerflow.workers.engine.lora import LoraRouting
-    from tinkerflow.workers.engine.model import empty_cache
+    from tinkerflow.workers.engine.model.decoder import empty_cache
+    from tinkerflow.workers.engine.model.lora import LoraRouting
 
     graphdef, base, lora = engine._graphdef, engine._base, engine._lora
     config = engine.config
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.tiny_model import make_tiny_model
+    from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     with tempfile.TemporaryDirectory(prefix="tinkerflow-sample-moe-", dir=args.workdir) as work:

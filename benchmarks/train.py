@@ -23,7 +23,7 @@ With --with-sdk each shape is also measured through the Tinker SDK against `tink
 forward_backward tokens/s and optim_step ms beside the engine-alone ones (ratio and per-step overhead).
 
 --layers loop runs the engine (and the bare step, which uses the engine's model) with the per-layer loop instead
-of the default stacked, scanned layers (model.DecoderStack), to set the two side by side; every figure carries
+of the default stacked, scanned layers (decoder.DecoderStack), to set the two side by side; every figure carries
 `layers`.
 """
 
@@ -149,7 +149,7 @@ def bare_step_ms(engine, seqs: list[np.ndarray], steps: int) -> tuple[list[float
     """The same forward + LoRA + cross-entropy + LoRA gradient as one jitted function on device-resident inputs."""
     from flax import nnx
 
-    from tinkerflow.workers.engine.lora import LoraRouting
+    from tinkerflow.workers.engine.model.lora import LoraRouting
 
     graphdef, base, lora = engine._graphdef, engine._base, engine._lora
     tokens = jnp.asarray(np.stack([s[:-1] for s in seqs]))
@@ -254,7 +254,7 @@ def main() -> None:
 
     accelerator = jax.default_backend() != "cpu"
     shapes = args.shape or (["tiny", "qwen3-0.6b"] + (["qwen3-8b"] if jax.default_backend() == "gpu" else []))
-    from tinkerflow.workers.engine.tiny_model import make_tiny_model
+    from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="tinkerflow-train-bench-", dir=args.workdir) as work:
         work = Path(work)

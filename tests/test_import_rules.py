@@ -6,6 +6,8 @@
 - `workflows/` imports only the standard library, temporalio and itself (workflow code is replayed; anything else is a
   determinism or sandbox risk).
 - `platform/common` (the bottom layer) imports neither the engine nor the API.
+- The engine's modules (`workers/engine/`) import each other without a cycle, counting every import: at the top, inside
+  functions and under `TYPE_CHECKING` alike (a cycle hidden in a function still ties the two modules together).
 """
 
 from __future__ import annotations
@@ -89,3 +91,99 @@ def test_the_rule_checker_sees_violations(tmp_path, monkeypatch, source, expecte
         return _top(mod) in sys.stdlib_module_names or mod.startswith("tinkerflow.workflows")
 
     assert [v.removeprefix("workflows/") for v in _violations("workflows", allowed)] == expected
+
+
+ENGINE = "tinkerflow.workers.engine"
+
+
+def _package_modules(root: Path, package: str) -> dict[str, Path]:
+    """Every module under `root` by its import name, `root` being the folder of `package` (a package by __init__)."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join((package, *parts[: -1 if parts[-1] == "__init__" else None]))] = path
+    return modules
+
+
+def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports (relative or absolute, anywhere in the file)."""
+    modules = _package_modules(root, package)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                # `from X import y` imports the module X.y when there is one, else X itself
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:  # an attribute of a module, or a module outside the package
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_engine_modules_import_each_other_without_a_cycle():
+    graph = _import_graph(REPO / "workers" / "engine", ENGINE)
+    assert graph.get(f"{ENGINE}.engine"), "no engine import found: did the engine move?"
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        # a hidden cycle: one side imports the other inside a function
+        ({"a.py": "from .b import x\n", "b.py": "def f():\n    from . import a\n"}, [["p.a", "p.b"]]),
+        # through a sub-package, absolute one way and relative the other, one side under TYPE_CHECKING
+        ({"sub/__init__.py": "", "sub/c.py": "from ..a import y\n",
+          "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.sub import c\n"},
+         [["p.a", "p.sub.c"]]),
+        ({"a.py": "from .b import x\n", "b.py": "import numpy\nfrom . import c\n", "c.py": ""}, []),
+    ],
+)  # fmt: skip
+def test_the_cycle_checker_sees_cycles(tmp_path, files, expected):
+    for name, source in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    (tmp_path / "__init__.py").write_text("")
+    assert _cycles(_import_graph(tmp_path, "p")) == expected

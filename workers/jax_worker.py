@@ -6,10 +6,10 @@ the engine holds device state and is not re-entrant, and JAX already uses every 
 
 Multi-host (`--num-processes N > 1`, one process per host): every process joins jax.distributed and loads the engine
 on a mesh over all their devices; process 0 alone talks to Temporal, through a `DrivenEngine` that has the others
-replay each engine call (`follow`), so all of them run the same SPMD steps (workers/engine/multihost.py).
+replay each engine call (`follow`), so all of them run the same SPMD steps (workers/engine/runtime/multihost.py).
 
 Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
-compiles what a first request of each kind runs (`--warm-up`, workers/engine/warm_up.py): with `ready` every
+compiles what a first request of each kind runs (`--warm-up`, workers/engine/runtime/warm_up.py): with `ready` every
 warm-up shape, with `background` (the default) the training half of an adapter's lifecycle at the smallest shapes
 (create, forward_backward, optim_step); right after it registered, back to back, the rest of what a first user
 needs (the train buckets of a first batch of several datums and of the lifecycle, the first sampler family, the rest
@@ -32,7 +32,7 @@ import socket
 import sys
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import prometheus_client
 from temporalio.client import Client, WorkflowHandle
@@ -53,7 +53,7 @@ from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
 
 if TYPE_CHECKING:
-    from tinkerflow.workers.engine.interface import EngineApi
+    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
 
 log = logging.getLogger(__name__)
 REREGISTER_EVERY_S = 30.0
@@ -83,7 +83,7 @@ async def serve(
     _enable_compile_cache(settings)
     multi_host = settings.num_processes > 1
     if multi_host:  # before anything touches JAX; every process of the worker runs this
-        from tinkerflow.workers.engine import multihost
+        from tinkerflow.workers.engine.runtime import multihost
 
         await asyncio.to_thread(multihost.initialize, settings.coordinator_address, settings.num_processes,
                                 settings.process_id)  # fmt: skip
@@ -116,7 +116,7 @@ async def serve(
 
     incarnation = uuid.uuid4().hex  # this process; a batch placed for an earlier one is refused (WorkerLost)
     activities = EngineActivities(
-        cast("EngineApi", engine),  # warm_up.Serialized passes every EngineApi call through
+        engine,  # an EngineLock spells out every EngineApi call
         ClaimCheckStore(settings.resolved_store_url),
         deliver=deliver,
         checkpoints=CheckpointStore(settings.resolved_checkpoint_root),
@@ -138,16 +138,16 @@ async def serve(
         await register(client, settings, info)
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
         if settings.resolved_compilation_cache_dir is not None:
-            from tinkerflow.workers.engine import compile_cache
+            from tinkerflow.workers.engine.runtime import persistent_cache
 
-            c = compile_cache.counts()
+            c = persistent_cache.counts()
             log.info("compilation cache %s: %d programs read back, %d compiled so far",
                      settings.resolved_compilation_cache_dir, c.hits, c.misses)  # fmt: skip
         if ready is not None:
             ready.set()
         reregister = asyncio.create_task(_keep_registered(client, settings, info))
         if later:
-            from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
+            from tinkerflow.workers.engine.runtime.warm_up import split_by_slot_bucket
 
             later = split_by_slot_bucket(later, engine.slot_buckets)
         # What a first user needs (up to the lifecycle's sampling half) back to back, the rest in traffic pauses.
@@ -160,7 +160,7 @@ async def serve(
             background.cancel()
     executor.shutdown(wait=False, cancel_futures=True)
     if multi_host:  # after the call in flight, if any (the driven engine serialises calls)
-        driven = engine._engine  # inside warm_up.Serialized
+        driven = engine.engine  # inside the EngineLock
         assert isinstance(driven, multihost.DrivenEngine)
         await asyncio.to_thread(driven.stop_followers)
 
@@ -169,9 +169,9 @@ def _enable_compile_cache(settings: Settings) -> None:
     """Before anything compiles: programs this worker (or an earlier process of it) compiled are read back."""
     directory = settings.resolved_compilation_cache_dir
     if directory is not None:
-        from tinkerflow.workers.engine import compile_cache
+        from tinkerflow.workers.engine.runtime import persistent_cache
 
-        compile_cache.enable(directory)
+        persistent_cache.enable(directory)
 
 
 def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.futures.Executor) -> Worker:
@@ -225,16 +225,16 @@ def _cache_holds_programs(settings: Settings) -> bool:
     return directory is not None and directory.is_dir() and any(directory.iterdir())
 
 
-def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPiece, ...] | None = None):
+def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPiece, ...] | None = None) -> EngineLock:
     """Process 0's engine, ready for work: loaded, driven when the worker spans several processes (every engine call
     is replayed by the others first, multihost.py), its buckets rounded up to the warm-up's, warmed up with `pieces`
     (default: what `--warm-up` runs before registering; on every process: the warm-up is an engine call like any
-    other), and serialized (warm_up.Serialized) so a background warm-up can share it with the activities."""
-    from tinkerflow.workers.engine.warm_up import Serialized
+    other), and behind its lock (engine_lock.EngineLock) so a background warm-up can share it with the activities."""
+    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
 
     engine = load_engine(settings, local_path)
     if settings.num_processes > 1:
-        from tinkerflow.workers.engine import multihost
+        from tinkerflow.workers.engine.runtime import multihost
 
         engine = multihost.DrivenEngine(engine)
     plan = warm_up_plan(settings)
@@ -246,7 +246,7 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
         pieces = warm_up_pieces(settings)[0]
     if pieces:
         engine.warm_up(pieces, settings.warm_up_threads)
-    return Serialized(engine)
+    return EngineLock(engine)
 
 
 async def _warm_up_later(
@@ -292,7 +292,7 @@ def keep_torch_out() -> None:
 def load_engine(settings: Settings, local_path: str):
     """The engine on the mesh the settings ask for; with several processes the mesh spans all their devices."""
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.sharding import MeshConfig
+    from tinkerflow.workers.engine.runtime.sharding import MeshConfig
 
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
     return Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
@@ -305,7 +305,7 @@ async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: a
     stop (or `stop` is set). Never connects to Temporal."""
     import threading
 
-    from tinkerflow.workers.engine import multihost
+    from tinkerflow.workers.engine.runtime import multihost
 
     _, local_path = resolve_base_model(settings)
     engine = await asyncio.to_thread(load_engine, settings, local_path)

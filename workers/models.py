@@ -42,7 +42,7 @@ def resolve_base_model(settings: Settings) -> tuple[str, str]:
 def _resolve(settings: Settings) -> tuple[str, str]:
     spec = settings.base_model
     if not spec:
-        from tinkerflow.workers.engine.tiny_model import make_tiny_model
+        from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
         path = make_tiny_model(default_model_dir(settings), progress=True).resolve()
         return _served_path_name(path), str(path)

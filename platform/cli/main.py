@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     setup_logging(settings.log_level, args.command, settings.log_format)
     if args.command == "make-tiny-model":
-        from tinkerflow.workers.engine.tiny_model import make_tiny_model
+        from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
         print(make_tiny_model(args.directory, seed=args.seed, progress=True, moe=args.moe))
         return 0

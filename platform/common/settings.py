@@ -186,8 +186,8 @@ class Settings:
     compilation_cache_dir: str = setting("", "XLA persistent compilation cache of the JAX worker, so a restarted "
                                          "worker compiles nothing it compiled before; 'off' disables it", MODEL,
                                          metavar="DIR", shown="<state-dir>/xla-cache")
-    # What the JAX worker compiles ahead of traffic (workers/engine/warm_up.py). Measured on the tiny model on the
-    # shared 2-core box at load 10-17 (no quiet figure yet): the first-request lifecycle (24 programs) 83-90 s cold,
+    # What the JAX worker compiles ahead of traffic (workers/engine/runtime/warm_up.py). Measured on the tiny model on
+    # the shared 2-core box at load 10-17 (no quiet figure yet): the first-request lifecycle (24 programs) 83-90 s cold,
     # 18-20 s read back from a warm --compilation-cache-dir; all default shapes (66 programs) 300-370 s cold.
     warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "
                            "warm-up shape below before it registers (nothing compiles later, readiness waits); "

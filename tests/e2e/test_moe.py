@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.conftest import API_KEY, run_acceptance_script
 from tinkerflow.cli.launch import RunningStack, launch
-from tinkerflow.workers.engine.tiny_model import make_tiny_model
+from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.e2e
 

@@ -286,7 +286,7 @@ def rss_mb(parts: dict[str, psutil.Process]) -> dict[str, float]:
 
 def _compiles(jax_log) -> int:
     """jit compiles the JAX worker has logged so far (one INFO line each)."""
-    return jax_log.read_text(errors="replace").count("jit_cache: compiled")
+    return jax_log.read_text(errors="replace").count("aot_cache: compiled")
 
 
 def percentile(xs: list[float], q: float) -> float:

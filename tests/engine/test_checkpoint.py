@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import MAX_RANK
 
-from tinkerflow.workers.engine.checkpoint import (
+from tinkerflow.workers.engine.model.checkpoint import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     read_peft,
@@ -17,7 +17,7 @@ from tinkerflow.workers.engine.checkpoint import (
     write_peft,
     write_training_state,
 )
-from tinkerflow.workers.engine.lora import LORA_ALPHA
+from tinkerflow.workers.engine.model.lora import LORA_ALPHA
 from tinkerflow.workers.engine.types import (
     AdamConfig,
     Datum,

@@ -1,5 +1,5 @@
-"""The declared engine interface (`EngineApi`): what the activities call, which `Engine` and the multi-host
-`DrivenEngine` both implement with the same signatures."""
+"""The declared engine interface (`EngineApi`): what the activities call, which `Engine`, the multi-host
+`DrivenEngine` and the JAX worker's `EngineLock` all implement with the same signatures."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tinkerflow.workers.engine import multihost
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.interface import EngineApi
+from tinkerflow.workers.engine.runtime import multihost
+from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
 from tinkerflow.workers.engine.types import ModelInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,17 +61,20 @@ def test_the_interface_names_the_methods_the_activities_call():
     assert called <= set(_api_methods()) | {"info"}, f"activities call engine members outside EngineApi: {called}"
 
 
-@pytest.mark.parametrize("cls", [Engine, multihost.DrivenEngine])
+@pytest.mark.parametrize("cls", [Engine, multihost.DrivenEngine, EngineLock])
 def test_engine_and_driven_engine_declare_every_method_with_the_interfaces_signature(cls):
     for name in _api_methods():
         assert name in vars(cls), f"{cls.__name__}.{name} is not declared (a __getattr__ does not count)"
         assert _shape(getattr(cls, name)) == _shape(getattr(EngineApi, name)), f"{cls.__name__}.{name}"
-    info = vars(multihost.DrivenEngine)["info"]
-    assert isinstance(info, property) and typing.get_type_hints(info.fget)["return"] is ModelInfo
+    for wrapper in (multihost.DrivenEngine, EngineLock):
+        info = vars(wrapper)["info"]
+        assert isinstance(info, property) and typing.get_type_hints(info.fget)["return"] is ModelInfo
 
 
 def test_a_loaded_engine_and_its_driven_wrapper_are_engine_apis(engine):
     assert isinstance(engine, EngineApi) and isinstance(engine.info, ModelInfo)
     driven = multihost.DrivenEngine(engine, _Sink())
     assert isinstance(driven, EngineApi) and driven.info is engine.info
+    locked = EngineLock(driven)
+    assert isinstance(locked, EngineApi) and locked.info is engine.info
     assert not isinstance(object(), EngineApi)

@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.loader import load_model
-from tinkerflow.workers.engine.lora import LoraRouting
+from tinkerflow.workers.engine.model.loader import load_model
+from tinkerflow.workers.engine.model.lora import LoraRouting
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, LoraConfig
 
 TOKENS = np.random.default_rng(0).integers(0, 300, size=(2, 20)).astype(np.int32)

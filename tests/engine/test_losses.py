@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tinkerflow.workers.engine.losses import LOSS_ID, LossInputs, token_losses
+from tinkerflow.workers.engine.training.losses import LOSS_ID, LossInputs, token_losses
 
 LP = np.array([[-0.5, -1.0, -2.0, -0.1]], np.float32)  # target log-probs, one row of 4 tokens
 OLD = np.array([[-0.7, -0.9, -1.0, -0.1]], np.float32)  # sampler log-probs

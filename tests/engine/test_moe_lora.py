@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from moe_checkpoint import EXPERTS, MOE_INTER, build_moe_model
 
-from tinkerflow.workers.engine.checkpoint import read_peft, write_peft
 from tinkerflow.workers.engine.engine import Engine
+from tinkerflow.workers.engine.model.checkpoint import read_peft, write_peft
 from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig, SampleInput
 
 pytestmark = pytest.mark.parity

@@ -8,7 +8,7 @@ import re
 import jax
 import numpy as np
 
-from tinkerflow.workers.engine.optimizer import adamw_slot_values, pack_hparams, write_slot_values
+from tinkerflow.workers.engine.training.optimizer import adamw_slot_values, pack_hparams, write_slot_values
 from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
 
 ADAM = AdamConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip_norm=1.0)
@@ -35,7 +35,7 @@ def test_step_halves_copy_no_multi_slot_buffer(engine):
     args = (engine._lora, engine._grads, engine._opt, np.int32(1), packed)
     read = adamw_slot_values.lower(*args).compile().as_text()
     values, count, _ = adamw_slot_values(*args)
-    write = write_slot_values.lower(*args[:4], values, count, placement=engine._placement).compile().as_text()
+    write = write_slot_values.lower(*args[:4], values, count, placement=engine._layout).compile().as_text()
     s = engine.max_lora_adapters
     assert "dynamic-update-slice" in write  # pyright: ignore[reportOperatorIssue] (private jax API / as_text() is a str here)
     assert whole_state_copies(read, s) == [] and whole_state_copies(write, s) == []  # pyright: ignore[reportArgumentType] (private jax API / as_text() is a str here)

@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 
 from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.loader import load_model
-from tinkerflow.workers.engine.lora import LoraRouting
+from tinkerflow.workers.engine.model.loader import load_model
+from tinkerflow.workers.engine.model.lora import LoraRouting
 from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
 
 pytestmark = pytest.mark.parity

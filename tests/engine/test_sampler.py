@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tinkerflow.workers.engine.loader import load_model
-from tinkerflow.workers.engine.lora import LoraRouting
-from tinkerflow.workers.engine.model import empty_cache
+from tinkerflow.workers.engine.model.decoder import empty_cache
+from tinkerflow.workers.engine.model.loader import load_model
+from tinkerflow.workers.engine.model.lora import LoraRouting
 from tinkerflow.workers.engine.types import (
     AdamConfig,
     Datum,

@@ -1,4 +1,4 @@
-"""Stacked, scanned decoder layers (model.DecoderStack): the train step's program does not grow with depth, and
+"""Stacked, scanned decoder layers (decoder.DecoderStack): the train step's program does not grow with depth, and
 the scanned model computes what the per-layer loop computes (logprobs, gradients, optimizer steps, samples, exports).
 
 Counted, not timed: the number of StableHLO operations of the lowered train step for a 2-layer and an 8-layer model.
@@ -16,13 +16,13 @@ import pytest
 from conftest import MAX_ADAPTERS, MAX_RANK
 from flax import nnx
 
-from tinkerflow.workers.engine.config import ModelConfig
 from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.lora import LoraRouting
-from tinkerflow.workers.engine.losses import LossInputs
-from tinkerflow.workers.engine.model import CausalLM
-from tinkerflow.workers.engine.sharding import MeshConfig, Placement, as_mesh
-from tinkerflow.workers.engine.train import StepFunctions, TrainBatch
+from tinkerflow.workers.engine.model.config import ModelConfig
+from tinkerflow.workers.engine.model.decoder import CausalLM
+from tinkerflow.workers.engine.model.lora import LoraRouting
+from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
+from tinkerflow.workers.engine.training.losses import LossInputs
+from tinkerflow.workers.engine.training.steps import StepFunctions, TrainBatch
 from tinkerflow.workers.engine.types import (
     AdamConfig,
     Datum,
@@ -48,7 +48,7 @@ def _op_count(layers: int, *, scan: bool, remat: bool) -> int:
                                             scan_layers=scan))  # fmt: skip
     assert model.scan_layers is scan
     graphdef, lora, base = nnx.split(model, nnx.LoRAParam, nnx.Param)
-    steps = StepFunctions(graphdef, Placement(as_mesh(MeshConfig(fsdp=1, tp=1)), config))
+    steps = StepFunctions(graphdef, DeviceLayout(as_mesh(MeshConfig(fsdp=1, tp=1)), config))
     b, t = 2, 16
 
     def f32(*shape: int) -> Any:  # an abstract array where the batch types name jax.Array
@@ -165,7 +165,7 @@ def test_a_checkpoint_missing_one_layers_tensor_is_refused_naming_it(qwen3_dir, 
 
     from safetensors.numpy import load_file, save_file
 
-    from tinkerflow.workers.engine.loader import load_model
+    from tinkerflow.workers.engine.model.loader import load_model
 
     directory = tmp_path / "partial"
     shutil.copytree(qwen3_dir, directory)

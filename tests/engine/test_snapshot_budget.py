@@ -1,5 +1,5 @@
-"""Sampler snapshots under a byte budget (workers/engine/snapshots.py): least recently used out first, a clear error
-for an evicted ephemeral snapshot, saved weights reloaded on demand."""
+"""Sampler snapshots under a byte budget (workers/engine/sampling/snapshots.py): least recently used out first, a clear
+error for an evicted ephemeral snapshot, saved weights reloaded on demand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import cast
 import numpy as np
 
 from tinkerflow.workers.engine.interface import EngineApi
-from tinkerflow.workers.engine.snapshots import SnapshotCache
+from tinkerflow.workers.engine.sampling.snapshots import SnapshotCache
 from tinkerflow.workers.engine.types import InputError, LoraConfig, SampleInput
 
 

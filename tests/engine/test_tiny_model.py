@@ -10,8 +10,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 import pytest
 
-from tinkerflow.workers.engine import tiny_model
-from tinkerflow.workers.engine.tiny_model import make_tiny_model
+from tinkerflow.workers.engine.model import tiny_model
+from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
 PIG_PROMPT = "English: banana split\nPig Latin:"
 FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json")

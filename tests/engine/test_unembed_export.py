@@ -14,7 +14,7 @@ import pytest
 from conftest import MAX_RANK
 from safetensors.numpy import load_file
 
-from tinkerflow.workers.engine.checkpoint import ADAPTER_WEIGHTS, read_peft, write_peft
+from tinkerflow.workers.engine.model.checkpoint import ADAPTER_WEIGHTS, read_peft, write_peft
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputError, LoraConfig, SampleInput
 
 # As test_parity.py: float32 on both sides, different summation orders.

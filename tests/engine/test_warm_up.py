@@ -1,7 +1,7 @@
 """The JAX worker compiles ahead of traffic (issue 17): after `start_engine` (what `jax_worker.serve` runs before it
 registers) and the warm-up, a steady workload that mixes training, forward, optimizer steps, snapshots and sampling
 at several concurrency levels, prompt lengths and stop lists builds no program at all. Counted with JAX's own
-compile events (`compile_cache.counts().requests`: every executable a process builds, eager ops included)."""
+compile events (`persistent_cache.counts().requests`: every executable a process builds, eager ops included)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from conftest import MAX_ADAPTERS, MAX_RANK
 
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers import jax_worker
-from tinkerflow.workers.engine import compile_cache
+from tinkerflow.workers.engine.runtime import persistent_cache
+from tinkerflow.workers.engine.runtime.warm_up import split_by_slot_bucket
 from tinkerflow.workers.engine.types import (
     AdamConfig,
     Datum,
@@ -23,7 +24,6 @@ from tinkerflow.workers.engine.types import (
     SampleResult,
     WarmUpPiece,
 )
-from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
 
 # Small shapes, so the test compiles little: train buckets (1, 4) x 32 tokens, prompts of 16 and 32 tokens.
@@ -55,7 +55,7 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     built = engine.warm_up(plan.pieces()[:first], 2)
     built += sum((engine.compile_ahead if p.kind == "train" else engine.warm_up)((p,), 2) for p in pieces)
     assert built > 0 and any(p.kind == "train" for p in pieces)
-    before = compile_cache.counts().requests
+    before = persistent_cache.counts().requests
     rng = np.random.default_rng(0)
 
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
@@ -95,7 +95,7 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     engine.free_adapter(1)
     engine.create_adapter(1, LoraConfig(rank=2, seed=5))
 
-    built = compile_cache.counts().requests - before
+    built = persistent_cache.counts().requests - before
     assert built == 0, f"{built} programs built after the warm-up"
 
 
@@ -125,7 +125,7 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
     whatever the traffic; each later one only after a pause in it."""
     import asyncio
 
-    from tinkerflow.workers.engine.warm_up import Serialized
+    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
 
     class Fake:
         def __init__(self):
@@ -146,10 +146,10 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
             return len(pieces)
 
     fake = Fake()
-    engine = Serialized(fake)
+    engine = EngineLock(fake)
     pieces = (WarmUpPiece("train", rows=8, seq=32), WarmUpPiece("lifecycle_sample", rows=1),
               WarmUpPiece("sampler", rows=2), WarmUpPiece("train", rows=4, seq=32))  # fmt: skip
-    engine.forward_backward([1])  # traffic just now: no pause yet
+    engine.forward_backward([])  # traffic just now: no pause yet
     task = asyncio.create_task(jax_worker._warm_up_later(engine, pieces, threads=2, urgent=2))
     for _ in range(500):
         if len(fake.ran) >= 2:
@@ -157,7 +157,7 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
         await asyncio.sleep(0.01)
     # the urgent pieces at once, on the threads asked for; a train bucket only compiles, without the engine's turn
     assert fake.ran == [("compile", 8, 2), ("run", 1, 2)] and fake.locked == [False, True]
-    engine.forward_backward([2])  # traffic again: the next piece waits for a pause after it
+    engine.forward_backward([])  # traffic again: the next piece waits for a pause after it
     await asyncio.sleep(0.2)
     assert len(fake.ran) == 2, "a later piece ran before the traffic paused"
     await asyncio.wait_for(task, 30)
@@ -166,11 +166,11 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
     # A restart: nothing until a request (the recovery) was served and the traffic paused, then the urgent pieces
     # back to back.
     fake.ran.clear()
-    engine = Serialized(fake)
+    engine = EngineLock(fake)
     task = asyncio.create_task(jax_worker._warm_up_later(engine, pieces, threads=1, urgent=3, restart=True))
     await asyncio.sleep(1.5)  # idle, but no request yet: the CPU is the recovery's
     assert fake.ran == []
-    engine.forward_backward([3])  # the recovery
+    engine.forward_backward([])  # the recovery
     await asyncio.wait_for(task, 30)
     assert [r[:2] for r in fake.ran] == [("compile", 8), ("run", 1), ("run", 2), ("compile", 4)]
 
@@ -178,7 +178,7 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
     import threading
 
-    from tinkerflow.workers.engine.warm_up import Serialized
+    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
 
     class Fake:
         def __init__(self):
@@ -190,11 +190,11 @@ def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_
             self.release.wait(10)
             return requests
 
-        def warm_up(self, pieces):
+        def warm_up(self, pieces, threads=1):
             return len(pieces)
 
     fake = Fake()
-    engine = Serialized(fake)
+    engine = EngineLock(fake)
     call = threading.Thread(target=engine.forward_backward, args=([1],))
     call.start()
     assert fake.inside.wait(10)
@@ -202,7 +202,8 @@ def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_
     assert not engine.lock.acquire(blocking=False)  # and a piece would wait for it
     fake.release.set()
     call.join(10)
-    assert engine.warm_up((1, 2)) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
+    pieces = (WarmUpPiece("train"), WarmUpPiece("sampler"))
+    assert engine.warm_up(pieces) == 2 and engine.idle_seconds() > 0.0  # a warm-up is not traffic
     assert engine.calls == 1
 
 
@@ -212,7 +213,7 @@ def test_a_first_sample_before_the_background_warm_up_compiles_its_own_slot_buck
     the warm-up's pieces then build the others, and the same family at any concurrency compiles nothing more."""
     settings = dataclasses.replace(_settings(), warm_up="background", warm_up_prompt_lens=(16,))
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
-    sampler = engine._sampler
+    sampler = engine.engine.sampler
     assert len(engine.slot_buckets) > 1
     prompt = np.arange(1, 6, dtype=np.int32)
     before = sampler.compile_count()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tinkerflow.common.settings import Settings
-from tinkerflow.workers.engine.tiny_model import make_tiny_model
+from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 from tinkerflow.workers.models import UnknownModelError, resolve_base_model
 
 

@@ -4,9 +4,10 @@ Called from one thread at a time (the JAX worker runs one activity at a time). E
 request on its own; a bad request yields an InputError in its place and never touches adapter state.
 
 `Engine` is a facade over its parts, each in a module named for what it holds: the slots' weights, gradients and
-optimizer state (`adapter_slots.py`), training on them (`trainer.py`), sampler snapshots and their LoRA stack
-(`snapshots.py`), and sampling requests (`sample_requests.py`, over the sampler in `sampler.py`/`decode.py`). Its
-public methods are what the activities call (`interface.EngineApi`), plus reads for export and tests.
+optimizer state (`training/adapter_slots.py`), training on them (`training/trainer.py`), sampler snapshots and their
+LoRA stack (`sampling/snapshots.py`), and sampling requests (`sampling/sample_requests.py`, over the sampler in
+`sampling/sampler.py`/`sampling/decode.py`). Its public methods are what the activities call
+(`interface.EngineApi`), plus reads for export and tests, and the parts the warm-up compiles for.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import sample_requests, trainer
-from .adapter_slots import AdapterSlots, leaf_name
-from .config import ModelConfig
-from .loader import eos_token_ids, load_model, resolve_model_path
-from .optimizer import OptState
-from .sampler import SlotSampler
-from .sharding import Mesh, MeshConfig, Placement, as_mesh
-from .snapshots import SamplerSnapshots, Snapshot, SnapshotCache
-from .train import StepFunctions
+from .model.config import ModelConfig
+from .model.loader import eos_token_ids, load_model, resolve_model_path
+from .runtime import warm_up
+from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
+from .sampling import sample_requests
+from .sampling.sampler import MIN_STOP_IDS, SlotSampler
+from .sampling.snapshots import SamplerSnapshots, Snapshot, SnapshotCache
+from .training import trainer
+from .training.adapter_slots import AdapterSlots, leaf_name
+from .training.optimizer import OptState
+from .training.steps import StepFunctions
 from .types import (
     AdamConfig,
     ForwardBackwardInput,
@@ -72,17 +75,17 @@ class Engine:
         self.max_lora_rank = max_lora_rank
         self.micro_batch_tokens = micro_batch_tokens
         self._graphdef = loaded.graphdef
-        self._placement: Placement = loaded.placement or Placement(as_mesh(MeshConfig(fsdp=1, tp=1)), loaded.config)
-        self.mesh = self._placement.mesh
+        self._layout: DeviceLayout = loaded.placement or DeviceLayout(as_mesh(MeshConfig(fsdp=1, tp=1)), loaded.config)
+        self.mesh = self._layout.mesh
         self._base = loaded.base
         self.dtype = _base_dtype(self._base)
-        self._adapters = AdapterSlots(loaded.lora, self._placement, max_adapters=max_lora_adapters,
+        self._adapters = AdapterSlots(loaded.lora, self._layout, max_adapters=max_lora_adapters,
                                       max_rank=max_lora_rank)  # fmt: skip
         # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
         # device's memory.
         self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes)
-        self._steps = StepFunctions(self._graphdef, self._placement)
-        self._sampler = SlotSampler(self._graphdef, self._placement, self.config, self.dtype, tokenizer)
+        self._steps = StepFunctions(self._graphdef, self._layout)
+        self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
 
     # The parts' state under the names it had before the split (tests and benchmarks look inside).
     @property
@@ -109,6 +112,27 @@ class Engine:
     def _snapshots(self) -> SnapshotCache:
         return self._sampler_snapshots.cache
 
+    # The parts, read by the warm-up (runtime/warm_up.py), which builds their programs from their state.
+    @property
+    def adapters(self) -> AdapterSlots:
+        return self._adapters
+
+    @property
+    def base(self) -> Any:
+        return self._base
+
+    @property
+    def steps(self) -> StepFunctions:
+        return self._steps
+
+    @property
+    def sampler(self) -> SlotSampler:
+        return self._sampler
+
+    @property
+    def sampler_snapshots(self) -> SamplerSnapshots:
+        return self._sampler_snapshots
+
     # ------------------------------------------------------------------ loading
 
     @classmethod
@@ -130,8 +154,8 @@ class Engine:
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
         decoder layer in the backward pass instead of keeping its activations. `scan_layers` (dense models): the
-        layers stacked and run as one scan, so compile time does not grow with depth (model.py); off: a per-layer
-        loop, kept for comparison."""
+        layers stacked and run as one scan, so compile time does not grow with depth (model/decoder.py); off: a
+        per-layer loop, kept for comparison."""
         from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
@@ -235,7 +259,7 @@ class Engine:
 
     @sample_slots.setter
     def sample_slots(self, value: int) -> None:
-        self._sampler.max_slots = self._placement.round_rows(int(value))
+        self._sampler.max_slots = self._layout.round_rows(int(value))
 
     @property
     def slot_buckets(self) -> list[int]:
@@ -270,8 +294,6 @@ class Engine:
     def schedule_warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> None:
         """The sampler families among `pieces` are about to be warmed up in the background: a request that comes
         first compiles only its own slot bucket of them (sampler.py)."""
-        from .sampler import MIN_STOP_IDS
-
         self._sampler.scheduled_families = frozenset(
             (p.cache_len, MIN_STOP_IDS, p.prompt_len, p.prompt_logprobs, p.adapters)
             for p in pieces
@@ -282,15 +304,11 @@ class Engine:
         """Compile ahead of traffic what `pieces` name (see warm_up.py; `WarmUpPlan.pieces()` lists them), leaving
         no state behind; returns the number of programs built (compiled, or read back from the persistent cache).
         `threads` > 1: the train buckets' steps compile side by side on that many threads."""
-        from . import warm_up
-
         return warm_up.run(self, tuple(pieces), threads)
 
     def compile_ahead(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
         """Compile, never run, the train buckets among `pieces`, from the state's shapes alone: safe beside any other
         call of this engine, from another thread (warm_up.compile_ahead). Programs built."""
-        from . import warm_up
-
         return warm_up.compile_ahead(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:

@@ -1,8 +1,9 @@
 """The engine as the activities see it: the methods `run_batch` and the checkpoint I/O call, and nothing else.
 
-Two classes implement it: `Engine` (engine.py), which runs the calls, and the multi-host `DrivenEngine`
-(multihost.py), which first has the other processes of its group replay each call. Activities type their engine
-as `EngineApi`, so either fits, and a method added here must be added to both (tests/engine/test_interface.py
+Three classes implement it: `Engine` (engine.py), which runs the calls, the multi-host `DrivenEngine`
+(runtime/multihost.py), which first has the other processes of its group replay each call, and `EngineLock`
+(runtime/engine_lock.py), through which the JAX worker serves either, one call at a time. Activities type their
+engine as `EngineApi`, so any fits, and a method added here must be added to each (tests/engine/test_interface.py
 compares the signatures). Everything else the worker or tests reach for (warm-up, named weights, the sampler's
 slot count) is outside this contract on purpose: the activities must not depend on it.
 """

@@ -14,7 +14,7 @@ import numpy as np
 
 from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; raised by this name)
 
-from .config import round_up_pow2, round_up_seq_len
+from .model.config import round_up_pow2, round_up_seq_len
 
 
 @dataclass(frozen=True)

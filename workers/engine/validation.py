@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .decode import MAX_TOPK_PROMPT_LOGPROBS
-from .losses import (
+from .sampling.decode import MAX_TOPK_PROMPT_LOGPROBS
+from .training.losses import (
     LOSS_CONFIG_DEFAULTS,
     LOSS_ID,
     LOSS_NAMES,
@@ -17,7 +17,7 @@ from .losses import (
     LOSS_REQUIRED_INPUTS,
     LOSSES_NEEDING_PROVENANCE,
 )
-from .train import Row
+from .training.steps import Row
 from .types import Datum, ForwardBackwardInput, InputError, SampleInput
 
 

@@ -1,6 +1,6 @@
 """Training on the adapter slots: batched forward_backward (gradients accumulate per slot) and a per-slot AdamW step.
 
-The jitted programs are in `train.py` (the micro-batched grad step) and `optimizer.py` (AdamW on one slot's slice);
+The jitted programs are in `steps.py` (the micro-batched grad step) and `optimizer.py` (AdamW on one slot's slice);
 this module turns the engine's requests into them. Each request of a batch is validated on its own: a bad one
 yields an InputError in its place and never touches any slot's state, and an optimizer step whose result would not
 be finite is refused before anything is written.
@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from ..types import AdamConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
+from ..validation import forward_backward_rows
 from .adapter_slots import AdapterSlots
 from .optimizer import adamw_slot_values, pack_hparams, write_slot_values
-from .train import Row, StepFunctions, run_rows
-from .types import AdamConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
-from .validation import forward_backward_rows
+from .steps import Row, StepFunctions, run_rows
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ One `MeshConfig` says how many devices go on each axis. Parameters are placed by
 * LoRA A [S, in, R] / B [S, R, out] follow their base kernel's in / out sharding, the adapter axis unsharded;
 * the embedding [V, H]: vocab on `tp`, hidden on `fsdp` (the tied unembedding then gives vocab-parallel logits);
   an untied lm_head kernel [H, V] likewise; norms are replicated;
-* stacked decoder layers (model.DecoderStack): the layer axis (leading on base leaves, second on LoRA leaves) is
+* stacked decoder layers (decoder.DecoderStack): the layer axis (leading on base leaves, second on LoRA leaves) is
   unsharded, the other axes as above; the KV cache [L, B, S, kv, hd] likewise.
 
 Batches (every array whose leading dimension is the batch) are sharded on `fsdp`; row buckets are rounded up to a
@@ -33,8 +33,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .config import ModelConfig
-from .lora import is_stacked_layer
+from ..model.config import ModelConfig
+from ..model.lora import is_stacked_layer
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _layer_spec(path: tuple, shape: tuple[int, ...], config: ModelConfig, mesh: 
     raise ValueError(f"no sharding rule for {'.'.join(map(str, names))}")
 
 
-class Placement:
+class DeviceLayout:
     """Shardings of the engine's arrays on one mesh, and helpers to put trees there."""
 
     def __init__(self, mesh: Mesh, config: ModelConfig):

@@ -24,7 +24,7 @@ The output is byte-identical across runs with the same ``seed``/``init_std`` (an
 never leaves half a model; a ``tinkerflow_tiny.json`` marker records the parameters, and calling again on a
 directory that already holds the same model returns at once without rewriting anything.
 
-    python -m tinkerflow.workers.engine.tiny_model OUT_DIR [--seed N] [--init-std X]
+    python -m tinkerflow.workers.engine.model.tiny_model OUT_DIR [--seed N] [--init-std X]
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ import time
 from typing import Any
 
 import numpy as np
+
+from .tiny_moe import MOE_SHAPE, moe_config_dict, moe_layers
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +108,6 @@ def _marker_params(seed: int, init_std: float, moe: bool = False) -> dict[str, A
         "english_txt_sha256": _data_sha256(),
     }
     if moe:  # only then, so dense directories written before MoE existed stay valid
-        from .tiny_moe import MOE_SHAPE
-
         params["moe"] = dict(MOE_SHAPE)
     return params
 
@@ -210,7 +210,7 @@ def generation_config_dict(eos_token_id: int) -> dict[str, Any]:
 
 
 def attention_shapes(p: str, h: int, q: int, kv: int, hd: int) -> list[tuple[str, tuple[int, ...]]]:
-    """A Qwen3 layer's norms and attention projections (prefix `p`), in draw order; shared with tiny_moe."""
+    """A Qwen3 layer's norms and attention projections (prefix `p`), in draw order; the MoE's too."""
     return [
         (f"{p}.input_layernorm.weight", (h,)),
         (f"{p}.self_attn.q_proj.weight", (q, h)),
@@ -244,6 +244,27 @@ def parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
     shapes.append(("model.norm.weight", (h,)))
     if not s["tie_word_embeddings"]:
         shapes.append(("lm_head.weight", (s["vocab_size"], h)))
+    return shapes
+
+
+def moe_parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """HF parameter names and shapes of the tiny Qwen3-MoE (tiny_moe.py), in the (fixed) order the weights are drawn."""
+    s, m = SHAPE, MOE_SHAPE
+    h, hd = s["hidden_size"], s["head_dim"]
+    q, kv = s["num_attention_heads"] * hd, s["num_key_value_heads"] * hd
+    sparse = set(moe_layers())
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (s["vocab_size"], h))]
+    for i in range(m["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        shapes += attention_shapes(p, h, q, kv, hd)
+        if i in sparse:
+            inter = m["moe_intermediate_size"]
+            shapes.append((f"{p}.mlp.gate.weight", (m["num_experts"], h)))
+            for e in range(m["num_experts"]):
+                shapes += dense_mlp_shapes(f"{p}.mlp.experts.{e}", h, inter)
+        else:
+            shapes += dense_mlp_shapes(f"{p}.mlp", h, m["intermediate_size"])
+    shapes.append(("model.norm.weight", (h,)))
     return shapes
 
 
@@ -315,8 +336,6 @@ def _write_model(
     hf_tok.save_pretrained(str(tmp))
 
     if moe:
-        from .tiny_moe import moe_config_dict, moe_parameter_shapes
-
         config, shapes = moe_config_dict(config_dict(eos_id)), moe_parameter_shapes()
     else:
         config, shapes = config_dict(eos_id), None

@@ -4,7 +4,8 @@ experts, written as published Qwen3-MoE checkpoints are (`mlp.gate.weight`, `mlp
 Three layers so that both kinds of MLP are exercised: layers 0 and 2 route each token to 2 of 8 experts
 (norm_topk_prob on, as Qwen3-30B-A3B), layer 1 is a dense MLP (`mlp_only_layers=[1]`). Router weights are drawn
 like the rest (std 0.25): with hidden 128 the router logits then have std ~3, so routing is decisive but every
-expert is used. Built by `make_tiny_model(out_dir, moe=True)` (`tinkerflow make-tiny-model --moe DIR`).
+expert is used. Built by `make_tiny_model(out_dir, moe=True)` (`tinkerflow make-tiny-model --moe DIR`), which
+draws its weights in the order of `tiny_model.moe_parameter_shapes`.
 """
 
 from __future__ import annotations
@@ -45,26 +46,3 @@ def moe_config_dict(dense: dict[str, Any]) -> dict[str, Any]:
         "output_router_logits": False,
         "router_aux_loss_coef": 0.001,
     }
-
-
-def moe_parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
-    """HF parameter names and shapes, in the (fixed) order the weights are drawn."""
-    from .tiny_model import SHAPE, attention_shapes, dense_mlp_shapes
-
-    s, m = SHAPE, MOE_SHAPE
-    h, hd = s["hidden_size"], s["head_dim"]
-    q, kv = s["num_attention_heads"] * hd, s["num_key_value_heads"] * hd
-    sparse = set(moe_layers())
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (s["vocab_size"], h))]
-    for i in range(m["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        shapes += attention_shapes(p, h, q, kv, hd)
-        if i in sparse:
-            inter = m["moe_intermediate_size"]
-            shapes.append((f"{p}.mlp.gate.weight", (m["num_experts"], h)))
-            for e in range(m["num_experts"]):
-                shapes += dense_mlp_shapes(f"{p}.mlp.experts.{e}", h, inter)
-        else:
-            shapes += dense_mlp_shapes(f"{p}.mlp", h, m["intermediate_size"])
-    shapes.append(("model.norm.weight", (h,)))
-    return shapes

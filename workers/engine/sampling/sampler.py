@@ -38,12 +38,12 @@ from flax import nnx
 
 from tinkerflow.common.settings import env_setting
 
-from .config import ModelConfig, round_up_pow2, round_up_seq_len
+from ..model.config import ModelConfig, round_up_pow2, round_up_seq_len
+from ..runtime.aot_cache import AotCache, warmed_bucket
+from ..runtime.sharding import DeviceLayout
 
 # The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
 from .decode import MAX_TOPK_PROMPT_LOGPROBS, RowParams, Slots, admit, decode, empty_slots
-from .jit_cache import AotCache, warmed_bucket
-from .sharding import Placement
 
 __all__ = [
     "DEFAULT_SAMPLE_SLOTS", "MAX_TOPK_PROMPT_LOGPROBS", "MIN_CACHE_LEN", "MIN_STOP_IDS", "STOP_STRING_CHUNK",
@@ -92,7 +92,7 @@ class RowOutput:
     topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
 
 
-def slot_buckets(max_slots: int, placement: Placement) -> list[int]:
+def slot_buckets(max_slots: int, placement: DeviceLayout) -> list[int]:
     """Row buckets: powers of 8 below max_slots, then max_slots (e.g. 8, 64, 256), each a multiple of fsdp."""
     out, b = [], 8
     while b < max_slots:
@@ -102,7 +102,7 @@ def slot_buckets(max_slots: int, placement: Placement) -> list[int]:
     return sorted({placement.round_rows(x) for x in out})
 
 
-def admission_rows(slots: int, placement: Placement) -> int:
+def admission_rows(slots: int, placement: DeviceLayout) -> int:
     """Rows per admission call (slots / 8): filling every slot takes 8 calls, a refill one; one program per bucket."""
     return placement.round_rows(max(1, slots // 8))
 
@@ -110,7 +110,9 @@ def admission_rows(slots: int, placement: Placement) -> int:
 class SlotSampler:
     """Host driver of the decode slots (see the module docstring). One thread at a time, like the engine."""
 
-    def __init__(self, graphdef: nnx.GraphDef, placement: Placement, config: ModelConfig, dtype: Any, tokenizer: Any):
+    def __init__(
+        self, graphdef: nnx.GraphDef, placement: DeviceLayout, config: ModelConfig, dtype: Any, tokenizer: Any
+    ):
         self.placement = placement
         self.config = config
         self.tokenizer = tokenizer

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .config import ModelConfig
-from .lora import StackedLoraRouting
-from .model import LayerCache, empty_cache
-from .sharding import Placement
+from ..model.config import ModelConfig
+from ..model.decoder import LayerCache, empty_cache
+from ..model.lora import StackedLoraRouting
+from ..runtime.sharding import DeviceLayout
 
 # Block size of the two-level inverse-CDF search.
 _CDF_BLOCK = 64
@@ -135,7 +135,7 @@ def _is_stop(token: jax.Array, p: RowParams) -> jax.Array:
     return jnp.any(token[:, None] == p.stop_ids, axis=-1)
 
 
-def _constrain(slots: Slots, placement: Placement) -> Slots:
+def _constrain(slots: Slots, placement: DeviceLayout) -> Slots:
     """Pin the slots to their layout (cache rows on fsdp and kv heads on tp, the rest rows on fsdp), so every
     compiled function takes and returns the same shardings."""
     cache_sharding = placement.cache_sharding()
@@ -145,7 +145,7 @@ def _constrain(slots: Slots, placement: Placement) -> Slots:
 
 
 def empty_slots(
-    config: ModelConfig, dtype: Any, placement: Placement, *, slots: int, cache_len: int, stops: int
+    config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slots: int, cache_len: int, stops: int
 ) -> Slots:
     b = slots
     zeros = lambda shape, dt: jnp.zeros(shape, dt)  # noqa: E731
@@ -166,7 +166,7 @@ def empty_slots(
 
 def admit(
     graphdef: nnx.GraphDef,
-    placement: Placement,
+    placement: DeviceLayout,
     lora: Any,
     base: Any,
     slots: Slots,
@@ -229,7 +229,7 @@ def admit(
 
 def decode(
     graphdef: nnx.GraphDef,
-    placement: Placement,
+    placement: DeviceLayout,
     lora: Any,
     base: Any,
     slots: Slots,

@@ -22,7 +22,7 @@ numpy arrays and scalars, pathlib paths), so whoever can reach the coordinator p
 import or run anything else. Engine randomness is fixed on the leader before the broadcast: a `LoraConfig` or
 `SampleInput` without a seed gets one there, so every process draws the same adapter init and the same samples.
 
-Engine methods that fetch split arrays to the host do so through `Placement.to_host`, itself a computation over the
+Engine methods that fetch split arrays to the host do so through `DeviceLayout.to_host`, itself a computation over the
 whole mesh: the followers take part because they replay the same call. So every public engine method, reads
 included, is broadcast; plain attributes (`info`, `tokenizer`, ...) are read from the leader's engine.
 """
@@ -42,8 +42,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import types as engine_types
-from .types import (
+from .. import types as engine_types
+from ..types import (
     AdamConfig,
     ForwardBackwardInput,
     ForwardBackwardResult,

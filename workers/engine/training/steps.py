@@ -16,11 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .config import round_up_pow2, round_up_seq_len
-from .jit_cache import AotCache, warmed_bucket
-from .lora import LoraRouting
+from ..model.config import round_up_pow2, round_up_seq_len
+from ..model.lora import LoraRouting
+from ..runtime.aot_cache import AotCache, warmed_bucket
+from ..runtime.sharding import DeviceLayout
 from .losses import LossInputs, token_losses
-from .sharding import Placement
 
 
 @jax.tree_util.register_dataclass
@@ -137,7 +137,7 @@ class StepFunctions:
     layouts, so the donated accumulator keeps its sharding from call to call.
     """
 
-    def __init__(self, graphdef: nnx.GraphDef, placement: Placement):
+    def __init__(self, graphdef: nnx.GraphDef, placement: DeviceLayout):
         self.placement = placement
         # Sequence buckets the warm-up compiles (Engine.prefer_buckets); batches round up to them. Fixed at start,
         # whatever the warm-up got to, so a batch's shapes (and so its float rounding) never depend on timing.

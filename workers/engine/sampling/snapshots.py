@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import round_up_pow2
-from .lora import LORA_ALPHA
-from .types import LoraConfig
+from ..model.config import round_up_pow2
+from ..model.lora import LORA_ALPHA
+from ..types import LoraConfig
 
 if TYPE_CHECKING:
-    from .adapter_slots import AdapterSlots
+    from ..training.adapter_slots import AdapterSlots
 
 log = logging.getLogger(__name__)
 REMEMBERED_EVICTIONS = 65536  # keys remembered as evicted, for the clear error (bounded too)

@@ -1,7 +1,7 @@
 """Load a Hugging Face checkpoint directory (config.json + safetensors, possibly sharded) into NNX state.
 
 The model is built abstractly (`nnx.eval_shape`), so no random weights are materialised, and each safetensors
-tensor is placed straight into its state slot. With stacked layers (model.DecoderStack, the default for dense
+tensor is placed straight into its state slot. With stacked layers (decoder.DecoderStack, the default for dense
 models) a layer's tensor goes into its row of the stacked host array of that leaf ([L, ...]), which moves to its
 device sharding as soon as its last layer is read, so the stacked layout is built once, at load, never per step.
 LoRA state starts all zero (every slot == base model).
@@ -23,9 +23,9 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
+from ..runtime.sharding import DeviceLayout
 from .config import ModelConfig
-from .model import CausalLM
-from .sharding import Placement
+from .decoder import CausalLM
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -49,7 +49,7 @@ class LoadedModel:
     graphdef: nnx.GraphDef
     lora: nnx.State  # LoRAParam leaves, adapter axis first
     base: nnx.State  # frozen Param leaves
-    placement: Placement | None = None  # shardings on the mesh, when loaded onto one
+    placement: DeviceLayout | None = None  # shardings on the mesh, when loaded onto one
 
 
 def resolve_model_path(model_path: str) -> str:
@@ -129,12 +129,12 @@ def load_model(
     With a `mesh`, the model's shape is checked against it first (ValueError naming the value that does not divide),
     every tensor goes straight to its sharding as it is read, and the hidden states between layers are pinned to
     the fsdp batch layout; `LoadedModel.placement` then holds the shardings. `scan_layers`: stacked, scanned
-    layers (model.DecoderStack; dense models only) instead of a per-layer list.
+    layers (decoder.DecoderStack; dense models only) instead of a per-layer list.
     """
     path = Path(model_dir)
     hf_config = json.loads((path / "config.json").read_text())
     config = ModelConfig.from_hf(hf_config)
-    placement = Placement(mesh, config) if mesh is not None else None
+    placement = DeviceLayout(mesh, config) if mesh is not None else None
     experts = _ExpertStacks(config)
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(

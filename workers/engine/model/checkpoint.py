@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ..types import InputError, LoraConfig, SlotState
 from .lora import LORA_ALPHA, module_kind
-from .types import InputError, LoraConfig, SlotState
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from .config import round_up_pow2
+from ..model.config import round_up_pow2
+from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
+from ..validation import check_sample
 from .sampler import MIN_STOP_IDS, SampleRow, SlotSampler, seed_words
 from .snapshots import SamplerSnapshots, evicted_message
-from .types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
-from .validation import check_sample
 
 log = logging.getLogger(__name__)
 

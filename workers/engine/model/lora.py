@@ -133,7 +133,7 @@ def module_kind(path: tuple) -> ModuleKind:
 
 def is_stacked_layer(path: tuple) -> bool:
     """Whether a state path is a leaf of the stacked decoder layers (`layers.self_attn...`, a layer axis inside:
-    model.DecoderStack) rather than of one layer of a per-layer list (`layers.0.self_attn...`)."""
+    decoder.DecoderStack) rather than of one layer of a per-layer list (`layers.0.self_attn...`)."""
     names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
     if "layers" not in names:
         return False

@@ -4,7 +4,7 @@ Every LoRA-shaped tree here carries the adapter axis first (slot i is `tree[i]`)
 is written and zeroed by one jitted update of the whole tree (one compile, in place, shardings kept), so a slot's
 bookkeeping never touches another slot's values. This module holds which slots are allocated and with what
 `LoraConfig`, and the named, rank-trimmed view of a slot (`layers.0.mlp.up_proj.lora_a` -> [in, rank]) that export,
-import and checkpoints use. With stacked layers (model.DecoderStack) a slot's leaf `layers.mlp.up_proj.lora_a` is
+import and checkpoints use. With stacked layers (decoder.DecoderStack) a slot's leaf `layers.mlp.up_proj.lora_a` is
 [L, in, R]; its layer i is named `layers.{i}.mlp.up_proj.lora_a` as in the per-layer layout, so names (and every file
 format built on them) do not depend on the layout. Training (`trainer.py`) and snapshots (`snapshots.py`) read and
 write these trees.
@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .lora import LORA_ALPHA, init_a, is_a_leaf, is_stacked_layer, module_kind
+from ..model.lora import LORA_ALPHA, init_a, is_a_leaf, is_stacked_layer, module_kind
+from ..runtime.sharding import DeviceLayout
+from ..types import InputError, LoraConfig, SlotState
 from .optimizer import OptState
-from .sharding import Placement
-from .types import InputError, LoraConfig, SlotState
 
 
 def leaf_name(path: tuple) -> str:
@@ -48,7 +48,7 @@ def trained_groups(config: LoraConfig) -> dict[str, bool]:
 class AdapterSlots:
     """LoRA weights, gradients and optimizer state of every slot, and which slots are allocated (see module doc)."""
 
-    def __init__(self, lora: Any, placement: Placement, *, max_adapters: int, max_rank: int):
+    def __init__(self, lora: Any, placement: DeviceLayout, *, max_adapters: int, max_rank: int):
         self.placement = placement
         self.max_adapters = max_adapters
         self.max_rank = max_rank

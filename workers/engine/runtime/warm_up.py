@@ -18,7 +18,7 @@ A warm-up is a list of pieces, each small enough to run between two activities o
 The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
 default) the lifecycle's training half before it registers and the rest after (WarmUpPlan.pieces gives the order):
 what a first user needs back to back, the rest one piece at a time whenever the engine has been idle for a moment
-(`Serialized`); everything after registering, in the same order, when the persistent compilation cache already
+(`EngineLock`); everything after registering, in the same order, when the persistent compilation cache already
 holds programs (a restart, a second `up`).
 """
 
@@ -26,20 +26,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
-import inspect
 import logging
-import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from . import compile_cache
-from .jit_cache import AotCache, abstract
-from .sampler import MIN_STOP_IDS
-from .train import pack
-from .types import (
+from ..interface import EngineApi
+from ..sampling.sampler import MIN_STOP_IDS
+from ..training.steps import pack
+from ..types import (
     AdamConfig,
     Datum,
     ForwardBackwardInput,
@@ -48,22 +44,51 @@ from .types import (
     SampleInput,
     WarmUpPiece,
 )
+from . import persistent_cache
+from .aot_cache import AotCache, abstract
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..sampling.sampler import SlotSampler
+    from ..sampling.snapshots import SamplerSnapshots
+    from ..training.adapter_slots import AdapterSlots
+    from ..training.steps import StepFunctions
 
 log = logging.getLogger(__name__)
 
 SCRATCH_SNAPSHOT = "__warm-up__"
 
 
-def run(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
+class WarmUpEngine(EngineApi, Protocol):
+    """What the warm-up drives (`Engine` is one): the activities' calls and `adapter_weights`, and the parts whose
+    programs it builds from their state."""
+
+    max_lora_adapters: int
+
+    def adapter_weights(self, slot: int) -> dict[str, np.ndarray]: ...
+
+    @property
+    def adapters(self) -> AdapterSlots: ...
+
+    @property
+    def base(self) -> Any: ...
+
+    @property
+    def steps(self) -> StepFunctions: ...
+
+    @property
+    def sampler(self) -> SlotSampler: ...
+
+    @property
+    def sampler_snapshots(self) -> SamplerSnapshots: ...
+
+
+def run(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
     """Run `pieces` on `engine`; the number of programs this built (compiled, or read back from the persistent
     compilation cache). With `threads` > 1 the train and forward steps of every train bucket the pieces name (the
     lifecycle's included) compile side by side on that many threads, beside the pieces' other work on this thread
     (XLA releases the GIL while it compiles; AotCache compiles each shape once, whoever asks first)."""
     t0 = time.perf_counter()
-    before = compile_cache.counts().requests
+    before = persistent_cache.counts().requests
     buckets = list(dict.fromkeys((p.rows, p.seq) for p in pieces if p.kind in ("lifecycle", "train")))
     pool = concurrent.futures.ThreadPoolExecutor(threads, "warm-up") if threads > 1 and buckets else None
     futures = []
@@ -87,18 +112,18 @@ def run(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> in
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    built = compile_cache.counts().requests - before
+    built = persistent_cache.counts().requests - before
     log.info("warm-up: %d pieces, %d programs built in %.1fs (%d threads)", len(pieces), built,
              time.perf_counter() - t0, threads if pool is not None else 1)  # fmt: skip
     return built
 
 
-def compile_ahead(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
+def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
     """Compile (never run) the train and forward steps of the train pieces among `pieces`, from the shapes of the
     engine's state alone: safe beside any other engine call (which may donate those arrays meanwhile), so it needs
-    no turn on the engine (`Serialized` lets it pass); a request that needs a program being compiled here waits for
+    no turn on the engine (`EngineLock` lets it pass); a request that needs a program being compiled here waits for
     that compile alone (AotCache). The number of programs this process built meanwhile."""
-    before = compile_cache.counts().requests
+    before = persistent_cache.counts().requests
     jobs = [
         (step, f"batch={p.rows} seq={p.seq} (warm-up)", args)
         for p in dict.fromkeys(p for p in pieces if p.kind == "train")
@@ -107,29 +132,29 @@ def compile_ahead(engine: Engine, pieces: tuple[WarmUpPiece, ...], threads: int 
     with concurrent.futures.ThreadPoolExecutor(max(1, threads), "warm-up") as pool:
         for future in [pool.submit(step.prepare, label, *args) for step, label, args in jobs]:
             future.result()
-    return compile_cache.counts().requests - before
+    return persistent_cache.counts().requests - before
 
 
-def _train_steps(engine: Engine, rows: int, seq: int, *, abstract_state: bool) -> list[tuple[AotCache, tuple]]:
+def _train_steps(engine: WarmUpEngine, rows: int, seq: int, *, abstract_state: bool) -> list[tuple[AotCache, tuple]]:
     """The train and forward steps of the (rows, seq) bucket with their arguments (single-target datums)."""
-    steps, slots = engine._steps, engine._adapters
+    steps, slots = engine.steps, engine.adapters
     batch = steps.placement.put_batch(pack([], steps.placement.round_rows(rows), seq, 1))
-    lora, base, grads = slots.lora, engine._base, slots.grads
+    lora, base, grads = slots.lora, engine.base, slots.grads
     if abstract_state:
         lora, base, grads, batch = abstract((lora, base, grads, batch))
     return [(steps.grad_step, (lora, base, grads, batch)), (steps.forward_step, (lora, base, batch))]
 
 
-def _train(engine: Engine, rows: int, seq: int) -> None:
+def _train(engine: WarmUpEngine, rows: int, seq: int) -> None:
     """Compile (not run) the train and forward steps of the (rows, seq) bucket, single-target datums."""
     for step, args in _train_steps(engine, rows, seq, abstract_state=False):
         step.prepare(f"batch={rows} seq={seq} (warm-up)", *args)
 
 
-def _sampler(engine: Engine, piece: WarmUpPiece) -> None:
-    sampler = engine._sampler
-    lora = engine._sampler_snapshots.zero_stack(piece.adapters)
-    sampler.warm_up(lora, engine._base, cache_lens=(piece.cache_len,), prompt_lens=(piece.prompt_len,),
+def _sampler(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
+    sampler = engine.sampler
+    lora = engine.sampler_snapshots.zero_stack(piece.adapters)
+    sampler.warm_up(lora, engine.base, cache_lens=(piece.cache_len,), prompt_lens=(piece.prompt_len,),
                     stop_width=MIN_STOP_IDS, prompt_logprobs=(piece.prompt_logprobs,),
                     buckets=(piece.slots,) if piece.slots else None)  # fmt: skip
 
@@ -146,15 +171,15 @@ def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) ->
     return tuple(out)
 
 
-def _scratch_slot(engine: Engine) -> int | None:
+def _scratch_slot(engine: WarmUpEngine) -> int | None:
     slot = engine.max_lora_adapters - 1
-    if slot in engine._slots:  # never touch a live adapter (the worker warms up before it takes work)
+    if slot in engine.adapters.configs:  # never touch a live adapter (the worker warms up before it takes work)
         log.warning("warm-up: slot %d is in use, adapter lifecycle not warmed", slot)
         return None
     return slot
 
 
-def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
+def _lifecycle(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
     """The training half of an adapter's life: create, forward_backward with each loss, optim_step. (The forward
     step is the train piece of the same bucket; export and import are in `_lifecycle_sample`: a first training user
     needs neither before its first step.)"""
@@ -179,7 +204,7 @@ def _lifecycle(engine: Engine, piece: WarmUpPiece) -> None:
         engine.free_adapter(slot)
 
 
-def _lifecycle_sample(engine: Engine, piece: WarmUpPiece) -> None:
+def _lifecycle_sample(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
     """The rest of an adapter's life: export and import of its state (checkpoints, and the restore after a worker
     died), a sampler snapshot of it, a snapshot loaded from weights (sampling a saved checkpoint), a sample through
     it and one of the base model (the sampler family of `piece`'s shapes, at every slot bucket, unless earlier
@@ -206,50 +231,3 @@ def _expect_ok(results: list) -> None:
     for r in results:
         if isinstance(r, InputError):
             raise RuntimeError(f"warm-up request refused: {r}")
-
-
-class Serialized:
-    """The engine with every public method call under one lock, so a background warm-up and the activities take
-    turns: an engine call waits at most for the one warm-up piece in progress, and waits inside its activity, which
-    heartbeats meanwhile; `compile_ahead` alone passes without the lock (it reads only shapes, and compiles). It
-    also tells how long the engine has been idle (`idle_seconds`: the background warm-up starts a piece only after
-    a pause in the traffic, so a burst of requests, such as a recovery's restore and replay, is not slowed by it).
-    Attribute reads and writes pass through."""
-
-    def __init__(self, engine: Any) -> None:
-        object.__setattr__(self, "_engine", engine)
-        object.__setattr__(self, "lock", threading.Lock())
-        object.__setattr__(self, "_busy", 0)
-        object.__setattr__(self, "_last_end", time.monotonic())
-        object.__setattr__(self, "calls", 0)  # engine calls served (warm-ups not counted)
-
-    def idle_seconds(self) -> float:
-        """Seconds since the last engine call other than a warm-up ended; 0 while one runs or waits."""
-        return 0.0 if self._busy else time.monotonic() - self._last_end
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._engine, name)
-        if name.startswith("_") or not inspect.ismethod(value):
-            return value
-        if name == "compile_ahead":
-            return value
-        traffic = name != "warm_up"
-
-        @functools.wraps(value)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if traffic:
-                object.__setattr__(self, "_busy", self._busy + 1)  # under the GIL; read only as a hint
-            try:
-                with self.lock:
-                    return value(*args, **kwargs)
-            finally:
-                if traffic:
-                    object.__setattr__(self, "_last_end", time.monotonic())
-                    object.__setattr__(self, "_busy", self._busy - 1)
-                    object.__setattr__(self, "calls", self.calls + 1)
-
-        return call
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        with self.lock:
-            setattr(self._engine, name, value)

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .lora import is_a_leaf, module_kind
+from ..model.lora import is_a_leaf, module_kind
 
 if TYPE_CHECKING:
-    from .sharding import Placement
+    from ..runtime.sharding import DeviceLayout
 
 _KIND_INDEX = {"attn": 0, "mlp": 1, "unembed": 2}
 
@@ -144,7 +144,7 @@ def adamw_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, pac
 
 @partial(jax.jit, static_argnames=("placement",), donate_argnames=("lora", "grads", "opt"))
 def write_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, values: tuple[list, list, list],
-                      count: jax.Array, *, placement: Placement | None = None):  # fmt: skip
+                      count: jax.Array, *, placement: DeviceLayout | None = None):  # fmt: skip
     """Write-only half: `slot`'s weights, moments (`values` from adamw_slot_values) and step count set and its
     gradient accumulator zeroed, in place on the donated buffers; with a placement, outputs keep its shardings."""
 
@@ -161,7 +161,9 @@ def write_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, val
     return lora, grads, OptState(mu=mu, nu=nu, count=count)
 
 
-def adamw_slot_step(lora: Any, grads: Any, opt: OptState, slot: Any, packed: Any, placement: Placement | None = None):
+def adamw_slot_step(
+    lora: Any, grads: Any, opt: OptState, slot: Any, packed: Any, placement: DeviceLayout | None = None
+):
     """One AdamW step of `slot` (lora, grads and opt are donated); returns (lora, grads with the slot zeroed, opt,
     metrics float32 [grad_norm before clipping, step]) with the metrics still on the device."""
     values, count, metrics = adamw_slot_values(lora, grads, opt, slot, packed)

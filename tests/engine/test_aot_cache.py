@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tinkerflow.workers.engine import compile_cache
-from tinkerflow.workers.engine.jit_cache import AotCache, abstract
+from tinkerflow.workers.engine.runtime import persistent_cache
+from tinkerflow.workers.engine.runtime.aot_cache import AotCache, abstract
 
 
 def _step(acc, x, *, scale):
@@ -22,16 +22,16 @@ def test_concurrent_prepare_compiles_each_shape_once_and_abstract_shapes_serve_r
     cache = AotCache("test step", _step, donate=("acc",))
     shapes = [(4, 8), (16, 8), (4, 8), (16, 8), (4, 8), (32, 8)] * 2  # three distinct shapes, each asked 4 times
     args = [(jnp.zeros(()), jnp.ones(s, jnp.float32)) for s in shapes]
-    before = compile_cache.counts().requests
+    before = persistent_cache.counts().requests
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         executables = list(pool.map(lambda a: cache.prepare("t", *abstract(a), scale=2.0), args))
-    assert compile_cache.counts().requests - before == 3
+    assert persistent_cache.counts().requests - before == 3
     assert len({id(e) for e, s in zip(executables, shapes) if s == (4, 8)}) == 1  # one executable per shape
     assert len(cache._compiled) == 3
     # The executables run on the real (committed, donated) arrays; nothing else is built.
-    before = compile_cache.counts().requests
+    before = persistent_cache.counts().requests
     acc, out = cache("t", jnp.zeros(()), jnp.ones((16, 8), jnp.float32), scale=2.0)
-    assert compile_cache.counts().requests - before == 0
+    assert persistent_cache.counts().requests - before == 0
     np.testing.assert_allclose(float(acc), 2.0 * 16 * 16 * np.tanh(8.0), rtol=1e-6)  # float32, 256 equal terms
     assert out.shape == (16, 8)
 

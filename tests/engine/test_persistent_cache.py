@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCENARIO = Path(__file__).with_name("compile_cache_scenario.py")
+SCENARIO = Path(__file__).with_name("persistent_cache_scenario.py")
 
 
 def _lifetime(model: Path, cache: Path) -> dict:
@@ -22,7 +22,7 @@ def _lifetime(model: Path, cache: Path) -> dict:
 
 
 def test_second_process_compiles_nothing_and_answers_the_same(tmp_path):
-    from tinkerflow.workers.engine.tiny_model import make_tiny_model
+    from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp_path / "model")
     cold = _lifetime(model, tmp_path / "xla-cache")

@@ -1,0 +1,135 @@
+"""The engine's lock: engine calls one at a time, so a background warm-up and the activities take turns.
+
+The JAX worker serves its engine (an `Engine`, or the multi-host `DrivenEngine` around one) through an `EngineLock`.
+Every engine call holds the lock: an activity's call waits at most for the one warm-up piece in progress, and waits
+inside its activity, which heartbeats meanwhile; `compile_ahead` alone passes without it (it reads only shapes, and
+compiles). The lock also tells how long the engine has been idle (`idle_seconds`: the background warm-up starts a
+piece only after a pause in the traffic, so a burst of requests, such as a recovery's restore and replay, is not
+slowed by it) and how many calls it served (`calls`); a warm-up is not traffic.
+
+The activities' calls (`interface.EngineApi`) are spelled out, so the worker hands an `EngineLock` to the activities
+as it is; the reads the worker makes (the model's facts, the sampler's buckets) pass through without the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..model.config import ModelConfig
+from ..types import (
+    AdamConfig,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    InputError,
+    LoraConfig,
+    ModelInfo,
+    SampleInput,
+    SampleResult,
+    SlotState,
+    WarmUpPiece,
+)
+
+__all__ = ["EngineLock"]
+
+_T = TypeVar("_T")
+
+
+class EngineLock:
+    """`engine` with every call under one lock (see the module doc)."""
+
+    __slots__ = ("_busy", "_engine", "_last_end", "calls", "lock")
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.lock = threading.Lock()
+        self._busy = 0
+        self._last_end = time.monotonic()
+        self.calls = 0  # engine calls served (warm-ups not counted)
+
+    @property
+    def engine(self) -> Any:
+        """The engine inside, for what must not wait for the lock (a multi-host worker telling its followers to stop,
+        tests looking inside)."""
+        return self._engine
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last engine call other than a warm-up ended; 0 while one runs or waits."""
+        return 0.0 if self._busy else time.monotonic() - self._last_end
+
+    def _traffic(self, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        self._busy += 1  # under the GIL; read only as a hint
+        try:
+            with self.lock:
+                return method(*args, **kwargs)
+        finally:
+            self._last_end = time.monotonic()
+            self._busy -= 1
+            self.calls += 1
+
+    # Reads, without the lock.
+    @property
+    def info(self) -> ModelInfo:
+        return self._engine.info
+
+    @property
+    def model_path(self) -> str:
+        return self._engine.model_path
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._engine.config
+
+    @property
+    def sample_slots(self) -> int:
+        return self._engine.sample_slots
+
+    @property
+    def slot_buckets(self) -> list[int]:
+        return self._engine.slot_buckets
+
+    # The activities' calls (interface.EngineApi), each under the lock.
+    def create_adapter(self, slot: int, config: LoraConfig) -> None:
+        return self._traffic(self._engine.create_adapter, slot, config)
+
+    def free_adapter(self, slot: int) -> None:
+        return self._traffic(self._engine.free_adapter, slot)
+
+    def export_slot(self, slot: int) -> SlotState:
+        return self._traffic(self._engine.export_slot, slot)
+
+    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None:
+        return self._traffic(self._engine.import_slot, slot, state, optimizer=optimizer)
+
+    def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
+        return self._traffic(self._engine.forward_backward, requests)
+
+    def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]:
+        return self._traffic(self._engine.optim_step, slot, adam)
+
+    def snapshot(self, slot: int, key: str) -> None:
+        return self._traffic(self._engine.snapshot, slot, key)
+
+    def load_snapshot(self, key: str, config: LoraConfig, weights: dict[str, np.ndarray]) -> None:
+        return self._traffic(self._engine.load_snapshot, key, config, weights)
+
+    def snapshot_evicted(self, key: str) -> bool:
+        return self._traffic(self._engine.snapshot_evicted, key)
+
+    def drop_snapshot(self, key: str) -> None:
+        return self._traffic(self._engine.drop_snapshot, key)
+
+    def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
+        return self._traffic(self._engine.sample, requests)
+
+    # The warm-up: a piece that runs programs takes the lock (and is not traffic); compiling only does not.
+    def warm_up(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
+        with self.lock:
+            return self._engine.warm_up(pieces, threads)
+
+    def compile_ahead(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
+        return self._engine.compile_ahead(pieces, threads)
