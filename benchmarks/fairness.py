@@ -1,4 +1,5 @@
-"""What one tenant's big sampling load costs another tenant's small forward_backward (DESIGN §6b); JSON lines.
+"""What one tenant's big sampling load costs another tenant's small forward_backward (docs/architecture.md §What tenancy
+promises); JSON lines.
 
 Tenant B times forward_backward + optim_step alone, then again while tenant A keeps `--concurrency` asample calls of
 the largest size the server admits (--max-samples-per-request samples of --max-tokens tokens) in flight. The issue

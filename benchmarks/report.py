@@ -1,5 +1,6 @@
-"""Run issue 17's benchmarks and write docs/benchmarks.md: the table (figure, tinkerflow, engine alone, ratio, the
-issue's target, met or not), plots of the two sweeps (PNG beside it) and where a trivial op's time goes.
+"""Run the benchmarks of the performance table and write docs/benchmarks.md: the table (figure, tinkerflow, engine
+alone, ratio, the issue's target, met or not), plots of the two sweeps (PNG beside it) and where a trivial op's time
+goes.
 
     python -m benchmarks.report                         # run all of them, then write the page
     python -m benchmarks.report --only mixed_loop sample_sweep
@@ -246,7 +247,7 @@ def control_plane(lines: list[dict]) -> list[str]:
 def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     docs.mkdir(parents=True, exist_ok=True)
     md = [
-        "# Benchmarks (issue 17)",
+        "# Benchmarks",
         "",
         "Written by `python -m benchmarks.report` (do not edit by hand: the reading of the figures is "
         "`benchmarks/findings.md`, included below). Every figure sets tinkerflow (the unmodified tinker SDK against "

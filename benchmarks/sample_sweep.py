@@ -1,4 +1,4 @@
-"""Sampling concurrency sweep (issue 17): N concurrent SDK sample calls of 4 samples x 32 tokens each, for N in
+"""Sampling concurrency sweep: N concurrent SDK sample calls of 4 samples x 32 tokens each, for N in
 --concurrency (default 1 8 32 128), aggregate generated tokens/s, against the engine alone doing the same total
 workload (the same N requests handed to Engine.sample in one call, on the same model and a LoRA snapshot).
 

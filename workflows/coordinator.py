@@ -1,4 +1,4 @@
-"""Coordinator: the batching brain for one base model on one pool of JAX workers (DESIGN §2).
+"""Coordinator: the batching brain for one base model on one pool of JAX workers (docs/architecture.md §The workflows).
 
 Requester workflows (training runs, sample requests, sessions) `submit` WorkItems by signal. The coordinator places
 adapters on workers (slot allocation), and while a worker is busy it queues that worker's work; the moment the worker

@@ -44,7 +44,8 @@ class OpKind(str, enum.Enum):  # noqa: UP042  (StrEnum changes str(member); kept
     SAVE_WEIGHTS_FOR_SAMPLER = "save_weights_for_sampler"
     SAVE_WEIGHTS_EXTERNAL = "save_weights_external"
     LOAD_WEIGHTS = "load_weights"
-    REJECT = "reject"  # a request the API refused; it fails its own future in sequence (DESIGN §6)
+    # a request the API refused; it fails its own future in sequence (docs/architecture.md §What durability promises)
+    REJECT = "reject"
 
     def __str__(self) -> str:
         return self.value

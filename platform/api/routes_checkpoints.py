@@ -1,4 +1,5 @@
-"""Checkpoint routes of the RestClient (contract §3.11): list, delete, publish, TTL, weights info, downloads, copy.
+"""Checkpoint routes of the RestClient (docs/wire-contract.md §RestClient routes): list, delete, publish, TTL, weights
+info, downloads, copy.
 
 Storage is the source of truth: a checkpoint is its manifest (platform/common/checkpoints.py), so these routes read
 and write the checkpoint root directly and tell Temporal only about timers (TTL) and loaded weights (deletion).

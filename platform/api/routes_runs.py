@@ -1,4 +1,5 @@
-"""Training runs and sessions of the RestClient (contract §3.11): found through Temporal visibility, read by query.
+"""Training runs and sessions of the RestClient (docs/wire-contract.md §RestClient routes): found through Temporal
+visibility, read by query.
 
 Every session and run workflow carries the `TinkerflowOwner` search attribute, so a listing is one visibility query
 for the caller's own workflows; the details come from each workflow's `describe` query (which also answers for

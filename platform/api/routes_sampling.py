@@ -1,4 +1,4 @@
-"""Sampling routes: create_sampling_session, samplers/{id}, asample (contract §3.9, §3.10)."""
+"""Sampling routes: create_sampling_session, samplers/{id}, asample (docs/wire-contract.md §Sampling)."""
 
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ class Settings:
                                      shown="none: plain connection")
     temporal_tls_key: str = setting("", "PEM private key of --temporal-tls-cert", COMMON, shown="none")
     temporal_tls_ca: str = setting("", "PEM CA bundle of the Temporal frontend", COMMON, shown="system CAs")
-    # Where request bodies and results live while their future is open (DESIGN §3).
+    # Where request bodies and results live while their future is open (docs/architecture.md §The claim-check data
+    # path).
     store_url: str = setting("", "claim-check store root: file:///path or gs://bucket/prefix", COMMON,
                              shown="<state-dir>/store")
     # Runs replay request bodies since their last automatic snapshot after a worker dies: keep this well above a
@@ -296,7 +297,7 @@ class Settings:
     mesh_ep: int = setting(1, "devices on the mesh's ep (expert-parallel) axis, for mixture-of-experts models; "
                            "num_experts must divide by it", MESH, shown="1: no ep axis")
 
-    # --- `tinkerflow ray` (DESIGN §6c): one JAX-worker actor per host in a placement group.
+    # --- `tinkerflow ray` (docs/architecture.md §The processes): one JAX-worker actor per host in a placement group.
     ray_address: str = setting("", "Ray cluster to join, e.g. ray://head:10001 or head:6379", RAY,
                                env_fallbacks=("RAY_ADDRESS",),
                                shown="the cluster of the Ray job this runs in, or $RAY_ADDRESS, or a local "

@@ -1,4 +1,4 @@
-"""The web console at /console (issue 18, docs/console.md) in a real headless Chromium (Debian's `chromium`, driven by
+"""The web console at /console (docs/console.md) in a real headless Chromium (Debian's `chromium`, driven by
 Playwright through its executable path) against the real stack: after N training steps through the SDK the run's
 chart plots N points; a second tenant's console shows none of the first tenant's runs; the page keeps working after
 the API process is killed and `up` restarts it.

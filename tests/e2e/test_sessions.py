@@ -1,5 +1,5 @@
 """Slots are finite and sessions are leased: a full server says so clearly, and an abandoned session gives its
-slots back after the heartbeat timeout (DESIGN §6)."""
+slots back after the heartbeat timeout (docs/architecture.md §What durability promises)."""
 
 from __future__ import annotations
 
