@@ -1,5 +1,5 @@
 """Run the benchmarks of the performance table and write docs/benchmarks.md: the table (figure, tinkerflow, engine
-alone, ratio, the issue's target, met or not), plots of the two sweeps (PNG beside it) and where a trivial op's time
+alone, ratio, the target, met or not), plots of the two sweeps (PNG beside it) and where a trivial op's time
 goes.
 
     python -m benchmarks.report                         # run all of them, then write the page
@@ -10,7 +10,8 @@ goes.
 Every benchmark runs in its own process (`python -m benchmarks.<name>`) and prints one JSON line per figure; the
 report tags each line with its benchmark and keeps them all in --results (default docs/benchmarks.jsonl), so the page
 can be written again without measuring. The hand-written reading of the figures (what stands in the way of each
-target not met, the next step) is benchmarks/findings.md, included as it is.
+target not met, the next step) is benchmarks/findings.md, and how to run each benchmark is benchmarks/README.md; both
+are included as they are.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "recovery": ["--mode", "restart"],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
+RUNNING = Path(__file__).resolve().parent / "README.md"
 
 
 @dataclass(frozen=True)
@@ -249,9 +251,10 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     md = [
         "# Benchmarks",
         "",
-        "Written by `python -m benchmarks.report` (do not edit by hand: the reading of the figures is "
-        "`benchmarks/findings.md`, included below). Every figure sets tinkerflow (the unmodified tinker SDK against "
-        "`tinkerflow up` on the embedded tiny model) beside the engine alone on the same workload, measured in the "
+        "Written by `python -m benchmarks.report` (do not edit by hand: how to run the benchmarks is "
+        "`benchmarks/README.md` and the reading of the figures `benchmarks/findings.md`, both included below). "
+        "Every figure sets tinkerflow (the unmodified tinker SDK against `tinkerflow up` "
+        "on the embedded tiny model) beside the engine alone on the same workload, measured in the "
         "same run; ratio = tinkerflow / engine alone (above 1 is slower for times, below 1 is slower for rates).",
         "",
         "Measured (one line per run of the report whose figures are shown):",
@@ -262,6 +265,7 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
             for r in meta.get("runs", [])
         ],
         "",
+        *([RUNNING.read_text().rstrip(), ""] if RUNNING.exists() else []),
         "## The table",
         "",
         *table(lines),

@@ -37,8 +37,9 @@ __all__ = ["Coordinator", "CoordinatorState", "WorkerSlots"]
 
 MAX_BATCH_ITEMS = 64
 # Under load signals keep arriving while the continue-as-new task runs, so Temporal rejects that task once and the
-# worker replays the whole history (~1.5 ms per event on 2 cores: 6 s at Temporal's ~4,100-event suggestion, during
-# which nothing is dispatched). A shorter history keeps that stall to a few seconds, at a drain every ~2,000 events.
+# worker replays the whole history, during which nothing is dispatched. A shorter history than Temporal suggests
+# keeps that stall to a few seconds, at a drain every ~2,000 events (figures: docs/benchmarks.md §Measurements behind
+# the code).
 CONTINUE_AS_NEW_EVENTS = 2_000
 # A worker that registers again under a new incarnation is a new process: the batch its predecessor was running is
 # lost. Failing it then, instead of at the activity's heartbeat timeout (15 s), is what lets a killed worker's runs
