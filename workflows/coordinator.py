@@ -31,7 +31,7 @@ from tinkerflow.workflows.messages import (
     WorkKind,
     WorkResult,
 )
-from tinkerflow.workflows.placement import CoordinatorState, Placement, WorkerSlots
+from tinkerflow.workflows.placement import CoordinatorState, PlacementPolicy, WorkerSlots
 
 __all__ = ["Coordinator", "CoordinatorState", "WorkerSlots"]
 
@@ -65,7 +65,9 @@ class Coordinator:
     @workflow.init
     def __init__(self, state: CoordinatorState) -> None:
         self.s = state
-        self.placement = Placement(state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder)
+        self.placement = PlacementPolicy(
+            state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder
+        )
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
         # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).
         # The loop wakes only on a change: routing that finds nothing to do must not spin (a workflow that loops

@@ -26,10 +26,10 @@ from tinkerflow.api import (
     routes_training,
 )
 from tinkerflow.api.body_limits import BodyLimit
-from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal
-from tinkerflow.api.deps import metrics_caller
+from tinkerflow.api.caller import metrics_caller
 from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.observe import Observe
+from tinkerflow.api.reachability import RETRY_AFTER_S, check_store, check_temporal
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.api.signed_urls import signing_key

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Query
 from temporalio.client import WorkflowExecution
 
 from tinkerflow.api import console_status
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.lookups import run_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.tenancy import tenant_mode

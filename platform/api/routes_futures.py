@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from tinkerflow.api import request_ids
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import failure_category, from_error, http_error, is_not_found
 from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
 from tinkerflow.api.lookups import json_body

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from temporalio.common import WorkflowIDConflictPolicy
 from tinker.types import CreateSessionRequest
 
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error, is_not_found
 from tinkerflow.api.identifiers import check_session_id
 from tinkerflow.api.lookups import json_body, session_of_caller
