@@ -94,6 +94,18 @@ def _chart_points(page, n: int) -> dict:
     return page.evaluate("() => { const t = document.getElementById('chart').data[0]; return {x: t.x, y: t.y}; }")
 
 
+def test_sign_in_says_what_a_key_means_on_this_server(stack, browser):
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(stack.base_url + "/console/")
+        page.wait_for_function("() => document.getElementById('tenancy').textContent !== ''", timeout=WAIT_MS)
+        # The shared stack has API keys: only those work, each its own tenant (`up` prints the same sentence).
+        assert "each key is its own tenant" in page.inner_text("#tenancy")
+    finally:
+        context.close()
+
+
 def test_run_chart_plots_one_point_per_step_and_lists_the_run(stack, browser, trained):
     context, page = _signed_in(browser, stack.base_url, stack.api_key)
     try:
