@@ -14,7 +14,7 @@ up_flags=()
 for arg in "$@"; do
   case "$arg" in
     -h | --help)
-      sed -n '2,8s/^# \{0,1\}//p' "$0"
+      sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p;}' "$0"
       exit 0
       ;;
     *) up_flags+=("$arg") ;;
