@@ -44,7 +44,7 @@ RUNNING = Path(__file__).resolve().parent / "README.md"
 
 @dataclass(frozen=True)
 class Target:
-    """The issue's target for a figure: `field` (tinkerflow, ratio) compared with `bound`; `when` narrows which
+    """The target for a figure: `field` (tinkerflow, ratio) compared with `bound`; `when` narrows which
     lines it applies to (for instance only the first start)."""
 
     text: str
@@ -273,7 +273,7 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     ]
     compiles = compile_rows(lines)
     if compiles:
-        md += ["Compiles during timed parts (the issue: no compile inside a workload, ever):", "", *compiles, ""]
+        md += ["Compiles during timed parts (the target: no compile inside a workload, ever):", "", *compiles, ""]
     plots = [
         ("sample_sweep_tokens_per_s", "concurrency", "aggregate tokens/s", "benchmarks-sample-sweep.png"),
         ("tenant_sweep_steps_per_s", "tenants", "aggregate steps/s", "benchmarks-tenant-sweep.png"),
