@@ -5,10 +5,9 @@ sample items as one decode batch. Inputs and results cross through the claim-che
 A batch Temporal retries after a transient failure does not re-apply work this process already did: answers are
 remembered by item key.
 
-Each answer is also signalled straight to the workflow that asked (`deliver`), the moment its group is done:
-that saves the requester a coordinator workflow task and a second signal hop (~15 ms per op on a small machine).
-The coordinator still sees the whole batch result for its bookkeeping and delivers only what failed here.
-"""
+Each answer is also signalled straight to the workflow that asked (`deliver`), the moment its group is done: that
+saves the requester a coordinator workflow task and a second signal hop (docs/benchmarks.md §Measurements behind the
+code). The coordinator still sees the whole batch result for its bookkeeping and delivers only what failed here."""
 
 from __future__ import annotations
 

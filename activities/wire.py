@@ -147,7 +147,8 @@ def forward_backward_input(
 
 
 def forward_backward_output(result: ForwardBackwardResult) -> bytes:
-    """One ArrayRecord holding every datum: per field, concatenated data plus int64 byte offsets (contract §7.3)."""
+    """One ArrayRecord holding every datum: per field, concatenated data plus int64 byte offsets
+    (docs/wire-contract.md §Binary results)."""
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     for k, v in result.metrics.items():
         out.metrics[k] = float(v)
@@ -233,7 +234,8 @@ def sample_output(result: SampleResult) -> bytes:
     if result.topk_prompt_logprobs is not None:
         ids, lps = result.topk_prompt_logprobs
         length, k = ids.shape
-        # Row-major [length, k] int32 ids and float32 log-probs (contract §7.4); k == 0 or length == 0 means None.
+        # Row-major [length, k] int32 ids and float32 log-probs (docs/wire-contract.md §Binary results); k == 0 or
+        # length == 0 means None.
         out.topk_prompt_logprobs.token_ids = np.ascontiguousarray(ids, dtype=np.int32).tobytes()
         out.topk_prompt_logprobs.logprobs = np.ascontiguousarray(lps, dtype=np.float32).tobytes()
         out.topk_prompt_logprobs.k = k

@@ -1,4 +1,4 @@
-"""Cold start (issue 17): `tinkerflow up` until healthy, then the first answers a new user waits for: creating a
+"""Cold start: `tinkerflow up` until healthy, then the first answers a new user waits for: creating a
 rank-8 run, the first forward_backward (8 datums), the first optim_step, the first sample (1 x 16 tokens, on the
 sampler of a fresh save_weights_and_get_sampling_client). Twice: a first start on an empty state dir (so an empty
 XLA compilation cache: it lives in the state dir), then a restart of `up` on the same state dir.

@@ -72,7 +72,7 @@ def running_stack(base_url: str | None, api_key: str, extra: tuple[str, ...] | l
             stack.stop()
 
 
-# --- the workloads of issue 17's table, shared by its benchmarks (cold_start, mixed_loop, sample_sweep, tenant_sweep)
+# --- the workloads of the table in docs/benchmarks.md (cold_start, mixed_loop, sample_sweep, tenant_sweep)
 
 
 def emit_pair(figure: str, unit: str, tinkerflow: float, engine: float, **extra) -> None:

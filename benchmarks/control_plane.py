@@ -1,4 +1,4 @@
-"""Where a trivial op's time goes (issue 17): per-hop timing of `forward` of 1 datum through the SDK, and the CPU
+"""Where a trivial op's time goes: per-hop timing of `forward` of 1 datum through the SDK, and the CPU
 each part of the stack spends under the mixed loop (benchmarks/mixed_loop.py), optionally with py-spy profiles.
 
 Per hop, without touching workflow code: each op is timed at the SDK (wall clock at the call and when the result is
@@ -203,7 +203,7 @@ def cpu_under_loop(stack, base_url: str, api_key: str, iterations: int, py_spy: 
             proc.kill()
         for frame, share in top_frames(out):
             emit(figure="control_plane_py_spy_top_self", part=name, frame=frame, share_of_samples=share)
-        if name == "workflow-worker":  # what passing the protocol's modules through the sandbox cut (issue 17)
+        if name == "workflow-worker":  # what passing the protocol's modules through the sandbox cut
             emit(
                 figure="control_plane_py_spy_sandbox_start",
                 part=name,

@@ -1,7 +1,8 @@
-"""What one tenant's big sampling load costs another tenant's small forward_backward (DESIGN §6b); JSON lines.
+"""What one tenant's big sampling load costs another tenant's small forward_backward (docs/architecture.md §What tenancy
+promises); JSON lines.
 
 Tenant B times forward_backward + optim_step alone, then again while tenant A keeps `--concurrency` asample calls of
-the largest size the server admits (--max-samples-per-request samples of --max-tokens tokens) in flight. The issue
+the largest size the server admits (--max-samples-per-request samples of --max-tokens tokens) in flight. The problem
 this answers: a single asample of 20,000 samples used to be admitted and took another tenant's forward_backward from
 0.08 s to 4.5 s. Now it is refused (HTTP 400) and the Coordinator takes queued work round-robin over sessions.
 

@@ -1,4 +1,4 @@
-"""Op latency in a loop that trains, snapshots and samples, as an RL or eval-while-training loop does (issue 17).
+"""Op latency in a loop that trains, snapshots and samples, as an RL or eval-while-training loop does.
 
 Each iteration: forward of 1 datum, forward_backward of 8 datums, optim_step, one training step as the cookbook's
 loops make it (forward_backward of 8 datums and optim_step submitted together, then both awaited: the run starts the

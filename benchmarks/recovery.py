@@ -1,4 +1,5 @@
-"""How long a run is stalled when its JAX worker dies (DESIGN §6); one JSON line per figure.
+"""How long a run is stalled when its JAX worker dies (docs/architecture.md §What durability promises); one JSON line
+per figure.
 
 Starts a stack with two JAX workers (each part its own process, as `tinkerflow up` does), trains a run a few steps,
 then `kill -9`s the worker holding it with a forward_backward in flight, and times until that future is answered:
@@ -8,7 +9,7 @@ then `kill -9`s the worker holding it with a forward_backward in flight, and tim
 - mode "restart": the worker is started again at once; its new process re-registers and the run is restored on it.
   Beside it, the engine alone doing the same in a fresh process (the floor a restart can reach): start the
   interpreter, Engine.load with the same compilation cache, create the adapter, replay the ops since the snapshot and
-  run the answered op. Emitted as the table's `recovery_kill_to_next_answer_s` (issue 17: ≤ 8 s).
+  run the answered op. Emitted as the table's `recovery_kill_to_next_answer_s` (target: ≤ 8 s).
 
     python -m benchmarks.recovery                  # tiny model, snapshot every 10 steps, 3 steps before the kill
 """

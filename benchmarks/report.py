@@ -1,5 +1,6 @@
-"""Run issue 17's benchmarks and write docs/benchmarks.md: the table (figure, tinkerflow, engine alone, ratio, the
-issue's target, met or not), plots of the two sweeps (PNG beside it) and where a trivial op's time goes.
+"""Run the benchmarks of the performance table and write docs/benchmarks.md: the table (figure, tinkerflow, engine
+alone, ratio, the target, met or not), plots of the two sweeps (PNG beside it) and where a trivial op's time
+goes.
 
     python -m benchmarks.report                         # run all of them, then write the page
     python -m benchmarks.report --only mixed_loop sample_sweep
@@ -9,7 +10,8 @@ issue's target, met or not), plots of the two sweeps (PNG beside it) and where a
 Every benchmark runs in its own process (`python -m benchmarks.<name>`) and prints one JSON line per figure; the
 report tags each line with its benchmark and keeps them all in --results (default docs/benchmarks.jsonl), so the page
 can be written again without measuring. The hand-written reading of the figures (what stands in the way of each
-target not met, the next step) is benchmarks/findings.md, included as it is.
+target not met, the next step) is benchmarks/findings.md, and how to run each benchmark is benchmarks/README.md; both
+are included as they are.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ BENCHMARKS: dict[str, list[str]] = {
     "recovery": ["--mode", "restart"],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
+RUNNING = Path(__file__).resolve().parent / "README.md"
 
 
 @dataclass(frozen=True)
 class Target:
-    """The issue's target for a figure: `field` (tinkerflow, ratio) compared with `bound`; `when` narrows which
+    """The target for a figure: `field` (tinkerflow, ratio) compared with `bound`; `when` narrows which
     lines it applies to (for instance only the first start)."""
 
     text: str
@@ -246,11 +249,12 @@ def control_plane(lines: list[dict]) -> list[str]:
 def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     docs.mkdir(parents=True, exist_ok=True)
     md = [
-        "# Benchmarks (issue 17)",
+        "# Benchmarks",
         "",
-        "Written by `python -m benchmarks.report` (do not edit by hand: the reading of the figures is "
-        "`benchmarks/findings.md`, included below). Every figure sets tinkerflow (the unmodified tinker SDK against "
-        "`tinkerflow up` on the embedded tiny model) beside the engine alone on the same workload, measured in the "
+        "Written by `python -m benchmarks.report` (do not edit by hand: how to run the benchmarks is "
+        "`benchmarks/README.md` and the reading of the figures `benchmarks/findings.md`, both included below). "
+        "Every figure sets tinkerflow (the unmodified tinker SDK against `tinkerflow up` "
+        "on the embedded tiny model) beside the engine alone on the same workload, measured in the "
         "same run; ratio = tinkerflow / engine alone (above 1 is slower for times, below 1 is slower for rates).",
         "",
         "Measured (one line per run of the report whose figures are shown):",
@@ -261,6 +265,7 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
             for r in meta.get("runs", [])
         ],
         "",
+        *([RUNNING.read_text().rstrip(), ""] if RUNNING.exists() else []),
         "## The table",
         "",
         *table(lines),
@@ -268,7 +273,7 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     ]
     compiles = compile_rows(lines)
     if compiles:
-        md += ["Compiles during timed parts (the issue: no compile inside a workload, ever):", "", *compiles, ""]
+        md += ["Compiles during timed parts (the target: no compile inside a workload, ever):", "", *compiles, ""]
     plots = [
         ("sample_sweep_tokens_per_s", "concurrency", "aggregate tokens/s", "benchmarks-sample-sweep.png"),
         ("tenant_sweep_steps_per_s", "tenants", "aggregate steps/s", "benchmarks-tenant-sweep.png"),

@@ -1,8 +1,8 @@
-"""Sampling concurrency sweep (issue 17): N concurrent SDK sample calls of 4 samples x 32 tokens each, for N in
+"""Sampling concurrency sweep: N concurrent SDK sample calls of 4 samples x 32 tokens each, for N in
 --concurrency (default 1 8 32 128), aggregate generated tokens/s, against the engine alone doing the same total
 workload (the same N requests handed to Engine.sample in one call, on the same model and a LoRA snapshot).
 
-For each N the first round is timed apart (`first_round_s`: a shape first seen compiles there, which the issue wants
+For each N the first round is timed apart (`first_round_s`: a shape first seen compiles there, which the target wants
 never to happen inside a workload) and the jax worker's compiles during the timed rounds are counted (should be 0).
 A stack it launches is measured at its steady state: after the JAX worker's background warm-up has finished
 (`warm_up_wait_s`: the wait; the first minutes after `up` are the cold_start benchmark's).

@@ -1,4 +1,4 @@
-"""Multi-tenant training sweep (issue 17): 1, 2, 4, 8 tenants at once, each with its own API key and its own rank-8
+"""Multi-tenant training sweep: 1, 2, 4, 8 tenants at once, each with its own API key and its own rank-8
 LoRA run, each looping forward_backward of 8 datums + optim_step through the SDK; aggregate steps/s (one step = one
 tenant's fwd/bwd + optim). Against the engine alone on the same workload: the same N adapters' forward_backward in
 one Engine.forward_backward call (as the Coordinator may batch them), then each adapter's optim_step.

@@ -1,16 +1,15 @@
-"""Train the service's model until it translates: the second half of `bash scripts/demo.sh`.
+"""Train the service's model until it translates Pig Latin: what `bash scripts/demo.sh` runs against the stack.
 
     python scripts/demo_learn.py [BASE_URL] [--max-steps N] [--learning-rate LR] [--rank R]
 
-The seed's Pig Latin loop (the first half) shows the loss moving; this shows what the service is for. It trains a
-LoRA adapter of the served model (the embedded tiny Qwen3 under `tinkerflow up`, a random-weight model that knows
-no language) on a few Pig Latin pairs at a learning rate that memorises them, and stops once greedy sampling of a
-trained prompt returns its translation, or at the step cap, saying which. Then it draws the loss curve in the
-terminal and prints the console URL where the same run can be watched.
+It trains a LoRA adapter of the served model (the embedded tiny Qwen3 under `tinkerflow up`, a random-weight model
+that knows no language) on a few Pig Latin pairs at a learning rate that memorises them, printing the loss of every
+step, and stops once greedy sampling of a trained prompt returns its translation, or at the step cap, saying which.
+Then it draws the loss curve in the terminal and names the run (the console lists it under that id).
 
 Only the unmodified `tinker` SDK (and what it installs) is used, as any client would. BASE_URL defaults to
-$TINKER_BASE_URL or http://127.0.0.1:8000; the key comes from $TINKER_API_KEY. The last line is `OK` when the loss
-fell and sampling answered, whether or not the step cap came first.
+$TINKER_BASE_URL or http://127.0.0.1:8000; the key comes from $TINKER_API_KEY. It exits 0 once the model has
+learned (the sampled translation is exactly right), 1 when the step cap came first.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ PAIRS = [
     ("coding wizard", "oding-cay izard-way"),
     ("hello world", "ello-hay orld-way"),
 ]
-PROBE = 2  # the pair whose translation is sampled (the one the seed's loop samples)
+PROBE = 2  # the pair whose translation is sampled
 # Greedy decoding picks each token with probability > 1/2 whatever the others do, so once every completion token of
 # the probe has p > CONFIDENT under teacher forcing, greedy sampling reproduces it; the margin over 1/2 covers the
 # small sampler/trainer differences. Only then is the sampler asked (a save and a sampler compile each time).
@@ -121,15 +120,14 @@ def main() -> int:
 
     elapsed = time.monotonic() - started
     print(f"\nLoss by step (cross-entropy per completion token):\n{chart(losses)}\n")
+    # The stack may stop right after this script (`tinkerflow up -- ...`): name the run, not a URL that may be gone.
     if learned:
-        print(f"Learned: '{english}' → '{translation}' after {len(losses)} steps ({elapsed:.0f} s).")
-    else:
-        print(f"Not there yet after the step cap of {args.max_steps} ({elapsed:.0f} s): the sample reads "
-              f"{translation!r}, the translation is {expected!r}. Try --max-steps or --learning-rate.")  # fmt: skip
-    print(f"Watch this run ({training.model_id}) in the console: {args.base_url.rstrip('/')}/console")
-    ok = losses[-1] < losses[0] and bool(translation)
-    print("OK" if ok else f"FAIL: loss {losses[0]:.4f} → {losses[-1]:.4f}, sample {translation!r}")
-    return 0 if ok else 1
+        print(f"Learned: '{english}' → '{translation}' after {len(losses)} steps ({elapsed:.0f} s); "
+              f"the loss fell from {losses[0]:.2f} to {losses[-1]:.2f}. The run is {training.model_id}.")  # fmt: skip
+        return 0
+    print(f"Not learned within the step cap of {args.max_steps} ({elapsed:.0f} s): the sample reads "
+          f"{translation!r}, the translation is {expected!r}. Try --max-steps or --learning-rate.")  # fmt: skip
+    return 1
 
 
 if __name__ == "__main__":

@@ -16,8 +16,11 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
 fi
 # checkov checks infra/ offline; it gets its own venv because its pins would downgrade packages of ours.
 if [ ! -x .venv-checkov/bin/checkov ]; then
-  "${PYTHON:-python3}" -m venv .venv-checkov
-  .venv-checkov/bin/python -m pip install --quiet "checkov==3.3.30"
+  echo "setup: checkov in .venv-checkov (pip's output: .tinkerflow/setup-checkov.log)" >&2
+  mkdir -p .tinkerflow
+  { "${PYTHON:-python3}" -m venv .venv-checkov \
+      && .venv-checkov/bin/python -m pip install "checkov==3.3.30"; } >.tinkerflow/setup-checkov.log 2>&1 \
+    || { echo "setup: checkov failed to install; see .tinkerflow/setup-checkov.log" >&2; exit 1; }
 fi
 export CHECKOV="$PWD/.venv-checkov/bin/checkov"
 export HF_HUB_OFFLINE=1 TINKER_TELEMETRY=0

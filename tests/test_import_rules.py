@@ -1,4 +1,5 @@
-"""The layers' import rules (DESIGN §2, §5), read from the source with `ast` so a violation fails here, not in review.
+"""The layers' import rules (docs/architecture.md §The workflows, §Layout and import names), read from the source with
+`ast` so a violation fails here, not in review.
 
 - `platform/` (the API, CLI and common code) never imports the JAX side: `tinkerflow.activities` or
   `tinkerflow.workers`.

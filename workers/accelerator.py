@@ -1,4 +1,5 @@
-"""Accelerator metrics of the JAX worker (issue 18): device memory, model FLOPs and an MFU estimate per batch kind.
+"""Accelerator metrics of the JAX worker (docs/metrics.md): device memory, model FLOPs and an MFU estimate per batch
+kind.
 
 Updated after every engine call (`AcceleratorMeter.observe`, a few cheap calls), exported on the worker's /metrics.
 

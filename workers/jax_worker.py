@@ -16,8 +16,8 @@ needs (the train buckets of a first batch of several datums and of the lifecycle
 of the lifecycle: export, import, snapshots, sampling), then the other shapes in the pauses of the traffic; one
 piece at a time under the engine's lock (an activity waits for one piece at most, heartbeating), except train
 buckets: they only compile, beside the traffic. A restart registers at once and reads the same pieces back from the
-persistent compilation cache once the recovery (or a first request) was served, as before: read back at once, they
-delayed a recovery by 7-8 s.
+persistent compilation cache once the recovery (or a first request) was served: read back at once, they would
+delay the recovery by as much CPU as it needs itself (docs/benchmarks.md §Measurements behind the code).
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.
@@ -179,8 +179,8 @@ def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.
 
     Every heartbeat the engine thread makes (each HEARTBEAT_EVERY_S, also inside one long compile) is sent to Temporal.
     By default the SDK throttles them to 0.8 x the activity's heartbeat timeout, 12 s of the coordinator's 15 s: only
-    3 s of slack, which a loaded dev server (RecordActivityTaskHeartbeat calls of 6-7 s were seen on a shared 2-core
-    box) eats, so the batch times out and the worker is taken for dead in the middle of a first compile. Sent every
+    3 s of slack, which a loaded dev server eats (docs/benchmarks.md §Measurements behind the code), so the
+    batch times out and the worker is taken for dead in the middle of a first compile. Sent every
     5 s, three heartbeats fall in each timeout window and any one of them keeps the batch alive."""
     from tinkerflow.activities.engine_activities import HEARTBEAT_EVERY_S
 
@@ -207,9 +207,9 @@ def warm_up_pieces(
     """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says; both
     in the order a first user needs them (WarmUpPlan.pieces). With `background`: the lifecycle's training half
     before registering, the rest after. `warm_cache`: the persistent compilation
-    cache already holds programs (a restart): register at once and read everything back in the background. Measured
-    on the shared 2-core box under load: the lifecycle read back took 20 s before registering and delayed a killed
-    worker's recovery by as much; a recovery's own ops need only a few of its programs."""
+    cache already holds programs (a restart): register at once and read everything back in the background. Read
+    back before registering, the lifecycle would delay a killed worker's recovery by as long as it takes, while a
+    recovery's own ops need only a few of its programs (docs/benchmarks.md §Measurements behind the code)."""
     if settings.warm_up == "off":
         return (), ()
     pieces = warm_up_plan(settings).pieces()
@@ -257,9 +257,9 @@ async def _warm_up_later(
     back from the start (what a first user needs next: a request that comes meanwhile takes the lock between two
     pieces), each later one once the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first).
     `restart`: the first piece waits for the recovery the coordinator may send (a request served and a pause, or
-    WARM_UP_AFTER_RESTART_S without any). Measured (benchmarks.recovery, mode restart, shared 2-core box): read back
-    at once, the lifecycle delayed the recovery from 7.2 s to 14.0 s, and even the train buckets alone (read back
-    beside it, no engine turn) to 15.5 s: reading a program back costs about as much CPU as the recovery has."""
+    WARM_UP_AFTER_RESTART_S without any): reading a program back costs about as much CPU as the recovery has, so
+    read back at once even the train buckets alone would double it (docs/benchmarks.md §Measurements behind the
+    code)."""
     built, gate = 0, restart
     for i, piece in enumerate(pieces):
         while True:

@@ -1,17 +1,15 @@
 """Which weights a JAX worker serves: the embedded tiny default, a local HF directory, or an HF id in the local cache.
 
-Nothing is ever downloaded (house rule 2). The served *name* is what clients send as `base_model`. By default a local
-directory is served under its
-absolute path (something `AutoTokenizer.from_pretrained` loads offline on the client) and a cached HF id under that
-id. `--served-model-name` (vLLM's convention) serves a local copy of a Hugging Face model under the id it is a copy
-of, so clients that look models up by name (tinker-cookbook's renderer and learning-rate tables) recognise it.
-`get_info` always reports the local directory as `tokenizer_id`, so `TrainingClient.get_tokenizer()` loads the
-served model's own tokenizer offline whatever the name; code that loads a tokenizer from the *name* (the SDK's
-`SamplingClient.get_tokenizer()`, the cookbook's `get_tokenizer(model_name)`) finds it offline only where that id
-is in the local HF cache. We never give the embedded tiny model a real model's id: its weights and tokenizer are
-not that model's, and a name-keyed table (learning rate, renderer) or an HF-cache tokenizer would then describe
-another model.
-"""
+Nothing is ever downloaded: a server must start the same offline. The served *name* is what clients send as
+`base_model`. By default a local directory is served under its absolute path (something
+`AutoTokenizer.from_pretrained` loads offline on the client) and a cached HF id under that id. `--served-model-name`
+(vLLM's convention) serves a local copy of a Hugging Face model under the id it is a copy of, so clients that look
+models up by name (tinker-cookbook's renderer and learning-rate tables) recognise it. `get_info` always reports the
+local directory as `tokenizer_id`, so `TrainingClient.get_tokenizer()` loads the served model's own tokenizer offline
+whatever the name; code that loads a tokenizer from the *name* (the SDK's `SamplingClient.get_tokenizer()`, the
+cookbook's `get_tokenizer(model_name)`) finds it offline only where that id is in the local HF cache. We never give
+the embedded tiny model a real model's id: its weights and tokenizer are not that model's, and a name-keyed table
+(learning rate, renderer) or an HF-cache tokenizer would then describe another model."""
 
 from __future__ import annotations
 
@@ -67,7 +65,7 @@ def _resolve(settings: Settings) -> tuple[str, str]:
 def _served_path_name(path: Path) -> str:
     name = str(path)
     if name.count("/") == 2:
-        # The SDK's SamplingClient.get_tokenizer turns "/a/b" into "/a" (contract §10): warn, the training
-        # client still works because get_info also reports the directory as tokenizer_id.
+        # The SDK's SamplingClient.get_tokenizer turns "/a/b" into "/a" (docs/wire-contract.md §Tokenizer): warn, the
+        # training client still works because get_info also reports the directory as tokenizer_id.
         log.warning("model path %s has exactly two '/'; SamplingClient.get_tokenizer() will not find it", name)
     return name

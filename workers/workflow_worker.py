@@ -29,7 +29,7 @@ WORKFLOWS = [SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWor
 #: The protocol's pure-data modules (frozen dataclasses, enums and id helpers: no state, no I/O, no clock). The sandbox
 #: re-executes every module a workflow imports for each new workflow run (a SampleRequest per batch of sample calls,
 #: each continue-as-new); py-spy under the mixed loop found ~40% of this process's CPU re-creating these dataclasses
-#: (issue 17, docs/benchmarks.md). Passed through, they are imported once and shared; the workflows themselves stay
+#: (docs/benchmarks.md). Passed through, they are imported once and shared; the workflows themselves stay
 #: sandboxed, so their determinism checks are unchanged.
 SHARED_MODULES = (
     "tinkerflow.workflows.work",

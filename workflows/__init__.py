@@ -2,5 +2,5 @@
 StoreJanitor; the typed protocol they speak (work.py, messages.py) and the Coordinator's pure placement policy
 (placement.py).
 
-Deterministic and light by rule (DESIGN §2, house rule 7): nothing in this package imports jax or numpy or does I/O.
-"""
+Deterministic and light by rule (docs/architecture.md §The workflows): nothing in this package imports jax or numpy
+or does I/O."""

@@ -1,4 +1,5 @@
-"""CheckpointExpiry: one per checkpoint with a TTL, id `checkpoint-expiry/<run>/<kind>/<name>` (contract §3.11).
+"""CheckpointExpiry: one per checkpoint with a TTL, id `checkpoint-expiry/<run>/<kind>/<name>` (docs/wire-contract.md
+§RestClient routes).
 
 The expiry is a durable Temporal timer: it fires on time across worker and server restarts, and the workflow then
 runs the `delete_expired_checkpoint` activity, which removes the files only if the checkpoint still carries that

@@ -1,4 +1,4 @@
-"""Coordinator: the batching brain for one base model on one pool of JAX workers (DESIGN §2).
+"""Coordinator: the batching brain for one base model on one pool of JAX workers (docs/architecture.md §The workflows).
 
 Requester workflows (training runs, sample requests, sessions) `submit` WorkItems by signal. The coordinator places
 adapters on workers (slot allocation), and while a worker is busy it queues that worker's work; the moment the worker
@@ -31,14 +31,15 @@ from tinkerflow.workflows.messages import (
     WorkKind,
     WorkResult,
 )
-from tinkerflow.workflows.placement import CoordinatorState, Placement, WorkerSlots
+from tinkerflow.workflows.placement import CoordinatorState, PlacementPolicy, WorkerSlots
 
 __all__ = ["Coordinator", "CoordinatorState", "WorkerSlots"]
 
 MAX_BATCH_ITEMS = 64
 # Under load signals keep arriving while the continue-as-new task runs, so Temporal rejects that task once and the
-# worker replays the whole history (~1.5 ms per event on 2 cores: 6 s at Temporal's ~4,100-event suggestion, during
-# which nothing is dispatched). A shorter history keeps that stall to a few seconds, at a drain every ~2,000 events.
+# worker replays the whole history, during which nothing is dispatched. A shorter history than Temporal suggests
+# keeps that stall to a few seconds, at a drain every ~2,000 events (figures: docs/benchmarks.md §Measurements behind
+# the code).
 CONTINUE_AS_NEW_EVENTS = 2_000
 # A worker that registers again under a new incarnation is a new process: the batch its predecessor was running is
 # lost. Failing it then, instead of at the activity's heartbeat timeout (15 s), is what lets a killed worker's runs
@@ -64,7 +65,9 @@ class Coordinator:
     @workflow.init
     def __init__(self, state: CoordinatorState) -> None:
         self.s = state
-        self.placement = Placement(state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder)
+        self.placement = PlacementPolicy(
+            state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder
+        )
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
         # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).
         # The loop wakes only on a change: routing that finds nothing to do must not spin (a workflow that loops

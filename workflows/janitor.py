@@ -1,6 +1,7 @@
 """StoreJanitor: one per deployment, id `janitor/claim-check-store`; every interval it runs `sweep_claim_checks`,
-which collects request bodies and results older than the retention (DESIGN §3). A workflow rather than a thread in
-some process: it runs exactly once however many workflow workers there are, and its history shows what it did."""
+which collects request bodies and results older than the retention (docs/architecture.md §The claim-check data path).
+A workflow rather than a thread in some process: it runs exactly once however many workflow workers there are, and
+its history shows what it did."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The frozen dataclasses Temporal carries between the API, the workflows and the JAX worker's activities.
 
-Only small control fields travel inline; request bodies and results travel as `BlobRef`s into the claim-check
-store (DESIGN §3). Keep every field JSON-friendly (str, int, float, bool, dict, list, other dataclasses here).
-"""
+Only small control fields travel inline; request bodies and results travel as `BlobRef`s into the claim-check store
+(docs/architecture.md §The claim-check data path). Keep every field JSON-friendly (str, int, float, bool, dict, list,
+other dataclasses here)."""
 
 from __future__ import annotations
 
@@ -146,11 +146,13 @@ class RunStart:
     lora: LoraSpec
     pool: str = "default"
     user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
-    # Create-via-load (contract §3.8): the adapter starts from this checkpoint instead of a fresh init.
+    # Create-via-load (docs/wire-contract.md §Training routes): the adapter starts from this checkpoint instead of a
+    # fresh init.
     load_path: str = ""
     load_optimizer: bool = False
-    # Save an automatic training-state snapshot every this many optim steps (0: never); with the ops logged since,
-    # it restores the adapter exactly on another worker if its JAX worker dies (DESIGN §6).
+    # Save an automatic training-state snapshot every this many optim steps (0: never); with the ops logged since, it
+    # restores the adapter exactly on another worker if its JAX worker dies (docs/architecture.md §What durability
+    # promises).
     snapshot_every: int = 0
 
 
@@ -160,7 +162,7 @@ class TrainingOp:
 
     Its parameters are typed per kind: `adam` (optim_step), `save` (the three saves), `load` (load_weights), `error`
     (reject). `kind` stays a plain string when it is none of OpKind's (an API newer than this worker): the op then
-    fails through its future instead of at submit (DESIGN §6)."""
+    fails through its future instead of at submit (docs/architecture.md §What durability promises)."""
 
     seq_id: int
     kind: OpKind | str
@@ -222,7 +224,8 @@ class RunState:
     last_sampler_checkpoint: str = ""  # tinker:// path of the newest named sampler weights
     loaded_from: str = ""  # the last checkpoint loaded into this run
     lora: LoraSpec | None = None  # set at create (a seed drawn when none was given) and by loads
-    # Recovery (DESIGN §6): the latest automatic snapshot, and the state-changing ops since (refs and params only).
+    # Recovery (docs/architecture.md §What durability promises): the latest automatic snapshot, and the state-changing
+    # ops since (refs and params only).
     auto_snapshot: str = ""
     since_snapshot: list[LoggedOp] = field(default_factory=lambda: list[LoggedOp]())
     recoveries: int = 0

@@ -47,7 +47,8 @@ def sample_workflow_id(sampler_id: str, batch_id: str) -> str:
 
 
 def model_id_for(session_id: str, model_seq_id: int) -> str:
-    # The SDK derives this itself for create-via-load, so it is not ours to choose (contract §0.8).
+    # The SDK derives this itself for create-via-load, so it is not ours to choose (docs/wire-contract.md §Ids and
+    # paths).
     return f"{session_id}:train:{model_seq_id}"
 
 

@@ -60,7 +60,7 @@ class CoordinatorState:
     dispatched_batches: int = 0
 
 
-class Placement:
+class PlacementPolicy:
     """The policy over one Coordinator's state. `self_id` is the Coordinator's workflow id: housekeeping work it
     queues for itself (snapshot collection) is answered to it. `drop_on_every_holder` is asked (only when a session's
     snapshots sit on several workers) whether each holder gets its drop; the Coordinator answers with a

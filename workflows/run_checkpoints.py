@@ -99,7 +99,8 @@ class RunCheckpoints:
             pass
 
     async def _load(self, path: str, optimizer: bool) -> Outcome:
-        """Load a checkpoint into this run's slot; its LoRA config becomes the run's (contract §3.8)."""
+        """Load a checkpoint into this run's slot; its LoRA config becomes the run's (docs/wire-contract.md §Training
+        routes)."""
         load = LoadCheckpoint(path=path, optimizer=optimizer)
         outcome = await self._calls.call(
             self._coordinator, WorkKind.LOAD_CHECKPOINT, model_id=self.s.start.model_id, load=load

@@ -1,11 +1,10 @@
 """SampleRequestWorkflow: one short workflow per batch of `asample` calls, id `sample/<sampler_id>/<batch id>`.
 
 RL clients fire hundreds of concurrent samples; funnelling them as updates into one workflow would hit its
-in-flight-update limit (DESIGN §7). The API coalesces the calls on one sampler that arrive while its previous start
-is in flight into one of these workflows (one start, one signal to the Coordinator, one result), so Temporal work
-per sample shrinks as load grows; the Coordinator batches them into shared decode passes. Its result outlives it,
-so every future survives restarts of everything else.
-"""
+in-flight-update limit (docs/architecture.md §Temporal facts that shape the code). The API coalesces the calls on one
+sampler that arrive while its previous start is in flight into one of these workflows (one start, one signal to the
+Coordinator, one result), so Temporal work per sample shrinks as load grows; the Coordinator batches them into shared
+decode passes. Its result outlives it, so every future survives restarts of everything else."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SessionWorkflow: one per SDK session, id `session/<session_id>` (DESIGN §2).
+"""SessionWorkflow: one per SDK session, id `session/<session_id>` (docs/architecture.md §The workflows).
 
 Heartbeats arrive as signals. When none arrives within the timeout, or the SDK finishes the session, it closes its
 training runs (which frees their adapter slots), drops its ephemeral sampler snapshots, records why, and ends.

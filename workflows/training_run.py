@@ -1,4 +1,5 @@
-"""TrainingRunWorkflow: one per LoRA training client, id `training-run/<model_id>` (DESIGN §2).
+"""TrainingRunWorkflow: one per LoRA training client, id `training-run/<model_id>` (docs/architecture.md §The
+workflows).
 
 Every SDK op arrives as an Update carrying its `seq_id`. The SDK sends chunks concurrently (first chunk last), so
 handlers wait their turn and run strictly in `seq_id` order. A retried request (same seq_id, same body) resolves to
@@ -290,7 +291,7 @@ class TrainingRunWorkflow(RunCheckpoints):
             return Outcome.failed(op.error or "rejected")
         return Outcome.failed(f"unsupported training op {op.kind!r}")
 
-    # --- recovery from a dead JAX worker (DESIGN §6) ---------------------------------------------------------------
+    # --- recovery from a dead JAX worker (docs/architecture.md §What durability promises) --------------------------
 
     async def _create_adapter(self) -> Outcome:
         lora = self.s.lora_spec

@@ -6,7 +6,7 @@ they existed ("forward_backward", ...). Histories recorded before typed paramete
 the `from_legacy_*` converters at the end read those, and nothing else in the code looks at a dict.
 
 Adding a kind of engine work: a member of `WorkKind` (plus its parameter type here, if it has any), its routing in
-`placement.py` (`SLOT_KINDS` if it acts on a run's adapter slot, else a branch of `Placement.route`), a label in
+`placement.py` (`SLOT_KINDS` if it acts on a run's adapter slot, else a branch of `PlacementPolicy.route`), a label in
 `coordinator.py`'s KIND_LABELS, and its handler in `activities/engine_activities.py` (`EngineActivities.handlers`).
 """
 
@@ -44,7 +44,8 @@ class OpKind(str, enum.Enum):  # noqa: UP042  (StrEnum changes str(member); kept
     SAVE_WEIGHTS_FOR_SAMPLER = "save_weights_for_sampler"
     SAVE_WEIGHTS_EXTERNAL = "save_weights_external"
     LOAD_WEIGHTS = "load_weights"
-    REJECT = "reject"  # a request the API refused; it fails its own future in sequence (DESIGN §6)
+    # a request the API refused; it fails its own future in sequence (docs/architecture.md §What durability promises)
+    REJECT = "reject"
 
     def __str__(self) -> str:
         return self.value

@@ -5,7 +5,7 @@
 #   <name>-api                <ns>/tinkerflow-api                            objects in the claim-check bucket
 #   <name>-jax-worker         <ns>/tinkerflow-jax-worker                     objects in both buckets
 #
-# The workflow worker does no I/O (DESIGN section 2), so its KSA gets no Google identity at all.
+# The workflow worker does no I/O (docs/architecture.md §The workflows), so its KSA gets no Google identity at all.
 # Image pulls are done by the kubelet with the node's identity, hence artifact reader on the node GSA.
 
 locals {

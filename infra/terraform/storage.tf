@@ -1,8 +1,9 @@
 # Two buckets with different lives:
 #  - checkpoints: training state, sampler weights, and the pre-staged HF model cache under hf-cache/ (read-only
 #    GCS FUSE mount on the JAX workers). Versioned, kept until deleted.
-#  - claim checks: request bodies and results while their future is open (DESIGN section 3). Short-lived by design,
-#    so a lifecycle rule deletes them after claim_check_retention_days whatever the app's own GC did.
+#  - claim checks: request bodies and results while their future is open (docs/architecture.md §The claim-check
+#    data path). Short-lived by design, so a lifecycle rule deletes them after claim_check_retention_days whatever
+#    the app's own GC did.
 
 resource "google_storage_bucket" "checkpoints" {
   name          = "${local.bucket_prefix}-checkpoints"

@@ -26,10 +26,10 @@ from tinkerflow.api import (
     routes_training,
 )
 from tinkerflow.api.body_limits import BodyLimit
-from tinkerflow.api.dependencies import RETRY_AFTER_S, check_store, check_temporal
-from tinkerflow.api.deps import metrics_caller
+from tinkerflow.api.caller import metrics_caller
 from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.observe import Observe
+from tinkerflow.api.reachability import RETRY_AFTER_S, check_store, check_temporal
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
 from tinkerflow.api.signed_urls import signing_key
@@ -39,6 +39,7 @@ from tinkerflow.common.errors import TinkerflowError
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
+from tinkerflow.common.tenancy import tenant_mode
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             worker_metrics=WorkerMetrics(urls) if (urls := worker_metrics_urls(settings)) else None,
         )
         if not app.state.services.api_keys:
-            log.warning("no API keys configured (--api-key / TINKERFLOW_API_KEYS): the API accepts any key")
+            log.warning("%s (--api-key / TINKERFLOW_API_KEYS)", tenant_mode(False))
         yield
 
     docs = settings.api_docs  # off: /openapi.json, /docs and /redoc answer 404 like any unknown path
@@ -78,7 +79,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     )
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
-    app.include_router(routes_run_metrics.router)  # per-run metric points (issue 18)
+    app.include_router(routes_run_metrics.router)  # per-run metric points (docs/metrics.md)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
     app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)
     app.include_router(routes_console.router)  # the web console's pages and assets at /console (docs/console.md)

@@ -20,9 +20,11 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Query
 from temporalio.client import WorkflowExecution
 
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api import console_status
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.lookups import run_of_caller
 from tinkerflow.api.services import Services
+from tinkerflow.common.tenancy import tenant_mode
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
@@ -132,11 +134,13 @@ def _time(t: datetime | None) -> str | None:
 
 
 def _run_row(row: Listed, state: RunState | None) -> dict[str, Any]:
+    shown = console_status.of_run(state) if state else console_status.run_shown(row.status, "")
     return {
         "training_run_id": row.id,
         "session_id": row.session_id or names.session_of(row.id),
         "base_model": state.start.base_model if state else row.base_model,
-        "status": state.status if state else row.status,
+        "status": shown.status,
+        "reason": shown.reason or None,
         "step": state.step if state else row.step,
         "last_loss": state.last_loss if state else None,
         "started": _time(row.started),
@@ -182,16 +186,20 @@ async def sessions(
     found = await _matching_sessions(svc, who, q)
     page = found[offset : offset + limit]
     states = await asyncio.gather(*(_describe_session(svc, r.id) for r in page))
+    shown = [
+        console_status.of_session(s) if s else console_status.session_shown(r.status, "") for r, s in zip(page, states)
+    ]
     rows = [
         {
             "session_id": r.id,
             "display_name": (s.display_name if s else r.name) or None,
-            "status": s.status if s else r.status,
+            "status": how.status,
+            "reason": how.reason or None,
             "training_run_ids": list(s.training_run_ids) if s else [],
             "samplers": len(s.samplers) if s else None,
             "started": _time(r.started),
         }
-        for r, s in zip(page, states)
+        for r, s, how in zip(page, states, shown)
     ]
     return {"sessions": rows, "offset": offset, "limit": limit, "total": len(found)}
 
@@ -203,13 +211,14 @@ async def run(run_id: str, svc: Services = Depends(services), who: str = Depends
     state = await run_of_caller(svc, run_id, who)
     manifests = await asyncio.to_thread(svc.checkpoints.list, run_id)  # unexpired, newest first
     checkpoints = [m.as_checkpoint() for m in manifests]
+    shown = console_status.of_run(state)
     return {
         "training_run_id": run_id,
         "session_id": state.start.session_id,
         "base_model": state.start.base_model,
         "lora_rank": state.lora_spec.rank,
-        "status": state.status,
-        "error": state.error or None,
+        "status": shown.status,
+        "reason": shown.reason or None,
         "step": state.step,
         "forward_backward_count": state.fwdbwd_count,
         "tokens_seen": state.tokens_seen,
@@ -220,6 +229,13 @@ async def run(run_id: str, svc: Services = Depends(services), who: str = Depends
         "temporal_ui_url": temporal_ui_link(svc, names.run_workflow_id(run_id)),
         "metrics_url": f"/api/v1/training_runs/{quote(run_id, safe='')}/metrics",
     }
+
+
+@router.get("/sign_in")
+async def sign_in(svc: Services = Depends(services)) -> dict:
+    """What the sign-in page says about keys on this server, asked before there is a key: whether keys are
+    configured (a 401 says as much to anyone), never how many or which."""
+    return {"api_keys_configured": bool(svc.api_keys), "tenant_mode": tenant_mode(bool(svc.api_keys))}
 
 
 @router.get("/service")

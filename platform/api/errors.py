@@ -1,4 +1,5 @@
-"""HTTP errors with a body, always: the SDK retries an empty 400 as if a proxy had eaten it (contract §5.1).
+"""HTTP errors with a body, always: the SDK retries an empty 400 as if a proxy had eaten it (docs/wire-contract.md
+§Errors and retries).
 
 The one mapping from errors to HTTP: built from the taxonomy in `tinkerflow.common.errors` (each exception type and
 each Temporal ApplicationError type states its category and status there); nothing here holds a table of its own.

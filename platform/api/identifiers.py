@@ -1,4 +1,4 @@
-"""Ids and paths a caller sends, checked before anything uses them (issue 13).
+"""Ids and paths a caller sends, checked before anything uses them (docs/security.md §Names and paths).
 
 Each becomes part of a Temporal workflow id, a visibility query, a file-system path or a glob, so each is checked
 for length, characters and shape first: a 400 with a message, never a 5xx, a reset connection, a glob of every run

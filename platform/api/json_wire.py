@@ -1,12 +1,11 @@
 """How JSON answers carry non-finite numbers (a NaN loss, an infinite grad_norm): as the strings "NaN",
 "Infinity" and "-Infinity".
 
-Every result must be answerable whatever numbers it holds (DESIGN §6). Standard JSON has no token for them, and
-the tinker SDK (0.38) parses answers with orjson, which refuses the NaN/Infinity tokens Python's json writes; a null
-would fail the SDK's pydantic models (`metrics: Dict[str, float]`). Pydantic's lax float parsing turns these three
-strings back into float('nan'), float('inf') and float('-inf'), so the SDK's objects hold the very numbers the
-engine computed, and any strict JSON parser can read the answer.
-"""
+Every result must be answerable whatever numbers it holds (docs/architecture.md §What durability promises). Standard
+JSON has no token for them, and the tinker SDK (0.38) parses answers with orjson, which refuses the NaN/Infinity
+tokens Python's json writes; a null would fail the SDK's pydantic models (`metrics: Dict[str, float]`). Pydantic's
+lax float parsing turns these three strings back into float('nan'), float('inf') and float('-inf'), so the SDK's
+objects hold the very numbers the engine computed, and any strict JSON parser can read the answer."""
 
 from __future__ import annotations
 

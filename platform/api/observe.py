@@ -14,7 +14,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from tinkerflow.api.body_limits import ASGIApp, Message, Scope
-from tinkerflow.api.dependencies import RETRY_AFTER_S, classify
+from tinkerflow.api.reachability import RETRY_AFTER_S, classify
 from tinkerflow.common.metrics import API_LATENCY, API_REQUESTS
 from tinkerflow.common.settings import Settings
 

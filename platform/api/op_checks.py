@@ -1,4 +1,5 @@
-"""Checks on request bodies that the routes share, written so an in-sequence op never fails at submit (DESIGN §6).
+"""Checks on request bodies that the routes share, written so an in-sequence op never fails at submit
+(docs/architecture.md §What durability promises).
 
 An op carrying a `seq_id` must take its place in its run's sequence even when its body is wrong: a submit-time
 400 leaves that seq_id unconsumed and every later op of the same TrainingClient waits for it forever. So the

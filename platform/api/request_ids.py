@@ -1,4 +1,5 @@
-"""`request_id`s name where a future's outcome lives in Temporal (DESIGN §2, §7).
+"""`request_id`s name where a future's outcome lives in Temporal (docs/architecture.md §The life of one op, §Temporal
+facts that shape the code).
 
 An update's outcome is addressed by workflow id + run id + update id (update ids are per run, and continue-as-new
 starts a new run); a request workflow's outcome by its workflow id. Both are encoded in the id itself, so no

@@ -1,4 +1,5 @@
-"""Checkpoint routes of the RestClient (contract §3.11): list, delete, publish, TTL, weights info, downloads, copy.
+"""Checkpoint routes of the RestClient (docs/wire-contract.md §RestClient routes): list, delete, publish, TTL, weights
+info, downloads, copy.
 
 Storage is the source of truth: a checkpoint is its manifest (platform/common/checkpoints.py), so these routes read
 and write the checkpoint root directly and tell Temporal only about timers (TTL) and loaded weights (deletion).
@@ -23,7 +24,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from tinker.types import CopyWeightsRequest
 
 from tinkerflow.api import signed_urls
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_error, http_error, is_not_found
 from tinkerflow.api.identifiers import check_model_id, checkpoint_path
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller

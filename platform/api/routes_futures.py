@@ -1,4 +1,4 @@
-"""retrieve_future: long-poll a future's outcome in Temporal, then answer `try_again` (contract §4).
+"""retrieve_future: long-poll a future's outcome in Temporal, then answer `try_again` (docs/wire-contract.md §Futures).
 
 The SDK re-polls immediately after `try_again`, so holding the poll (up to ~25 s, under the SDK's 45 s timeout)
 is what keeps it from spinning. Results are proto for forward_backward/sample, JSON otherwise; JSON results carry
@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from tinkerflow.api import request_ids
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import failure_category, from_error, http_error, is_not_found
 from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
 from tinkerflow.api.lookups import json_body
@@ -60,7 +60,8 @@ async def retrieve_future(request: Request, svc: Services = Depends(services), w
         if is_not_found(e):
             raise http_error(404, f"unknown request_id {request_id[:80]!r}") from None
         log.warning("retrieve_future %s: %s", request_id, e)
-        # Not a 5xx: the SDK re-polls 5xx instantly in a loop (contract §4.4); try_again costs it nothing.
+        # Not a 5xx: the SDK re-polls 5xx instantly in a loop (docs/wire-contract.md §Futures); try_again costs it
+        # nothing.
         return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
     if not outcome.ok:
         return JSONResponse({"error": outcome.error, "category": outcome.category or "unknown"})

@@ -27,7 +27,7 @@ from temporalio.client import WorkflowFailureError
 from tinker.proto.response_conv import deserialize_sample_response
 from tinker.types import SampleRequest
 
-from tinkerflow.api.deps import metrics_caller, services
+from tinkerflow.api.caller import metrics_caller, services
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body
 from tinkerflow.api.openai_models import (
     ChatCompletionRequest,

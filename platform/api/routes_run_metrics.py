@@ -13,7 +13,7 @@ import functools
 
 from fastapi import APIRouter, Depends, Query
 
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.lookups import run_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.run_metrics import RunMetricsStore

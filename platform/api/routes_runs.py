@@ -1,4 +1,5 @@
-"""Training runs and sessions of the RestClient (contract §3.11): found through Temporal visibility, read by query.
+"""Training runs and sessions of the RestClient (docs/wire-contract.md §RestClient routes): found through Temporal
+visibility, read by query.
 
 Every session and run workflow carries the `TinkerflowOwner` search attribute, so a listing is one visibility query
 for the caller's own workflows; the details come from each workflow's `describe` query (which also answers for
@@ -13,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from tinker.types import SessionSearchRequest
 
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_project_id, check_session_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller

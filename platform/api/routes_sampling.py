@@ -1,4 +1,4 @@
-"""Sampling routes: create_sampling_session, samplers/{id}, asample (contract §3.9, §3.10)."""
+"""Sampling routes: create_sampling_session, samplers/{id}, asample (docs/wire-contract.md §Sampling)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from tinker.types import CreateSamplingSessionRequest, SampleRequest
 
 from tinkerflow.api import request_ids
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller

@@ -1,4 +1,4 @@
-"""Handshake, sessions, telemetry and capabilities (contract §2, §3 rows 1-7, 24-25)."""
+"""Handshake, sessions, telemetry and capabilities (docs/wire-contract.md §Sessions and heartbeats, §Routes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from temporalio.common import WorkflowIDConflictPolicy
 from tinker.types import CreateSessionRequest
 
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error, is_not_found
 from tinkerflow.api.identifiers import check_session_id
 from tinkerflow.api.lookups import json_body, session_of_caller
@@ -91,8 +91,8 @@ async def create_session(request: Request, svc: Services = Depends(services), wh
 async def heartbeat(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
     session_id = check_session_id((await json_body(request)).get("session_id", ""))
     handle = svc.client.get_workflow_handle(names.session_workflow_id(session_id))
-    # 410 tells the SDK to stop heartbeating (contract §2.4); another tenant's session gets the same answer as an
-    # unknown one, so nobody can keep someone else's session (and its adapter slots) alive.
+    # 410 tells the SDK to stop heartbeating (docs/wire-contract.md §Sessions and heartbeats); another tenant's session
+    # gets the same answer as an unknown one, so nobody can keep someone else's session (and its adapter slots) alive.
     gone = http_error(410, f"session {session_id} has finished")
     try:
         # describe() reads the owner search attribute from the server, without a workflow task (unlike a query).

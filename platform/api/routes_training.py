@@ -1,9 +1,10 @@
-"""Training routes: create_model, get_info, forward_backward, optim_step, saves and loads (contract §3.1-3.8).
+"""Training routes: create_model, get_info, forward_backward, optim_step, saves and loads (docs/wire-contract.md
+§Training routes).
 
-Every in-sequence request becomes an Update on its run's workflow carrying its `seq_id`; the answer is a
-request_id naming that update. A request the adapter can already tell is wrong, but which has a seq_id, still goes
-in as a `reject` op: it must consume its seq_id (contract §4.5), and it fails its own future with a `user` error.
-"""
+Every in-sequence request becomes an Update on its run's workflow carrying its `seq_id`; the answer is a request_id
+naming that update. A request the adapter can already tell is wrong, but which has a seq_id, still goes in as a
+`reject` op: it must consume its seq_id (docs/wire-contract.md §Ordering and idempotency), and it fails its own
+future with a `user` error."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tinker.types import (
 )
 
 from tinkerflow.api import request_ids
-from tinkerflow.api.deps import owner, services
+from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
@@ -141,7 +142,8 @@ async def get_info(request: Request, svc: Services = Depends(services), who: str
         "is_lora": True,
         "lora_rank": state.start.lora.rank,
         "model_name": base,
-        # tokenizer_id = the served directory: the SDK's get_tokenizer() loads it offline (contract §10).
+        # tokenizer_id = the served directory: the SDK's get_tokenizer() loads it offline (docs/wire-contract.md
+        # §Tokenizer).
         "model_data": {
             "arch": card.arch if card else None,
             "model_name": base,
@@ -287,7 +289,8 @@ def _checked_save(seq_id: int, kind: OpKind, raw: dict, save: SaveRequest) -> Tr
 
 @router.post("/load_weights")
 async def load_weights(request: Request, svc: Services = Depends(services), who: str = Depends(owner)) -> dict:
-    """Both modes of contract §3.8: create-via-load (session_id + model_seq_id) and the legacy in-sequence load."""
+    """Both modes of load_weights (docs/wire-contract.md §Training routes): create-via-load (session_id +
+    model_seq_id) and the legacy in-sequence load."""
     raw = await json_body(request)
     if raw.get("model_id") is not None:
         model_id, seq_id = sequence_key(raw, "load_weights")

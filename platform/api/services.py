@@ -86,7 +86,8 @@ class Services:
     def owner_of(self, api_key: str | None) -> str:
         if not self.api_keys or not api_key:
             return ""
-        # Keyed with the server key (DESIGN §6b): an owner id seen in the Temporal UI, a search attribute or a
-        # checkpoint manifest cannot be tested against guessed keys offline. Replicas share the key (--url-signing-key).
+        # Keyed with the server key (docs/architecture.md §What tenancy promises): an owner id seen in the Temporal UI,
+        # a search attribute or a checkpoint manifest cannot be tested against guessed keys offline. Replicas share the
+        # key (--url-signing-key).
         message = b"tinkerflow-owner\0" + api_key.encode("utf-8", "replace")
         return hmac.new(self.signing_key, message, hashlib.sha256).hexdigest()[:16]

@@ -1,4 +1,5 @@
-"""Time-limited, signed download URLs for checkpoint files (contract §3.11 `external_weights_urls`).
+"""Time-limited, signed download URLs for checkpoint files (`external_weights_urls`, docs/wire-contract.md §RestClient
+routes).
 
 The SDK's `tinker checkpoint download` fetches each URL with plain urllib, without the API key, so the URL itself
 carries the authority: an HMAC over the checkpoint path, the file and the expiry. Any API replica holding the same

@@ -11,6 +11,7 @@ from tinkerflow.common.settings import ENV_ONLY, GROUP_TITLES, Settings, config_
 # Flags that are no Settings field, on purpose: what a command does rather than how the service is configured.
 NOT_SETTINGS = {
     "--ready-file": "internal: touched when the part is ready; `up` passes it to its children",
+    "--keep-up": "`up -- CMD`: stay up after CMD exits",
     "--with-stack": "`ray`: also run Temporal, the workflow worker and the API on the driver's node",
     "--seed": "`make-tiny-model`: the weights' seed",
     "--moe": "`make-tiny-model`: write the mixture-of-experts variant",

@@ -65,7 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
         "exits unexpectedly (with backoff; runs on a restarted JAX worker restore themselves); stop "
         "them all on Ctrl-C, SIGTERM or when one part crash-loops. A second `up` on the same "
         "--state-dir finds its history again. "
-        "With `-- CMD ARGS`, run CMD once everything is ready, then stop and exit with its status.",
+        "With `-- CMD ARGS`, run CMD once everything is ready (with TINKER_BASE_URL and TINKER_API_KEY set), "
+        "then stop and exit with its status; with --keep-up, stay up after CMD until Ctrl-C. "
+        "It prints where the API, the console and the Temporal UI are, and what an API key means here "
+        "(no keys configured: any key, one tenant; with --api-key: each key its own tenant).",
+    )
+    up.add_argument(
+        "--keep-up",
+        action="store_true",
+        help="with -- CMD: keep the stack up after CMD exits (to look at its runs in the console) until Ctrl-C",
     )
 
     sub.add_parser("temporal", help="run only the Temporal dev server (tuned flags, SQLite in the state dir)")

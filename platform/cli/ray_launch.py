@@ -1,9 +1,9 @@
 """`tinkerflow ray`: the JAX worker as Ray actors on an existing Ray cluster, one per host, in one placement group.
 
 Run it as a Ray job (`ray job submit -- tinkerflow ray …`) or with `--ray-address`. Ray places and restarts the JAX
-processes; Temporal stays the control plane and the durable record (DESIGN §6c). With `--with-stack` the driver
-node also runs Temporal (a dev server, or `--temporal-address`), the workflow worker and the API, so one
-`ray job submit` brings up the whole service.
+processes; Temporal stays the control plane and the durable record (docs/architecture.md §The processes). With
+`--with-stack` the driver node also runs Temporal (a dev server, or `--temporal-address`), the workflow worker and the
+API, so one `ray job submit` brings up the whole service.
 
 Faults: the processes of one jax.distributed group live and die together (a collective whose peer is gone never
 completes, and a group can only be formed once per process). So when any actor dies or its worker fails, the driver

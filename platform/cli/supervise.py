@@ -1,8 +1,8 @@
 """How `tinkerflow up` keeps its parts alive: restart what exits unexpectedly, give up only on a crash loop.
 
-On one machine `up` is the supervisor Kubernetes is elsewhere (DESIGN §6). The decision (restart now, later, or
-stop everything) is a pure function of when a part exited before, so it is tested without processes; `up.py` owns
-the processes and calls `RestartPolicy.on_exit` each time one of them ends.
+On one machine `up` is the supervisor Kubernetes is elsewhere (docs/architecture.md §What durability promises). The
+decision (restart now, later, or stop everything) is a pure function of when a part exited before, so it is tested
+without processes; `up.py` owns the processes and calls `RestartPolicy.on_exit` each time one of them ends.
 
 `up`'s parts must not outlive it: a signal to `up` stops them (up.py), and on Linux each part also asks the kernel to
 signal it when `up` dies (`die_with_parent`), so even a SIGKILL of `up` leaves nothing running.

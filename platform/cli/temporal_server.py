@@ -1,5 +1,5 @@
-"""The embedded Temporal dev server, started with the flags DESIGN §7 measured (WAL, fast transfer polling) and
-limits raised for our traffic (in-flight updates per workflow)."""
+"""The embedded Temporal dev server, started with the flags docs/architecture.md §Temporal facts that shape the code
+measured (WAL, fast transfer polling) and limits raised for our traffic (in-flight updates per workflow)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 from tinkerflow.workflows import names
 
 DYNAMIC_CONFIG = {
-    # ~100 ms -> ~31 ms per update that runs one activity, with WAL on (DESIGN §7).
+    # ~100 ms -> ~31 ms per update that runs one activity, with WAL on (docs/architecture.md §Temporal facts that shape
+    # the code).
     "history.transferProcessorMaxPollRPS": "1000",
     # The default of 10 in-flight updates per workflow is below what one training client can pipeline.
     "history.maxInFlightUpdates": "256",

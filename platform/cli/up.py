@@ -27,6 +27,7 @@ from rich.console import Console
 from tinkerflow.cli import temporal_server
 from tinkerflow.cli.supervise import RESTARTS, CrashLoop, RestartPolicy, describe_exit, die_with_parent
 from tinkerflow.common.settings import Settings
+from tinkerflow.common.tenancy import tenant_mode
 
 console = Console(stderr=True, soft_wrap=True)  # log paths and restart lines stay whole, never folded
 READY_TIMEOUT_S = {"temporal": 60, "workflow-worker": 120, "jax-worker": 900, "api": 120}
@@ -258,10 +259,10 @@ def _api_ready(base_url: str, api_key: str) -> bool:
 def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(settings)
-    stopping = {"signal": None}
+    ran: dict[str, int] = {}  # the `-- CMD`'s exit status, once it has one
+    keep_up = bool(getattr(args, "keep_up", False))
 
     def on_signal(signum, _frame):
-        stopping["signal"] = signum
         raise KeyboardInterrupt
 
     for sig in (signal.SIGTERM, signal.SIGHUP):  # SIGINT raises KeyboardInterrupt already
@@ -283,13 +284,7 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         stack.start_worker("workflow-worker")
         stack.start_worker("jax-worker")
         stack.start_api()
-        base_url, api_key = stack.base_url, stack.api_key
-        console.print(f"[bold]Tinker API[/bold]   {base_url}   (TINKER_BASE_URL={base_url})")
-        if own_temporal and not settings.headless:
-            console.print(
-                f"[bold]Temporal UI[/bold]  http://127.0.0.1:{settings.ui_port}/namespaces/"
-                f"{settings.temporal_namespace}/workflows"
-            )
+        say_where(settings, stack.base_url, temporal_ui=own_temporal and not settings.headless)
         policy = RestartPolicy(
             base_s=settings.restart_backoff_s,
             cap_s=settings.restart_backoff_max_s,
@@ -300,21 +295,22 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
             from prometheus_client import start_http_server
 
             start_http_server(settings.up_metrics_port, addr=settings.host)
-        if then:
-            env = dict(os.environ, TINKER_BASE_URL=base_url)
-            env.setdefault("TINKER_API_KEY", api_key)
-            console.print(f"running: {' '.join(then)}")
-            command = subprocess.Popen(then, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
-            try:
-                return stack.supervise(policy, until=command.poll)
-            finally:
-                if command.poll() is None:
-                    command.terminate()
-                    command.wait()
-        console.print("press Ctrl-C to stop")
-        return stack.supervise(policy)
+        if not then:
+            console.print("press Ctrl-C to stop")
+            return stack.supervise(policy)
+        status = _run_then(stack, policy, then)
+        if status is None:  # a part crash-looped: the stack stops, whatever --keep-up says
+            return 1
+        ran["status"] = status
+        if keep_up:
+            console.print(
+                f"{then[0]} exited with {status}; the stack stays up (--keep-up): "
+                f"[bold]console[/bold] {stack.base_url}/console · press Ctrl-C to stop"
+            )
+            stack.supervise(policy)
+        return status
     except KeyboardInterrupt:
-        return 0
+        return ran.get("status", 0)
     except RuntimeError as e:
         console.print(f"[red]error:[/red] {e}")
         return 1
@@ -324,6 +320,50 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
         with console.status("stopping …"):
             stack.stop()
         console.print("stopped")
+        if "status" in ran:
+            console.print(coming_back(settings))
+
+
+def _run_then(stack: Stack, policy: RestartPolicy, then: list[str]) -> int | None:
+    """Run `-- CMD` against the ready stack, supervising the parts meanwhile: CMD's exit status, or None when a part
+    crash-looped first (CMD is then stopped)."""
+    env = dict(os.environ, TINKER_BASE_URL=stack.base_url)
+    env.setdefault("TINKER_API_KEY", stack.api_key)
+    console.print(f"running: {' '.join(then)}")
+    command = subprocess.Popen(then, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
+    try:
+        status = stack.supervise(policy, until=command.poll)
+        finished = command.poll() is not None
+    finally:
+        if command.poll() is None:
+            command.terminate()
+            command.wait()
+    return status if finished else None
+
+
+def say_where(settings: Settings, base_url: str, *, temporal_ui: bool) -> None:
+    """Where a person finds each thing `up` serves, and what their API key means here."""
+    console.print(f"[bold]Tinker API[/bold]   {base_url}   (TINKER_BASE_URL={base_url})")
+    console.print(f"[bold]Console[/bold]      {base_url}/console")
+    console.print(f"[bold]API keys[/bold]     {tenant_mode(bool(settings.accepted_api_keys()))}")
+    if temporal_ui:
+        console.print(
+            f"[bold]Temporal UI[/bold]  http://127.0.0.1:{settings.ui_port}/namespaces/"
+            f"{settings.temporal_namespace}/workflows"
+        )
+
+
+def coming_back(settings: Settings) -> str:
+    """After `up -- CMD` stopped: how to see what CMD did, since nothing serves it any more."""
+    again = sys.argv[0] if Path(sys.argv[0]).name == "tinkerflow" else "tinkerflow"  # as the user typed it
+    again += " up"
+    for name in ("state_dir", "host", "port"):
+        if settings.is_given(name):
+            again += f" --{name.replace('_', '-')} {getattr(settings, name)}"
+    return (
+        f"To see its runs in the console: `{again}`, then open http://{settings.host}:{settings.port}/console "
+        f"(they stay in {settings.state_dir}; `up --keep-up -- CMD` stays up after CMD instead)."
+    )
 
 
 def _replace_address(settings: Settings, address: str) -> Settings:

@@ -68,7 +68,8 @@ class TinkerPath:
 
     @staticmethod
     def parse(path: str) -> TinkerPath:
-        """`tinker://<run>/<segment>/<name>`, as the SDK's ParsedCheckpointTinkerPath reads it (contract §9)."""
+        """`tinker://<run>/<segment>/<name>`, as the SDK's ParsedCheckpointTinkerPath reads it (docs/wire-contract.md
+        §Ids and paths)."""
         if not isinstance(path, str) or not path.startswith("tinker://"):
             raise CheckpointError(
                 f"{_shown(path)} is not a tinker:// path; expected tinker://<run>/<kind>/<name> "

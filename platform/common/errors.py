@@ -7,10 +7,10 @@ The bottom layer owns it so the API, the activities and the engine raise the sam
 - Temporal `ApplicationError` types (`ErrorType`, which lives in `workflows/` because workflow code may import only
   itself), raised by workflows and activities; `TEMPORAL_ERRORS` gives each its category and status.
 
-`category` is what a failed future reports to the SDK (contract §4.4: "user" or "server"); `http_status` is what a
-synchronous route answers (contract §5: the SDK retries 408/409/429/5xx, and treats 400/404 as final).
-`tinkerflow.api.errors` turns both families into HTTP responses; it holds no table of its own.
-"""
+`category` is what a failed future reports to the SDK (docs/wire-contract.md §Futures: "user" or "server");
+`http_status` is what a synchronous route answers (docs/wire-contract.md §Errors and retries: the SDK retries
+408/409/429/5xx, and treats 400/404 as final). `tinkerflow.api.errors` turns both families into HTTP responses; it
+holds no table of its own."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Per-run metric points (issue 18): every training op's numbers and every sample call's counts, kept in the store.
+"""Per-run metric points (docs/metrics.md): every training op's numbers and every sample call's counts, kept in the
+store.
 
 Who writes: the JAX worker, the moment an engine call answers (it holds the numbers: the loss's metrics, tokens,
 grad_norm, the engine's wall time), so recording costs no Temporal round trip and puts nothing in workflow history;

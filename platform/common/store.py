@@ -1,4 +1,5 @@
-"""The claim-check store (DESIGN §3): tensors and results live here, Temporal history carries only a `BlobRef`.
+"""The claim-check store (docs/architecture.md §The claim-check data path): tensors and results live here, Temporal
+history carries only a `BlobRef`.
 
 fsspec makes the same code write a local directory (`file:///…`) or a bucket (`gs://bucket/prefix` through gcsfs).
 Objects are content-addressed by kind and a fresh name; the ref records size and sha256 so a reader can tell a

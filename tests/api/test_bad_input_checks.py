@@ -1,6 +1,6 @@
 # pyright: reportOptionalSubscript=false
 # (this test reads Optional results where a None fails the test at once, as an assert would)
-"""The checks behind "nothing wedges" (issue 19), without a stack: hyper-parameter ranges, metadata bounds, how
+"""The checks behind "nothing wedges", without a stack: hyper-parameter ranges, metadata bounds, how
 non-finite numbers travel, ttl values, sparse shapes and per-route body limits."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.client import Client
 
-from tinkerflow.api import console_data
+from tinkerflow.api import console_data, console_status
 from tinkerflow.api.app import create_app
 from tinkerflow.api.worker_metrics import WorkerMetrics, summarize, worker_metrics_urls
 from tinkerflow.cli.launch import free_port
@@ -213,3 +213,50 @@ def test_any_search_text_answers_the_rows_holding_it_and_nothing_else(q):
         or (i == 5 and needle in "<b>alpha</b> run")
     ]
     assert [r["training_run_id"] for r in page["training_runs"]] == expected
+
+
+def test_sign_in_says_what_a_key_means_here_without_a_key(http, tmp_path):
+    r = http.get("/api/v1/console/sign_in")
+    assert r.status_code == 200 and r.json()["api_keys_configured"] is True
+    assert "each key is its own tenant" in r.json()["tenant_mode"] and KEY not in r.text
+    address = f"127.0.0.1:{free_port()}"
+    open_settings = Settings(state_dir=tmp_path, temporal_address=address)
+    client = asyncio.run(Client.connect(address, lazy=True))
+    with TestClient(create_app(open_settings, client=client)) as c:
+        body = c.get("/api/v1/console/sign_in").json()
+    assert body["api_keys_configured"] is False and "any key works" in body["tenant_mode"]
+    assert "one tenant" in body["tenant_mode"]
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "shown"),
+    [
+        ("active", "", ("active", "")),
+        ("timed_out", "no heartbeat for 120s", ("ended", "the client went away (no heartbeat for 120s)")),
+        ("finished", "client finished: success", ("ended", "the client finished it: success")),
+    ],
+)
+def test_a_session_whose_client_went_away_reads_ended_with_its_reason(status, reason, shown):
+    assert console_status.session_shown(status, reason) == console_status.Shown(*shown)
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "shown"),
+    [
+        ("ready", "", ("ready", "")),
+        ("failed", "restoring the adapter failed: x", ("failed", "restoring the adapter failed: x")),
+        (
+            "closed",
+            "session timed_out: no heartbeat for 120s",
+            ("ended", "its session ended: the client went away (no heartbeat for 120s)"),
+        ),
+        (
+            "closed",
+            "session finished: client finished: success",
+            ("ended", "its session ended: the client finished it: success"),
+        ),
+        ("closed", "", ("ended", "")),  # a row known only from its search attributes
+    ],
+)
+def test_a_run_closed_with_its_session_reads_ended_not_error(status, error, shown):
+    assert console_status.run_shown(status, error) == console_status.Shown(*shown)

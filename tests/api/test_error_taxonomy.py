@@ -16,15 +16,16 @@ from tinkerflow.common.errors import TEMPORAL_ERRORS, Category, TinkerflowError
 from tinkerflow.common.settings import SettingsError
 from tinkerflow.workflows.errors import ErrorType
 
-# What the contract implies for each (Tinker REST contract §4.4, §5 and DESIGN §6b): a user's mistake is a 4xx with a
-# body that the SDK does not retry, except 409 (a seq_id conflict, retried with the same body: the first answer
-# wins); the service's trouble is a 5xx the SDK retries; another tenant's object is a 404, as a missing one.
+# What the contract implies for each (docs/wire-contract.md §Futures, §Errors and retries; docs/architecture.md §What
+# tenancy promises): a user's mistake is a 4xx with a body that the SDK does not retry, except 409 (a seq_id conflict,
+# retried with the same body: the first answer wins); the service's trouble is a 5xx the SDK retries; another tenant's
+# object is a 404, as a missing one.
 EXPECTED_EXCEPTIONS = {
     errors.InputError: (Category.USER, 400),
     errors.UnknownModelError: (Category.USER, 400),
     errors.CheckpointError: (Category.USER, 400),
     errors.CheckpointNotFound: (Category.USER, 404),
-    errors.BadRequestId: (Category.USER, 404),  # contract §4.4: unknown (or foreign) request ids ⇒ 404
+    errors.BadRequestId: (Category.USER, 404),  # docs/wire-contract.md §Futures: unknown (or foreign) request ids ⇒ 404
     errors.UserError: (Category.USER, 400),
     SettingsError: (Category.USER, 400),  # a bad TINKERFLOW_* variable; the CLI exits 2 with it
     errors.StoreError: (Category.SERVER, 503),
@@ -57,7 +58,8 @@ def test_each_exception_maps_to_the_status_the_contract_implies(cls):
     assert (cls.category, cls.http_status) == (category, status)
     assert (400 <= status < 500) == (category is Category.USER)
     e = from_error(cls("what went wrong"))
-    assert e.status_code == status and e.detail == "what went wrong"  # never an empty body (contract §5.1)
+    # never an empty body (docs/wire-contract.md §Errors and retries)
+    assert e.status_code == status and e.detail == "what went wrong"
 
 
 def test_every_temporal_error_type_has_an_entry():

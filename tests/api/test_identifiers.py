@@ -1,4 +1,4 @@
-"""Ids, names and paths from callers (issue 13): each check either accepts a value that is safe as a workflow id, a
+"""Ids, names and paths from callers: each check either accepts a value that is safe as a workflow id, a
 visibility-query literal, a directory name and a glob-free path, or answers 400 with a message; nothing else."""
 
 from __future__ import annotations

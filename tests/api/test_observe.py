@@ -1,6 +1,6 @@
 """Observe (the API's outermost-but-one middleware): every answer is counted under its route's template and status
 and timed; an unknown path counts as `unmatched`. The 503 mapping of a dependency outage is tests/api/
-test_dependencies.py."""
+test_reachability.py."""
 
 from __future__ import annotations
 

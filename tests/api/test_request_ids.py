@@ -31,7 +31,7 @@ def test_roundtrip_for_its_owner_only(ref):
 
 
 def test_an_id_built_from_a_model_id_is_refused():
-    """What a tenant could build from another's model_id (the unsigned encoding of issue 13), signed or not by
+    """What a tenant could build from another's model_id (the unsigned encoding request ids once had), signed or not by
     itself: neither resolves for the owner's key."""
     body = "u." + base64.urlsafe_b64encode(
         json.dumps(["training-run/sess-1:train:0", "", "create"]).encode()

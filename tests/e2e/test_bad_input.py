@@ -1,4 +1,4 @@
-"""Bad input gets a clear error and loses nothing (house rule 5): each case, then the same client still trains."""
+"""Bad input gets a clear error and loses nothing: each case, then the same client still trains."""
 
 from __future__ import annotations
 

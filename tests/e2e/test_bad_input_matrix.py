@@ -1,4 +1,4 @@
-"""Issue 6's bad-input matrix on the real stack: each answered clearly, and the same client keeps training."""
+"""The bad-input matrix on the real stack: each answered clearly, and the same client keeps training."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Nothing wedges (issue 19): an in-sequence op with a bad body fails through its own future, every result is
+"""Nothing wedges: an in-sequence op with a bad body fails through its own future, every result is
 answerable, and each bad input the issue lists is answered clearly; after each, the same client trains on."""
 
 from __future__ import annotations

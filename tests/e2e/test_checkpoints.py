@@ -1,4 +1,4 @@
-"""Checkpoints end to end through the unmodified SDK (issue 5): resume, PEFT export, the RestClient, the CLI.
+"""Checkpoints end to end through the unmodified SDK: resume, PEFT export, the RestClient, the CLI.
 
 Tolerances:
 - RESUME_TOL (1e-5 relative): a resumed run repeats the original's arithmetic in float32 on CPU, but another slot and
@@ -108,7 +108,7 @@ def test_peft_export_reproduces_the_services_logprobs_in_transformers(
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert config["r"] == 4 and "gate_proj" not in config["target_modules"]
 
-    base_dir = training.get_info().model_data.tokenizer_id  # the served directory (contract §10)
+    base_dir = training.get_info().model_data.tokenizer_id  # the served directory (docs/wire-contract.md §Tokenizer)
     model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), str(tmp_path)).eval()
     for datum, out in zip(TOKENS, ours):
         with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The web console at /console (issue 18, docs/console.md) in a real headless Chromium (Debian's `chromium`, driven by
+"""The web console at /console (docs/console.md) in a real headless Chromium (Debian's `chromium`, driven by
 Playwright through its executable path) against the real stack: after N training steps through the SDK the run's
 chart plots N points; a second tenant's console shows none of the first tenant's runs; the page keeps working after
 the API process is killed and `up` restarts it.
@@ -92,6 +92,18 @@ def _screenshot(page, name: str) -> None:
 def _chart_points(page, n: int) -> dict:
     page.wait_for_function(f"n => ({PLOTTED})() === n", arg=n, timeout=WAIT_MS)
     return page.evaluate("() => { const t = document.getElementById('chart').data[0]; return {x: t.x, y: t.y}; }")
+
+
+def test_sign_in_says_what_a_key_means_on_this_server(stack, browser):
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(stack.base_url + "/console/")
+        page.wait_for_function("() => document.getElementById('tenancy').textContent !== ''", timeout=WAIT_MS)
+        # The shared stack has API keys: only those work, each its own tenant (`up` prints the same sentence).
+        assert "each key is its own tenant" in page.inner_text("#tenancy")
+    finally:
+        context.close()
 
 
 def test_run_chart_plots_one_point_per_step_and_lists_the_run(stack, browser, trained):

@@ -1,4 +1,5 @@
-"""DESIGN §6 on the real parts, each its own process: kill one, start it again, and nothing the SDK was told is lost.
+"""docs/architecture.md §What durability promises, on the real parts, each its own process: kill one, start it again,
+and nothing the SDK was told is lost.
 
 The parts are started with the same machinery as `tinkerflow up` (one process each), so a test can kill exactly one.
 """

@@ -1,4 +1,4 @@
-"""Several JAX workers serving one base model, and what an operator scrapes from them (issue 7)."""
+"""Several JAX workers serving one base model, and what an operator scrapes from them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-run metric points through the real stack (issue 18): the SDK trains, the route answers its points.
+"""Per-run metric points through the real stack (docs/metrics.md): the SDK trains, the route answers its points.
 
 N forward_backward + optim_step on a run give N points of each op with finite losses; a forward and a sample call on
 the run's weights add a point each; another tenant gets 404 (the same body as an unknown run); bad paging parameters

@@ -1,5 +1,5 @@
 """Slots are finite and sessions are leased: a full server says so clearly, and an abandoned session gives its
-slots back after the heartbeat timeout (DESIGN §6)."""
+slots back after the heartbeat timeout (docs/architecture.md §What durability promises)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,19 @@ def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(
         assert time.monotonic() - created_at >= 5
         r = http.post("/api/v1/session_heartbeat", json={"session_id": abandoned, "type": "session_heartbeat"})
         assert r.status_code == 410 and r.json()["detail"]
+        # The console reads that normal end of a client as "ended" with its reason, never as an error.
+        sessions = http.get("/api/v1/console/sessions", params={"q": abandoned}).json()["sessions"]
+        assert [(s["status"], s["reason"]) for s in sessions] == [
+            ("ended", "the client went away (no heartbeat for 6s)")
+        ]
+        run = http.get(f"/api/v1/console/runs/{abandoned}:train:1").json()
+        assert (
+            run["status"] == "ended"
+            and run["reason"] == "its session ended: the client went away (no heartbeat for 6s)"
+        )
         assert training.get_info().model_data.model_name == model
         # ... and its checkpoints stay: listed, and loadable into the freed slot.
-        rest = service.create_rest_client()
+        rest = tinker.RestClient(base_url=stack.base_url, api_key=stack.api_key)
         assert kept in [c.tinker_path for c in rest.list_checkpoints(f"{abandoned}:train:0").result().checkpoints]
         assert service.create_training_client_from_state(kept).result(timeout=120).get_info().lora_rank == 4
     finally:

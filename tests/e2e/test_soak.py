@@ -1,4 +1,4 @@
-"""Soak (issue 6): 8 concurrent SDK clients mix training and sampling for a bounded time against one real stack.
+"""Soak: 8 concurrent SDK clients mix training and sampling for a bounded time against one real stack.
 
 Afterwards every request has its answer, no workflow is stuck, sessions end and give their slots and snapshots back,
 and the stack's memory is flat. Each client has its own `tinker.ServiceClient` (its own session, heartbeats and event
@@ -62,7 +62,8 @@ SNAPSHOT_MB = 2.5  # the JAX worker's extra allowance per sampler snapshot held 
 # An XLA compile keeps its executable and grows the compiler's arenas: the warm-up of the soak measured ~21 MB of JAX
 # worker RSS per program ((1282 - 568 MB - 31 snapshots x 1.7 MB) / 31 compiles). The warm-up ends after a quiet spell,
 # so a bucket first reached later (a rarer concurrency level on a faster machine) still compiles during the load. That
-# is growth with a known cause, counted in the summary (issue 17 removes it), not a leak: it gets this allowance each.
+# is growth with a known cause, counted in the summary (its removal is listed in docs/benchmarks.md), not a leak: it
+# gets this allowance each.
 COMPILE_MB = 30
 WATCHED = tuple(RSS_GROWTH_MB)  # asserted; temporal (its history grows by design) is only reported
 

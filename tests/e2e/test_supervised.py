@@ -1,6 +1,6 @@
-"""`tinkerflow up` supervises its parts (DESIGN §6): kill -9 any of them mid-loop and the SDK loop finishes with the
-same losses (and the same greedy sample) as a fault-free loop with the same seed, because `up` restarts the part and
-the run restores itself.
+"""`tinkerflow up` supervises its parts (docs/architecture.md §What durability promises): kill -9 any of them mid-loop
+and the SDK loop finishes with the same losses (and the same greedy sample) as a fault-free loop with the same seed,
+because `up` restarts the part and the run restores itself.
 
 One stack, one fault-free loop, one loop that loses each part in turn (JAX worker, workflow worker, API, Temporal dev
 server) with a step in flight: every part's recovery is proven at the cost of one stack start-up.

@@ -1,4 +1,4 @@
-"""One tenant cannot read, train, sample or end another's runs, samplers or sessions (issue 6: auth)."""
+"""One tenant cannot read, train, sample or end another's runs, samplers or sessions."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def test_tenants_are_isolated_and_keys_come_from_flags_and_a_file(tmp_path):
         sampler = training.save_weights_and_get_sampling_client()
         model_id = training.model_id
         session_id = model_id.split(":")[0]
-        sampler_id = f"{session_id}:sample:0"  # the session's first sampling session (contract §3.6)
+        # the session's first sampling session (docs/wire-contract.md §Ids and paths)
+        sampler_id = f"{session_id}:sample:0"
 
         bob = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": "tml-bob"})
         assert bob.post("/api/v1/get_info", json={"model_id": model_id, "type": "get_info"}).status_code == 404

@@ -1,4 +1,4 @@
-"""Names, ids and paths from a stranger (issue 13): hypothesis sends lengths, unicode, separators, dots, globs and
+"""Names, ids and paths from a stranger: hypothesis sends lengths, unicode, separators, dots, globs and
 percent-encodings to every route that takes one. Never a 5xx, never a reset connection; an in-sequence op
 (save_state with a bad name) still answers a request_id whose future fails with category `user`.
 

@@ -1,4 +1,4 @@
-"""Two tenants on one stack (issue 13): bob walks every route of the API with alice's ids (runs, sessions,
+"""Two tenants on one stack: bob walks every route of the API with alice's ids (runs, sessions,
 samplers, futures real and forged, checkpoints private and published, copies into her namespace) and gets 404 for
 what he must not see, 403 for what he may read but not change; alice's data is unchanged afterwards (the bytes of
 her checkpoints, her run's logprobs on the next step), and she keeps working.
@@ -86,7 +86,7 @@ def test_bob_gets_nothing_of_alices_and_changes_nothing(stack):
     ckpt_root = stack.state_dir / "checkpoints" / run
     bytes_before = _files(ckpt_root)
 
-    def forged(kind: str, payload) -> str:  # the unsigned encoding request ids had before issue 13
+    def forged(kind: str, payload) -> str:  # the unsigned encoding request ids once had
         return kind + "." + base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
 
     cases: list[tuple[str, int, httpx.Response]] = []

@@ -1,4 +1,4 @@
-"""AotCache under concurrent `prepare` (the warm-up compiles train buckets side by side, issue 17): each shape is
+"""AotCache under concurrent `prepare` (the warm-up compiles train buckets side by side): each shape is
 compiled once however many threads ask for it, and an executable prepared from `abstract` shapes serves the real
 arrays without another build. Counted with JAX's compile events, never timed."""
 

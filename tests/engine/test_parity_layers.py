@@ -1,7 +1,7 @@
 """Per-layer parity with transformers: every module of ours fed exactly the input its HF twin saw.
 
 Tolerances (never loosened): 1e-5 for simple modules (embedding, RMSNorm, MLP), 1e-4 for composite ones
-(attention with rope and q/k norm, whole decoder layers), as issue 3 writes them.
+(attention with rope and q/k norm, whole decoder layers).
 """
 
 from __future__ import annotations

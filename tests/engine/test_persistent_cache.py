@@ -1,4 +1,4 @@
-"""A restarted JAX worker with a warm persistent compilation cache compiles nothing (issue 17), warm-up included,
+"""A restarted JAX worker with a warm persistent compilation cache compiles nothing, warm-up included,
 and gives the same numbers: counted with JAX's own cache events, in two fresh processes sharing one cache directory,
 each started as the jax-worker command starts its engine (no torch, warm-up before work)."""
 

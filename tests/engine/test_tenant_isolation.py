@@ -1,4 +1,4 @@
-"""One tenant's non-finite adapter never reaches another row's numbers (issue 13): sampled beside others (decode,
+"""One tenant's non-finite adapter never reaches another row's numbers: sampled beside others (decode,
 prefill, prompt logprobs), left behind in a reused slot's KV cache, or trained beside another slot.
 
 "Bit-identical" is meant literally here: every other row's tokens and logprobs compare with ==, no tolerance.

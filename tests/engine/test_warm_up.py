@@ -1,4 +1,4 @@
-"""The JAX worker compiles ahead of traffic (issue 17): after `start_engine` (what `jax_worker.serve` runs before it
+"""The JAX worker compiles ahead of traffic: after `start_engine` (what `jax_worker.serve` runs before it
 registers) and the warm-up, a steady workload that mixes training, forward, optimizer steps, snapshots and sampling
 at several concurrency levels, prompt lengths and stop lists builds no program at all. Counted with JAX's own
 compile events (`persistent_cache.counts().requests`: every executable a process builds, eager ops included)."""

@@ -1,4 +1,4 @@
-"""The fuzzed wire runs against the real stack (house rule 1): the e2e fixtures, and a run whose seq_ids the fuzzer
+"""The fuzzed wire runs against the real stack, never a mock: the e2e fixtures, and a run whose seq_ids the fuzzer
 owns. Fast profile by default; `TINKERFLOW_FUZZ=long` (or `-m slow`) runs the long one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A fuzzed wire (issue 19): valid SDK requests for every route, mutated (JSON and protobuf bodies, headers, path
+"""A fuzzed wire: valid SDK requests for every route, mutated (JSON and protobuf bodies, headers, path
 parameters), sent to the running stack. Each must get a 4xx with a body, or a future that resolves to an answer or a
 `user` error within a bound; never a 5xx, never a hang; afterwards the same TrainingClient trains on and the API's
 memory has stayed bounded. The fuzzer owns one run's seq_ids, so it knows which op is next and never leaves a gap.

@@ -1,6 +1,6 @@
 """What the fuzz tests share: valid request bodies to start from, mutations of them, and the invariant.
 
-The invariant (issue 19): every request gets a 4xx with a JSON body naming the problem, or a 2xx whose future
+The invariant: every request gets a 4xx with a JSON body naming the problem, or a 2xx whose future
 resolves within FUTURE_BOUND_S to an answer or a `user` error; never a 5xx, never a hang.
 """
 

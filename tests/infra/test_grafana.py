@@ -17,7 +17,7 @@ import pytest
 from tests.infra import dashboard as dash
 from tests.infra.conftest import INFRA, one, render
 
-# What issue 18 asks the dashboard to show, by the series it reads.
+# What the dashboard must show, by the series it reads.
 REQUIRED = {
     "tinkerflow_api_request_seconds_bucket",  # op latency by route
     "tinkerflow_api_requests_total",  # request and error rate

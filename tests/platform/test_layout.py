@@ -1,4 +1,5 @@
-"""DESIGN §5: the repo's platform/ folder must never shadow the standard library's `platform`."""
+"""docs/architecture.md §Layout and import names: the repo's platform/ folder must never shadow the standard
+library's `platform`."""
 
 from __future__ import annotations
 

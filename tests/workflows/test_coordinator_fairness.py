@@ -1,4 +1,4 @@
-"""Fairness between tenants in the Coordinator (issue 19): a tenant's long queue does not delay another tenant's
+"""Fairness between tenants in the Coordinator: a tenant's long queue does not delay another tenant's
 single request by more than the stated bound (its oldest item is in the next batch). Counts and order, no clocks."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tinkerflow.workflows.messages import (
     WorkItem,
     WorkKind,
 )
-from tinkerflow.workflows.placement import EPHEMERAL_SNAPSHOT_IDLE_S, CoordinatorState, Placement
+from tinkerflow.workflows.placement import EPHEMERAL_SNAPSHOT_IDLE_S, CoordinatorState, PlacementPolicy
 
 CARD = ModelCard(name="m", arch="qwen3", local_path="/m", vocab_size=64, max_context=128)
 
@@ -36,13 +36,13 @@ def item(kind: WorkKind, model_id: str = "", n: int = 0, **fields) -> WorkItem:
     return WorkItem(key=f"{model_id}#{n}", requester=f"run/{model_id}", kind=kind, model_id=model_id, **fields)
 
 
-def create(p: Placement, model_id: str) -> tuple[str | None, int]:
+def create(p: PlacementPolicy, model_id: str) -> tuple[str | None, int]:
     queue, routed = p.route(item(WorkKind.CREATE_ADAPTER, model_id, lora=LoraSpec(rank=4)), set(), 0.0)
     return queue, routed.slot
 
 
-def placement(*workers: WorkerInfo) -> Placement:
-    p = Placement(CoordinatorState(base_model="m", pool="default"), "coordinator/m/default")
+def placement(*workers: WorkerInfo) -> PlacementPolicy:
+    p = PlacementPolicy(CoordinatorState(base_model="m", pool="default"), "coordinator/m/default")
     for w in workers:
         p.register(w)
     return p

@@ -230,7 +230,8 @@ def test_kinds_travel_as_the_same_strings_as_before() -> None:
 
 
 def test_an_unknown_op_kind_still_decodes_so_it_fails_in_sequence_not_at_submit() -> None:
-    """An API newer than this worker may send a kind it does not know: the op must reach the run (DESIGN §6)."""
+    """An API newer than this worker may send a kind it does not know: the op must reach the run
+    (docs/architecture.md §What durability promises)."""
     op = _round_trip(TrainingOp(seq_id=3, kind="frobnicate", body_hash="h"), TrainingOp)
     assert op.kind == "frobnicate" and not isinstance(op.kind, OpKind)
 

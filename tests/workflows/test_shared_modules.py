@@ -1,5 +1,5 @@
 """The workflow worker's sandbox shares the protocol's pure-data modules across workflow runs instead of re-executing
-them for each new run (issue 17: ~40% of the workflow worker's CPU under the mixed loop went there)."""
+them for each new run (~40% of the workflow worker's CPU under the mixed loop went there)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Regressions: workflow bugs found by these tests, each pinned by the behaviour DESIGN §2 asks for.
+"""Regressions: workflow bugs found by these tests, each pinned by the behaviour docs/architecture.md §The workflows
+describes.
 
 - a reused seq_id with a different body, sent while the first is still in flight, is refused (it used to hang);
 - closing a run completes even while an op waits for a seq_id that never comes (the slot used to leak);

@@ -106,6 +106,17 @@ function showLogin(message) {
   $("login").hidden = false;
   $("login-error").textContent = message || "";
   $("key").focus();
+  showTenancy();
+}
+
+// What a key means on this server (any key and one tenant, or one tenant per configured key), asked without a key.
+async function showTenancy() {
+  try {
+    const res = await fetch("/api/v1/console/sign_in");
+    if (res.ok) $("tenancy").textContent = `This server: ${(await res.json()).tenant_mode}.`;
+  } catch (err) {
+    /* the sign-in works without the sentence */
+  }
 }
 
 function showApp() {

@@ -20,7 +20,7 @@ function runPage() {
       dd.textContent = v === null || v === undefined ? "—" : String(v);
       dl.append(dt, dd);
     };
-    add("status", run.status + (run.error ? ` (${run.error})` : ""));
+    add("status", run.status + (run.reason ? ` · ${run.reason}` : ""));
     add("step", run.step);
     add("forward_backward calls", run.forward_backward_count);
     add("tokens seen", run.tokens_seen);

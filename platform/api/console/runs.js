@@ -32,13 +32,27 @@ function pagedTable(id, key, url, render, columns, emptyText) {
   return load;
 }
 
+// "ended" with why (the client went away, the session finished it), "failed" with its error; the reason is the
+// cell's tooltip and shows beside the word.
+function statusCell(tr, row) {
+  const td = cell(tr, row.status, `st-${row.status}`);
+  if (row.reason) {
+    td.title = row.reason;
+    const why = document.createElement("span");
+    why.className = "reason";
+    why.textContent = ` · ${row.reason}`;
+    td.appendChild(why);
+  }
+  return td;
+}
+
 function runRow(r) {
   const tr = document.createElement("tr");
   tr.dataset.runId = r.training_run_id;
   cell(tr, link(`/console/runs/${encodeURIComponent(r.training_run_id)}`, r.training_run_id));
   cell(tr, r.session_id);
   cell(tr, r.base_model);
-  cell(tr, r.status, `st-${r.status}`);
+  statusCell(tr, r);
   cell(tr, r.step, "num");
   cell(tr, fmtNum(r.last_loss), "num");
   cell(tr, fmtTime(r.started));
@@ -50,7 +64,7 @@ function sessionRow(s) {
   tr.dataset.sessionId = s.session_id;
   cell(tr, s.session_id);
   cell(tr, s.display_name);
-  cell(tr, s.status, `st-${s.status}`);
+  statusCell(tr, s);
   const runs = document.createElement("span");
   s.training_run_ids.forEach((id, i) => {
     if (i) runs.append(", ");

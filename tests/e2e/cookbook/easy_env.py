@@ -1,7 +1,7 @@
 """An RL environment for tinker-cookbook's rl.train whose reward the embedded tiny model can raise in a few steps.
 
 Reward = share of the completion's tokens in a target set; the target set is the tokens the untrained model emits
-most often (the same task as ../shared/acceptance/rl_loop.py), so it is reachable whatever the tokenizer.
+most often (the task of the RL acceptance loop), so it is reachable whatever the tokenizer.
 Built with the cookbook's own Env / EnvGroupBuilder / RLDataset / RLDatasetBuilder types.
 """
 

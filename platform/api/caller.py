@@ -1,4 +1,6 @@
-"""FastAPI dependencies: the services container and the caller's identity (API key)."""
+"""Who is calling, and what serves them: the FastAPI dependencies every route declares (`Depends(owner)`,
+`Depends(services)`). `owner` checks the API key and names the caller's tenant; `services` is the app's one
+`Services` container. (Whether the API's own upstreams, Temporal and the store, answer is reachability.py.)"""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
 from tinkerflow.api.app import create_app
-from tinkerflow.api.dependencies import classify
+from tinkerflow.api.reachability import classify
 from tinkerflow.cli.launch import free_port
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.storage_faults import storage_fault

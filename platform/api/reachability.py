@@ -1,4 +1,4 @@
-"""The API's dependencies (Temporal, the claim-check store): is each reachable, and what to answer when one is not.
+"""Whether the API's upstreams (Temporal, the claim-check store) are reachable, and what to answer when one is not.
 
 While a dependency is down every route answers 503 with a body naming it and a `Retry-After` (the SDK retries 5xx
 with backoff, so a short outage costs a client only time); `/api/v1/readyz` checks both so a load balancer or a

@@ -1,0 +1,96 @@
+"""The settings of a JAX worker process (`tinkerflow jax-worker`): the base model it serves, its slots, its warm-up,
+its place in a multi-host group and device mesh, and the engine knobs read from the environment only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tinkerflow.common.settings_schema import ENGINE_ENV, JAX_WORKER, MESH, MODEL, TEST_HOOK, parse_sizes, setting
+
+
+@dataclass(frozen=True)
+class JaxWorkerSettings:
+    """Settings fields of a JAX worker (flag groups `model`, `jax-worker`, `mesh`; `engine-env` and `test-hook`
+    have no flag)."""
+
+    # The fields are a table (name, default, help, group): one field per entry, laid out by hand so it reads as one.
+    # fmt: off
+    # --- the base model and the JAX worker that serves it
+    base_model: str = setting("", "HF id in the local HF cache, or a local HF directory", MODEL,
+                              shown="the embedded tiny Qwen3, made on first use in <state-dir>/models")
+    served_model_name: str = setting("", "name clients use for --base-model, like vLLM's flag of that name: serve a "
+                                     "local copy of a Hugging Face model under its HF id (e.g. Qwen/Qwen3-0.6B) so "
+                                     "recipes that look models up by name (tinker-cookbook's renderer and "
+                                     "learning-rate tables) know it", MODEL,
+                                     shown="the HF id given to --base-model, or the directory's absolute path")
+    pool: str = setting("default", "name of the worker pool this base model runs on", MODEL)
+    max_lora_adapters: int = setting(8, "LoRA adapter slots on the JAX worker", MODEL)
+    max_lora_rank: int = setting(32, "largest LoRA rank a client may ask for", MODEL)
+    snapshot_budget_mb: int = setting(0, "device memory (MiB) for sampler snapshots on the JAX worker; the least "
+                                      "recently used are evicted past it (saved weights reload on demand)", MODEL,
+                                      shown="0: a tenth of the device's memory")
+    metrics_port: int = setting(0, "serve the JAX worker's Prometheus /metrics on this port (the API always serves "
+                                "/metrics on its own port)", MODEL, shown="0: off")
+    run_metrics_max_points: int = setting(2000, "metric points kept per training run in the store (one per "
+                                          "training op and per sample call); past it the older half is thinned, "
+                                          "every second point of each kind dropped", MODEL)
+    peak_tflops: float = setting(0.0, "peak dense TFLOP/s of one accelerator, the denominator of the JAX worker's "
+                                 "MFU estimate (tinkerflow_engine_mfu)", MODEL,
+                                 shown="0: from a table of known devices (H100, H200, A100, TPU v5e/v6e), else a "
+                                 "nominal CPU figure")
+    # On Kubernetes, a path on a volume that outlives pods, so a rescheduled worker starts warm.
+    compilation_cache_dir: str = setting("", "XLA persistent compilation cache of the JAX worker, so a restarted "
+                                         "worker compiles nothing it compiled before; 'off' disables it", MODEL,
+                                         metavar="DIR", shown="<state-dir>/xla-cache")
+    # What the JAX worker compiles ahead of traffic (workers/engine/runtime/warm_up.py): 'background' by default, because
+    # compiling every shape before registering takes minutes on a small CPU where the first request's programs take
+    # about a minute (figures: docs/benchmarks.md §Measurements behind the code).
+    warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "
+                           "warm-up shape below before it registers (nothing compiles later, readiness waits); "
+                           "'background' compiles what a first training request needs (an adapter's create, "
+                           "forward_backward and optim_step at the smallest shapes) before it registers, what a "
+                           "first user needs next (forward, the 8-datum bucket, snapshot, sample) right after, and "
+                           "the other shapes one at a time between requests; "
+                           "'off' compiles each program at its first use", MODEL,
+                           choices=("ready", "background", "off"))
+    # One thread by default: on a 2-core box two were slower (XLA's CPU compile already keeps the cores busy); more may
+    # help on a host with many idle cores (docs/benchmarks.md §Measurements behind the code).
+    warm_up_threads: int = setting(1, "threads the JAX worker's warm-up compiles train buckets on, side by side "
+                                   "(XLA releases the GIL while it compiles)", MODEL, metavar="N")
+    warm_up_train_rows: tuple[int, ...] = setting((1, 2, 4, 8), "datums per forward_backward/forward to compile "
+                                                  "ahead (rounded up to powers of two), each at every "
+                                                  "--warm-up-train-lens", MODEL, shown="1,2,4,8", metavar="N[,N...]",
+                                                  parse=parse_sizes)
+    warm_up_train_lens: tuple[int, ...] = setting((32, 64, 128), "tokens per datum to compile ahead (rounded up "
+                                                  "to the buckets 16, 24, 32, 48, 64, 96, 128, ...)", MODEL,
+                                                  shown="32,64,128", metavar="N[,N...]", parse=parse_sizes)
+    warm_up_prompt_lens: tuple[int, ...] = setting((16, 32, 64), "sampling prompt lengths to compile ahead "
+                                                   "(rounded up like --warm-up-train-lens), each at every "
+                                                   "--warm-up-cache-lens", MODEL, shown="16,32,64",
+                                                   metavar="N[,N...]", parse=parse_sizes)
+    warm_up_cache_lens: tuple[int, ...] = setting((128, 256), "sampling prompt + max_tokens totals to compile "
+                                                  "ahead (rounded up to powers of two, at least 128)", MODEL,
+                                                  shown="128,256", metavar="N[,N...]", parse=parse_sizes)
+
+    # --- one JAX worker process: num_processes > 1 joins jax.distributed at coordinator_address;
+    # process 0 takes activities and drives the others through the same steps.
+    worker_id: str = setting("", "stable id of this worker, the same across its restarts", JAX_WORKER,
+                             shown="<hostname>-<pool>-0")
+    coordinator_address: str = setting("", "jax.distributed coordinator: process 0's host and a free port",
+                                       JAX_WORKER, metavar="HOST:PORT", shown="none: one process")
+    num_processes: int = setting(1, "processes (hosts) in the worker; above 1 they join jax.distributed, process 0 "
+                                 "takes activities and drives the others", JAX_WORKER)
+    process_id: int = setting(0, "this process's index in [0, N)", JAX_WORKER, metavar="I")
+    mesh_fsdp: int = setting(0, "devices on the mesh's fsdp axis, over all processes", MESH,
+                             shown="0: every device not on tp")
+    mesh_tp: int = setting(1, "devices on the mesh's tp (tensor-parallel) axis", MESH)
+    mesh_ep: int = setting(1, "devices on the mesh's ep (expert-parallel) axis, for mixture-of-experts models; "
+                           "num_experts must divide by it", MESH, shown="1: no ep axis")
+
+    # --- no flag: read from the environment only, where no Settings object reaches (settings.env_setting)
+    sampler_eager_buckets: bool = setting(True, "compile every slot bucket of a sampling shape family at its first "
+                                          "use (0: each bucket when a batch first needs it); read by the engine's "
+                                          "sampler where it is built", ENGINE_ENV)
+    fault_pause_before_commit_s: float = setting(0.0, "test hook: hold a checkpoint save this long between its "
+                                                 "payload upload and its manifest commit", TEST_HOOK)
+    # fmt: on
