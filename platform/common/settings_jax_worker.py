@@ -42,9 +42,9 @@ class JaxWorkerSettings:
     compilation_cache_dir: str = setting("", "XLA persistent compilation cache of the JAX worker, so a restarted "
                                          "worker compiles nothing it compiled before; 'off' disables it", MODEL,
                                          metavar="DIR", shown="<state-dir>/xla-cache")
-    # What the JAX worker compiles ahead of traffic (workers/engine/runtime/warm_up.py): 'background' by default, because
-    # compiling every shape before registering takes minutes on a small CPU where the first request's programs take
-    # about a minute (figures: docs/benchmarks.md §Measurements behind the code).
+    # What the JAX worker compiles ahead of traffic (workers/engine/runtime/warm_up.py): 'background' by default,
+    # because compiling every shape before registering takes minutes on a small CPU where the first request's programs
+    # take about a minute (figures: docs/benchmarks.md §Measurements behind the code).
     warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "
                            "warm-up shape below before it registers (nothing compiles later, readiness waits); "
                            "'background' compiles what a first training request needs (an adapter's create, "
