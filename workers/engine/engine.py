@@ -23,6 +23,7 @@ import numpy as np
 from .model.config import ModelConfig
 from .model.loader import eos_token_ids, load_model, resolve_model_path
 from .runtime import warm_up
+from .runtime.memory_plan import MemoryPlan, make_plan
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
 from .sampling.sampler import MIN_STOP_IDS, SlotSampler
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 # Tokens per micro-batch (rows x padded length); gradients are sums, so this only bounds activation memory.
 DEFAULT_MICRO_BATCH_TOKENS = 16384
 
-__all__ = ["DEFAULT_MICRO_BATCH_TOKENS", "Engine", "Snapshot", "default_dtype"]
+__all__ = ["DEFAULT_MICRO_BATCH_TOKENS", "Engine", "MemoryPlan", "Snapshot", "default_dtype"]
 
 
 class Engine:
@@ -66,6 +67,8 @@ class Engine:
         max_lora_rank: int,
         micro_batch_tokens: int,
         snapshot_budget_bytes: int = 0,
+        gradient_checkpointing: bool = False,
+        device_memory_bytes: int = 0,
     ):
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -84,8 +87,18 @@ class Engine:
         # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
         # device's memory.
         self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes)
-        self._steps = StepFunctions(self._graphdef, self._layout)
+        self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
+        # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
+        # and the slots are resident; it admits work and sizes micro-batches, decode slots and prefill rows.
+        self.memory = make_plan(
+            self.config, self.dtype, max_lora_rank=max_lora_rank,
+            snapshot_bytes=self._sampler_snapshots.cache.budget_bytes, override_bytes=device_memory_bytes,
+            max_position=info.max_position_embeddings,
+        )  # fmt: skip
+        if not gradient_checkpointing:
+            self._steps.remat_min_tokens = self.memory.remat_min_tokens
+        self._sampler.memory = self.memory
 
     # The parts' state under the names it had before the split (tests and benchmarks look inside).
     @property
@@ -149,13 +162,16 @@ class Engine:
         dtype: Any = None,
         snapshot_budget_bytes: int = 0,
         scan_layers: bool = True,
+        device_memory_bytes: int = 0,
     ) -> Engine:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
-        decoder layer in the backward pass instead of keeping its activations. `scan_layers` (dense models): the
-        layers stacked and run as one scan, so compile time does not grow with depth (model/decoder.py); off: a
-        per-layer loop, kept for comparison."""
+        decoder layer in the backward pass instead of keeping its activations, for every micro-batch (without it, for
+        micro-batches long enough to need it: the memory plan says from how many tokens). `device_memory_bytes` > 0
+        caps the memory the plan divides (host RAM on CPU, the allocator's limit on accelerators). `scan_layers`
+        (dense models): the layers stacked and run as one scan, so compile time does not grow with depth
+        (model/decoder.py); off: a per-layer loop, kept for comparison."""
         from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
@@ -191,6 +207,8 @@ class Engine:
             max_lora_rank=max_lora_rank,
             micro_batch_tokens=micro_batch_tokens,
             snapshot_budget_bytes=snapshot_budget_bytes,
+            gradient_checkpointing=gradient_checkpointing,
+            device_memory_bytes=device_memory_bytes,
         )
 
     # ------------------------------------------------------------------ adapters
@@ -244,8 +262,9 @@ class Engine:
     # ------------------------------------------------------------------ training
 
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
+        budget = max(16, min(self.micro_batch_tokens, self.memory.max_train_tokens))
         return trainer.forward_backward(self._adapters, self._steps, self._base, requests, info=self.info,
-                                        micro_batch_tokens=self.micro_batch_tokens)  # fmt: skip
+                                        micro_batch_tokens=budget, memory=self.memory)  # fmt: skip
 
     def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]:
         return trainer.optim_step(self._adapters, slot, adam)
@@ -288,6 +307,7 @@ class Engine:
         fits, so a workload within them compiles nothing (from now on, whether or not the warm-up ran yet)."""
         pieces = plan.pieces()
         self._steps.warmed_seqs = frozenset(p.seq for p in pieces if p.kind == "train")
+        self._steps.warmed_rows = frozenset(p.rows for p in pieces if p.kind == "train")
         self._sampler.warmed_prompts = frozenset(p.prompt_len for p in pieces if p.kind == "sampler")
         self._sampler.warmed_caches = frozenset(p.cache_len for p in pieces if p.kind == "sampler")
 
@@ -312,7 +332,8 @@ class Engine:
         return warm_up.compile_ahead(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
-        return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests, info=self.info)
+        return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests, info=self.info,
+                                      memory=self.memory)  # fmt: skip
 
 
 def default_dtype() -> Any:

@@ -161,6 +161,14 @@ def round_up_seq_len(n: int, minimum: int = 16) -> int:
     return -(-n // step) * step
 
 
+def round_down_seq_len(n: int, minimum: int = 16) -> int:
+    """The largest bucket of `round_up_seq_len` that is at most n (at least `minimum`)."""
+    if n <= minimum:
+        return minimum
+    top = 1 << (n.bit_length() - 1)
+    return top + top // 2 if n >= top + top // 2 and top >= 2 else top
+
+
 def round_up_pow2(n: int, minimum: int = 1) -> int:
     n = max(n, minimum)
     return 1 << (n - 1).bit_length()

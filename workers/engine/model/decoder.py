@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .attention import Segments, attention, decode_attention
 from .config import ModelConfig
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, lora_delta, lora_embedding_delta
 from .moe import SparseMoeBlock
@@ -101,9 +102,11 @@ class Attention(nnx.Module):
         routing: LoraRouting,
         cache: LayerCache | None,
         layer: jax.Array | int = 0,
+        segments: Segments | None = None,
     ) -> tuple[jax.Array, LayerCache | None]:
-        """With a cache (every layer's, [L, B, S, ...]), this layer's new keys/values are written at
-        cache[layer] in place and attention reads cache[layer]."""
+        """Without a cache: causal attention within `segments` (packed rows; None: each row one segment).
+        With a cache (every layer's, [L, B, S, ...]): one token per row decodes against the row's filled part of
+        cache[layer]; several tokens per row prefill from position 0, writing their keys/values at cache[layer]."""
         c = self.config
         b, t, _ = x.shape
         q = self.q_proj(x, routing).reshape(b, t, c.num_heads, c.head_dim)
@@ -117,47 +120,17 @@ class Attention(nnx.Module):
         cd = self.q_proj.kernel[...].dtype
         q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
 
-        if cache is None:
-            key_positions = positions
-        else:
+        if cache is not None:
             # Each row writes its new keys at its own positions, so rows of different prompt lengths share one
-            # cache; slots past a row's position are masked below and overwritten before they become visible.
+            # cache; slots past a row's position are masked when read and overwritten before they become visible.
             rows = jnp.arange(b)[:, None]
             cache = LayerCache(cache.k.at[layer, rows, positions].set(k), cache.v.at[layer, rows, positions].set(v))
-            k, v = cache.k[layer], cache.v[layer]
-            key_positions = jnp.broadcast_to(jnp.arange(k.shape[1]), (b, k.shape[1]))
-
-        groups = c.num_heads // c.num_kv_heads
-        if t == 1 and cache is not None:
-            return self.o_proj(_decode_attention(q, k, v, positions, groups, c.head_dim), routing), cache
-        q = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (c.head_dim**-0.5)
-        visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S]
-        scores = jnp.where(visible[:, None, None], scores, jnp.finfo(scores.dtype).min)
-        probs = jax.nn.softmax(scores, axis=-1)
-        probs = probs.astype(cd)
-        if cache is not None:  # stale values of a slot's previous row (maybe non-finite): selected out, since 0 * NaN
-            v = jnp.where(visible.any(axis=1)[:, :, None, None], v, jnp.zeros((), v.dtype))  # is NaN
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
-        out = out.reshape(b, t, c.num_heads * c.head_dim)
+            if t == 1:
+                out = decode_attention(q, cache.k, cache.v, layer, positions[:, 0])
+                return self.o_proj(out, routing), cache
+        seg = segments if segments is not None else Segments.whole(b, t)
+        out = attention(q, k, v, seg.ids, seg.ids, single_segment=seg.single)
         return self.o_proj(out, routing), cache
-
-
-def _decode_attention(q, k, v, positions, groups: int, head_dim: int) -> jax.Array:
-    """One query token per row against the cache (q [B, 1, heads, hd], k/v [B, S, kv, hd]) as broadcast-multiply
-    and reductions in float32: on CPU several times faster than the [1 x hd] @ [hd x S] batched matmuls of the
-    general path, with the same result up to float32 rounding."""
-    b, s, kv, _ = k.shape
-    q = q.reshape(b, kv, groups, head_dim).astype(jnp.float32)
-    scores = jnp.sum(q[:, None] * k.astype(jnp.float32)[:, :, :, None, :], axis=-1) * (head_dim**-0.5)  # [B, S, kv, g]
-    visible = jnp.arange(s)[None, :] <= positions  # [B, S] (positions [B, 1])
-    scores = jnp.where(visible[:, :, None, None], scores, jnp.finfo(scores.dtype).min)
-    probs = jax.nn.softmax(scores, axis=1)
-    # Cache entries past a row's position hold a previous occupant's values (perhaps another tenant's NaN): select
-    # them out rather than multiply them by a zero probability (0 * NaN is NaN).
-    v = jnp.where(visible[:, :, None, None], v.astype(jnp.float32), 0.0)
-    out = jnp.sum(probs[..., None] * v[:, :, :, None, :], axis=1)  # [B, kv, g, hd]
-    return out.reshape(b, 1, kv * groups * head_dim)
 
 
 class MLP(nnx.Module):
@@ -186,8 +159,8 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = MLP(config, **kw)
 
-    def __call__(self, x, positions, rope, routing, cache, layer: jax.Array | int = 0):
-        attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache, layer)
+    def __call__(self, x, positions, rope, routing, cache, layer: jax.Array | int = 0, segments=None):
+        attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache, layer, segments)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x), routing)
         return x, cache
@@ -244,7 +217,8 @@ class DecoderStack(DecoderLayer):
     def __iter__(self):
         return (self[i] for i in range(self.num_layers))
 
-    def scan(self, x, positions, rope, routing, cache: LayerCache | None, *, remat: bool, act_sharding):
+    def scan(self, x, positions, rope, routing, cache: LayerCache | None, *, remat: bool, act_sharding,
+             segments: Segments | None = None):  # fmt: skip
         """Every layer in order as one `jax.lax.scan` over the layer axis; the cache (all layers') rides in the
         carry and each layer writes its slice in place.
 
@@ -258,7 +232,7 @@ class DecoderStack(DecoderLayer):
             x, cache = carry
             layer_lora, layer_rest, i = xs
             layer = nnx.merge(graphdef, layer_lora, layer_rest)
-            x, cache = DecoderLayer.__call__(layer, x, positions, rope, routing, cache, i)
+            x, cache = DecoderLayer.__call__(layer, x, positions, rope, routing, cache, i, segments)
             return (_constrain(x, act_sharding), cache), None
 
         if remat and cache is None:
@@ -268,21 +242,21 @@ class DecoderStack(DecoderLayer):
         return x, cache
 
 
-def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing):
-    return layer(x, positions, rope, routing, None)[0]
+def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing, segments=None):
+    return layer(x, positions, rope, routing, None, 0, segments)[0]
 
 
-def _remat_layer(layer: DecoderLayer, x, positions, rope, routing):
+def _remat_layer(layer: DecoderLayer, x, positions, rope, routing, segments=None):
     """Gradient checkpointing: keep only the layer's input; recompute the layer in the backward pass.
 
     A pure `jax.checkpoint` over the layer's split state (the layer is already a traced value inside the step's
     grad, which `nnx.remat` would try to update in place)."""
     graphdef, state = nnx.split(layer)
 
-    def run(state, x, positions, rope, routing):
-        return _layer_no_cache(nnx.merge(graphdef, state), x, positions, rope, routing)
+    def run(state, x, positions, rope, routing, segments):
+        return _layer_no_cache(nnx.merge(graphdef, state), x, positions, rope, routing, segments)
 
-    return jax.checkpoint(run)(state, x, positions, rope, routing)
+    return jax.checkpoint(run)(state, x, positions, rope, routing, segments)
 
 
 def can_scan(config: ModelConfig) -> bool:
@@ -332,24 +306,30 @@ class CausalLM(nnx.Module):
         positions: jax.Array,
         routing: LoraRouting | StackedLoraRouting,
         cache: LayerCache | None = None,
+        segments: Segments | None = None,
+        *,
+        remat: bool | None = None,
     ) -> tuple[jax.Array, LayerCache | None]:
-        """Final-norm hidden states [B, T, H] (and the updated cache when one is given)."""
+        """Final-norm hidden states [B, T, H] (and the updated cache when one is given). `segments`: which datum
+        each token belongs to (packed rows; None: one datum per row, every token real). `remat` overrides the
+        model's gradient checkpointing for this call (the training step turns it on by length)."""
+        remat = self.remat if remat is None else remat
         rope = rope_tables(self.config, positions)
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
         x = _constrain(x, self.act_sharding)
         if isinstance(self.layers, DecoderStack):
-            x, cache = self.layers.scan(x, positions, rope, routing, cache, remat=self.remat,
-                                        act_sharding=self.act_sharding)  # fmt: skip
+            x, cache = self.layers.scan(x, positions, rope, routing, cache, remat=remat,
+                                        act_sharding=self.act_sharding, segments=segments)  # fmt: skip
             return self.norm(x), cache
         for i, layer in enumerate(self.layers):
-            if cache is None and self.remat:
-                x = _remat_layer(layer, x, positions, rope, routing)
+            if cache is None and remat:
+                x = _remat_layer(layer, x, positions, rope, routing, segments)
             elif cache is None:
-                x = _layer_no_cache(layer, x, positions, rope, routing)
+                x = _layer_no_cache(layer, x, positions, rope, routing, segments)
             else:
-                x, cache = layer(x, positions, rope, routing, cache, i)
+                x, cache = layer(x, positions, rope, routing, cache, i, segments)
             x = _constrain(x, self.act_sharding)
         return self.norm(x), cache
 

@@ -94,8 +94,8 @@ def run(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1)
     futures = []
     if pool is not None:
         for rows, seq in buckets:  # the arrays' shapes taken now: this thread goes on using (and donating) them
-            for step, args in _train_steps(engine, rows, seq, abstract_state=True):
-                futures.append(pool.submit(step.prepare, f"batch={rows} seq={seq} (warm-up)", *args))
+            for step, args, static in _train_steps(engine, rows, seq, abstract_state=True):
+                futures.append(pool.submit(step.prepare, f"batch={rows} seq={seq} (warm-up)", *args, **static))
     try:
         for piece in pieces:
             if piece.kind == "lifecycle":
@@ -125,30 +125,37 @@ def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads
     that compile alone (AotCache). The number of programs this process built meanwhile."""
     before = persistent_cache.counts().requests
     jobs = [
-        (step, f"batch={p.rows} seq={p.seq} (warm-up)", args)
+        (step, f"batch={p.rows} seq={p.seq} (warm-up)", args, static)
         for p in dict.fromkeys(p for p in pieces if p.kind == "train")
-        for step, args in _train_steps(engine, p.rows, p.seq, abstract_state=True)
+        for step, args, static in _train_steps(engine, p.rows, p.seq, abstract_state=True)
     ]
     with concurrent.futures.ThreadPoolExecutor(max(1, threads), "warm-up") as pool:
-        for future in [pool.submit(step.prepare, label, *args) for step, label, args in jobs]:
+        for future in [pool.submit(step.prepare, label, *args, **static) for step, label, args, static in jobs]:
             future.result()
     return persistent_cache.counts().requests - before
 
 
-def _train_steps(engine: WarmUpEngine, rows: int, seq: int, *, abstract_state: bool) -> list[tuple[AotCache, tuple]]:
-    """The train and forward steps of the (rows, seq) bucket with their arguments (single-target datums)."""
+def _train_steps(
+    engine: WarmUpEngine, rows: int, seq: int, *, abstract_state: bool
+) -> list[tuple[AotCache, tuple, dict[str, Any]]]:
+    """The train and forward steps of the (rows, seq) bucket with their arguments and static settings
+    (single-target datums, packed rows)."""
     steps, slots = engine.steps, engine.adapters
-    batch = steps.placement.put_batch(pack([], steps.placement.round_rows(rows), seq, 1))
+    batch = steps.placement.put_batch(pack([], [], steps.placement.round_rows(rows), seq, 1))
     lora, base, grads = slots.lora, engine.base, slots.grads
+    remat = steps.remat(batch)
     if abstract_state:
         lora, base, grads, batch = abstract((lora, base, grads, batch))
-    return [(steps.grad_step, (lora, base, grads, batch)), (steps.forward_step, (lora, base, batch))]
+    return [
+        (steps.grad_step, (lora, base, grads, batch), {"remat": remat}),
+        (steps.forward_step, (lora, base, batch), {}),
+    ]
 
 
 def _train(engine: WarmUpEngine, rows: int, seq: int) -> None:
     """Compile (not run) the train and forward steps of the (rows, seq) bucket, single-target datums."""
-    for step, args in _train_steps(engine, rows, seq, abstract_state=False):
-        step.prepare(f"batch={rows} seq={seq} (warm-up)", *args)
+    for step, args, static in _train_steps(engine, rows, seq, abstract_state=False):
+        step.prepare(f"batch={rows} seq={seq} (warm-up)", *args, **static)
 
 
 def _sampler(engine: WarmUpEngine, piece: WarmUpPiece) -> None:

@@ -27,8 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..model.attention import Segments
 from ..model.config import ModelConfig
 from ..model.decoder import LayerCache, empty_cache
+from ..model.logprobs import chunk_tokens, scored_prompt
 from ..model.lora import StackedLoraRouting
 from ..runtime.sharding import DeviceLayout
 
@@ -189,7 +191,7 @@ def admit(
     routing = StackedLoraRouting(adapter=adapter, scale=scale)
     positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (r, plen))
     local = empty_cache(model.config, r, plen, model.dtype)
-    h, local = model.hidden(prompt, positions, routing, local)
+    h, local = model.hidden(prompt, positions, routing, local, Segments.right_padded(prompt_len, plen))
     last = jnp.take_along_axis(h, (prompt_len - 1)[:, None, None], axis=1)  # [R, 1, H]
     logits = model.logits(last, routing)[:, 0]
     token, lp = _choose(logits, params, jnp.zeros((r,), jnp.int32))
@@ -219,11 +221,12 @@ def admit(
         logprobs=put(slots.logprobs, jnp.zeros((r, length), jnp.float32).at[:, 0].set(lp)),
     )
     prompt_lp = None
-    if prompt_logprobs:
-        full = jax.nn.log_softmax(model.logits(h, routing), axis=-1)
-        token_lp = jnp.take_along_axis(full[:, :-1], prompt[:, 1:, None], axis=-1)[..., 0]  # [R, P-1]
-        top_lp, top_ids = jax.lax.top_k(full[:, :-1], min(MAX_TOPK_PROMPT_LOGPROBS, full.shape[-1]))
-        prompt_lp = placement.constrain_batch((token_lp, top_ids.astype(jnp.int32), top_lp))
+    if prompt_logprobs:  # the vocabulary read in chunks of positions: a long prompt's logits never exist whole
+        k = min(MAX_TOPK_PROMPT_LOGPROBS, model.config.vocab_size)
+        token_lp, top_ids, top_lp = scored_prompt(
+            model, h, prompt, routing, k, chunk_tokens(r, model.config.vocab_size)
+        )
+        prompt_lp = placement.constrain_batch((token_lp, top_ids, top_lp))
     return _constrain(out, placement), prompt_lp
 
 

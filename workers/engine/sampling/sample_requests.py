@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..model.config import round_up_pow2
+from ..runtime.memory_plan import MemoryPlan
 from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
 from ..validation import check_sample
 from .sampler import MIN_STOP_IDS, SampleRow, SlotSampler, seed_words
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 def sample(
     sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, requests: list[SampleInput], *, info: ModelInfo,
+    memory: MemoryPlan | None = None,
 ) -> list[SampleResult | InputError]:  # fmt: skip
     results: list[SampleResult | InputError | None] = [None] * len(requests)
     max_len = info.max_position_embeddings
@@ -36,6 +38,9 @@ def sample(
             if req.snapshot is not None and snapshots.evicted(req.snapshot):
                 raise InputError(evicted_message(req.snapshot, snapshots.cache.budget_bytes))
             prompt = check_sample(req, vocab=info.vocab_size, max_len=max_len, snapshots=snapshots.keys())
+            need = len(prompt) + min(req.max_tokens, max_len - len(prompt))
+            if memory is not None and need > memory.max_sample_tokens:
+                raise InputError(memory.sample_limit_message(need))
         except InputError as e:
             results[r] = e
             continue

@@ -40,6 +40,7 @@ from tinkerflow.common.settings import env_setting
 
 from ..model.config import ModelConfig, round_up_pow2, round_up_seq_len
 from ..runtime.aot_cache import AotCache, warmed_bucket
+from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
 
 # The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
@@ -61,6 +62,9 @@ STOP_STRING_CHUNK = 16
 MIN_CACHE_LEN = 128
 # Smallest stop-id width (stop lists are padded with -1 to a power of two).
 MIN_STOP_IDS = 8
+# Prompt buckets longer than this compile only the slot bucket in use, not the whole family: long prompts are rare
+# and each program of theirs is a long compile.
+EAGER_PROMPT_LEN = 2048
 
 
 @dataclass
@@ -132,6 +136,8 @@ class SlotSampler:
         # (cache, stops, prompt, prompt_logprobs, adapters) families a background warm-up builds at every bucket soon.
         self.scheduled_families: frozenset[tuple[int, int, int, bool, int]] = frozenset()
         self._buckets_built: set[tuple] = set()
+        # The device-memory plan (Engine sets it): slot buckets and prefill rows are sized to fit it.
+        self.memory: MemoryPlan | None = None
 
     def caches(self) -> list[AotCache]:
         return [self._admit, self._decode, self._empty]
@@ -141,12 +147,30 @@ class SlotSampler:
 
     # -------------------------------------------------------------- buckets
 
-    def buckets(self) -> list[int]:
-        return slot_buckets(self.max_slots, self.placement)
+    def buckets(self, cache_len: int | None = None) -> list[int]:
+        """Slot buckets; with `cache_len`, those whose KV caches of that length fit the memory plan (at least one:
+        the largest power of two that fits, when even the smallest bucket does not)."""
+        every = slot_buckets(self.max_slots, self.placement)
+        if cache_len is None or self.memory is None:
+            return every
+        cap = self.memory.kv_slots(cache_len)
+        fit = [b for b in every if b <= cap]
+        return fit or [self.placement.round_rows(1 << (max(1, cap).bit_length() - 1))]
+
+    def admission_rows(self, b: int, cache_len: int, prompt_len: int) -> int:
+        """Rows one admission prefills in bucket `b`: slots / 8, fewer when their prompts' prefill would not fit
+        beside the slots' KV caches (memory plan)."""
+        rows = admission_rows(b, self.placement)
+        if self.memory is not None:
+            fit = self.memory.prefill_rows(prompt_len, b, cache_len)
+            rows = min(rows, self.placement.round_rows(1 << (fit.bit_length() - 1)))
+        return rows
 
     @staticmethod
     def cache_len(rows: list[SampleRow]) -> int:
-        return round_up_pow2(max(len(r.prompt) + r.max_tokens for r in rows), minimum=MIN_CACHE_LEN)
+        """The KV-cache length bucket of rows: their longest prompt + max_tokens, two significant bits (128, 192,
+        256, 384, ...), so a cache is at most a third longer than its longest row needs."""
+        return round_up_seq_len(max(len(r.prompt) + r.max_tokens for r in rows), minimum=MIN_CACHE_LEN)
 
     @staticmethod
     def stop_width(rows: list[SampleRow]) -> int:
@@ -169,7 +193,7 @@ class SlotSampler:
     # -------------------------------------------------------------- compiled calls
 
     def _admit_call(self, lora, base, slots: Slots, rows: list[SampleRow], chosen: list[int], index: list[int],
-                    r: int, plen: int, plp: bool):  # fmt: skip
+                    r: int, plen: int, plp: bool, *, compile_only: bool = False):  # fmt: skip
         b = int(slots.done.shape[0])
         m = int(slots.params.stop_ids.shape[1])
         prompt = np.zeros((r, plen), np.int32)
@@ -199,24 +223,32 @@ class SlotSampler:
         length = int(slots.tokens.shape[1])
         s = _stack_size(lora)
         label = f"slots={b} cache={length} adapters={s} stops={m} rows={r} prompt={plen}"
-        return self._admit(label, lora, base, slots, put(prompt), put(prompt_len), put(idx), params, put(adapter),
-                           put(scale), prompt_logprobs=plp)  # fmt: skip
+        args = (lora, base, slots, put(prompt), put(prompt_len), put(idx), params, put(adapter), put(scale))
+        if compile_only:
+            self._admit.prepare(label, *args, prompt_logprobs=plp)
+            return slots, None
+        return self._admit(label, *args, prompt_logprobs=plp)
 
-    def _decode_call(self, lora, base, slots: Slots, release: np.ndarray, steps: int, target: int) -> Slots:
+    def _decode_call(self, lora, base, slots: Slots, release: np.ndarray, steps: int, target: int, *,
+                     compile_only: bool = False) -> Slots:  # fmt: skip
         b, length = (int(x) for x in slots.tokens.shape)
         label = f"slots={b} cache={length} adapters={_stack_size(lora)} stops={int(slots.params.stop_ids.shape[1])}"
-        return self._decode(label, lora, base, slots, self.placement.put_batch(release), jnp.int32(steps),
-                            jnp.int32(target))  # fmt: skip
+        args = (lora, base, slots, self.placement.put_batch(release), jnp.int32(steps), jnp.int32(target))
+        if compile_only:
+            self._decode.prepare(label, *args)
+            return slots
+        return self._decode(label, *args)
 
     def _ensure_family(self, lora, base, length: int, m: int, plen: int, plp: bool) -> None:
-        """Compile (by running on no rows) every slot bucket's decode chunk and admissions for this family."""
-        family = (length, m, plen, plp, _stack_size(lora), tuple(self.buckets()))
+        """Compile every slot bucket's decode chunk and admissions for this family (the buckets whose KV caches fit
+        the memory plan)."""
+        family = (length, m, plen, plp, _stack_size(lora), tuple(self.buckets(length)))
         if family in self._families:
             return
         self._families.add(family)
         t0 = time.perf_counter()
         before = self.compile_count()
-        for b in self.buckets():
+        for b in self.buckets(length):
             self.warm_bucket(lora, base, b, length, m, plen, plp)
         if self.compile_count() > before:
             log.info("sampler: compiled %d programs for cache=%d stops=%d prompt=%d prompt_logprobs=%s adapters=%d "
@@ -231,10 +263,12 @@ class SlotSampler:
             self.warm_bucket(lora, base, b, length, m, plen, plp)
 
     def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
-        """One slot bucket of a family: its empty slots, admission and decode chunk, run on no rows."""
+        """One slot bucket of a family: its empty slots (kept for the next call), its admission and decode chunk
+        compiled, not run (a long prompt's prefill would take as long as a real one)."""
         slots, release = self._take(b, length, m)
-        slots, _ = self._admit_call(lora, base, slots, [], [], [], admission_rows(b, self.placement), plen, plp)
-        slots = self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0)
+        r = self.admission_rows(b, length, plen)
+        self._admit_call(lora, base, slots, [], [], [], r, plen, plp, compile_only=True)
+        self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0, compile_only=True)
         self._keep(slots, release, length, m)
 
     def warm_up(self, lora, base, *, cache_lens, prompt_lens, stop_width: int = MIN_STOP_IDS,
@@ -257,10 +291,13 @@ class SlotSampler:
 
     def run(self, rows: list[SampleRow], lora: Any, base: Any) -> list[RowOutput]:
         n = len(rows)
-        buckets = self.buckets()
+        length, m = self.cache_len(rows), self.stop_width(rows)
+        if self.memory is None or self.memory.kv_slots(warmed_bucket(length, self.warmed_caches)) >= n:
+            length = warmed_bucket(length, self.warmed_caches)
+        buckets = self.buckets(length)
         b = next((x for x in buckets if x >= n), buckets[-1])
-        length, m = warmed_bucket(self.cache_len(rows), self.warmed_caches), self.stop_width(rows)
-        small = admission_rows(b, self.placement)
+        longest = round_up_seq_len(max(len(r.prompt) for r in rows))
+        small = self.admission_rows(b, length, warmed_bucket(longest, self.warmed_prompts, limit=length))
         slots, release = self._take(b, length, m)
         queue = deque(range(n))
         free = deque(range(b))
@@ -277,7 +314,7 @@ class SlotSampler:
                 plp = any(rows[i].prompt_logprobs for i in chosen)
                 if self.eager_buckets:
                     self._keep(slots, release, length, m)
-                    if (length, m, plen, plp, _stack_size(lora)) in self.scheduled_families:
+                    if (length, m, plen, plp, _stack_size(lora)) in self.scheduled_families or plen > EAGER_PROMPT_LEN:
                         self._ensure_bucket(lora, base, b, length, m, plen, plp)
                     else:
                         self._ensure_family(lora, base, length, m, plen, plp)

@@ -58,15 +58,33 @@ LOSSES_NEEDING_PROVENANCE = ("stable_reinforce",)
 class LossInputs:
     """Per-row loss selection and per-token inputs, padded to the batch bucket (padding has mask/weights 0)."""
 
-    loss_id: jax.Array  # int32 [B]
+    loss_id: jax.Array  # int32 [B, T] (or [B]: one per row)
     weights: jax.Array  # float32 [B, T, K]  (cross_entropy; K > 1 for top-K distillation targets)
     mask: jax.Array  # float32 [B, T]     1 on real positions
     sampler_logprobs: jax.Array  # float32 [B, T]
     advantages: jax.Array  # float32 [B, T]
-    clip_low: jax.Array  # float32 [B]
-    clip_high: jax.Array  # float32 [B]
-    beta: jax.Array  # float32 [B]       dro's beta; stable_reinforce's kl_coeff
+    clip_low: jax.Array  # float32 [B, T] (or [B])
+    clip_high: jax.Array  # float32 [B, T] (or [B])
+    beta: jax.Array  # float32 [B, T] (or [B])  dro's beta; stable_reinforce's kl_coeff
     seq_mask: jax.Array  # float32 [B, T] gspo: tokens in the sequence ratio; stable_reinforce: sampled tokens
+    # int32 [B, T]: which datum of a packed row each token belongs to (1, 2, ...; 0 padding); None: one per row.
+    # Sequence-level quantities (gspo's ratio) are taken per datum.
+    segments: jax.Array | None = None
+
+
+def _per_token(x: jax.Array) -> jax.Array:
+    """A per-row [B] value broadcast to [B, T]; a per-token one as it is."""
+    return x[:, None] if x.ndim == 1 else x
+
+
+def datum_sum(x: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """Each token's datum total of x [B, T]: the row's sum, or with packed segments the sum over its segment."""
+    if segments is None:
+        return jnp.broadcast_to(jnp.sum(x, axis=-1, keepdims=True), x.shape)
+    b, t = x.shape
+    ids = (jnp.arange(b)[:, None] * t + segments).reshape(-1)
+    sums = jax.ops.segment_sum(x.reshape(-1), ids, num_segments=b * t + 1)
+    return sums[ids].reshape(b, t)
 
 
 def token_losses(target_lp: jax.Array, inp: LossInputs) -> jax.Array:
@@ -76,37 +94,41 @@ def token_losses(target_lp: jax.Array, inp: LossInputs) -> jax.Array:
     lp = target_lp[..., 0]
     adv = inp.advantages
     ratio = jnp.exp(lp - inp.sampler_logprobs)
-    lo, hi = inp.clip_low[:, None], inp.clip_high[:, None]
+    lo, hi, beta = (_per_token(x) for x in (inp.clip_low, inp.clip_high, inp.beta))
     importance_sampling = -ratio * adv
     ppo = -jnp.minimum(ratio * adv, jnp.clip(ratio, lo, hi) * adv)
     cispo = -jax.lax.stop_gradient(jnp.clip(ratio, lo, hi)) * lp * adv
-    dro = -(lp * adv - 0.5 * inp.beta[:, None] * jnp.square(lp - inp.sampler_logprobs))
+    dro = -(lp * adv - 0.5 * beta * jnp.square(lp - inp.sampler_logprobs))
     gspo = _gspo(lp, inp, lo, hi)
-    stable_reinforce = _stable_reinforce(lp, ratio, inp, lo, hi)
+    stable_reinforce = _stable_reinforce(lp, ratio, inp, lo, hi, beta)
 
     per_loss = jnp.stack([cross_entropy, importance_sampling, ppo, cispo, dro, gspo, stable_reinforce])  # [L, B, T]
-    chosen = jnp.take_along_axis(per_loss, inp.loss_id[None, :, None], axis=0)[0]
+    loss_id = jnp.broadcast_to(_per_token(inp.loss_id), lp.shape)
+    chosen = jnp.take_along_axis(per_loss, loss_id[None], axis=0)[0]
     return chosen * inp.mask
 
 
 def _gspo(lp: jax.Array, inp: LossInputs, lo: jax.Array, hi: jax.Array) -> jax.Array:
     """GSPO-token (Tinker's `gspo`; Zheng et al., 2025).
 
-    The sequence log-ratio is the mean of sg(logp) - q over the tokens M that `seq_mask` marks
-    (`sequence_ratio_mask`; without it, the tokens with a nonzero advantage, which are the sampled tokens of every
-    cookbook datum). Every token's ratio takes that value with its own log-prob's gradient,
+    The sequence log-ratio is the mean, per datum (a packed row's segment), of sg(logp) - q over the tokens M
+    that `seq_mask` marks (`sequence_ratio_mask`; without it, the tokens with a nonzero advantage, which are the
+    sampled tokens of every cookbook datum). Every token's ratio takes that value with its own log-prob's gradient,
     s_t = exp(log_s + logp_t - sg(logp_t)), and enters PPO's clipped min: -min(s_t A_t, clip(s_t, lo, hi) A_t),
     summed over all tokens (Tinker's scale; tokens outside M still carry s_t with their own advantage).
     """
     sg_lp = jax.lax.stop_gradient(lp)
     m = inp.seq_mask
-    log_s = jnp.sum(m * (sg_lp - inp.sampler_logprobs), axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
-    s_t = jnp.exp(log_s[:, None] + lp - sg_lp)
+    total = datum_sum(m * (sg_lp - inp.sampler_logprobs), inp.segments)
+    log_s = total / jnp.maximum(datum_sum(m, inp.segments), 1.0)
+    s_t = jnp.exp(log_s + lp - sg_lp)
     adv = inp.advantages
     return -jnp.minimum(s_t * adv, jnp.clip(s_t, lo, hi) * adv)
 
 
-def _stable_reinforce(lp: jax.Array, ratio: jax.Array, inp: LossInputs, lo: jax.Array, hi: jax.Array) -> jax.Array:
+def _stable_reinforce(
+    lp: jax.Array, ratio: jax.Array, inp: LossInputs, lo: jax.Array, hi: jax.Array, beta: jax.Array
+) -> jax.Array:
     """StableReinforce (Tinker's `stable_reinforce`, alpha; tinkerflow's definition, derived from its inputs).
 
     Inputs, as the SDK 0.38 types and the cookbook 0.6.1 build them: the datum's provenance spans name the sampled
@@ -125,5 +147,5 @@ def _stable_reinforce(lp: jax.Array, ratio: jax.Array, inp: LossInputs, lo: jax.
     """
     in_region = ((ratio >= lo) & (ratio <= hi)).astype(lp.dtype)
     weight = jax.lax.stop_gradient(ratio * in_region)
-    kl = 0.5 * inp.beta[:, None] * jnp.square(lp - inp.sampler_logprobs)
+    kl = 0.5 * beta * jnp.square(lp - inp.sampler_logprobs)
     return inp.seq_mask * (-weight * lp * inp.advantages + kl)

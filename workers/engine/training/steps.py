@@ -1,14 +1,23 @@
 """The fused forward(+backward) step and the host-side packing of datums into bucketed micro-batches.
 
-Rows are right-padded to a sequence bucket and batches to a power-of-two row bucket; padded positions and rows have
-mask/weights 0 and `train` 0, so they contribute exactly zero loss and gradient. Micro-batches are cut by a token
-budget; gradients are sums, so accumulating micro-batches equals the full batch.
+Packing: the datums of a call (of one adapter slot; each row carries one slot's LoRA routing) are packed first-fit
+decreasing into rows of one bucketed length, each datum a *segment* of its row (attention stays within a segment,
+positions restart at each segment's start), so 64 datums of 50 tokens cost about 3,200 tokens of work, not 64 padded
+rows. The row length is the bucket of the longest datum, or of the largest slot's total when that is longer, up to
+`PACK_TOKENS`. Every per-token input travels per token (loss id, clip thresholds, beta, whether the token trains), so
+datums of different requests and losses share a row; a datum's numbers do not depend on what it is packed with.
+Padding tokens have segment 0, mask 0 and train 0: they contribute exactly zero loss and gradient. Micro-batches are
+cut by a token budget; gradients are sums, so accumulating micro-batches equals the full batch.
+
+Long rows: gradient checkpointing turns on for a micro-batch of at least `remat_min_tokens` tokens (set from the
+device-memory plan), and the loss reads the vocabulary in chunks (logprobs.py), so activation memory grows linearly
+in length and never holds [tokens, vocab] logits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -16,21 +25,28 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..model.attention import Segments, single_segment_matters
 from ..model.config import round_up_pow2, round_up_seq_len
+from ..model.logprobs import chunk_tokens, target_logprobs
 from ..model.lora import LoraRouting
-from ..runtime.aot_cache import AotCache, warmed_bucket
+from ..runtime.aot_cache import AotCache
 from ..runtime.sharding import DeviceLayout
 from .losses import LossInputs, token_losses
+
+# Rows are packed up to this many tokens (or the longest datum's bucket, when longer).
+PACK_TOKENS = 4096
 
 
 @jax.tree_util.register_dataclass
 @dataclass
 class TrainBatch:
     tokens: jax.Array  # int32 [B, T]
+    positions: jax.Array  # int32 [B, T]: restart at 0 at each segment's start
+    segments: Segments  # int32 [B, T]: 1, 2, ... per datum in the row, 0 = padding
     targets: jax.Array  # int32 [B, T, K]
-    routing: LoraRouting
+    routing: LoraRouting  # per row: every datum of a row is of one slot
     loss: LossInputs
-    train: jax.Array  # float32 [B]: 1 where this row's gradient is accumulated (not forward_only, not padding)
+    train: jax.Array  # float32 [B, T]: 1 where the token's gradient is accumulated (not forward_only, not padding)
 
 
 @dataclass
@@ -58,114 +74,184 @@ class RowOutput:
     token_loss: np.ndarray  # float32 [N]
 
 
-def pack(rows: list[Row], batch: int, seq: int, k: int) -> TrainBatch:
-    """Pad rows into one [batch, seq] bucket as numpy (device transfer happens at the jit call)."""
+@dataclass
+class MicroBatch:
+    """Packed rows of datum indices (each inner list one row, its datums in order), the row bucket and length."""
+
+    packed: list[list[int]]
+    rows: int
+    seq: int
+    single: bool = field(default=False)  # every row holds one datum (a fused single-segment kernel may apply)
+
+
+def pack(rows: list[Row], packed: list[list[int]], batch: int, seq: int, k: int, *, single: bool = False
+         ) -> TrainBatch:  # fmt: skip
+    """Lay out `packed` (datum indices per row) as one [batch, seq] bucket in numpy (the jit call moves it)."""
     tokens = np.zeros((batch, seq), np.int32)
+    positions = np.zeros((batch, seq), np.int32)
+    segments = np.zeros((batch, seq), np.int32)
     targets = np.zeros((batch, seq, k), np.int32)
     weights = np.zeros((batch, seq, k), np.float32)
-    mask = np.zeros((batch, seq), np.float32)
-    old_lp = np.zeros((batch, seq), np.float32)
-    adv = np.zeros((batch, seq), np.float32)
-    seq_mask = np.zeros((batch, seq), np.float32)
-    per_row = np.zeros((6, batch), np.float32)  # clip_low, clip_high, beta, scale, train, loss_id
+    per_token = np.zeros((8, batch, seq), np.float32)  # mask, old lp, adv, seq_mask, clip lo/hi, beta, train
+    loss_id = np.zeros((batch, seq), np.int32)
     slots = np.zeros((batch,), np.int32)
-    for i, r in enumerate(rows):
-        n, kk = r.targets.shape
-        tokens[i, :n] = r.tokens
-        targets[i, :n, :kk] = r.targets
-        weights[i, :n, :kk] = r.weights
-        mask[i, :n] = 1.0
-        old_lp[i, :n] = r.sampler_logprobs
-        adv[i, :n] = r.advantages
-        seq_mask[i, :n] = r.seq_mask
-        per_row[:, i] = (r.clip_low, r.clip_high, r.beta, r.scale, float(r.train), r.loss_id)
-        slots[i] = r.slot
+    scales = np.zeros((batch,), np.float32)
+    for b, members in enumerate(packed):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            r = rows[i]
+            n, kk = r.targets.shape
+            cut = slice(at, at + n)
+            tokens[b, cut] = r.tokens
+            positions[b, cut] = np.arange(n)
+            segments[b, cut] = seg
+            targets[b, cut, :kk] = r.targets
+            weights[b, cut, :kk] = r.weights
+            per_token[:, b, cut] = np.stack([
+                np.ones(n, np.float32), r.sampler_logprobs, r.advantages, r.seq_mask,
+                np.full(n, r.clip_low), np.full(n, r.clip_high), np.full(n, r.beta), np.full(n, float(r.train)),
+            ])  # fmt: skip
+            loss_id[b, cut] = r.loss_id
+            at += n
+        if members:
+            slots[b], scales[b] = rows[members[0]].slot, rows[members[0]].scale
+    mask, old_lp, adv, seq_mask, lo, hi, beta, train = per_token
     # numpy leaves (host side, see the docstring): the jit call moves them; the fields name the traced type.
     return TrainBatch(
         tokens=tokens,  # pyright: ignore[reportArgumentType]
+        positions=positions,  # pyright: ignore[reportArgumentType]
+        segments=Segments(segments, single=single),  # pyright: ignore[reportArgumentType]
         targets=targets,  # pyright: ignore[reportArgumentType]
-        routing=LoraRouting(adapter=slots, scale=per_row[3]),  # pyright: ignore[reportArgumentType]
+        routing=LoraRouting(adapter=slots, scale=scales),  # pyright: ignore[reportArgumentType]
         loss=LossInputs(
-            loss_id=per_row[5].astype(np.int32),
+            loss_id=loss_id,  # pyright: ignore[reportArgumentType]
             weights=weights,  # pyright: ignore[reportArgumentType]
             mask=mask,  # pyright: ignore[reportArgumentType]
             sampler_logprobs=old_lp,  # pyright: ignore[reportArgumentType]
             advantages=adv,  # pyright: ignore[reportArgumentType]
-            clip_low=per_row[0],
-            clip_high=per_row[1],
-            beta=per_row[2],
+            clip_low=lo,  # pyright: ignore[reportArgumentType]
+            clip_high=hi,  # pyright: ignore[reportArgumentType]
+            beta=beta,  # pyright: ignore[reportArgumentType]
             seq_mask=seq_mask,  # pyright: ignore[reportArgumentType]
+            segments=segments,  # pyright: ignore[reportArgumentType]
         ),
-        train=per_row[4],
+        train=train,  # pyright: ignore[reportArgumentType]
     )
 
 
+def _first_fit(lengths: dict[int, int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: datum indices into bins of `capacity` tokens (a datum longer than it gets its own)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(lengths, key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        spot = next((b for b, free in enumerate(room) if free >= n), None)
+        if spot is None:
+            bins.append([i])
+            room.append(capacity - n)
+        else:
+            bins[spot].append(i)
+            room[spot] -= n
+    return bins
+
+
 def plan_micro_batches(
-    rows: list[Row], token_budget: int, warmed_seqs: Collection[int] = ()
-) -> list[tuple[list[int], int, int]]:
-    """Group row indices (longest first) into (indices, batch bucket, seq bucket) under `token_budget` tokens each.
-    A sequence bucket is the smallest of `warmed_seqs` that fits, when one does (no compile mid-workload)."""
-    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens))
+    rows: list[Row],
+    token_budget: int,
+    warmed_seqs: Collection[int] = (),
+    pack_tokens: int = PACK_TOKENS,
+    warmed_rows: Collection[int] = (),
+) -> list[MicroBatch]:
+    """Pack each slot's datums into rows and cut the rows into micro-batches of at most `token_budget` tokens (rows a
+    power of two, one length per micro-batch), longest rows first. A slot's row length is the bucket of its longest
+    datum, or of its total when that is longer, up to `pack_tokens`. Where the longest datum fits a warmed bucket
+    (`warmed_seqs`, `warmed_rows`: what the warm-up compiled), rows take warmed shapes: the smallest warmed length
+    that holds the packed rows, else the longest warmed one with more rows, so a workload within the warm-up
+    compiles nothing."""
+    by_slot: dict[tuple[int, float], dict[int, int]] = {}
+    for i, r in enumerate(rows):
+        by_slot.setdefault((r.slot, r.scale), {})[i] = len(r.tokens)
+    by_seq: dict[int, list[list[int]]] = {}
+    for group in by_slot.values():
+        longest = round_up_seq_len(max(group.values()))
+        seq = max(longest, min(round_up_seq_len(sum(group.values())), max(pack_tokens, longest)))
+        fitting = [w for w in warmed_seqs if w >= longest]
+        if fitting:
+            seq = min((w for w in fitting if w >= seq), default=max(fitting))
+        by_seq.setdefault(seq, []).extend(_first_fit(group, seq))
     plans = []
-    start = 0
-    while start < len(order):
-        seq = warmed_bucket(round_up_seq_len(len(rows[order[start]].tokens)), warmed_seqs)
+    for seq in sorted(by_seq, reverse=True):
+        bins = by_seq[seq]
         cap = max(1, token_budget // seq)
         cap = 1 << (cap.bit_length() - 1)  # largest power of two within budget, so full chunks are exact buckets
-        chunk = order[start : start + cap]
-        plans.append((chunk, round_up_pow2(len(chunk)), seq))
-        start += cap
+        single = single_segment_matters() and all(len(b) == 1 for b in bins)
+        for start in range(0, len(bins), cap):
+            chunk = bins[start : start + cap]
+            n = round_up_pow2(len(chunk))
+            n = min((w for w in warmed_rows if n <= w <= cap), default=n)
+            plans.append(MicroBatch(chunk, n, seq, single))
     return plans
 
 
-def _forward(graphdef: nnx.GraphDef, lora: Any, base: Any, batch: TrainBatch):
+def _forward(graphdef: nnx.GraphDef, lora: Any, base: Any, batch: TrainBatch, remat: bool):
     model = nnx.merge(graphdef, lora, base)
-    b, t = batch.tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits = model(batch.tokens, positions, batch.routing)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    target_lp = jnp.take_along_axis(logp, batch.targets, axis=-1)  # [B, T, K]
+    b = batch.tokens.shape[0]
+    h, _ = model.hidden(batch.tokens, batch.positions, batch.routing, segments=batch.segments, remat=remat)
+    chunk = chunk_tokens(b, model.config.vocab_size)
+    target_lp = target_logprobs(model, h, batch.targets, batch.routing, chunk)  # [B, T, K]
     per_token = token_losses(target_lp, batch.loss)
-    total = jnp.sum(per_token * batch.train[:, None])
+    total = jnp.sum(per_token * batch.train)
     return total, (target_lp, per_token)
 
 
 class StepFunctions:
-    """The forward and forward+backward steps, compiled ahead of time once per (batch, seq, k) bucket.
+    """The forward and forward+backward steps, compiled ahead of time once per (batch, seq, k, remat) bucket.
 
     Inputs arrive placed (parameters by their shardings, the batch on fsdp); outputs are pinned to the same
     layouts, so the donated accumulator keeps its sharding from call to call.
     """
 
-    def __init__(self, graphdef: nnx.GraphDef, placement: DeviceLayout):
+    def __init__(self, graphdef: nnx.GraphDef, placement: DeviceLayout, *, gradient_checkpointing: bool = False):
         self.placement = placement
         # Sequence buckets the warm-up compiles (Engine.prefer_buckets); batches round up to them. Fixed at start,
         # whatever the warm-up got to, so a batch's shapes (and so its float rounding) never depend on timing.
         self.warmed_seqs: frozenset[int] = frozenset()
+        self.warmed_rows: frozenset[int] = frozenset()
+        # Micro-batches of at least this many tokens recompute each layer in the backward pass instead of keeping
+        # its activations (the device-memory plan sets it; 0 with --gradient-checkpointing: always).
+        self.remat_min_tokens = 0 if gradient_checkpointing else DEFAULT_REMAT_MIN_TOKENS
 
-        def grad_step(lora, base, acc, batch):
-            grad_fn = jax.value_and_grad(lambda lo: _forward(graphdef, lo, base, batch), has_aux=True)
+        def grad_step(lora, base, acc, batch, *, remat: bool):
+            grad_fn = jax.value_and_grad(lambda lo: _forward(graphdef, lo, base, batch, remat), has_aux=True)
             (_, (target_lp, per_token)), grads = grad_fn(lora)
             acc = placement.constrain_params(jax.tree.map(jnp.add, acc, grads))
             return acc, *placement.constrain_batch((target_lp, per_token))
 
         def forward_step(lora, base, batch):
-            _, (target_lp, per_token) = _forward(graphdef, lora, base, batch)
+            _, (target_lp, per_token) = _forward(graphdef, lora, base, batch, False)
             return placement.constrain_batch((target_lp, per_token))
 
         self.grad_step = AotCache("train step", grad_step, donate=("acc",))
         self.forward_step = AotCache("forward step", forward_step)
 
+    def remat(self, batch: TrainBatch) -> bool:
+        return batch.tokens.size >= self.remat_min_tokens
+
     def grad(self, lora, base, acc, batch: TrainBatch):
-        return self.grad_step(_label(batch), lora, base, acc, batch)
+        remat = self.remat(batch)
+        return self.grad_step(_label(batch, remat), lora, base, acc, batch, remat=remat)
 
     def forward(self, lora, base, batch: TrainBatch):
-        return self.forward_step(_label(batch), lora, base, batch)
+        return self.forward_step(_label(batch, False), lora, base, batch)
 
 
-def _label(batch: TrainBatch) -> str:
+# Without a device-memory plan: recompute layers for micro-batches of at least this many tokens.
+DEFAULT_REMAT_MIN_TOKENS = 8192
+
+
+def _label(batch: TrainBatch, remat: bool) -> str:
     b, t, k = batch.targets.shape
-    return f"batch={b} seq={t}" + (f" k={k}" if k > 1 else "")
+    return f"batch={b} seq={t}" + (f" k={k}" if k > 1 else "") + (" remat" if remat else "")
 
 
 def run_rows(
@@ -174,15 +260,19 @@ def run_rows(
     """Run every row through forward (+backward where row.train), accumulating into `acc`; outputs in row order."""
     outputs: list[RowOutput | None] = [None] * len(rows)
     k = max(r.targets.shape[1] for r in rows)
-    for idx, batch_rows, seq in plan_micro_batches(rows, token_budget, steps.warmed_seqs):
-        batch = pack([rows[i] for i in idx], steps.placement.round_rows(batch_rows), seq, k)
+    for plan in plan_micro_batches(rows, token_budget, steps.warmed_seqs, warmed_rows=steps.warmed_rows):
+        batch = pack(rows, plan.packed, steps.placement.round_rows(plan.rows), plan.seq, k, single=plan.single)
         batch = steps.placement.put_batch(batch)
-        if any(rows[i].train for i in idx):
+        if any(rows[i].train for members in plan.packed for i in members):
             acc, target_lp, per_token = steps.grad(lora, base, acc, batch)
         else:
             target_lp, per_token = steps.forward(lora, base, batch)
         target_lp, per_token = steps.placement.to_host((target_lp, per_token))  # also split across hosts
-        for j, i in enumerate(idx):
-            n, kk = rows[i].targets.shape
-            outputs[i] = RowOutput(target_logprobs=target_lp[j, :n, :kk], token_loss=per_token[j, :n])
+        for b, members in enumerate(plan.packed):
+            at = 0
+            for i in members:
+                n, kk = rows[i].targets.shape
+                outputs[i] = RowOutput(target_logprobs=target_lp[b, at : at + n, :kk],
+                                       token_loss=per_token[b, at : at + n])  # fmt: skip
+                at += n
     return acc, outputs  # type: ignore[return-value]

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.memory_plan import MemoryPlan
 from ..types import AdamConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
 from ..validation import forward_backward_rows
 from .adapter_slots import AdapterSlots
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def forward_backward(
     slots: AdapterSlots, steps: StepFunctions, base: Any, requests: list[ForwardBackwardInput], *,
-    info: ModelInfo, micro_batch_tokens: int,
+    info: ModelInfo, micro_batch_tokens: int, memory: MemoryPlan | None = None,
 ) -> list[ForwardBackwardResult | InputError]:  # fmt: skip
     """One pass over every valid request's rows (slots mixed in one batch); gradients add into `slots.grads`."""
     results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
@@ -37,6 +38,9 @@ def forward_backward(
             new = forward_backward_rows(
                 req, slot_scale=slots.scale(req.slot), vocab=info.vocab_size, max_len=info.max_position_embeddings,
             )  # fmt: skip
+            for i, row in enumerate(new):
+                if memory is not None and len(row.tokens) > memory.max_train_tokens:
+                    raise InputError(memory.train_limit_message(f"datum {i}: model_input", len(row.tokens)))
         except InputError as e:
             results[r] = e
             continue

@@ -1,0 +1,189 @@
+"""The device-memory plan: what this worker's memory holds, and how much work fits in the rest.
+
+Made once at start, after the weights and adapter slots are on the device, from what the device says it has
+(`memory_stats()`: the allocator's limit and what is in use) or, on CPU, from the host's memory (or the
+`--device-memory-gb` flag, which also caps an accelerator's). The fixed part is what is resident: base weights,
+every slot's LoRA weights, gradient accumulator and Adam moments, the sampler-snapshot budget, and a reserve for the
+runtime and compiled programs. The rest, `work_bytes`, is shared in time by whatever op runs (the engine runs one op
+at a time): a forward_backward's activations, a sampling call's KV cache and prefill.
+
+Per-token costs are computed from the model's shape (the formulas below, checked in tests against what XLA reports
+for the compiled programs): with gradient checkpointing a training token keeps one float32 hidden state per layer
+and the recomputed layer's intermediates; a KV-cache token keeps keys and values of every layer in the compute
+dtype. Work is admitted against it: a datum that can never fit is a user error before anything is allocated, naming
+the limit in tokens and the flags that move it; a sampling call's decode slots and prefill rows are sized so they
+fit (rows that do not fit now wait for a free slot).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..model.config import ModelConfig, round_down_seq_len
+from ..model.logprobs import LOGITS_CHUNK_BYTES
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+# Kept free for the runtime, compiled programs and fragmentation: this share of the capacity, at least RESERVE_MIN.
+RESERVE_SHARE = 0.08
+RESERVE_MIN = GIB // 2
+# A training micro-batch's activations are planned within this share of the work memory (the rest is headroom for
+# XLA's temporaries beyond the estimate: fusion buffers, the attention tiles, transposes).
+TRAIN_SHARE = 0.75
+# Without gradient checkpointing a micro-batch keeps every layer's activations; it turns on once they would pass
+# this share of the work memory.
+NO_REMAT_SHARE = 0.25
+FLAGS = "--device-memory-gb (TINKERFLOW_DEVICE_MEMORY_GB), --max-lora-adapters, --max-lora-rank, --snapshot-budget-mb"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    device: str  # what the capacity is the memory of
+    capacity_bytes: int
+    resident_bytes: int  # weights, adapter slots (weights, gradients, Adam moments): in use when the plan was made
+    snapshot_bytes: int  # the sampler-snapshot budget
+    reserve_bytes: int
+    work_bytes: int  # capacity - resident - snapshots - reserve: what one op may use at a time
+    train_bytes_per_token: int  # a forward_backward token, with gradient checkpointing
+    train_bytes_per_token_no_remat: int
+    train_fixed_bytes: int  # the chunked logits and their gradient
+    kv_bytes_per_token: int  # one token of KV cache (every layer's keys and values)
+    prefill_bytes_per_token: int  # a prompt token's activations while it is prefilled (besides its KV)
+    max_train_tokens: int  # per forward_backward datum (and micro-batch)
+    remat_min_tokens: int  # micro-batches of at least this many tokens recompute layers in the backward pass
+    max_sample_tokens: int  # prompt + max_tokens of one sampled row (one slot's KV cache and its prefill)
+    max_lora_rank: int
+
+    def as_metrics(self) -> dict[str, int]:
+        return {k: v for k, v in asdict(self).items() if isinstance(v, int)}
+
+    def kv_slots(self, cache_len: int) -> int:
+        """Decode slots whose KV caches of `cache_len` fit the work memory (with their prefill's activations)."""
+        per_slot = cache_len * (self.kv_bytes_per_token + 8)  # + the slot's token and logprob buffers
+        return max(0, int(self.work_bytes * TRAIN_SHARE) // max(1, per_slot))
+
+    def prefill_rows(self, prompt_len: int, slots: int, cache_len: int) -> int:
+        """Prompt rows one admission may prefill at once beside `slots` KV caches of `cache_len` (at least 1)."""
+        room = int(self.work_bytes * TRAIN_SHARE) - slots * cache_len * self.kv_bytes_per_token
+        per_row = prompt_len * (self.prefill_bytes_per_token + self.kv_bytes_per_token)
+        return max(1, room // max(1, per_row))
+
+    def train_limit_message(self, what: str, tokens: int) -> str:
+        return (
+            f"{what} has {tokens:,} tokens; this worker fits {self.max_train_tokens:,} tokens per forward_backward "
+            f"datum at LoRA rank {self.max_lora_rank} ({self.work_bytes / GIB:.1f} GiB of {self.device} for work after "
+            f"weights, adapter slots and snapshots). Split the sequence, or give the worker more memory: {FLAGS}"
+        )
+
+    def sample_limit_message(self, tokens: int) -> str:
+        return (
+            f"prompt + max_tokens is {tokens:,} tokens; this worker fits {self.max_sample_tokens:,} tokens of KV cache "
+            f"per sampled sequence ({self.work_bytes / GIB:.1f} GiB of {self.device} for work). Shorten the prompt or "
+            f"max_tokens, or give the worker more memory: {FLAGS}"
+        )
+
+
+def device_capacity(override_bytes: int = 0) -> tuple[str, int, int]:
+    """(what it is, capacity bytes, bytes in use now) of the first local device; host RAM on CPU. A positive
+    `override_bytes` caps the capacity (the --device-memory-gb flag)."""
+    dev = jax.local_devices()[0]
+    stats = dev.memory_stats() if dev.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        name, capacity, in_use = f"{dev.device_kind} memory", int(stats["bytes_limit"]), int(stats["bytes_in_use"])
+    else:
+        name, capacity, in_use = "host memory", _host_memory_bytes(), _rss_bytes()
+    if override_bytes > 0:
+        name, capacity = f"{name} (capped by --device-memory-gb)", min(capacity, override_bytes)
+    return name, capacity, in_use
+
+
+def _host_memory_bytes() -> int:
+    """The container's memory limit (cgroup v2/v1) when it has one, else the machine's MemTotal."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()  # noqa: SIM115 (a one-line read)
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            return int(text)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 16 * GIB
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def per_token_costs(config: ModelConfig, dtype: Any, max_rank: int) -> dict[str, int]:
+    """Bytes per token of training (with and without gradient checkpointing), of KV cache, and of prefill."""
+    f32, cd = 4, int(np.dtype(dtype).itemsize)
+    h, layers = config.hidden_size, config.num_layers
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    inter = config.intermediate_size
+    if config.num_experts:  # a token reaches top-k experts; the router's logits are small
+        inter = max(
+            inter if len(config.moe_layers) < layers else 0, config.moe_intermediate_size * config.num_experts_per_tok
+        )
+    lora = 7 * max_rank * f32  # x @ A of every adapted linear
+    # One layer's intermediates, forward: normed inputs, q/k/v (float32 out of the matmul, then compute dtype),
+    # attention output, MLP gate/up/activation, residual adds; the backward holds as much again in gradients.
+    layer = (3 * h + 2 * (q + 2 * kv) + q + 3 * inter + 2 * h) * f32 + (q + 2 * kv + inter) * cd + lora
+    layer_fwd_bwd = 2 * layer
+    remat = layers * h * f32 + layer_fwd_bwd + 4 * h * f32  # saved layer inputs + one layer live + embed/norm
+    no_remat = layers * layer + layer_fwd_bwd + 4 * h * f32
+    kv_token = layers * 2 * kv * cd
+    prefill = layer + 2 * h * f32  # one layer at a time, no backward (the KV is counted apart)
+    return {"train": remat, "train_no_remat": no_remat, "kv": kv_token, "prefill": prefill}
+
+
+def make_plan(
+    config: ModelConfig,
+    dtype: Any,
+    *,
+    max_lora_rank: int,
+    snapshot_bytes: int,
+    override_bytes: int = 0,
+    max_position: int | None = None,
+) -> MemoryPlan:
+    device, capacity, resident = device_capacity(override_bytes)
+    reserve = max(RESERVE_MIN, int(capacity * RESERVE_SHARE))
+    work = max(0, capacity - resident - snapshot_bytes - reserve)
+    costs = per_token_costs(config, dtype, max_lora_rank)
+    train_fixed = 3 * LOGITS_CHUNK_BYTES  # a chunk's logits, their log-softmax and their gradient
+    train_room = max(0, int(work * TRAIN_SHARE) - train_fixed)
+    max_train = train_room // costs["train"]
+    max_sample = int(work * TRAIN_SHARE) // (costs["kv"] + costs["prefill"] + 8)
+    # Rows are padded to length buckets: the limits are bucket lengths, so whatever fits them fits padded.
+    max_train, max_sample = round_down_seq_len(max_train), round_down_seq_len(max_sample, minimum=128)
+    if max_position:
+        max_train, max_sample = min(max_train, max_position), min(max_sample, max_position)
+    plan = MemoryPlan(
+        device=device, capacity_bytes=capacity, resident_bytes=resident, snapshot_bytes=snapshot_bytes,
+        reserve_bytes=reserve, work_bytes=work, train_bytes_per_token=costs["train"],
+        train_bytes_per_token_no_remat=costs["train_no_remat"], train_fixed_bytes=train_fixed,
+        kv_bytes_per_token=costs["kv"], prefill_bytes_per_token=costs["prefill"], max_train_tokens=int(max_train),
+        remat_min_tokens=max(1, int(work * NO_REMAT_SHARE) // costs["train_no_remat"]),
+        max_sample_tokens=int(max_sample), max_lora_rank=max_lora_rank,
+    )  # fmt: skip
+    log.info(
+        "memory plan: %s %.1f GiB = resident %.1f (weights, adapter slots) + snapshots %.1f + reserve %.1f + work %.1f;"
+        " per token: training %s B (%s B without checkpointing), KV %s B; fits %s tokens per forward_backward datum,"
+        " %s tokens per sampled sequence; gradient checkpointing from %s tokens per micro-batch",
+        device, capacity / GIB, resident / GIB, snapshot_bytes / GIB, reserve / GIB, work / GIB,
+        f"{plan.train_bytes_per_token:,}", f"{plan.train_bytes_per_token_no_remat:,}", f"{plan.kv_bytes_per_token:,}",
+        f"{plan.max_train_tokens:,}", f"{plan.max_sample_tokens:,}", f"{plan.remat_min_tokens:,}",
+    )  # fmt: skip
+    return plan
