@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .model.config import ModelConfig
-from .model.loader import eos_token_ids, load_model, resolve_model_path
+from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .runtime import warm_up
 from .runtime.memory_plan import MemoryPlan, make_plan
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
@@ -210,6 +210,25 @@ class Engine:
             gradient_checkpointing=gradient_checkpointing,
             device_memory_bytes=device_memory_bytes,
         )
+
+    @classmethod
+    def random(
+        cls, hf_config: dict[str, Any], *, max_lora_adapters: int = 8, max_lora_rank: int = 32, seed: int = 0,
+        mesh: Mesh | MeshConfig | None = None, dtype: Any = None, eos_token_ids: tuple[int, ...] = (0,),
+        **options: Any,
+    ) -> Engine:  # fmt: skip
+        """An engine over random weights of `hf_config`'s shape drawn on the device (loader.random_model), no
+        checkpoint and no tokenizer (stop strings then cannot be checked): for benchmarks and device checks.
+        `options`: as for `load` (micro_batch_tokens, gradient_checkpointing, device_memory_bytes, ...)."""
+        loaded = random_model(hf_config, max_adapters=max_lora_adapters, max_rank=max_lora_rank, seed=seed,
+                              dtype=_weight_dtype(dtype), mesh=as_mesh(mesh))  # fmt: skip
+        cfg = loaded.config
+        info = ModelInfo(arch=cfg.arch, vocab_size=cfg.vocab_size, eos_token_ids=eos_token_ids,
+                         max_position_embeddings=cfg.max_position_embeddings, num_layers=cfg.num_layers,
+                         hidden_size=cfg.hidden_size)  # fmt: skip
+        options.setdefault("micro_batch_tokens", DEFAULT_MICRO_BATCH_TOKENS)
+        return cls("random", loaded, None, info, max_lora_adapters=max_lora_adapters, max_lora_rank=max_lora_rank,
+                   **options)  # fmt: skip
 
     # ------------------------------------------------------------------ adapters
 

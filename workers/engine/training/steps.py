@@ -217,6 +217,7 @@ class StepFunctions:
         # whatever the warm-up got to, so a batch's shapes (and so its float rounding) never depend on timing.
         self.warmed_seqs: frozenset[int] = frozenset()
         self.warmed_rows: frozenset[int] = frozenset()
+        self.pack_tokens = PACK_TOKENS  # rows are packed up to this many tokens (see plan_micro_batches)
         # Micro-batches of at least this many tokens recompute each layer in the backward pass instead of keeping
         # its activations (the device-memory plan sets it; 0 with --gradient-checkpointing: always).
         self.remat_min_tokens = 0 if gradient_checkpointing else DEFAULT_REMAT_MIN_TOKENS
@@ -260,7 +261,7 @@ def run_rows(
     """Run every row through forward (+backward where row.train), accumulating into `acc`; outputs in row order."""
     outputs: list[RowOutput | None] = [None] * len(rows)
     k = max(r.targets.shape[1] for r in rows)
-    for plan in plan_micro_batches(rows, token_budget, steps.warmed_seqs, warmed_rows=steps.warmed_rows):
+    for plan in plan_micro_batches(rows, token_budget, steps.warmed_seqs, steps.pack_tokens, steps.warmed_rows):
         batch = pack(rows, plan.packed, steps.placement.round_rows(plan.rows), plan.seq, k, single=plan.single)
         batch = steps.placement.put_batch(batch)
         if any(rows[i].train for members in plan.packed for i in members):
