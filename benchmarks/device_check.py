@@ -193,21 +193,8 @@ def _attention_inputs(t: int, heads: int, kv: int, d: int, dtype, seed: int = 0,
 
 
 def _attention_fn(impl: str, single: bool):
-    import jax.numpy as jnp
-
     from tinkerflow.workers.engine.model.attention import attention
 
-    if impl == "pallas_gpu":
-        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-
-        def run(q, k, v, seg):
-            g = q.shape[2] // k.shape[2]
-            out = pallas_attention.mha(q, jnp.repeat(k, g, 2), jnp.repeat(v, g, 2), seg, sm_scale=q.shape[-1] ** -0.5,
-                                       causal=True)  # fmt: skip
-            out = jnp.where((seg > 0)[:, :, None, None], out.astype(jnp.float32), 0.0)
-            return out.reshape(*out.shape[:2], -1)
-
-        return run
     return lambda q, k, v, seg: attention(q, k, v, seg, seg, single_segment=single, implementation=impl)  # type: ignore[arg-type]
 
 
@@ -272,7 +259,9 @@ def phase_attention(smoke: bool) -> None:
         for impl in _impls():
             if impl == "reference" and t > 8192:
                 continue  # its scores alone would be [heads, T, T] float32
-            for packed in (False, True) if impl in ("blockwise", "pallas_gpu") else (impl == "reference",):
+            for packed in (
+                (False, True) if impl in ("blockwise", "pallas_gpu", "pallas_tpu") else (impl == "reference",)
+            ):
                 q, k, v, seg = _attention_inputs(t, heads, kv, d, jnp.bfloat16, packed=packed)
                 w = jnp.ones((1, t, heads * d), jnp.float32)
                 step = _attention_grad(impl, not packed)
@@ -285,6 +274,43 @@ def phase_attention(smoke: bool) -> None:
                     emit(phase="attention", figure="attention_fwd_bwd", impl=impl, tokens=t, packed=packed,
                          error=f"{type(e).__name__}: {str(e)[:300]}")  # fmt: skip
     del jax
+
+
+def profile_top(label: str, fn, top: int = 15) -> None:
+    """Run fn once under jax's profiler and emit where the device's time went: the `top` kernels (or host ops on
+    CPU) by total time, with counts and the total."""
+    import collections
+    import glob
+    import gzip
+
+    import jax
+
+    directory = tempfile.mkdtemp(prefix="device-check-profile-")
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        jax.block_until_ready(fn())
+    files = glob.glob(f"{directory}/**/*perfetto_trace.json.gz", recursive=True)
+    if not files:
+        emit(phase="profile", label=label, error="no perfetto trace written")
+        return
+    with gzip.open(files[-1]) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device = [pid for pid, name in procs.items() if "device" in name.lower() or "gpu" in name.lower()]
+    keep = set(device) or set(procs)
+    total, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in keep:
+            total[e["name"]] += e.get("dur", 0)
+            count[e["name"]] += 1
+    emit(
+        phase="profile",
+        label=label,
+        where="device" if device else "host",
+        total_ms=round(sum(total.values()) / 1e3, 2),
+        events=sum(count.values()),
+        top=[[name[:90], round(us / 1e3, 3), count[name]] for name, us in total.most_common(top)],
+    )
 
 
 def matmul_params(cfg: dict) -> int:
@@ -362,9 +388,13 @@ class ModelPhases:
         n, rows = (64, 8) if self.smoke else (1024, 8)
         self.engine._steps.pack_tokens = n  # one datum per row in both layouts: the comparison is the adapters'
         data = self._data(n, rows, 0)
+        short = self._data(n // 8, rows * 8, 1)  # 8 datums of n/8 tokens per adapter: packed 8 to a row
         layouts = {
             "1_adapter": [ForwardBackwardInput(slot=0, data=data, loss_fn="cross_entropy")],
             "8_adapters": [ForwardBackwardInput(slot=i, data=[d], loss_fn="cross_entropy") for i, d in enumerate(data)],
+            "8_adapters_packed": [
+                ForwardBackwardInput(slot=i, data=short[8 * i : 8 * i + 8], loss_fn="cross_entropy") for i in range(8)
+            ],
         }
         peak, flops_per_token = _peak(self.kind), 6 * matmul_params(self.cfg)
         tps = {}
@@ -375,12 +405,16 @@ class ModelPhases:
             for slot in {r.slot for r in requests}:
                 self.engine.optim_step(slot, AdamConfig(learning_rate=1e-5))
             emit(phase="train", figure="train_tokens_per_s", layout=name, rows=rows, tokens_per_row=n,
+                 datums=sum(len(r.data) for r in requests),
                  first_s=round(s[0], 2), step_s=round(min(s[1:]), 3), tokens_per_s=round(tps[name]),
                  mfu_datasheet=round(flops_per_token * tps[name] / peak, 3) if peak else None,
                  optim_s=round(time.perf_counter() - t0, 3), gradient_checkpointing=True,
                  flops_convention="6 * N_base_matmul_params per token")  # fmt: skip
         emit(phase="train", figure="eight_adapters_cost", ratio=round(tps["1_adapter"] / tps["8_adapters"], 3),
              target="<= 1.15")  # fmt: skip
+        profile_top(
+            "train step, 8 adapters x 1,024 tokens", lambda: self.engine.forward_backward(layouts["8_adapters"])
+        )
 
     def long(self) -> None:
         import dataclasses
@@ -451,6 +485,11 @@ class ModelPhases:
             except Exception as e:  # noqa: BLE001
                 emit(phase="sample", figure="decode_ms_per_step", rows=rows, adapters=adapters,
                      error=f"{type(e).__name__}: {str(e)[:400]}")  # fmt: skip
+        if self.budget.left() > (3 if self.smoke else 25):
+            reqs = [
+                SampleInput(prompt=prompt, max_tokens=64, seed=i, stop_token_ids=[], snapshot="s0") for i in range(256)
+            ]
+            profile_top("sample, 256 rows x 64 tokens, 1 adapter", lambda: self.engine.sample(reqs))
 
     def agree(self) -> None:
         import numpy as np

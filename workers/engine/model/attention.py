@@ -16,7 +16,12 @@ Implementations, chosen by `select` from the backend (TINKERFLOW_ATTENTION overr
   work is the causal half. Runs on every backend; the fallback.
 * `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU, for bf16/fp16 calls whose rows are one
   segment each (right padding only: cuDNN takes per-row lengths, not segment ids).
+* `pallas_gpu`: the Pallas (Triton) flash-attention kernel shipped with jax for GPU (segment ids, causal, its own
+  backward): packed rows on GPU.
 * `pallas_tpu`: the Pallas flash-attention kernel shipped with jax for TPU (segment ids, causal, its own backward).
+
+Measured on one H100 (docs/benchmarks-gpu.md), Qwen3-8B's heads, bf16, forward+backward of 32K tokens: cuDNN 44 ms,
+Pallas 212 ms, blockwise 503 ms (packed) to 901 ms; so GPU takes cuDNN where it applies and Pallas for packed rows.
 
 Dtypes: q/k/v in the compute dtype (bf16 on accelerators), scores, softmax statistics and accumulation in float32,
 probabilities cast to the compute dtype for the P @ V product (as the reference does).
@@ -33,8 +38,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-Implementation = Literal["reference", "blockwise", "cudnn", "pallas_tpu"]
-IMPLEMENTATIONS: tuple[str, ...] = ("auto", "reference", "blockwise", "cudnn", "pallas_tpu")
+Implementation = Literal["reference", "blockwise", "cudnn", "pallas_gpu", "pallas_tpu"]
+IMPLEMENTATIONS: tuple[str, ...] = ("auto", "reference", "blockwise", "cudnn", "pallas_gpu", "pallas_tpu")
 
 # Query/key block sizes of the blockwise path: a [block_q, block_k] float32 tile per (row, head) is live at a time.
 BLOCK_Q = 256
@@ -71,12 +76,12 @@ def select(dtype, *, single_segment: bool, backend: str | None = None) -> Implem
     low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if forced == "cudnn" and not (backend == "gpu" and low_precision and single_segment):
         forced = "auto"  # asked for where it cannot apply: the backend's default instead
-    if forced == "pallas_tpu" and backend != "tpu":
+    if (forced == "pallas_tpu" and backend != "tpu") or (forced == "pallas_gpu" and backend != "gpu"):
         forced = "auto"
     if forced != "auto":
         return forced  # type: ignore[return-value]
-    if backend == "gpu" and low_precision and single_segment:
-        return "cudnn"
+    if backend == "gpu":
+        return "cudnn" if low_precision and single_segment else "pallas_gpu"
     if backend == "tpu":
         return "pallas_tpu"
     return "blockwise"
@@ -108,6 +113,8 @@ def attention(
         out = _cudnn(q, k, v, q_segments, kv_segments, q_offset)
     elif impl == "pallas_tpu":
         out = _pallas_tpu(q, k, v, q_segments, kv_segments, q_offset)
+    elif impl == "pallas_gpu" and q_offset == 0 and q.shape[1] == k.shape[1]:
+        out = _pallas_gpu(q, k, v, q_segments)
     else:
         out = blockwise_attention(q, k, v, q_segments, kv_segments, q_offset=q_offset)
     return out.reshape(b, t, h * d)
@@ -312,6 +319,23 @@ def _cudnn(q, k, v, q_segments, kv_segments, q_offset: int) -> jax.Array:
     return jnp.where(valid, out.astype(jnp.float32), 0.0)
 
 
+def _pallas_gpu(q, k, v, segments) -> jax.Array:
+    """jax's Pallas (Triton) GPU flash attention: [B, T, H, D], equal q and kv heads, one segment-id array for
+    queries and keys (self-attention), causal; T padded to its block multiple."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    t = q.shape[1]
+    block = 128
+    padded = -(-t // block) * block
+    g = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+    q, k, v, seg = (_pad(x, padded) for x in (q, k, v, segments))
+    # Padding (segment 0) sees only padding, never a real token, and its output is zeroed below.
+    out = pallas_attention.mha(q, k, v, seg, sm_scale=q.shape[-1] ** -0.5, causal=True)
+    out = out[:, :t].astype(jnp.float32)
+    return jnp.where((segments > 0)[:, :, None, None], out, 0.0)
+
+
 def _pallas_tpu(q, k, v, q_segments, kv_segments, q_offset: int) -> jax.Array:
     """jax's Pallas TPU flash attention ([B, H, T, D] layout, equal q and kv heads, segment ids, causal)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as fa
@@ -369,7 +393,10 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
         jnp.zeros((b, kvh, g), jnp.float32),
         jnp.zeros((b, kvh, g, d), jnp.float32),
     )
-    blocks = jnp.minimum(s // blk, jnp.max(positions) // blk + 1)
-    _, den, acc = jax.lax.fori_loop(0, blocks, step, init)
+    if s == blk:  # one block: no loop (on a GPU a loop costs a host round trip per layer and step)
+        _, den, acc = step(0, init)
+    else:
+        blocks = jnp.minimum(s // blk, jnp.max(positions) // blk + 1)
+        _, den, acc = jax.lax.fori_loop(0, blocks, step, init)
     out = acc / jnp.where(den > 0, den, 1.0)[..., None]
     return out.reshape(b, 1, h * d)
