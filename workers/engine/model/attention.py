@@ -362,8 +362,9 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
     with an online softmax, so a step's work follows what the rows have filled, not the cache's length. Float32
     [B, 1, H * D].
 
-    Within a block the scores are a broadcast multiply and reductions in float32: on CPU several times faster than
-    [1 x D] @ [D x block] batched matmuls, with the same result up to float32 rounding. Cache entries past a row's
+    Within a block the scores are a broadcast multiply and reductions in float32 on CPU (several times faster there
+    than [1 x D] @ [D x block] batched matmuls, with the same result up to float32 rounding), batched matmuls in the
+    cache's dtype with float32 accumulation on accelerators. Cache entries past a row's
     position hold a previous occupant's values (perhaps another tenant's NaN): they are selected out, never
     multiplied by a zero probability (0 * NaN is NaN)."""
     b, _, h, d = q.shape
@@ -372,20 +373,30 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
     blk = math.gcd(s, block)
     qf = q.reshape(b, kvh, g, d).astype(jnp.float32)
 
+    cd = k_cache.dtype
+    qc = q.reshape(b, kvh, g, d).astype(cd)
+    matmuls = jax.default_backend() != "cpu"  # on accelerators the products are matmuls, on CPU broadcasts
+
     def step(j, carry):
         m, den, acc = carry
         start = (layer, 0, j * blk, 0, 0)
-        kj = jax.lax.dynamic_slice(k_cache, start, (1, b, blk, kvh, d))[0].astype(jnp.float32)
-        vj = jax.lax.dynamic_slice(v_cache, start, (1, b, blk, kvh, d))[0].astype(jnp.float32)
+        kj = jax.lax.dynamic_slice(k_cache, start, (1, b, blk, kvh, d))[0]
+        vj = jax.lax.dynamic_slice(v_cache, start, (1, b, blk, kvh, d))[0]
         visible = (j * blk + jnp.arange(blk))[None, :] <= positions[:, None]  # [B, blk]
-        scores = jnp.sum(qf[:, None] * kj[:, :, :, None, :], axis=-1) * (d**-0.5)  # [B, blk, KV, G]
-        scores = jnp.where(visible[:, :, None, None], scores, -jnp.inf)
+        if matmuls:
+            scores = jnp.einsum("bkgd,bskd->bskg", qc, kj, preferred_element_type=jnp.float32) * (d**-0.5)
+        else:
+            scores = jnp.sum(qf[:, None] * kj.astype(jnp.float32)[:, :, :, None, :], axis=-1) * (d**-0.5)
+        scores = jnp.where(visible[:, :, None, None], scores, -jnp.inf)  # [B, blk, KV, G]
         m_new = jnp.maximum(m, jnp.max(scores, axis=1))
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
         p = jnp.exp(scores - m_safe[:, None])
         alpha = jnp.exp(m - m_safe)
-        vj = jnp.where(visible[:, :, None, None], vj, 0.0)
-        pv = jnp.sum(p[..., None] * vj[:, :, :, None, :], axis=1)  # [B, KV, G, D]
+        vj = jnp.where(visible[:, :, None, None], vj, jnp.zeros((), vj.dtype))
+        if matmuls:
+            pv = jnp.einsum("bskg,bskd->bkgd", p.astype(cd), vj, preferred_element_type=jnp.float32)
+        else:
+            pv = jnp.sum(p[..., None] * vj.astype(jnp.float32)[:, :, :, None, :], axis=1)  # [B, KV, G, D]
         return m_new, alpha * den + jnp.sum(p, axis=1), alpha[..., None] * acc + pv
 
     init = (

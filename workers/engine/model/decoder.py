@@ -30,7 +30,7 @@ from flax import nnx
 
 from .attention import Segments, attention, decode_attention
 from .config import ModelConfig
-from .lora import LoRALinear, LoraRouting, StackedLoraRouting, lora_delta, lora_embedding_delta
+from .lora import LoRALinear, LoraRouting, StackedLoraRouting, base_matmul, lora_delta, lora_embedding_delta
 from .moe import SparseMoeBlock
 
 
@@ -45,11 +45,6 @@ def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32,
     """Zero keys/values; `dtype` is the model's compute dtype (its param_dtype), in which attention reads them."""
     shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
     return LayerCache(jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding))
-
-
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w with x cast to w's dtype and float32 accumulation/output (a no-op cast for float32 weights)."""
-    return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
 def _constrain(x: jax.Array, sharding) -> jax.Array:
@@ -186,7 +181,7 @@ class LMHead(nnx.Module):
         self.tied = config.tie_word_embeddings
 
     def __call__(self, h: jax.Array, embedding: Embedding, routing: LoraRouting) -> jax.Array:
-        base = matmul(h, embedding.weight[...].T) if self.tied else matmul(h, self.kernel[...])
+        base = base_matmul(h, embedding.weight[...].T) if self.tied else base_matmul(h, self.kernel[...])
         return base + lora_delta(h, self.lora_a[...], self.lora_b[...], routing)
 
 

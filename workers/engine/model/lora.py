@@ -32,6 +32,34 @@ _KIND_BY_NAME: dict[str, ModuleKind] = {
 }
 
 
+@jax.custom_vjp
+def base_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x @ w for a frozen base matrix w: x cast to w's dtype, float32 accumulation and output (with float32 weights
+    every cast is a no-op).
+
+    The backward pass casts the float32 cotangent to w's dtype as well, so on accelerators dx is one bf16 GEMM with
+    float32 accumulation. Left to autodiff, the float32 cotangent met the bf16 weight in a mixed-dtype dot that XLA ran
+    as a float32 (TF32) GEMM against an up-cast copy of the weight: on an H100, 27% of a Qwen3-8B LoRA train step."""
+    return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def _base_matmul_fwd(x: jax.Array, w: jax.Array):
+    xc = x.astype(w.dtype)
+    # (a size-0 array carries x's dtype: residuals are arrays)
+    return jnp.matmul(xc, w, preferred_element_type=jnp.float32), (xc, w, jnp.zeros((0,), x.dtype))
+
+
+def _base_matmul_bwd(res, g: jax.Array):
+    xc, w, like = res
+    gc = g.astype(w.dtype)
+    dx = jnp.matmul(gc, w.T, preferred_element_type=jnp.float32).astype(like.dtype)
+    dw = jnp.einsum("...i,...o->io", xc, gc, preferred_element_type=jnp.float32).astype(w.dtype)  # unused: frozen
+    return dx, dw
+
+
+base_matmul.defvjp(_base_matmul_fwd, _base_matmul_bwd)
+
+
 @jax.tree_util.register_dataclass
 @dataclass
 class LoraRouting:
@@ -118,7 +146,7 @@ class LoRALinear(nnx.Module):
         self.lora_b = nnx.LoRAParam(jnp.zeros((max_adapters, max_rank, out_features), jnp.float32))
 
     def __call__(self, x: jax.Array, routing: LoraRouting) -> jax.Array:
-        base = jnp.matmul(x.astype(self.kernel[...].dtype), self.kernel[...], preferred_element_type=jnp.float32)
+        base = base_matmul(x, self.kernel[...])
         return base + lora_delta(x, self.lora_a[...], self.lora_b[...], routing)
 
 
