@@ -119,3 +119,14 @@ class AcceleratorMeter:
                 metrics.DEVICE_MEMORY_PEAK.labels(label).set(stats["peak_bytes_in_use"])
             if "bytes_limit" in stats:
                 metrics.DEVICE_MEMORY_LIMIT.labels(label).set(stats["bytes_limit"])
+
+
+def publish_memory_plan(plan: Any) -> None:
+    """The engine's device-memory plan (runtime/memory_plan.MemoryPlan) as gauges, once at load."""
+    for part, value in (("capacity", plan.capacity_bytes), ("resident", plan.resident_bytes),
+                        ("snapshots", plan.snapshot_bytes), ("reserve", plan.reserve_bytes), ("work", plan.work_bytes)):  # fmt: skip
+        metrics.MEMORY_PLAN_BYTES.labels(part).set(value)
+    metrics.MEMORY_PLAN_MAX_TOKENS.labels("forward_backward").set(plan.max_train_tokens)
+    metrics.MEMORY_PLAN_MAX_TOKENS.labels("sample").set(plan.max_sample_tokens)
+    metrics.MEMORY_PLAN_BYTES_PER_TOKEN.labels("train").set(plan.train_bytes_per_token)
+    metrics.MEMORY_PLAN_BYTES_PER_TOKEN.labels("kv").set(plan.kv_bytes_per_token)

@@ -45,7 +45,7 @@ from tinkerflow.common.run_metrics import RunMetricsStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
-from tinkerflow.workers.accelerator import AcceleratorMeter
+from tinkerflow.workers.accelerator import AcceleratorMeter, publish_memory_plan
 from tinkerflow.workers.engine.types import SamplerWarmUp, TrainWarmUp, WarmUpPiece, WarmUpPlan
 from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
@@ -295,9 +295,12 @@ def load_engine(settings: Settings, local_path: str):
     from tinkerflow.workers.engine.runtime.sharding import MeshConfig
 
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
-    return Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
-                       max_lora_rank=settings.max_lora_rank, mesh=mesh,
-                       snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20)  # fmt: skip
+    engine = Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
+                         max_lora_rank=settings.max_lora_rank, mesh=mesh,
+                         snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
+                         device_memory_bytes=int(settings.device_memory_gb * 2**30))  # fmt: skip
+    publish_memory_plan(engine.memory)
+    return engine
 
 
 async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:

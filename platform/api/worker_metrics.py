@@ -27,6 +27,11 @@ GAUGES_BY_KIND = {
     "tinkerflow_engine_tokens_per_second": "tokens_per_second",
     "tinkerflow_engine_mfu": "mfu",
 }
+# the device-memory plan: {family: (console key, label)}
+MEMORY_PLAN = {
+    "tinkerflow_memory_plan_bytes": ("memory_plan_bytes", "part"),
+    "tinkerflow_memory_plan_max_tokens": ("memory_plan_max_tokens", "op"),
+}
 DEVICE_SUMS = {
     "tinkerflow_device_memory_in_use_bytes": "device_memory_in_use_bytes",
     "tinkerflow_device_memory_peak_bytes": "device_memory_peak_bytes",
@@ -45,7 +50,8 @@ def worker_metrics_urls(settings: Settings) -> tuple[str, ...]:
 
 def summarize(exposition: str) -> dict:
     """What the console shows of one worker's exposition: {tokens_per_second: {kind: v}, mfu: {kind: v},
-    device_memory_*_bytes: summed over devices}; absent families are absent keys, non-finite values dropped."""
+    device_memory_*_bytes: summed over devices, memory_plan_bytes: {part: v}, memory_plan_max_tokens: {op: v}};
+    absent families are absent keys, non-finite values dropped."""
     out: dict = {}
     for family in text_string_to_metric_families(exposition):
         if family.name in GAUGES_BY_KIND:
@@ -53,6 +59,11 @@ def summarize(exposition: str) -> dict:
             for s in family.samples:
                 if math.isfinite(s.value):
                     per_kind[s.labels.get("kind", "")] = s.value
+        elif family.name in MEMORY_PLAN:
+            key, label = MEMORY_PLAN[family.name]
+            for s in family.samples:
+                if math.isfinite(s.value):
+                    out.setdefault(key, {})[s.labels.get(label, "")] = s.value
         elif family.name in DEVICE_SUMS:
             values = [s.value for s in family.samples if math.isfinite(s.value)]
             if values:

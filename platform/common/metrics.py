@@ -55,6 +55,20 @@ DEVICE_MEMORY_IN_USE = Gauge(
 )
 DEVICE_MEMORY_PEAK = Gauge("tinkerflow_device_memory_peak_bytes", "peak device memory in use since start", ["device"])
 DEVICE_MEMORY_LIMIT = Gauge("tinkerflow_device_memory_limit_bytes", "device memory JAX may use", ["device"])
+# The device-memory plan (workers/engine/runtime/memory_plan.py), set once when the engine is loaded.
+MEMORY_PLAN_BYTES = Gauge(
+    "tinkerflow_memory_plan_bytes",
+    "the device-memory plan: capacity and its parts (resident weights and slots, snapshots, reserve, work)",
+    ["part"],
+)
+MEMORY_PLAN_MAX_TOKENS = Gauge(
+    "tinkerflow_memory_plan_max_tokens", "tokens the memory plan admits per forward_backward datum or sampled sequence",
+    ["op"],
+)
+MEMORY_PLAN_BYTES_PER_TOKEN = Gauge(
+    "tinkerflow_memory_plan_bytes_per_token", "the plan's per-token costs (training with checkpointing; KV cache)",
+    ["kind"],
+)
 ENGINE_MFU = Gauge(
     "tinkerflow_engine_mfu", "model FLOPs utilisation (0..1) of the most recent engine call of this kind", ["kind"]
 )

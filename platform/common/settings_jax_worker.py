@@ -29,6 +29,11 @@ class JaxWorkerSettings:
     snapshot_budget_mb: int = setting(0, "device memory (MiB) for sampler snapshots on the JAX worker; the least "
                                       "recently used are evicted past it (saved weights reload on demand)", MODEL,
                                       shown="0: a tenth of the device's memory")
+    device_memory_gb: float = setting(0.0, "memory (GiB) the JAX worker's device-memory plan divides between "
+                                      "weights, adapter slots, snapshots and work; what can never fit in it is "
+                                      "refused as the caller's error before anything is allocated", MODEL,
+                                      shown="0: the device's own (the accelerator allocator's limit; host memory "
+                                      "on CPU)")
     metrics_port: int = setting(0, "serve the JAX worker's Prometheus /metrics on this port (the API always serves "
                                 "/metrics on its own port)", MODEL, shown="0: off")
     run_metrics_max_points: int = setting(2000, "metric points kept per training run in the store (one per "
@@ -69,7 +74,7 @@ class JaxWorkerSettings:
                                                    "--warm-up-cache-lens", MODEL, shown="16,32,64",
                                                    metavar="N[,N...]", parse=parse_sizes)
     warm_up_cache_lens: tuple[int, ...] = setting((128, 256), "sampling prompt + max_tokens totals to compile "
-                                                  "ahead (rounded up to powers of two, at least 128)", MODEL,
+                                                  "ahead (rounded up to the buckets 128, 192, 256, 384, ...)", MODEL,
                                                   shown="128,256", metavar="N[,N...]", parse=parse_sizes)
 
     # --- one JAX worker process: num_processes > 1 joins jax.distributed at coordinator_address;

@@ -283,7 +283,15 @@ class Engine:
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
         budget = max(16, min(self.micro_batch_tokens, self.memory.max_train_tokens))
         return trainer.forward_backward(self._adapters, self._steps, self._base, requests, info=self.info,
-                                        micro_batch_tokens=budget, memory=self.memory)  # fmt: skip
+                                        micro_batch_tokens=budget, memory=self.memory, room=self._room)  # fmt: skip
+
+    def _room(self, needed: int) -> int:
+        """Bytes free for a program that needs `needed`, after letting go of the sampler's idle KV caches if that is
+        what it takes."""
+        free = self.memory.free_bytes()
+        if needed > free and self._sampler.release_idle():
+            free = self.memory.free_bytes()
+        return free
 
     def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]:
         return trainer.optim_step(self._adapters, slot, adam)

@@ -102,11 +102,18 @@ function byKind(values, fmt) {
   return entries.length ? entries.map(([k, v]) => `${k || "all"}: ${fmt(v)}`).join(" · ") : null;
 }
 
+function memoryPlan(tokens, bytes) {
+  if (!tokens) return null;
+  const n = (v) => (v === undefined ? "?" : Math.round(v).toLocaleString());
+  const work = bytes && bytes.work !== undefined ? ` · ${fmtBytes(bytes.work)} for work` : "";
+  return `${n(tokens.forward_backward)} / ${n(tokens.sample)} tokens${work}`;
+}
+
 function engineRow(e, i) {
   const tr = document.createElement("tr");
   cell(tr, `worker ${i + 1}`);
   if (!e.answered) {
-    cell(tr, "its /metrics did not answer (restarting?)").colSpan = 5;
+    cell(tr, "its /metrics did not answer (restarting?)").colSpan = 6;
     return tr;
   }
   cell(tr, byKind(e.tokens_per_second, (v) => Math.round(v).toLocaleString()), "tps");
@@ -114,6 +121,7 @@ function engineRow(e, i) {
   cell(tr, fmtBytes(e.device_memory_in_use_bytes), "num");
   cell(tr, fmtBytes(e.device_memory_peak_bytes), "num");
   cell(tr, fmtBytes(e.device_memory_limit_bytes), "num");
+  cell(tr, memoryPlan(e.memory_plan_max_tokens, e.memory_plan_bytes));
   return tr;
 }
 
@@ -125,7 +133,7 @@ async function loadService() {
     data.engines.map(engineRow),
     "tokens/s: the API reads no JAX worker /metrics (start the worker with --metrics-port, or give " +
       "--worker-metrics-urls)",
-    6,
+    7,
   );
 }
 

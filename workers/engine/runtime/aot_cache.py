@@ -66,6 +66,14 @@ class AotCache:
                 log.info("compiled %s for %s in %.2fs", self.name, desc, seconds)
         return compiled
 
+    def needed_bytes(self, label: str, *args: Any, **static: Any) -> int:
+        """Device memory the program for these arguments allocates beyond its arguments (XLA's temporaries and the
+        outputs that do not reuse a donated input), compiling it if it was not yet; 0 where the backend cannot say."""
+        stats = self.prepare(label, *args, **static).memory_analysis()
+        if stats is None:
+            return 0
+        return max(0, stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+
     def __call__(self, label: str, *args: Any, **static: Any) -> Any:
         return self.prepare(label, *args, **static)(*args)
 

@@ -64,6 +64,15 @@ class MemoryPlan:
     def as_metrics(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if isinstance(v, int)}
 
+    def free_bytes(self) -> int:
+        """Memory free for work now: the capacity less what is in use (the allocator's count on accelerators, this
+        process's resident set on CPU) and the reserve."""
+        _, _, in_use = device_capacity()
+        free = self.capacity_bytes - in_use
+        if self.device.startswith("host memory"):  # other processes share the host: what the kernel has left
+            free = min(free, _host_available_bytes())
+        return max(0, free - self.reserve_bytes)
+
     def kv_slots(self, cache_len: int) -> int:
         """Decode slots whose KV caches of `cache_len` fit the work memory (with their prefill's activations)."""
         per_slot = cache_len * (self.kv_bytes_per_token + 8)  # + the slot's token and logprob buffers
@@ -117,6 +126,18 @@ def _host_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 16 * GIB
+
+
+def _host_available_bytes() -> int:
+    """MemAvailable: what the host can still give without swapping (other processes included)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2**62
 
 
 def _rss_bytes() -> int:

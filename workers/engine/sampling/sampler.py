@@ -190,6 +190,12 @@ class SlotSampler:
             del self._idle[key]
         self._idle[(int(slots.done.shape[0]), length, m)] = (slots, release)
 
+    def release_idle(self) -> int:
+        """Let go of the decode slots kept for the next call (their KV caches); the number of slot sets released."""
+        n = len(self._idle)
+        self._idle.clear()
+        return n
+
     # -------------------------------------------------------------- compiled calls
 
     def _admit_call(self, lora, base, slots: Slots, rows: list[SampleRow], chosen: list[int], index: list[int],

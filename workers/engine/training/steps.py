@@ -16,7 +16,7 @@ in length and never holds [tokens, vocab] logits.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +245,13 @@ class StepFunctions:
     def forward(self, lora, base, batch: TrainBatch):
         return self.forward_step(_label(batch, False), lora, base, batch)
 
+    def needed_bytes(self, lora, base, acc, batch: TrainBatch, *, train: bool) -> int:
+        """Device memory the step for `batch` allocates beyond its inputs (compiling it now if it was not yet)."""
+        if train:
+            remat = self.remat(batch)
+            return self.grad_step.needed_bytes(_label(batch, remat), lora, base, acc, batch, remat=remat)
+        return self.forward_step.needed_bytes(_label(batch, False), lora, base, batch)
+
 
 # Without a device-memory plan: recompute layers for micro-batches of at least this many tokens.
 DEFAULT_REMAT_MIN_TOKENS = 8192
@@ -255,16 +262,40 @@ def _label(batch: TrainBatch, remat: bool) -> str:
     return f"batch={b} seq={t}" + (f" k={k}" if k > 1 else "") + (" remat" if remat else "")
 
 
+class DoesNotFit(Exception):
+    """A micro-batch whose program needs more device memory than is free: raised before anything runs, naming the
+    rows in it (so their requests can be refused and the others run)."""
+
+    def __init__(self, rows: list[int], needed: int, free: int, tokens: int):
+        super().__init__(f"{needed} bytes needed, {free} free")
+        self.rows, self.needed, self.free, self.tokens = rows, needed, free, tokens
+
+
 def run_rows(
-    steps: StepFunctions, lora: Any, base: Any, acc: Any, rows: list[Row], token_budget: int
-) -> tuple[Any, list[RowOutput]]:
-    """Run every row through forward (+backward where row.train), accumulating into `acc`; outputs in row order."""
+    steps: StepFunctions, lora: Any, base: Any, acc: Any, rows: list[Row], token_budget: int,
+    room: Callable[[int], int] | None = None,
+) -> tuple[Any, list[RowOutput]]:  # fmt: skip
+    """Run every row through forward (+backward where row.train), accumulating into `acc`; outputs in row order.
+
+    With `room` (bytes needed -> bytes free, after making what room it can), every micro-batch's program is compiled
+    and its memory checked against it first: one that cannot fit raises DoesNotFit before any program runs, so
+    nothing is half-applied."""
     outputs: list[RowOutput | None] = [None] * len(rows)
     k = max(r.targets.shape[1] for r in rows)
+    work = []
     for plan in plan_micro_batches(rows, token_budget, steps.warmed_seqs, steps.pack_tokens, steps.warmed_rows):
         batch = pack(rows, plan.packed, steps.placement.round_rows(plan.rows), plan.seq, k, single=plan.single)
         batch = steps.placement.put_batch(batch)
-        if any(rows[i].train for members in plan.packed for i in members):
+        train = any(rows[i].train for members in plan.packed for i in members)
+        if room is not None:
+            needed = steps.needed_bytes(lora, base, acc, batch, train=train)
+            free = room(needed)
+            if needed > free:
+                members = [i for m in plan.packed for i in m]
+                raise DoesNotFit(members, needed, free, sum(len(rows[i].tokens) for i in members))
+        work.append((plan, batch, train))
+    for plan, batch, train in work:
+        if train:
             acc, target_lp, per_token = steps.grad(lora, base, acc, batch)
         else:
             target_lp, per_token = steps.forward(lora, base, batch)

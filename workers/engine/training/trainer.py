@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..runtime.memory_plan import MemoryPlan
+from ..runtime.memory_plan import FLAGS, MemoryPlan
 from ..types import AdamConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
 from ..validation import forward_backward_rows
 from .adapter_slots import AdapterSlots
 from .optimizer import adamw_slot_values, pack_hparams, write_slot_values
-from .steps import Row, StepFunctions, run_rows
+from .steps import DoesNotFit, Row, StepFunctions, run_rows
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,13 @@ log = logging.getLogger(__name__)
 def forward_backward(
     slots: AdapterSlots, steps: StepFunctions, base: Any, requests: list[ForwardBackwardInput], *,
     info: ModelInfo, micro_batch_tokens: int, memory: MemoryPlan | None = None,
+    room: Callable[[int], int] | None = None,
 ) -> list[ForwardBackwardResult | InputError]:  # fmt: skip
-    """One pass over every valid request's rows (slots mixed in one batch); gradients add into `slots.grads`."""
+    """One pass over every valid request's rows (slots mixed in one batch); gradients add into `slots.grads`.
+
+    With `memory`, a datum longer than the plan admits is refused before anything else; with `room`, a request
+    whose micro-batch's compiled program needs more memory than is free is refused before any program runs, and
+    the others go on without it."""
     results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
     rows: list[Row] = []
     spans: dict[int, tuple[int, int]] = {}
@@ -46,9 +52,13 @@ def forward_backward(
             continue
         spans[r] = (len(rows), len(rows) + len(new))
         rows.extend(new)
-    if rows:
+    while rows:
         t0 = time.perf_counter()
-        slots.grads, outputs = run_rows(steps, slots.lora, base, slots.grads, rows, micro_batch_tokens)
+        try:
+            slots.grads, outputs = run_rows(steps, slots.lora, base, slots.grads, rows, micro_batch_tokens, room)
+        except DoesNotFit as e:  # nothing ran: refuse the requests in that micro-batch, run the rest
+            rows, spans = _without(e, rows, spans, requests, results)
+            continue
         log.debug("forward_backward: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
         for r, (lo, hi) in spans.items():
             per_datum = []
@@ -62,7 +72,26 @@ def forward_backward(
                 )
                 total += float(np.sum(o.token_loss, dtype=np.float64))
             results[r] = ForwardBackwardResult(outputs=per_datum, metrics={"loss:sum": total})
+        break
     return results  # type: ignore[return-value]
+
+
+def _without(e: DoesNotFit, rows: list[Row], spans: dict[int, tuple[int, int]], requests: list, results: list):
+    """The rows and spans left once the requests owning the rows of `e` are answered with a user error."""
+    failing = {r for r, (lo, hi) in spans.items() if any(lo <= i < hi for i in e.rows)}
+    for r in failing:
+        results[r] = InputError(
+            f"forward_backward needs {e.needed / 2**30:.2f} GiB of device memory for a micro-batch of {e.tokens:,} "
+            f"tokens and {e.free / 2**30:.2f} GiB are free: send fewer or shorter datums per call, or give the "
+            f"worker more memory ({FLAGS})"
+        )
+    kept_rows: list[Row] = []
+    kept: dict[int, tuple[int, int]] = {}
+    for r, (lo, hi) in spans.items():
+        if r not in failing:
+            kept[r] = (len(kept_rows), len(kept_rows) + hi - lo)
+            kept_rows.extend(rows[lo:hi])
+    return kept_rows, kept
 
 
 def optim_step(slots: AdapterSlots, slot: int, adam: AdamConfig) -> dict[str, float]:
