@@ -91,14 +91,24 @@ class Engine:
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
         # and the slots are resident; it admits work and sizes micro-batches, decode slots and prefill rows.
-        self.memory = make_plan(
+        self._memory = make_plan(
             self.config, self.dtype, max_lora_rank=max_lora_rank,
             snapshot_bytes=self._sampler_snapshots.cache.budget_bytes, override_bytes=device_memory_bytes,
             max_position=info.max_position_embeddings,
         )  # fmt: skip
         if not gradient_checkpointing:
-            self._steps.remat_min_tokens = self.memory.remat_min_tokens
-        self._sampler.memory = self.memory
+            self._steps.remat_min_tokens = self._memory.remat_min_tokens
+        self._sampler.memory = self._memory
+
+    @property
+    def memory(self) -> MemoryPlan:
+        """The device-memory plan this engine admits work against (runtime/memory_plan.py)."""
+        return self._memory
+
+    @memory.setter
+    def memory(self, plan: MemoryPlan) -> None:
+        self._memory = plan
+        self._sampler.memory = plan
 
     # The parts' state under the names it had before the split (tests and benchmarks look inside).
     @property

@@ -19,9 +19,10 @@ import jax.numpy as jnp
 LOGITS_CHUNK_BYTES = 256 * 2**20
 
 
-def chunk_tokens(rows: int, vocab: int, budget_bytes: int = LOGITS_CHUNK_BYTES) -> int:
-    """Positions per chunk: a power of two whose [rows, chunk, vocab] float32 logits fit `budget_bytes` (>= 16)."""
-    fit = max(16, budget_bytes // max(1, rows * vocab * 4))
+def chunk_tokens(rows: int, vocab: int, budget_bytes: int | None = None) -> int:
+    """Positions per chunk: a power of two whose [rows, chunk, vocab] float32 logits fit `budget_bytes` (default
+    LOGITS_CHUNK_BYTES), at least 16."""
+    fit = max(16, (budget_bytes or LOGITS_CHUNK_BYTES) // max(1, rows * vocab * 4))
     return 1 << (fit.bit_length() - 1)
 
 

@@ -164,10 +164,10 @@ def plan_micro_batches(
 ) -> list[MicroBatch]:
     """Pack each slot's datums into rows and cut the rows into micro-batches of at most `token_budget` tokens (rows a
     power of two, one length per micro-batch), longest rows first. A slot's row length is the bucket of its longest
-    datum, or of its total when that is longer, up to `pack_tokens`. Where the longest datum fits a warmed bucket
-    (`warmed_seqs`, `warmed_rows`: what the warm-up compiled), rows take warmed shapes: the smallest warmed length
-    that holds the packed rows, else the longest warmed one with more rows, so a workload within the warm-up
-    compiles nothing."""
+    datum, or of its total when that is longer, up to `pack_tokens` (0: no packing, one datum per row). Where the
+    longest datum fits a warmed bucket (`warmed_seqs`, `warmed_rows`: what the warm-up compiled), rows take warmed
+    shapes: the smallest warmed length that holds the packed rows, else the longest warmed one with more rows, so a
+    workload within the warm-up compiles nothing."""
     by_slot: dict[tuple[int, float], dict[int, int]] = {}
     for i, r in enumerate(rows):
         by_slot.setdefault((r.slot, r.scale), {})[i] = len(r.tokens)
@@ -178,6 +178,10 @@ def plan_micro_batches(
         fitting = [w for w in warmed_seqs if w >= longest]
         if fitting:
             seq = min((w for w in fitting if w >= seq), default=max(fitting))
+        if pack_tokens <= 0:  # one datum per row (the unpacked layout, for comparisons)
+            seq = min(fitting, default=longest)
+            by_seq.setdefault(seq, []).extend([i] for i in sorted(group, key=lambda i: -group[i]))
+            continue
         by_seq.setdefault(seq, []).extend(_first_fit(group, seq))
     plans = []
     for seq in sorted(by_seq, reverse=True):
