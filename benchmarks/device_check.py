@@ -41,8 +41,10 @@ REPO = Path(__file__).resolve().parent.parent
 PHASES = ("env", "parity", "attention", "train", "long", "sample", "agree")
 MODEL_PHASES = ("train", "long", "sample", "agree")  # share one worker and one model
 # Seconds each phase needs at least on an H100 (compiles included); a phase is skipped when less is left.
-ESTIMATE_S = {"env": 20, "parity": 45, "attention": 45, "train": 100, "long": 120, "sample": 90, "agree": 40}
-SMOKE_ESTIMATE_S = dict.fromkeys(PHASES, 5)
+ESTIMATE_S: dict[str, float] = {
+    "env": 20, "parity": 45, "attention": 45, "train": 100, "long": 120, "sample": 90, "agree": 40,
+}  # fmt: skip
+SMOKE_ESTIMATE_S: dict[str, float] = dict.fromkeys(PHASES, 5)
 
 QWEN3_8B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=4096, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=12288,
@@ -157,7 +159,7 @@ def phase_parity(smoke: bool) -> None:
     got = np.asarray(jax.jit(jnp.matmul)(a, b), np.float64)
     rel = float(np.max(np.abs(got - a.astype(np.float64) @ b)) / np.max(np.abs(a.astype(np.float64) @ b)))
     emit(phase="parity", figure="float32_matmul", rel_err=rel, looks_like="tf32" if rel > 1e-4 else "float32",
-         default_matmul_precision=str(jax.config.jax_default_matmul_precision))  # fmt: skip
+         default_matmul_precision=str(jax.config.read("jax_default_matmul_precision")))  # fmt: skip
 
     cfg = TINY if smoke else QWEN3_06B_2L
     tokens = rng.integers(1, cfg["vocab_size"], 257 if not smoke else 65).astype(np.int32)
@@ -335,6 +337,7 @@ class ModelPhases:
 
         self.smoke, self.budget, self.quick = smoke, budget, quick
         self.cfg = TINY if smoke else QWEN3_8B
+        self.vocab = int(self.cfg["vocab_size"])  # pyright: ignore[reportArgumentType]
         t0 = time.perf_counter()
         self.engine = Engine.random(self.cfg, max_lora_adapters=8, max_lora_rank=32, seed=0,
                                     gradient_checkpointing=True, snapshot_budget_bytes=4 * 2**30)  # fmt: skip
@@ -367,7 +370,7 @@ class ModelPhases:
         rng = np.random.default_rng(seed)
         out = []
         for _ in range(rows):
-            toks = rng.integers(1, self.cfg["vocab_size"], n + 1).astype(np.int32)
+            toks = rng.integers(1, self.vocab, n + 1).astype(np.int32)
             out.append(Datum(toks[:-1], {"target_tokens": toks[1:]}))
         return out
 
@@ -458,7 +461,7 @@ class ModelPhases:
             self.engine.snapshot(slot, f"s{slot}")
         prompt_len = 64
         rng = np.random.default_rng(1)
-        prompt = rng.integers(1, self.cfg["vocab_size"], prompt_len).astype(np.int32)
+        prompt = rng.integers(1, self.vocab, prompt_len).astype(np.int32)
         kv_token = self.engine.memory.kv_bytes_per_token
         weights = sum(x.nbytes for x in __import__("jax").tree.leaves(self.engine._base))
         shapes = ((8, 1), (64, 1), (256, 1), (256, 8)) if self.smoke else ((64, 1), (256, 1), (256, 8))
@@ -498,21 +501,25 @@ class ModelPhases:
     def agree(self) -> None:
         import numpy as np
 
-        from tinkerflow.workers.engine.types import AdamConfig, ForwardBackwardInput, SampleInput
+        from tinkerflow.workers.engine.types import AdamConfig, ForwardBackwardInput, SampleInput, SampleResult
 
         self.engine.forward_backward([ForwardBackwardInput(slot=0, data=self._data(64, 2, 3), loss_fn="cross_entropy")])
         self.engine.optim_step(0, AdamConfig(learning_rate=1e-3))  # LoRA B no longer zero: the adapter matters
         self.engine.snapshot(0, "agree")
         rng = np.random.default_rng(2)
-        prompt = rng.integers(1, self.cfg["vocab_size"], 40).astype(np.int32)
+        prompt = rng.integers(1, self.vocab, 40).astype(np.int32)
         [res] = self.engine.sample([SampleInput(prompt=prompt, max_tokens=24, seed=5, stop_token_ids=[],
                                                 snapshot="agree")])  # fmt: skip
+        assert isinstance(res, SampleResult), res
         seq = res.sequences[0]
         full = np.concatenate([prompt, np.asarray(seq.tokens, np.int32)])
         trainer = _logprobs(self.engine, full)[len(prompt) - 1 :]
         d = np.abs(np.asarray(seq.logprobs) - trainer)
         emit(phase="agree", figure="sampler_vs_trainer_logprobs", max_abs=float(d.max()), mean_abs=float(d.mean()),
              tokens=len(seq.tokens), dtype=str(self.engine.dtype))  # fmt: skip
+
+
+PHASE_FUNCTIONS = {"env": phase_env, "parity": phase_parity, "attention": phase_attention}
 
 
 def run_phases(names: list[str], smoke: bool, budget: Budget, quick: bool = False) -> None:
@@ -535,7 +542,7 @@ def run_phases(names: list[str], smoke: bool, budget: Budget, quick: bool = Fals
                     model.forget_programs()
                     getattr(model, name)()
             else:
-                globals()[f"phase_{name}"](smoke)
+                PHASE_FUNCTIONS[name](smoke)
         except Exception as e:  # noqa: BLE001 - reported, and the next phase runs
             emit(phase=name, error=f"{type(e).__name__}: {str(e)[:600]}", trace=traceback.format_exc()[-1500:])
         emit(phase_done=name, seconds=round(time.perf_counter() - t0, 1))

@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "tenant_sweep": [],
     "control_plane": ["--py-spy"],
     "recovery": ["--mode", "restart"],
+    "long_sequences": [],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
 RUNNING = Path(__file__).resolve().parent / "README.md"
@@ -49,7 +50,7 @@ class Target:
 
     text: str
     field: str
-    op: str  # "<=" or ">="
+    op: str  # "<=", "<" or ">="
     bound: float
     when: tuple[tuple[str, object], ...] = ()
 
@@ -60,10 +61,12 @@ class Target:
         value = line.get(self.field)
         if not isinstance(value, int | float):
             return None
+        if self.op == "<":
+            return value < self.bound
         return value <= self.bound if self.op == "<=" else value >= self.bound
 
 
-TARGETS: dict[str, Target] = {
+TARGETS: dict[str, Target | tuple[Target, ...]] = {
     "cold_start_up_to_healthy_s": Target("≤ 15 s first start", "tinkerflow", "<=", 15, (("start", "first"),)),
     "cold_start_first_forward_backward_s": Target("≤ 0.5 s", "tinkerflow", "<=", 0.5),
     "cold_start_first_optim_step_s": Target("≤ 0.5 s", "tinkerflow", "<=", 0.5),
@@ -78,9 +81,16 @@ TARGETS: dict[str, Target] = {
     "sample_sweep_scaling": Target("128 calls ≥ 10× one call", "tinkerflow", ">=", 10),
     "tenant_sweep_scaling": Target("8 tenants ≥ 5× one tenant", "tinkerflow", ">=", 5),
     "recovery_kill_to_next_answer_s": Target("≤ 8 s", "tinkerflow", "<=", 8),
+    # SkyRL tx 0.4.0 on the same machine and model: 1 token after a prompt of 2K, 8K, 16K tokens.
+    "long_sequences_sample_s": tuple(
+        Target(f"≤ {bound} s (SkyRL tx)", "tinkerflow", "<=", bound, (("tokens", n),))
+        for n, bound in ((2048, 1.5), (8192, 3.1), (16384, 27.0))
+    ),
+    "long_sequences_memory_gb": Target("< 6 GB at 32K", "tinkerflow", "<", 6, (("tokens", 32768),)),
+    "packing_64x50_vs_1x3200": Target("≤ 1.5× one 3,200-token datum", "engine", "<=", 1.5),
 }
 #: Keys of a table line that say which variant of its figure it is (shown beside the figure's name).
-QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants")
+QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants", "tokens")
 
 
 # --- running ----------------------------------------------------------------------------------------------------
@@ -144,9 +154,11 @@ def table(lines: list[dict]) -> list[str]:
     for line in lines:
         if "tinkerflow" not in line or "engine" not in line:
             continue
-        target = TARGETS.get(line["figure"])
+        found = TARGETS.get(line["figure"])
+        candidates = found if isinstance(found, tuple) else (found,) if found is not None else ()
+        target = next((t for t in candidates if t.applies(line)), None)
         text, met = "", ""
-        if target is not None and target.applies(line):
+        if target is not None:
             text = target.text
             ok = target.met(line)
             met = "—" if ok is None else ("yes" if ok else "**no**")
@@ -187,6 +199,58 @@ def plot_sweep(lines: list[dict], figure: str, x: str, ylabel: str, path: Path) 
     ax.set_title(figure)
     ax.grid(True, alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def plot_long_sequences(lines: list[dict], path: Path) -> bool:
+    """Seconds and memory against tokens: forward_backward and a 1-token sample through the SDK and in the engine
+    alone, with the materialised attention's points (where it still fits) for the curve it replaced."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def points(figure: str, field: str, **where) -> list[tuple[int, float]]:
+        return sorted(
+            (x["tokens"], x[field])
+            for x in lines
+            if x.get("figure") == figure and field in x and all(x.get(k) == v for k, v in where.items())
+        )
+
+    fb_sdk = points("long_sequences_forward_backward_s", "tinkerflow")
+    if not fb_sdk:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
+    for pts, style, label in (
+        (fb_sdk, "o-", "forward_backward, tinkerflow"),
+        (points("long_sequences_forward_backward_s", "engine"), "s--", "forward_backward, engine alone"),
+        (points("long_sequences_sample_s", "tinkerflow"), "o-", "1-token sample, tinkerflow"),
+        (points("long_sequences_sample_s", "engine"), "s--", "1-token sample, engine alone"),
+        (points("long_sequences_reference_attention", "forward_backward_s", attention="reference"), "x:",
+         "forward_backward, materialised attention"),
+    ):  # fmt: skip
+        if pts:
+            left.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    for pts, style, label in (
+        (points("long_sequences_memory_gb", "tinkerflow"), "o-", "JAX worker high-water (tinkerflow)"),
+        (points("long_sequences_memory_gb", "engine"), "s--", "engine-alone process"),
+        (points("long_sequences_reference_attention", "memory_gb", attention="reference"), "x:",
+         "materialised attention"),
+    ):  # fmt: skip
+        if pts:
+            right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    for ax, ylabel in ((left, "seconds"), (right, "GB")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    left.set_yscale("log")
+    left.set_title("time against length")
+    right.set_title("memory against length")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -281,6 +345,16 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     drawn = [(f, png) for f, x, y, png in plots if plot_sweep(lines, f, x, y, docs / png)]
     if drawn:
         md += ["## The sweeps", ""] + [f"![{f}]({png})\n" for f, png in drawn]
+    if plot_long_sequences(lines, docs / "benchmarks-long-sequences.png"):
+        md += [
+            "## Long sequences",
+            "",
+            "The embedded tiny model with 40,960 positions (`python -m benchmarks.long_sequences`); the materialised "
+            "attention it replaced needed 14 GB at 8K tokens for this model and could not run 16K.",
+            "",
+            "![long sequences](benchmarks-long-sequences.png)",
+            "",
+        ]
     cp = control_plane(lines)
     if cp:
         md += ["## Where a trivial op's time goes", "", *cp, ""]

@@ -62,11 +62,13 @@ MEMORY_PLAN_BYTES = Gauge(
     ["part"],
 )
 MEMORY_PLAN_MAX_TOKENS = Gauge(
-    "tinkerflow_memory_plan_max_tokens", "tokens the memory plan admits per forward_backward datum or sampled sequence",
+    "tinkerflow_memory_plan_max_tokens",
+    "tokens the memory plan admits per forward_backward datum or sampled sequence",
     ["op"],
 )
 MEMORY_PLAN_BYTES_PER_TOKEN = Gauge(
-    "tinkerflow_memory_plan_bytes_per_token", "the plan's per-token costs (training with checkpointing; KV cache)",
+    "tinkerflow_memory_plan_bytes_per_token",
+    "the plan's per-token costs (training with checkpointing; KV cache)",
     ["kind"],
 )
 ENGINE_MFU = Gauge(

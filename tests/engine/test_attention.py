@@ -149,7 +149,7 @@ def test_an_unknown_forced_implementation_is_refused(monkeypatch):
 def _model_numbers(model_dir, monkeypatch, implementation: str):
     """Per-token logprobs and the LoRA gradient of a ragged two-datum batch, with `implementation` forced."""
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, LoraConfig
+    from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, ForwardBackwardResult, LoraConfig
 
     monkeypatch.setenv("TINKERFLOW_ATTENTION", implementation)
     engine = Engine.load(str(model_dir), max_lora_adapters=2, max_lora_rank=4, progress=False)
@@ -160,6 +160,7 @@ def _model_numbers(model_dir, monkeypatch, implementation: str):
         s = rng.integers(1, 250, n + 1).astype(np.int32)
         data.append(Datum(tokens=s[:-1], inputs={"target_tokens": s[1:]}))
     [res] = engine.forward_backward([ForwardBackwardInput(slot=0, data=data, loss_fn="cross_entropy")])
+    assert isinstance(res, ForwardBackwardResult), res
     return [o["logprobs"] for o in res.outputs], res.metrics["loss:sum"], engine.accumulated_grads(0)
 
 

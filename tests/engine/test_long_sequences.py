@@ -45,6 +45,7 @@ def test_chunked_logprobs_equal_the_whole_vocabulary_at_once(qwen3_dir, monkeypa
         engine = Engine.load(str(qwen3_dir), max_lora_adapters=1, max_lora_rank=4, progress=False)
         engine.create_adapter(0, LoraConfig(rank=4, seed=2))
         [res] = engine.forward_backward([_ce(0, np.random.default_rng(4), 100)])
+        assert isinstance(res, ForwardBackwardResult), res
         numbers.append((res.outputs[0]["logprobs"], res.metrics["loss:sum"], engine.accumulated_grads(0)))
     (lp_whole, loss_whole, g_whole), (lp_chunked, loss_chunked, g_chunked) = numbers
     np.testing.assert_allclose(lp_chunked, lp_whole, rtol=TOL, atol=TOL)

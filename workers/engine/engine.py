@@ -23,7 +23,7 @@ import numpy as np
 from .model.config import ModelConfig
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .runtime import warm_up
-from .runtime.memory_plan import MemoryPlan, make_plan
+from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
 from .sampling.sampler import MIN_STOP_IDS, SlotSampler
@@ -85,8 +85,9 @@ class Engine:
         self._adapters = AdapterSlots(loaded.lora, self._layout, max_adapters=max_lora_adapters,
                                       max_rank=max_lora_rank)  # fmt: skip
         # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
-        # device's memory.
-        self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes)
+        # memory the plan divides (the device's, or --device-memory-gb).
+        _, capacity, _ = device_capacity(device_memory_bytes)
+        self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes or int(capacity * 0.10))
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights

@@ -154,7 +154,7 @@ def blockwise_attention(
     bq, bk = min(block_q, t), min(block_k, s)
     tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
     qg = _pad(q.reshape(b, t, kvh, h // kvh, d), tp)
-    out = _flash(qg, _pad(k, sp), _pad(v, sp), _pad(q_segments, tp), _pad(kv_segments, sp), q_offset, bq, bk)
+    out: jax.Array = _flash(qg, _pad(k, sp), _pad(v, sp), _pad(q_segments, tp), _pad(kv_segments, sp), q_offset, bq, bk)  # pyright: ignore[reportAssignmentType]  (custom_vjp's return type is opaque)
     return out[:, :t].reshape(b, t, h, d)
 
 
@@ -331,7 +331,7 @@ def _pallas_gpu(q, k, v, segments) -> jax.Array:
     k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
     q, k, v, seg = (_pad(x, padded) for x in (q, k, v, segments))
     # Padding (segment 0) sees only padding, never a real token, and its output is zeroed below.
-    out = pallas_attention.mha(q, k, v, seg, sm_scale=q.shape[-1] ** -0.5, causal=True)
+    out: jax.Array = pallas_attention.mha(q, k, v, seg, sm_scale=q.shape[-1] ** -0.5, causal=True)  # pyright: ignore[reportAssignmentType]
     out = out[:, :t].astype(jnp.float32)
     return jnp.where((segments > 0)[:, :, None, None], out, 0.0)
 

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from ..model.config import ModelConfig, round_down_seq_len
-from ..model.logprobs import LOGITS_CHUNK_BYTES
+from ..model.logprobs import chunk_tokens
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class MemoryPlan:
     work_bytes: int  # capacity - resident - snapshots - reserve: what one op may use at a time
     train_bytes_per_token: int  # a forward_backward token, with gradient checkpointing
     train_bytes_per_token_no_remat: int
-    train_fixed_bytes: int  # the chunked logits and their gradient
+    train_fixed_bytes: int  # the chunked logits and their gradient (at most: shorter sequences hold less)
     kv_bytes_per_token: int  # one token of KV cache (every layer's keys and values)
     prefill_bytes_per_token: int  # a prompt token's activations while it is prefilled (besides its KV)
     max_train_tokens: int  # per forward_backward datum (and micro-batch)
@@ -185,9 +185,16 @@ def make_plan(
     reserve = max(RESERVE_MIN, int(capacity * RESERVE_SHARE))
     work = max(0, capacity - resident - snapshot_bytes - reserve)
     costs = per_token_costs(config, dtype, max_lora_rank)
-    train_fixed = 3 * LOGITS_CHUNK_BYTES  # a chunk's logits, their log-softmax and their gradient
-    train_room = max(0, int(work * TRAIN_SHARE) - train_fixed)
-    max_train = train_room // costs["train"]
+    # A chunk of positions' logits, their log-softmax and their gradient (model/logprobs.py): per token up to the
+    # chunk's length (a small vocabulary's whole sequence is one chunk), a fixed cost past it.
+    chunk = chunk_tokens(1, config.vocab_size)
+    logits_token = 3 * config.vocab_size * 4
+    train_fixed = chunk * logits_token
+    room = int(work * TRAIN_SHARE)
+    if room >= chunk * (costs["train"] + logits_token):
+        max_train = chunk + (room - train_fixed - chunk * costs["train"]) // costs["train"]
+    else:
+        max_train = room // (costs["train"] + logits_token)
     max_sample = int(work * TRAIN_SHARE) // (costs["kv"] + costs["prefill"] + 8)
     # Rows are padded to length buckets: the limits are bucket lengths, so whatever fits them fits padded.
     max_train, max_sample = round_down_seq_len(max_train), round_down_seq_len(max_sample, minimum=128)
