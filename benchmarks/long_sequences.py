@@ -111,8 +111,8 @@ def sdk_figures(model: Path, lengths: list[int]) -> dict[int, dict[str, float]]:
                        extra=["--base-model", str(model), "--max-lora-adapters", "2", "--warm-up", "off"])  # fmt: skip
         try:
             service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
-            training = service.create_lora_training_client(base_model=stack.served_model(), rank=8)
-            sampler = training.save_weights_and_get_sampling_client("bench")
+            training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
+            sampler = training.save_weights_and_get_sampling_client().result()
             pid = stack.parts()["jax-worker"]["pid"]
             for n in lengths:
                 s = tokens(n, n)

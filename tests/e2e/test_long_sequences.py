@@ -80,8 +80,8 @@ def test_long_sequences_train_and_sample_through_the_sdk(tmp_path_factory, long_
     stack = _stack(tmp_path_factory, long_model)
     try:
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
-        training = service.create_lora_training_client(base_model=stack.served_model(), rank=8)
-        sampler = training.save_weights_and_get_sampling_client("long")
+        training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
+        sampler = training.save_weights_and_get_sampling_client().result()
         pid = stack.parts()["jax-worker"]["pid"]
         for n in (2048, 8192, 16384, 32768, POSITIONS):
             out = training.forward_backward([_datum(n, n)], "cross_entropy").result(timeout=TIMEOUT_S)
@@ -105,7 +105,7 @@ def test_a_request_bigger_than_the_plan_is_refused_while_another_tenant_trains(t
         model = stack.served_model()
         pid = stack.parts()["jax-worker"]["pid"]
         other = tinker.ServiceClient(base_url=stack.base_url, api_key=OTHER_API_KEY)
-        theirs = other.create_lora_training_client(base_model=model, rank=8)
+        theirs = other.create_lora_training_client(base_model=model, rank=8).result()
         losses: list[float] = []
         failures: list[BaseException] = []
         running = threading.Event()
@@ -126,7 +126,7 @@ def test_a_request_bigger_than_the_plan_is_refused_while_another_tenant_trains(t
         loop.start()
         assert running.wait(600)
         mine = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
-        training = mine.create_lora_training_client(base_model=model, rank=8)
+        training = mine.create_lora_training_client(base_model=model, rank=8).result()
         err = _user_error(training.forward_backward([_datum(32000)], "cross_entropy"))
         assert "32,000 tokens" in str(err) and "this worker fits" in str(err) and "--device-memory-gb" in str(err)
         # The refused request cost nothing: the same client trains right after.

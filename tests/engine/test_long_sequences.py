@@ -172,3 +172,15 @@ def test_the_context_limit_is_a_user_error(engine):
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     [res] = engine.forward_backward([_ce(0, np.random.default_rng(0), engine.info.max_position_embeddings + 1)])
     assert isinstance(res, InputError) and "max_position_embeddings" in str(res)
+
+
+def test_the_plan_never_underestimates_what_xla_allocates_for_a_long_datum(engine):
+    """XLA's own memory figure for the compiled train step of one long datum, against the plan's estimate of the same
+    (fixed part + per-token cost): the plan may be generous, never short (a short plan would admit what cannot run)."""
+    plan, steps = engine.memory, engine.steps
+    for n in (2048, 8192):
+        batch = steps.placement.put_batch(pack([], [], 1, n, 1))
+        needed = steps.needed_bytes(engine.adapters.lora, engine.base, engine.adapters.grads, batch, train=True)
+        cost = plan.train_bytes_per_token if steps.remat(batch) else plan.train_bytes_per_token_no_remat
+        logits = 3 * engine.info.vocab_size * 4 * n  # this model's whole sequence is one chunk of the vocabulary
+        assert needed <= n * cost + min(logits, plan.train_fixed_bytes), (n, needed)
