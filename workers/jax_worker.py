@@ -297,7 +297,8 @@ def load_engine(settings: Settings, local_path: str):
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
     return Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
                        max_lora_rank=settings.max_lora_rank, mesh=mesh,
-                       snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20)  # fmt: skip
+                       snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
+                       prefix_cache_tokens=settings.prefix_cache_tokens)  # fmt: skip
 
 
 async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
