@@ -75,6 +75,13 @@ class ClaimCheckStore:
         except Exception:  # collection is best effort; an orphan costs disk, never correctness
             log.warning("could not delete claim-check object %s", ref.uri, exc_info=True)
 
+    def cancel_marker(self, payload_uri: str) -> str:
+        """Where cancel_future marks a queued sample, by its body's uri; the JAX worker looks before sampling."""
+        return f"{self.root}/cancelled/{hashlib.sha256(payload_uri.encode()).hexdigest()}"
+
+    def cancelled(self, payload_uri: str) -> bool:
+        return bool(self.fs.exists(self.cancel_marker(payload_uri)))
+
     def sweep(self, kind: str, older_than_s: float) -> tuple[int, int]:
         """Delete objects of `kind` written more than `older_than_s` ago; returns (objects, bytes) removed.
 
