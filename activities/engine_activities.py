@@ -343,27 +343,27 @@ class EngineActivities:
             snapshot = item.snapshot or None
             if snapshot in self._load_errors:
                 raise InputError(f"could not load sampler weights {snapshot}: {self._load_errors[snapshot]}")
-            saved = snapshot and snapshot.startswith("tinker://") and self.checkpoints is not None
-            if saved and self.engine.snapshot_evicted(snapshot):
+            if (
+                snapshot
+                and snapshot.startswith("tinker://")
+                and self.checkpoints is not None
+                and self.engine.snapshot_evicted(snapshot)
+            ):
                 try:  # saved weights the snapshot budget pushed out: read them again (ephemeral ones fail clearly)
                     checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
                 except (InputError, CheckpointError) as e:
                     raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
-            if self.store.cancelled(_payload(item).uri):
-                raise InputError("cancelled by the client (cancel_future) before it was sampled")
-            body = self.store.get(_payload(item))
+            body = self.store.get_unless_cancelled(_payload(item))  # cancel_future marks queued samples
             inp = wire.sample_input(body, snapshot)
             asked[id(inp)] = (item, body)
             return inp
 
         def encode(inp: SampleInput, res: SampleResult) -> Outcome:
-            tokens = sum(len(s.tokens) for s in res.sequences)
+            tokens, (item, body) = sum(len(s.tokens) for s in res.sequences), asked[id(inp)]
             if self.points is not None:
                 point = {"num_samples": len(res.sequences), "tokens_generated": tokens, "wall_s": timer.seconds}
-                self.points.sample(asked[id(inp)][0], point)
-            return Outcome(
-                blob=self.store.put(wire.sample_output(res, asked[id(inp)][1]), "results"), json={"tokens": tokens}
-            )
+                self.points.sample(item, point)
+            return Outcome(blob=self.store.put(wire.sample_output(res, body), "results"), json={"tokens": tokens})
 
         return self._one_engine_call(items, decode, timer.wrap(self.engine.sample), encode)
 

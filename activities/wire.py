@@ -10,10 +10,12 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import EncodedTextChunk, SampleRequest
+from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
 
 from tinkerflow.workers.engine.types import (
     Datum,
@@ -230,7 +232,7 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
     )
 
 
-def _target_ids(t) -> np.ndarray | None:
+def _target_ids(t: TensorDataModel | None) -> np.ndarray | None:
     """target_prompt_logprobs as dense int64 [rows, K] with -1 where nothing is asked (CSR: unlisted cells)."""
     if t is None:
         return None
@@ -297,7 +299,7 @@ def _topk(msg: pb.TopkLogprobs, ids: np.ndarray, lps: np.ndarray) -> None:
     msg.length = length
 
 
-def _dense(msg: pb.Tensor, arr: np.ndarray, dtype: int) -> None:
+def _dense(msg: pb.Tensor, arr: np.ndarray, dtype: pb.DType.ValueType) -> None:
     msg.dtype = dtype
     msg.shape.extend(arr.shape)
     msg.dense = np.ascontiguousarray(arr).tobytes()
@@ -306,15 +308,15 @@ def _dense(msg: pb.Tensor, arr: np.ndarray, dtype: int) -> None:
 def _target_answer(msg: pb.Tensor, values: np.ndarray, request: bytes | None) -> None:
     """float32 log-probs in the request's layout: dense, or CSR at the cells the request listed."""
     values = np.asarray(values, np.float32)
-    asked = json.loads(request).get("target_prompt_logprobs") if request else None
-    crow = (asked or {}).get("sparse_crow_indices")
-    if crow is None:
+    asked: dict[str, Any] = (json.loads(request).get("target_prompt_logprobs") or {}) if request else {}
+    if asked.get("sparse_crow_indices") is None:
         _dense(msg, values, pb.DTYPE_FLOAT32)
         return
-    crow = np.asarray(crow, np.int64)
+    crow: np.ndarray = np.asarray(asked["sparse_crow_indices"], np.int64)
     col = np.asarray(asked.get("sparse_col_indices") or [], np.int64)
     msg.dtype = pb.DTYPE_FLOAT32
     msg.shape.extend(values.shape)
     msg.sparse_csr.crow_indices = crow.tobytes()
     msg.sparse_csr.col_indices = col.tobytes()
-    msg.sparse_csr.values = values[np.repeat(np.arange(values.shape[0]), np.diff(crow)), col].tobytes()
+    rows: np.ndarray = np.repeat(np.arange(values.shape[0], dtype=np.int64), np.diff(crow))
+    msg.sparse_csr.values = values[rows, col].tobytes()

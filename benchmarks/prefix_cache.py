@@ -54,6 +54,7 @@ def engine_figures(model_dir: str, repeats: int) -> dict[str, dict]:
             p = np.array(_prompt(rng, PROMPT_LEN, vocab), np.int32)
             [r] = engine.sample([SampleInput(prompt=p, num_samples=GROUP, max_tokens=NEW_TOKENS, stop_token_ids=[],
                                              seed=1, cache_namespace=ns)])  # fmt: skip
+            assert not isinstance(r, Exception), r
             return r.prompt_cache_hit_tokens
 
         def conversation(ns: str, rng=rng) -> int:
@@ -61,6 +62,7 @@ def engine_figures(model_dir: str, repeats: int) -> dict[str, dict]:
             for p in _conversation(rng, vocab):
                 [r] = engine.sample([SampleInput(prompt=np.array(p, np.int32), max_tokens=NEW_TOKENS, seed=1,
                                                  stop_token_ids=[], cache_namespace=ns)])  # fmt: skip
+                assert not isinstance(r, Exception), r
                 hits += r.prompt_cache_hit_tokens
             return hits
 

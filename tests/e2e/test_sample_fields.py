@@ -23,7 +23,7 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 11, 60, 8, 19, 23, 71, 44, 2, 9, 31, 12, 88,
 
 @pytest.fixture(scope="module")
 def sampler(service_client, base_model):
-    return service_client.create_sampling_client(base_model=base_model)
+    return service_client.create_sampling_client(base_model=base_model).result()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_prompt_logprobs_last_n(sampler, base_trainer):
 
 
 def test_record_stability_info_samples_with_logprobs(service_client, base_model):
-    client = service_client.create_sampling_client(base_model=base_model, record_stability_info=True)
+    client = service_client.create_sampling_client(base_model=base_model, record_stability_info=True).result()
     res = client.sample(types.ModelInput.from_ints(PROMPT), 2, types.SamplingParams(max_tokens=4, stop=[])).result()
     assert all(len(s.logprobs or []) == 4 and s.sequence_id for s in res.sequences)
 
@@ -100,14 +100,15 @@ def test_a_field_beyond_its_limit_is_a_user_error_naming_it(sampler):
                        topk_sample_logprobs=500).result()  # fmt: skip
 
 
-def test_prefix_cache_hits_within_a_session_only(service_client, base_model, sampler):
+def test_prefix_cache_hits_within_a_session_only(service_client, base_model):
+    sampler = service_client.create_sampling_client(base_model=base_model).result()
     long = PROMPT * 3  # 66 tokens: four whole blocks
     group = sampler.sample(types.ModelInput.from_ints(long), 16, types.SamplingParams(max_tokens=4, seed=2)).result()
     again = sampler.sample(types.ModelInput.from_ints(long), 1, types.SamplingParams(max_tokens=4, seed=2)).result()
     assert group.prompt_cache_hit_tokens == 0 and again.prompt_cache_hit_tokens == 64
     assert again.sequences[0].tokens == group.sequences[0].tokens
     np.testing.assert_allclose(again.sequences[0].logprobs, group.sequences[0].logprobs, atol=1e-5)
-    other = service_client.create_sampling_client(base_model=base_model)
+    other = service_client.create_sampling_client(base_model=base_model).result()
     fresh = other.sample(types.ModelInput.from_ints(long), 1, types.SamplingParams(max_tokens=4, seed=2)).result()
     assert fresh.prompt_cache_hit_tokens == 0
 

@@ -76,7 +76,7 @@ def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: Pre
     starts = [len(c) * BLOCK for c in cached]
     prefix = any(starts)
     slen = round_up_seq_len(max(len(rows[i].prompt) - s for i, s in zip(chosen, starts))) if prefix else full
-    kg = max((rows[i].target_ids.shape[1] for i in chosen if rows[i].target_ids is not None), default=0)
+    kg = max((t.shape[1] for i in chosen if (t := rows[i].target_ids) is not None), default=0)
     kg = round_up_pow2(kg) if kg else 0
     alt = max((rows[i].prompt_alt_tokens_k for i in chosen), default=0)
     prompt, prompt_len = np.zeros((r, slen), np.int32), np.ones((r,), np.int32)

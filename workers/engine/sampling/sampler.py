@@ -113,7 +113,7 @@ class SlotSampler:
         self._admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots", "pool"))
         self._decode = AotCache("sample_decode", partial(decode, graphdef, placement), donate=("slots",))
         self._empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
-        self._idle: dict[tuple[int, int, int], tuple[Slots, np.ndarray]] = {}  # (B, L, M) -> slots, pending release
+        self._idle: dict[tuple[int, ...], tuple[Slots, np.ndarray]] = {}  # (B, L, M, K) -> slots, pending release
         self._families: set[tuple] = set()
         # Prompt and cache-length buckets the warm-up compiles (Engine.prefer_buckets): rows round up to them where
         # they fit. Fixed at start, whatever the warm-up got to, so a row's shapes never depend on timing.
