@@ -55,6 +55,7 @@ class PrefixIndex:
             found.append(block)
             parent = block
         self._touch(found)
+        self.hits += len(found) * BLOCK
         return found
 
     def plan_writes(self, namespace: Hashable, prompt: np.ndarray, cached: list[int], pinned: set[int]) -> list[int]:
