@@ -28,8 +28,8 @@ def write_prophet_arena(path: Path, events: int = 12) -> None:
         for e in range(events):
             before = e < events // 2
             day = 1 + e
-            snapshot = f"2025-{9 if before else 11}-{day:02d}T00:00:00Z"
-            close = f"2025-{9 if before else 11}-{day + 5:02d}T00:00:00Z"
+            snapshot = f"2025-{9 if before else 11:02d}-{day:02d}T00:00:00Z"
+            close = f"2025-{9 if before else 11:02d}-{day + 5:02d}T00:00:00Z"
             markets = [f"the tide is high on day {e}", f"the fox jumps on day {e}"]
             out.writerow({
                 "submission_id": f"s{e}", "event_ticker": f"EV{e}", "title": f"What happens on day {e}?",
