@@ -336,7 +336,7 @@ class EngineActivities:
         return self._one_engine_call(items, decode, timer.wrap(self.engine.forward_backward), encode)
 
     def _sample(self, items: list[WorkItem]) -> list[Outcome]:
-        asked: dict[int, WorkItem] = {}
+        asked: dict[int, tuple[WorkItem, bytes]] = {}  # the item and its SampleRequest body
         timer = EngineTimer()
 
         def decode(item: WorkItem) -> SampleInput:
@@ -353,16 +353,17 @@ class EngineActivities:
                     checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
                 except (InputError, CheckpointError) as e:
                     raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
-            inp = wire.sample_input(self.store.get(_payload(item)), snapshot)
-            asked[id(inp)] = item
+            body = self.store.get_unless_cancelled(_payload(item))  # cancel_future marks queued samples
+            inp = wire.sample_input(body, snapshot)
+            asked[id(inp)] = (item, body)
             return inp
 
         def encode(inp: SampleInput, res: SampleResult) -> Outcome:
-            tokens = sum(len(s.tokens) for s in res.sequences)
+            tokens, (item, body) = sum(len(s.tokens) for s in res.sequences), asked[id(inp)]
             if self.points is not None:
                 point = {"num_samples": len(res.sequences), "tokens_generated": tokens, "wall_s": timer.seconds}
-                self.points.sample(asked[id(inp)], point)
-            return Outcome(blob=self.store.put(wire.sample_output(res), "results"), json={"tokens": tokens})
+                self.points.sample(item, point)
+            return Outcome(blob=self.store.put(wire.sample_output(res, body), "results"), json={"tokens": tokens})
 
         return self._one_engine_call(items, decode, timer.wrap(self.engine.sample), encode)
 

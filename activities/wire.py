@@ -10,10 +10,12 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import EncodedTextChunk, SampleRequest
+from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
 
 from tinkerflow.workers.engine.types import (
     Datum,
@@ -23,6 +25,7 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
+from tinkerflow.workers.engine.validation import MAX_TARGET_PROMPT_LOGPROBS
 
 _PROTO_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 _NUMPY_TO_PROTO = {
@@ -193,14 +196,15 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
         tokens.extend(chunk.tokens)
     p = req.sampling_params
     stop = p.stop
+    # The stop rule (docs/wire-contract.md §Sampling): None and strings keep EOS; [] stops at nothing; ids add EOS.
     if stop is None:
         stop_ids, stop_strings = None, []
     elif isinstance(stop, str):
-        stop_ids, stop_strings = [], [stop]
+        stop_ids, stop_strings = None, [stop]
     elif all(isinstance(s, int) for s in stop):
         stop_ids, stop_strings = [int(s) for s in stop], []
     else:
-        stop_ids, stop_strings = [], [str(s) for s in stop]
+        stop_ids, stop_strings = None, [str(s) for s in stop]
     if req.num_samples < 1:
         raise InputError(f"num_samples must be at least 1, got {req.num_samples}")
     if p.max_tokens is not None and p.max_tokens < 1:
@@ -218,26 +222,101 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
         include_prompt_logprobs=bool(req.prompt_logprobs),
         topk_prompt_logprobs=int(req.topk_prompt_logprobs or 0),
         snapshot=snapshot or None,
+        topk_sample_logprobs=int(req.topk_sample_logprobs or 0),
+        target_prompt_logprobs=_target_ids(req.target_prompt_logprobs),
+        prompt_alt_tokens_k=int(req.prompt_alt_tokens_k or 0),
+        prompt_logprobs_last_n=req.prompt_logprobs_last_n,
+        # record_stability_info needs nothing kept here: what StableReinforce reads of a sampled sequence is its
+        # log-probs, which every response carries and the cookbook puts in the datum (docs/wire-contract.md).
+        cache_namespace=req.sampling_session_id or None,
     )
 
 
-def sample_output(result: SampleResult) -> bytes:
+def _target_ids(t: TensorDataModel | None) -> np.ndarray | None:
+    """target_prompt_logprobs as dense int64 [rows, K] with -1 where nothing is asked (CSR: unlisted cells)."""
+    if t is None:
+        return None
+    shape = [int(x) for x in (t.shape or [])]
+    if len(shape) != 2 or shape[0] > Bounds().max_rows or not 0 < shape[1] <= MAX_TARGET_PROMPT_LOGPROBS:
+        raise InputError(
+            f"target_prompt_logprobs must be [len(prompt) - 1, K] with 1 <= K <= {MAX_TARGET_PROMPT_LOGPROBS}, "
+            f"got shape {shape}"
+        )
+    if t.dtype != "int64":
+        raise InputError(f"target_prompt_logprobs must be int64 token ids, got {t.dtype}")
+    values = np.asarray(t.data, dtype=np.int64).reshape(-1)
+    if t.sparse_crow_indices is None:
+        if values.size != shape[0] * shape[1]:
+            raise InputError(f"target_prompt_logprobs has {values.size} values but shape {shape}")
+        return values.reshape(shape)
+    crow = np.asarray(t.sparse_crow_indices, np.int64)
+    col = np.asarray(t.sparse_col_indices or [], np.int64)
+    if (
+        len(crow) != shape[0] + 1
+        or len(col) != len(values)
+        or (crow.size and (crow[0] != 0 or crow[-1] != len(values) or np.any(np.diff(crow) < 0)))
+        or (col.size and (col.min() < 0 or col.max() >= shape[1]))
+    ):
+        raise InputError(f"target_prompt_logprobs: CSR crow/col indices do not fit shape {shape}")
+    dense = np.full(shape, -1, np.int64)
+    dense[np.repeat(np.arange(shape[0]), np.diff(crow)), col] = values
+    return dense
+
+
+def sample_output(result: SampleResult, request: bytes | None = None) -> bytes:
+    """The SampleResponse protobuf; `request` (the SampleRequest body) gives target_prompt_logprobs its layout back
+    (a CSR request is answered in CSR, at the cells it listed)."""
     out = pb.SampleResponse()
+    out.prompt_cache_hit_tokens = result.prompt_cache_hit_tokens
     for seq in result.sequences:
         s = out.sequences.add()
         s.stop_reason = pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH
         s.tokens = np.asarray(seq.tokens, dtype=np.int32).tobytes()
         s.logprobs = np.asarray(seq.logprobs, dtype=np.float32).tobytes()
+        if seq.topk_logprobs is not None:
+            _topk(s.topk_sampled_logprobs, *seq.topk_logprobs)
+    if result.target_prompt_logprobs is not None:
+        _target_answer(out.target_prompt_logprobs, result.target_prompt_logprobs, request)
+    if result.prompt_alt_tokens is not None:
+        ids, lps = result.prompt_alt_tokens
+        _dense(out.prompt_alt_tokens.tokens, np.asarray(ids, np.int64), pb.DTYPE_INT64)
+        _dense(out.prompt_alt_tokens.logprobs, np.asarray(lps, np.float32), pb.DTYPE_FLOAT32)
     if result.prompt_logprobs is not None:
         values = [math.nan if v is None else v for v in result.prompt_logprobs]
         out.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
     if result.topk_prompt_logprobs is not None:
-        ids, lps = result.topk_prompt_logprobs
-        length, k = ids.shape
-        # Row-major [length, k] int32 ids and float32 log-probs (docs/wire-contract.md §Binary results); k == 0 or
-        # length == 0 means None.
-        out.topk_prompt_logprobs.token_ids = np.ascontiguousarray(ids, dtype=np.int32).tobytes()
-        out.topk_prompt_logprobs.logprobs = np.ascontiguousarray(lps, dtype=np.float32).tobytes()
-        out.topk_prompt_logprobs.k = k
-        out.topk_prompt_logprobs.length = length
+        _topk(out.topk_prompt_logprobs, *result.topk_prompt_logprobs)
     return out.SerializeToString()
+
+
+def _topk(msg: pb.TopkLogprobs, ids: np.ndarray, lps: np.ndarray) -> None:
+    """Row-major [length, k] int32 ids and float32 log-probs (docs/wire-contract.md §Binary results); k == 0 or
+    length == 0 means None."""
+    length, k = ids.shape
+    msg.token_ids = np.ascontiguousarray(ids, dtype=np.int32).tobytes()
+    msg.logprobs = np.ascontiguousarray(lps, dtype=np.float32).tobytes()
+    msg.k = k
+    msg.length = length
+
+
+def _dense(msg: pb.Tensor, arr: np.ndarray, dtype: pb.DType.ValueType) -> None:
+    msg.dtype = dtype
+    msg.shape.extend(arr.shape)
+    msg.dense = np.ascontiguousarray(arr).tobytes()
+
+
+def _target_answer(msg: pb.Tensor, values: np.ndarray, request: bytes | None) -> None:
+    """float32 log-probs in the request's layout: dense, or CSR at the cells the request listed."""
+    values = np.asarray(values, np.float32)
+    asked: dict[str, Any] = (json.loads(request).get("target_prompt_logprobs") or {}) if request else {}
+    if asked.get("sparse_crow_indices") is None:
+        _dense(msg, values, pb.DTYPE_FLOAT32)
+        return
+    crow: np.ndarray = np.asarray(asked["sparse_crow_indices"], np.int64)
+    col = np.asarray(asked.get("sparse_col_indices") or [], np.int64)
+    msg.dtype = pb.DTYPE_FLOAT32
+    msg.shape.extend(values.shape)
+    msg.sparse_csr.crow_indices = crow.tobytes()
+    msg.sparse_csr.col_indices = col.tobytes()
+    rows: np.ndarray = np.repeat(np.arange(values.shape[0], dtype=np.int64), np.diff(crow))
+    msg.sparse_csr.values = values[rows, col].tobytes()

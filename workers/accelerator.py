@@ -123,8 +123,10 @@ class AcceleratorMeter:
 
 def publish_memory_plan(plan: Any) -> None:
     """The engine's device-memory plan (runtime/memory_plan.MemoryPlan) as gauges, once at load."""
-    parts = {"capacity": plan.capacity_bytes, "resident": plan.resident_bytes, "snapshots": plan.snapshot_bytes,
-             "reserve": plan.reserve_bytes, "work": plan.work_bytes}  # fmt: skip
+    parts = {
+        "capacity": plan.capacity_bytes, "resident": plan.resident_bytes, "snapshots": plan.snapshot_bytes,
+        "reserve": plan.reserve_bytes, "prefix_cache": plan.prefix_cache_bytes, "work": plan.work_bytes,
+    }  # fmt: skip
     for part, value in parts.items():
         metrics.MEMORY_PLAN_BYTES.labels(part).set(value)
     metrics.MEMORY_PLAN_MAX_TOKENS.labels("forward_backward").set(plan.max_train_tokens)

@@ -298,7 +298,8 @@ def load_engine(settings: Settings, local_path: str):
     engine = Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
                          max_lora_rank=settings.max_lora_rank, mesh=mesh,
                          snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
-                         device_memory_bytes=int(settings.device_memory_gb * 2**30))  # fmt: skip
+                         device_memory_bytes=int(settings.device_memory_gb * 2**30),
+                         prefix_cache_tokens=settings.prefix_cache_tokens)  # fmt: skip
     publish_memory_plan(engine.memory)
     return engine
 

@@ -132,6 +132,7 @@ class SessionState:
     heartbeats: int = 0
     display_name: str = ""
     project_id: str = ""
+    sampler_clients: dict[str, int] = field(default_factory=dict[str, int])  # sampler -> clients joined so far
 
 
 # --- training runs ---------------------------------------------------------------------------------------------

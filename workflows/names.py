@@ -56,6 +56,11 @@ def sampler_id_for(session_id: str, seq: int) -> str:
     return f"{session_id}:sample:{seq}"
 
 
+def inflight_key(model_id: str) -> str:
+    """The snapshot key every inflight sampler of a training run reads: each inflight save re-takes it."""
+    return f"{model_id}:inflight"
+
+
 def session_of(model_or_sampler_id: str) -> str:
     return model_or_sampler_id.split(":", 1)[0]
 

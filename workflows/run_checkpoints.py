@@ -30,6 +30,9 @@ from tinkerflow.workflows.messages import (
 )
 from tinkerflow.workflows.requester import CoordinatorCalls
 
+# kind="inflight" saves take the run's one inflight key instead of a snapshot per sampler.
+PATCH_INFLIGHT = "sampling-inflight-v1"
+
 
 class RunCheckpoints:
     s: RunState
@@ -134,6 +137,11 @@ class RunCheckpoints:
                 return Outcome.failed("save_weights_for_sampler needs a path or a sampling_session_seq_id")
             sampler_id = names.sampler_id_for(start.session_id, int(seq))
             key = sampler_id
+            # Inflight: every inflight sampler of this run reads one key, which each inflight save re-takes, so old
+            # and new inflight clients sample the newest weights; each save is still its own sampling session (a fresh
+            # prefix-cache namespace).
+            if save.inflight and workflow.patched(PATCH_INFLIGHT):
+                key = names.inflight_key(start.model_id)
         if not sampler_id:
             # Named weights persist as PEFT files (any later sampler, session or worker can load them) ...
             outcome = await self._write_checkpoint(key, save)

@@ -148,6 +148,19 @@ class SessionWorkflow:
             ) from None
         return self.s.samplers[sampler_id]
 
+    @workflow.update
+    def join_sampler(self, sampler_id: str) -> int:
+        """A new client of one of this session's samplers (an unpickled SamplingClient): its number, unique among the
+        sampler's clients (the original is 0), so clones never reuse each other's request seq_ids."""
+        count = self.s.sampler_clients.get(sampler_id, 0) + 1
+        self.s.sampler_clients[sampler_id] = count
+        return count
+
+    @join_sampler.validator
+    def _validate_join(self, sampler_id: str) -> None:
+        if sampler_id not in self.s.samplers:
+            raise ApplicationError(f"unknown sampling session {sampler_id}", type=ErrorType.UNKNOWN_SAMPLER)
+
     @workflow.query
     def describe(self) -> SessionState:
         return self.s

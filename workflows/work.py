@@ -121,6 +121,8 @@ class SaveRequest:
     user_metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     overwrite: bool = False
     age_recipients: list[str] = field(default_factory=list[str])
+    # kind="inflight" (the SDK's SamplingClientKind): the run's one mutable sampler target, not a snapshot
+    inflight: bool = False
 
 
 # --- histories written before typed parameters -------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tinkerflow.api import (
     routes_runs,
     routes_sampling,
     routes_service,
+    routes_session_futures,
     routes_training,
 )
 from tinkerflow.api.body_limits import BodyLimit
@@ -79,6 +80,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     )
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
+    app.include_router(routes_session_futures.router)  # retrieve_futures, join_sampling_session, cancel_future
     app.include_router(routes_run_metrics.router)  # per-run metric points (docs/metrics.md)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
     app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)

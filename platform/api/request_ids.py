@@ -17,7 +17,7 @@ import base64
 import hashlib
 import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tinkerflow.common.errors import BadRequestId
 
@@ -40,6 +40,7 @@ class BatchItemRef:
 
     workflow_id: str
     index: int
+    payload_uri: str = field(default="", compare=False)  # where its body is, when known (never in the id)
 
 
 @dataclass(frozen=True)

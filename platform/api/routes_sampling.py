@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from tinker.types import CreateSamplingSessionRequest, SampleRequest
 
-from tinkerflow.api import request_ids
+from tinkerflow.api import request_ids, session_futures
 from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
@@ -109,9 +110,12 @@ async def asample(
             status_code=429, headers={"Retry-After": str(ref.retry_after_s)}, content={"detail": ref.message}
         )
     wf_id, index = ref.workflow_id, ref.index
+    request_id = request_ids.encode(ref, svc.signing_key, who)
+    if req.seq_id is not None:  # for the session's retrieve_futures poll and cancel_future
+        await asyncio.to_thread(session_futures.record, svc, info.sampler_id, req.seq_id, request_id, ref.payload_uri)
     # A retried call (same seq_id) may land in another batch and sample again: sampling changes no state, and the
     # client only ever sees one of the answers.
     return {
-        "request_id": request_ids.encode(ref, svc.signing_key, who),
+        "request_id": request_id,
         "sample_sequence_ids": [f"{wf_id}#{index}#{i}" for i in range(req.num_samples)],
     }

@@ -25,7 +25,14 @@ router = APIRouter(prefix="/api/v1")
 @router.post("/client/config")
 async def client_config(_: str = Depends(owner)) -> dict:
     # zstd keeps big forward_backward bodies small on the wire; the adapter decompresses with a size cap.
-    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True}
+    # One long-poll per sampling session instead of one per sample, and server-numbered clones of a sampler
+    # (routes_session_futures.py).
+    return {
+        "pjwt_auth_enabled": False,
+        "proto_compress_fwdbwd": True,
+        "sample_use_retrieve_futures": True,
+        "sample_join_sampling_session": True,
+    }
 
 
 @router.post("/client/dynamic_config")

@@ -229,6 +229,7 @@ async def save_weights_for_sampler(
         ttl_seconds=req.ttl_seconds,
         user_metadata=req.user_metadata or {},
         overwrite=True,
+        inflight=req.path is None and req.kind == "inflight",
     )
     if req.path is not None:  # named: PEFT files under tinker://<model_id>/sampler_weights/<name>
         op = _checked_save(seq_id, OpKind.SAVE_WEIGHTS_FOR_SAMPLER, raw, save)

@@ -87,4 +87,4 @@ async def submit_sample(
     except Exception as e:
         svc.store.delete(ref)
         raise from_temporal(e, f"sampling session {info.sampler_id!r}") from None
-    return BatchItemRef(wf_id, index)
+    return BatchItemRef(wf_id, index, payload_uri=ref.uri)

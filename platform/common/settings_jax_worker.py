@@ -34,6 +34,10 @@ class JaxWorkerSettings:
                                       "refused as the caller's error before anything is allocated", MODEL,
                                       shown="0: the device's own (the accelerator allocator's limit; host memory "
                                       "on CPU)")
+    prefix_cache_tokens: int = setting(65536, "prompt tokens of keys and values the sampler keeps on the device "
+                                       "for prompts that start the same way (a prefix KV cache per sampling "
+                                       "session, least recently used out); counted in the device-memory plan",
+                                       MODEL, shown="65536; 0: off")
     metrics_port: int = setting(0, "serve the JAX worker's Prometheus /metrics on this port (the API always serves "
                                 "/metrics on its own port)", MODEL, shown="0: off")
     run_metrics_max_points: int = setting(2000, "metric points kept per training run in the store (one per "

@@ -16,7 +16,7 @@ from datetime import datetime
 
 import fsspec
 
-from tinkerflow.common.errors import StoreError
+from tinkerflow.common.errors import InputError, StoreError
 from tinkerflow.workflows.messages import BlobRef
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,16 @@ class ClaimCheckStore:
             pass
         except Exception:  # collection is best effort; an orphan costs disk, never correctness
             log.warning("could not delete claim-check object %s", ref.uri, exc_info=True)
+
+    def cancel_marker(self, payload_uri: str) -> str:
+        """Where cancel_future marks a queued sample, by its body's uri; the JAX worker looks before sampling."""
+        return f"{self.root}/cancelled/{hashlib.sha256(payload_uri.encode()).hexdigest()}"
+
+    def get_unless_cancelled(self, ref: BlobRef) -> bytes:
+        """A sample's body, or InputError when cancel_future marked it before it ran."""
+        if self.fs.exists(self.cancel_marker(ref.uri)):
+            raise InputError("cancelled by the client (cancel_future) before it was sampled")
+        return self.get(ref)
 
     def sweep(self, kind: str, older_than_s: float) -> tuple[int, int]:
         """Delete objects of `kind` written more than `older_than_s` ago; returns (objects, bytes) removed.

@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
+import torch
 from tinker import types
+from tinker.lib.public_interfaces.sampling_client import _tensor_data_to_model
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
@@ -75,9 +78,10 @@ def test_sample_output_roundtrips_through_the_sdk_decoder():
 
 @pytest.mark.parametrize(
     "stop,ids,strings",
-    [(None, None, []), ([], [], []), ("\n", [], ["\n"]), (["a", "b"], [], ["a", "b"]), ([7, 8], [7, 8], [])],
+    [(None, None, []), ([], [], []), ("\n", None, ["\n"]), (["a", "b"], None, ["a", "b"]), ([7, 8], [7, 8], [])],
 )
 def test_sample_request_stop_forms(stop, ids, strings):
+    """Strings keep the EOS stop (ids None), [] stops at nothing, ids add EOS in the engine (sample_requests)."""
     body = {
         "num_samples": 2,
         "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
@@ -182,3 +186,67 @@ def test_a_dtype_number_outside_the_enum_is_a_user_error_naming_it():
     tensor.dtype = 5  # pyright: ignore[reportAttributeAccessIssue]  (an enum number the schema does not define)
     with pytest.raises(InputError, match=r"loss_fn_inputs\['weights'\] has unsupported dtype 5"):
         _tensor("weights", tensor, "datum 0")
+
+
+def _sample_body(**fields) -> bytes:
+    body = {
+        "prompt": {"chunks": [{"tokens": [1, 2, 3, 4], "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": 1},
+        "sampling_session_id": "s:sample:0",
+        "seq_id": 0,
+        "type": "sample",
+        **fields,
+    }
+    return json.dumps(body).encode()
+
+
+def test_every_sample_request_field_reaches_the_engine():
+    target = types.TensorData.from_torch_sparse(torch.tensor([[-1, 5], [7, -1], [-1, -1]]), pad_value=-1)
+    body = _sample_body(
+        topk_sample_logprobs=3, prompt_alt_tokens_k=2, prompt_logprobs=True, prompt_logprobs_last_n=2,
+        target_prompt_logprobs=_tensor_data_to_model(target).model_dump(exclude_none=True),
+    )  # fmt: skip
+    inp = wire.sample_input(body, snapshot=None)
+    assert (inp.topk_sample_logprobs, inp.prompt_alt_tokens_k, inp.prompt_logprobs_last_n) == (3, 2, 2)
+    assert inp.target_prompt_logprobs.tolist() == [[-1, 5], [7, -1], [-1, -1]]
+    assert inp.cache_namespace == "s:sample:0"
+
+
+def test_sample_output_answers_every_field_in_the_sdk_types():
+    """target_prompt_logprobs comes back in the request's layout (CSR at the listed cells), top-k of sampled tokens
+    per sequence, prompt_alt_tokens as two [P-1, k] tensors, the cache hits."""
+    target = types.TensorData.from_torch_sparse(torch.tensor([[-1, 5], [7, -1], [-1, -1]]), pad_value=-1)
+    body = _sample_body(target_prompt_logprobs=_tensor_data_to_model(target).model_dump(exclude_none=True))
+    values = np.array([[0.0, -1.5], [-2.5, 0.0], [0.0, 0.0]], np.float32)
+    ids, lps = np.array([[3, 4]], np.int32), np.array([[-0.1, -2.0]], np.float32)
+    result = SampleResult(
+        sequences=[SampledSequence([3], [-0.1], "stop", topk_logprobs=(ids, lps))],
+        target_prompt_logprobs=values, prompt_cache_hit_tokens=16,
+        prompt_alt_tokens=(np.array([[1], [2], [3]], np.int64), np.array([[-1.0], [-2.0], [-3.0]], np.float32)),
+    )  # fmt: skip
+    decoded = deserialize_sample_response(wire.sample_output(result, body))
+    got = decoded.target_prompt_logprobs
+    assert got.sparse_crow_indices == target.sparse_crow_indices and got.dtype == "float32"
+    assert got.to_numpy().tolist() == values.tolist()
+    assert decoded.sequences[0].topk_logprobs == [[(3, pytest.approx(-0.1)), (4, -2.0)]]
+    assert decoded.prompt_alt_tokens.tokens.to_numpy().tolist() == [[1], [2], [3]]
+    assert decoded.prompt_cache_hit_tokens == 16
+    plain = {"data": [-1, 5, 7, -1, -1, -1], "dtype": "int64", "shape": [3, 2]}
+    dense = wire.sample_output(result, _sample_body(target_prompt_logprobs=plain))
+    assert deserialize_sample_response(dense).target_prompt_logprobs.sparse_crow_indices is None
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ({"data": [1, 2], "dtype": "int64", "shape": [3, 100]}, "1 <= K <= 64"),
+        ({"data": [1], "dtype": "int64", "shape": [2**40, 2], "sparse_crow_indices": [0, 1], "sparse_col_indices": [0]},
+         "1 <= K <= 64"),
+        ({"data": [1, 2], "dtype": "int64", "shape": [3, 2], "sparse_crow_indices": [0, 5, 1, 2],
+          "sparse_col_indices": [0, 9]}, "CSR crow/col indices do not fit"),
+        ({"data": [1.5, 2.0], "dtype": "float32", "shape": [1, 2]}, "must be int64"),
+    ],
+)  # fmt: skip
+def test_a_bad_target_tensor_is_a_user_error_before_any_allocation(target, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        wire.sample_input(_sample_body(target_prompt_logprobs=target), snapshot=None)

@@ -62,7 +62,7 @@ def test_the_plan_divides_the_capacity_and_limits_are_buckets(monkeypatch):
                                    max_position_embeddings=40960))  # fmt: skip
     plan = memory_plan.make_plan(cfg, np.dtype("bfloat16"), max_lora_rank=32, snapshot_bytes=4 * 2**30,
                                  max_position=40960)  # fmt: skip
-    parts = plan.resident_bytes + plan.snapshot_bytes + plan.reserve_bytes + plan.work_bytes
+    parts = plan.resident_bytes + plan.snapshot_bytes + plan.reserve_bytes + plan.prefix_cache_bytes + plan.work_bytes
     assert parts == plan.capacity_bytes
     assert plan.kv_bytes_per_token == 36 * 2 * 8 * 128 * 2  # every layer's keys and values, bf16
     assert round_up_seq_len(plan.max_train_tokens) == plan.max_train_tokens <= 40960

@@ -26,6 +26,7 @@ from .runtime import warm_up
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
+from .sampling.prefix_cache import BLOCK
 from .sampling.sampler import MIN_STOP_IDS, SlotSampler
 from .sampling.snapshots import SamplerSnapshots, Snapshot, SnapshotCache
 from .training import trainer
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # Tokens per micro-batch (rows x padded length); gradients are sums, so this only bounds activation memory.
 DEFAULT_MICRO_BATCH_TOKENS = 16384
+# Prompt tokens of keys and values the sampler's prefix cache holds (sampling/prefix_cache.py); 0: no cache.
+DEFAULT_PREFIX_CACHE_TOKENS = 65536
 
 __all__ = ["DEFAULT_MICRO_BATCH_TOKENS", "Engine", "MemoryPlan", "Snapshot", "default_dtype"]
 
@@ -69,6 +72,7 @@ class Engine:
         snapshot_budget_bytes: int = 0,
         gradient_checkpointing: bool = False,
         device_memory_bytes: int = 0,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ):
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -90,12 +94,13 @@ class Engine:
         self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes or int(capacity * 0.10))
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
+        self._sampler.prefix_tokens = max(0, prefix_cache_tokens) // BLOCK * BLOCK
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
         # and the slots are resident; it admits work and sizes micro-batches, decode slots and prefill rows.
         self._memory = make_plan(
             self.config, self.dtype, max_lora_rank=max_lora_rank,
             snapshot_bytes=self._sampler_snapshots.cache.budget_bytes, override_bytes=device_memory_bytes,
-            max_position=info.max_position_embeddings,
+            max_position=info.max_position_embeddings, prefix_cache_tokens=self._sampler.prefix_tokens,
         )  # fmt: skip
         if not gradient_checkpointing:
             self._steps.remat_min_tokens = self._memory.remat_min_tokens
@@ -174,6 +179,7 @@ class Engine:
         snapshot_budget_bytes: int = 0,
         scan_layers: bool = True,
         device_memory_bytes: int = 0,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> Engine:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
@@ -220,6 +226,7 @@ class Engine:
             snapshot_budget_bytes=snapshot_budget_bytes,
             gradient_checkpointing=gradient_checkpointing,
             device_memory_bytes=device_memory_bytes,
+            prefix_cache_tokens=prefix_cache_tokens,
         )
 
     @classmethod

@@ -83,12 +83,20 @@ class SampleInput:
     top_k: int = -1
     top_p: float = 1.0
     seed: int | None = None
-    # None: stop at EOS. []: never stop. Otherwise stop on any of these token ids or strings.
+    # The stop rule (docs/wire-contract.md §Sampling): None stops at the model's EOS; [] with no stop strings never
+    # stops; otherwise any of these token ids or strings stops, and EOS still does.
     stop_token_ids: list[int] | None = None
     stop_strings: list[str] = field(default_factory=list)
     include_prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0  # k > 0: the k most likely tokens (ids, log-probs) at every prompt position
     snapshot: str | None = None  # sampler snapshot key; None samples the base model
+    topk_sample_logprobs: int = 0  # k > 0: the k most likely tokens (ids, log-probs) at every sampled position
+    # int64 [P - 1, K]: row i names token ids to score at prompt position i + 1 (-1: none); None: not asked
+    target_prompt_logprobs: np.ndarray | None = None
+    prompt_alt_tokens_k: int = 0  # k > 0: k draws at the request's temperature at every prompt position after 0
+    prompt_logprobs_last_n: int | None = None  # score only the last N prompt tokens (earlier entries None)
+    # Prompts of one namespace (a sampling session) share prefix-cache blocks; None: this request is not cached.
+    cache_namespace: str | None = None
 
 
 @dataclass
@@ -96,6 +104,7 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: Literal["stop", "length"]
+    topk_logprobs: tuple[np.ndarray, np.ndarray] | None = None  # ids int32, log-probs float32 [len(tokens), k]
 
 
 TOPK_PAD_LOGPROB = -99999.0  # the SDK's TopkLogprobs sentinel (tinker.types.topk_logprobs.MASK_LOGPROB)
@@ -108,6 +117,9 @@ class SampleResult:
     # (token ids int32 [P, k], log-probs float32 [P, k]); row 0 (nothing predicts the first token) is padding:
     # id 0, log-prob TOPK_PAD_LOGPROB, as the SDK's TopkLogprobs expects.
     topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
+    target_prompt_logprobs: np.ndarray | None = None  # float32 [P - 1, K], 0.0 where the request had -1
+    prompt_alt_tokens: tuple[np.ndarray, np.ndarray] | None = None  # ids int64, log-probs float32 [P - 1, k]
+    prompt_cache_hit_tokens: int = 0  # prompt tokens of the first sample served from the prefix cache
 
 
 @dataclass(frozen=True)

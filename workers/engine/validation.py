@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .sampling.decode import MAX_TOPK_PROMPT_LOGPROBS
+from .sampling.decode import MAX_TOPK_PROMPT_LOGPROBS, MAX_TOPK_SAMPLE_LOGPROBS
 from .training.losses import (
     LOSS_CONFIG_DEFAULTS,
     LOSS_ID,
@@ -205,4 +205,46 @@ def check_sample(req: SampleInput, *, vocab: int, max_len: int, snapshots: set[s
         )
     if req.snapshot is not None and req.snapshot not in snapshots:
         raise InputError(f"unknown sampler snapshot {req.snapshot!r}")
+    _check_sample_extras(req, len(prompt), vocab)
     return prompt
+
+
+# target_prompt_logprobs: token ids scored per prompt position at most (its cost is len(prompt) x this, as a top-k
+# width's is len(prompt) x k).
+MAX_TARGET_PROMPT_LOGPROBS = 64
+
+
+def _check_sample_extras(req: SampleInput, p: int, vocab: int) -> None:
+    """The SampleRequest fields beyond sampling itself (docs/wire-contract.md §Sampling)."""
+    if not 0 <= req.topk_sample_logprobs <= MAX_TOPK_SAMPLE_LOGPROBS:
+        raise InputError(
+            f"topk_sample_logprobs must be in [0, {MAX_TOPK_SAMPLE_LOGPROBS}], got {req.topk_sample_logprobs}"
+        )
+    if not 0 <= req.prompt_alt_tokens_k <= MAX_TOPK_PROMPT_LOGPROBS:
+        raise InputError(
+            f"prompt_alt_tokens_k must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {req.prompt_alt_tokens_k}"
+        )
+    n = req.prompt_logprobs_last_n
+    if n is not None:
+        if not (req.include_prompt_logprobs or req.topk_prompt_logprobs):
+            raise InputError("prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs")
+        if not 1 <= n <= p - 1:
+            raise InputError(f"prompt_logprobs_last_n must be in [1, len(prompt) - 1 = {p - 1}], got {n}")
+    t = req.target_prompt_logprobs
+    if t is not None:
+        ids = np.asarray(t)
+        if ids.ndim != 2 or ids.shape[0] != p - 1:
+            raise InputError(
+                f"target_prompt_logprobs must have shape [len(prompt) - 1, K] = [{p - 1}, K], got {list(ids.shape)}"
+            )
+        if not 1 <= ids.shape[1] <= MAX_TARGET_PROMPT_LOGPROBS:
+            raise InputError(
+                f"target_prompt_logprobs has {ids.shape[1]} columns; 1 to {MAX_TARGET_PROMPT_LOGPROBS} are allowed"
+            )
+        if ids.dtype.kind not in "iu" or (ids.size and (ids.min() < -1 or ids.max() >= vocab)):
+            bad = ids[(ids < -1) | (ids >= vocab)] if ids.dtype.kind in "iu" else ids.ravel()
+            raise InputError(
+                f"target_prompt_logprobs holds token id {bad.flat[0]} outside [0, {vocab}) (or -1 for none)"
+            )
+        if not (ids >= 0).any():
+            raise InputError("target_prompt_logprobs names no token id (every cell is -1)")

@@ -411,3 +411,46 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
         _, den, acc = jax.lax.fori_loop(0, blocks, step, init)
     out = acc / jnp.where(den > 0, den, 1.0)[..., None]
     return out.reshape(b, 1, h * d)
+
+
+def suffix_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer, positions: jax.Array,
+                     block: int = 256) -> jax.Array:  # fmt: skip
+    """Several query tokens per row (q [B, T, H, D], at `positions` [B, T]) continuing rows whose earlier keys and
+    values are in cache[layer] (k/v caches [L, B, S, KV, D]): a prompt's suffix after its cached prefix. A query at
+    position p sees the cache entries 0..p (its own key included, written before the call). Like `decode_attention`,
+    a loop over key blocks up to the furthest position with an online softmax; entries past a row's furthest query are
+    selected out. Float32 [B, T, H * D]."""
+    b, t, h, d = q.shape
+    s, kvh = k_cache.shape[2], k_cache.shape[3]
+    g = h // kvh
+    blk = math.gcd(s, block)
+    cd = k_cache.dtype
+    qc = q.reshape(b, t, kvh, g, d).astype(cd)
+    furthest = jnp.max(positions, axis=1)  # [B]
+
+    def step(j, carry):
+        m, den, acc = carry  # [B, T, KV, G], [B, T, KV, G], [B, T, KV, G, D]
+        start = (layer, 0, j * blk, 0, 0)
+        kj = jax.lax.dynamic_slice(k_cache, start, (1, b, blk, kvh, d))[0]
+        vj = jax.lax.dynamic_slice(v_cache, start, (1, b, blk, kvh, d))[0]
+        index = j * blk + jnp.arange(blk)
+        visible = index[None, None, :] <= positions[:, :, None]  # [B, T, blk]
+        scores = jnp.einsum("btkgd,bskd->btkgs", qc, kj, preferred_element_type=jnp.float32) * (d**-0.5)
+        scores = jnp.where(visible[:, :, None, None, :], scores, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(scores - m_safe[..., None])
+        alpha = jnp.exp(m - m_safe)
+        vj = jnp.where((index[None, :] <= furthest[:, None])[:, :, None, None], vj, jnp.zeros((), vj.dtype))
+        pv = jnp.einsum("btkgs,bskd->btkgd", p.astype(cd), vj, preferred_element_type=jnp.float32)
+        return m_new, alpha * den + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
+
+    init = (
+        jnp.full((b, t, kvh, g), -jnp.inf, jnp.float32),
+        jnp.zeros((b, t, kvh, g), jnp.float32),
+        jnp.zeros((b, t, kvh, g, d), jnp.float32),
+    )
+    blocks = jnp.minimum(s // blk, jnp.max(positions) // blk + 1)
+    _, den, acc = jax.lax.fori_loop(0, blocks, step, init)
+    out = acc / jnp.where(den > 0, den, 1.0)[..., None]
+    return out.reshape(b, t, h * d)

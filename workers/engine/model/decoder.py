@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import Segments, attention, decode_attention
+from .attention import Segments, attention, decode_attention, suffix_attention
 from .config import ModelConfig
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, base_matmul, lora_delta, lora_embedding_delta
 from .moe import SparseMoeBlock
@@ -101,7 +101,9 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, LayerCache | None]:
         """Without a cache: causal attention within `segments` (packed rows; None: each row one segment).
         With a cache (every layer's, [L, B, S, ...]): one token per row decodes against the row's filled part of
-        cache[layer]; several tokens per row prefill from position 0, writing their keys/values at cache[layer]."""
+        cache[layer]; several tokens per row write their keys/values at cache[layer] and, with `segments`, prefill
+        from position 0 (attending to each other), or without, continue the row's cached keys at their `positions`
+        (a prompt's suffix after a cached prefix)."""
         c = self.config
         b, t, _ = x.shape
         q = self.q_proj(x, routing).reshape(b, t, c.num_heads, c.head_dim)
@@ -122,6 +124,9 @@ class Attention(nnx.Module):
             cache = LayerCache(cache.k.at[layer, rows, positions].set(k), cache.v.at[layer, rows, positions].set(v))
             if t == 1:
                 out = decode_attention(q, cache.k, cache.v, layer, positions[:, 0])
+                return self.o_proj(out, routing), cache
+            if segments is None:
+                out = suffix_attention(q, cache.k, cache.v, layer, positions)
                 return self.o_proj(out, routing), cache
         seg = segments if segments is not None else Segments.whole(b, t)
         out = attention(q, k, v, seg.ids, seg.ids, single_segment=seg.single)

@@ -3,8 +3,9 @@
 Made once at start, after the weights and adapter slots are on the device, from what the device says it has
 (`memory_stats()`: the allocator's limit and what is in use) or, on CPU, from the host's memory (or the
 `--device-memory-gb` flag, which also caps an accelerator's). The fixed part is what is resident: base weights,
-every slot's LoRA weights, gradient accumulator and Adam moments, the sampler-snapshot budget, and a reserve for the
-runtime and compiled programs. The rest, `work_bytes`, is shared in time by whatever op runs (the engine runs one op
+every slot's LoRA weights, gradient accumulator and Adam moments, the sampler-snapshot budget, the sampler's prefix
+KV cache (its pool of prompt blocks, a fixed number of tokens of KV), and a reserve for the runtime and compiled
+programs. The rest, `work_bytes`, is shared in time by whatever op runs (the engine runs one op
 at a time): a forward_backward's activations, a sampling call's KV cache and prefill.
 
 Per-token costs are computed from the model's shape (the formulas below, checked in tests against what XLA reports
@@ -50,7 +51,8 @@ class MemoryPlan:
     resident_bytes: int  # weights, adapter slots (weights, gradients, Adam moments): in use when the plan was made
     snapshot_bytes: int  # the sampler-snapshot budget
     reserve_bytes: int
-    work_bytes: int  # capacity - resident - snapshots - reserve: what one op may use at a time
+    prefix_cache_bytes: int  # the sampler's prefix KV cache (its pool of prompt blocks)
+    work_bytes: int  # capacity - resident - snapshots - prefix cache - reserve: what one op may use at a time
     train_bytes_per_token: int  # a forward_backward token, with gradient checkpointing
     train_bytes_per_token_no_remat: int
     train_fixed_bytes: int  # the chunked logits and their gradient (at most: shorter sequences hold less)
@@ -180,11 +182,13 @@ def make_plan(
     snapshot_bytes: int,
     override_bytes: int = 0,
     max_position: int | None = None,
+    prefix_cache_tokens: int = 0,
 ) -> MemoryPlan:
     device, capacity, resident = device_capacity(override_bytes)
     reserve = max(RESERVE_MIN, int(capacity * RESERVE_SHARE))
-    work = max(0, capacity - resident - snapshot_bytes - reserve)
     costs = per_token_costs(config, dtype, max_lora_rank)
+    prefix = prefix_cache_tokens * costs["kv"]
+    work = max(0, capacity - resident - snapshot_bytes - reserve - prefix)
     # A chunk of positions' logits, their log-softmax and their gradient (model/logprobs.py): per token up to the
     # chunk's length (a small vocabulary's whole sequence is one chunk), a fixed cost past it.
     chunk = chunk_tokens(1, config.vocab_size)
@@ -202,17 +206,18 @@ def make_plan(
         max_train, max_sample = min(max_train, max_position), min(max_sample, max_position)
     plan = MemoryPlan(
         device=device, capacity_bytes=capacity, resident_bytes=resident, snapshot_bytes=snapshot_bytes,
-        reserve_bytes=reserve, work_bytes=work, train_bytes_per_token=costs["train"],
+        reserve_bytes=reserve, prefix_cache_bytes=prefix, work_bytes=work, train_bytes_per_token=costs["train"],
         train_bytes_per_token_no_remat=costs["train_no_remat"], train_fixed_bytes=train_fixed,
         kv_bytes_per_token=costs["kv"], prefill_bytes_per_token=costs["prefill"], max_train_tokens=int(max_train),
         remat_min_tokens=max(1, int(work * NO_REMAT_SHARE) // costs["train_no_remat"]),
         max_sample_tokens=int(max_sample), max_lora_rank=max_lora_rank,
     )  # fmt: skip
     log.info(
-        "memory plan: %s %.1f GiB = resident %.1f (weights, adapter slots) + snapshots %.1f + reserve %.1f + work %.1f;"
+        "memory plan: %s %.1f GiB = resident %.1f (weights, adapter slots) + snapshots %.1f + prefix cache %.2f"
+        " + reserve %.1f + work %.1f;"
         " per token: training %s B (%s B without checkpointing), KV %s B; fits %s tokens per forward_backward datum,"
         " %s tokens per sampled sequence; gradient checkpointing from %s tokens per micro-batch",
-        device, capacity / GIB, resident / GIB, snapshot_bytes / GIB, reserve / GIB, work / GIB,
+        device, capacity / GIB, resident / GIB, snapshot_bytes / GIB, prefix / GIB, reserve / GIB, work / GIB,
         f"{plan.train_bytes_per_token:,}", f"{plan.train_bytes_per_token_no_remat:,}", f"{plan.kv_bytes_per_token:,}",
         f"{plan.max_train_tokens:,}", f"{plan.max_sample_tokens:,}", f"{plan.remat_min_tokens:,}",
     )  # fmt: skip

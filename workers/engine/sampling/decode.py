@@ -6,8 +6,10 @@ can be read and checked without the scheduling around them.
 
 `Slots` is the state of a fixed number of decode slots: one shared KV cache, each slot's sampling parameters
 (`RowParams`), adapter index into a small stack of snapshot LoRAs (dense matmuls over the stack, see
-`StackedLoraRouting`), position, generated tokens and logprobs. `admit` prefills newly admitted rows into their
-slots (optionally scoring the prompt); `decode` runs a chunk of decode steps over all slots at once.
+`StackedLoraRouting`), position, generated tokens and logprobs (and, in slots built for it, the top-k tokens at
+every sampled position). `admit` prefills newly admitted rows into their slots, from the prefix cache's blocks where
+a row's prompt starts with cached ones (prefix_cache.py), optionally scoring the prompt (prompt_scoring.py);
+`decode` runs a chunk of decode steps over all slots at once.
 
 A row's randomness depends only on (seed, sample index, token index): one uniform per row and step, turned into a
 token by inverse-CDF over the (temperature-scaled, top-k/top-p-filtered) distribution, so a seed reproduces its
@@ -33,12 +35,17 @@ from ..model.decoder import LayerCache, empty_cache
 from ..model.logprobs import chunk_tokens, scored_prompt
 from ..model.lora import StackedLoraRouting
 from ..runtime.sharding import DeviceLayout
+from .prefix_cache import BLOCK
+from .prompt_scoring import alt_tokens, target_prompt_logprobs
 
 # Block size of the two-level inverse-CDF search.
 _CDF_BLOCK = 64
 # Prompt scoring always computes this many top tokens per prompt position (one compiled program whatever k a
 # request asks for); each row keeps its own k <= this. Distillation recipes ask for k around 20.
 MAX_TOPK_PROMPT_LOGPROBS = 20
+# Sampled positions keep at most this many top tokens (topk_sample_logprobs); slots are built for a power of two of
+# them up to it, only when some row asks.
+MAX_TOPK_SAMPLE_LOGPROBS = 20
 
 
 @jax.tree_util.register_dataclass
@@ -71,6 +78,8 @@ class Slots:
     hit_stop_id: jax.Array  # bool [B]: finished on a stop token (vs. max_tokens)
     tokens: jax.Array  # int32 [B, L]
     logprobs: jax.Array  # float32 [B, L]
+    top_ids: jax.Array  # int32 [B, L, K]: the K most likely tokens at each sampled position (K = 0: not kept)
+    top_lp: jax.Array  # float32 [B, L, K]
 
 
 def _filter_top_k_top_p(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
@@ -121,6 +130,14 @@ def _inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.where(jnp.any(positive, axis=-1), blk * _CDF_BLOCK + within, jnp.argmax(weights, axis=-1))
 
 
+def _top(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The k most likely tokens per row (ids int32 [B, k], log-probs [B, k]); k = 0: empty."""
+    if k == 0:
+        return jnp.zeros((logits.shape[0], 0), jnp.int32), jnp.zeros((logits.shape[0], 0), jnp.float32)
+    lp, ids = jax.lax.top_k(logits, k)
+    return ids.astype(jnp.int32), lp - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+
+
 def _choose(logits: jax.Array, p: RowParams, step: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Next token per row and its log-prob under the unmodified model distribution."""
     scaled = logits / jnp.maximum(p.temperature, 1e-6)[:, None]
@@ -147,7 +164,7 @@ def _constrain(slots: Slots, placement: DeviceLayout) -> Slots:
 
 
 def empty_slots(
-    config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slots: int, cache_len: int, stops: int
+    config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slots: int, cache_len: int, stops: int, topk: int = 0
 ) -> Slots:
     b = slots
     zeros = lambda shape, dt: jnp.zeros(shape, dt)  # noqa: E731
@@ -162,8 +179,14 @@ def empty_slots(
         last_token=zeros((b,), jnp.int32), pos=zeros((b,), jnp.int32), n_gen=zeros((b,), jnp.int32),
         done=jnp.ones((b,), bool), hit_stop_id=zeros((b,), bool),
         tokens=zeros((b, cache_len), jnp.int32), logprobs=zeros((b, cache_len), jnp.float32),
+        top_ids=zeros((b, cache_len, topk), jnp.int32), top_lp=zeros((b, cache_len, topk), jnp.float32),
     )  # fmt: skip
     return _constrain(out, placement)
+
+
+def empty_pool(config: ModelConfig, dtype: Any, blocks: int) -> LayerCache:
+    """The prefix cache's pool: `blocks` blocks of BLOCK tokens of every layer's keys and values (prefix_cache.py)."""
+    return empty_cache(config, blocks, BLOCK, dtype)
 
 
 def admit(
@@ -178,23 +201,49 @@ def admit(
     params: RowParams,  # [R]
     adapter: jax.Array,  # int32 [R]
     scale: jax.Array,  # float32 [R]
+    pool: LayerCache,  # the prefix cache's blocks [L, N, BLOCK, KV, D]
+    start: jax.Array,  # int32 [R]: prompt tokens already in the pool (a multiple of BLOCK; 0 = none)
+    read: jax.Array,  # int32 [R, NB]: the pool blocks of prompt blocks 0..start/BLOCK-1 (anything past them)
+    write: jax.Array,  # int32 [R, NB]: the pool block each prompt block is written to (out of range: none)
+    targets: jax.Array,  # int32 [R, S-1, K]: target ids per scored position (-1: none; K = 0: none asked)
     *,
     prompt_logprobs: bool,
-) -> tuple[Slots, tuple[jax.Array, jax.Array, jax.Array] | None]:
+    prefix: bool = False,
+    alt_k: int = 0,
+) -> tuple[Slots, LayerCache, dict[str, jax.Array]]:
     """Prefill R new rows, sample their first token and write them (cache, parameters, state) into their slots.
 
-    With `prompt_logprobs`, also scores the prompt: (log-prob of each prompt token [R, P-1], and the
-    MAX_TOPK_PROMPT_LOGPROBS most likely tokens at each position, ids and log-probs [R, P-1, K]).
+    `prompt` holds each row's prompt from position `start` on ([R, S], S = the suffix bucket; `prompt_len` counts
+    all of it): with `prefix`, the cached blocks are gathered first and only the suffix is computed (attending to
+    them); without, every start is 0. The prompt's whole blocks are then written to the pool where `write` says.
+
+    What is scored comes back by name for suffix positions 0..S-2 (entry t predicts the token at start + t + 1):
+    with `prompt_logprobs`, `token_lp` [R, S-1] and the MAX_TOPK_PROMPT_LOGPROBS most likely tokens `top_ids`,
+    `top_lp` [R, S-1, K]; with targets, `target_lp` [R, S-1, K]; with `alt_k`, `alt_ids`, `alt_lp` [R, S-1, alt_k].
     """
     model = nnx.merge(graphdef, lora, base)
-    r, plen = prompt.shape
+    r, slen = prompt.shape
+    nb = read.shape[1]
+    plen = nb * BLOCK  # the whole prompt's buffer
     routing = StackedLoraRouting(adapter=adapter, scale=scale)
-    positions = jnp.broadcast_to(jnp.arange(plen, dtype=jnp.int32), (r, plen))
-    local = empty_cache(model.config, r, plen, model.dtype)
-    h, local = model.hidden(prompt, positions, routing, local, Segments.right_padded(prompt_len, plen))
-    last = jnp.take_along_axis(h, (prompt_len - 1)[:, None, None], axis=1)  # [R, 1, H]
+    positions = start[:, None] + jnp.arange(slen, dtype=jnp.int32)[None, :]
+    if prefix:
+        # Each row's cached blocks, then zeros (a pool block past a row's start may be anyone's: never read).
+        cols = jnp.arange(plen)[None, :] < start[:, None]  # [R, plen]
+
+        def gather(x):
+            got = x[:, read].reshape(x.shape[0], r, plen, *x.shape[3:])
+            return jnp.where(cols[None, :, :, None, None], got, jnp.zeros((), x.dtype))
+
+        local = LayerCache(gather(pool.k), gather(pool.v))
+        h, local = model.hidden(prompt, positions, routing, local)
+    else:
+        local = empty_cache(model.config, r, plen, model.dtype)
+        h, local = model.hidden(prompt, positions, routing, local, Segments.right_padded(prompt_len, slen))
+    last = jnp.take_along_axis(h, (prompt_len - start - 1)[:, None, None], axis=1)  # [R, 1, H]
     logits = model.logits(last, routing)[:, 0]
     token, lp = _choose(logits, params, jnp.zeros((r,), jnp.int32))
+    top_ids, top_lp = _top(logits, slots.top_ids.shape[2])
     hit = _is_stop(token, params)
     length = slots.tokens.shape[1]
 
@@ -207,6 +256,12 @@ def admit(
         old.k.at[:, index[:, None], cols].set(local.k.astype(old.k.dtype), mode="drop"),
         old.v.at[:, index[:, None], cols].set(local.v.astype(old.v.dtype), mode="drop"),
     )
+
+    def stash(dst, src):  # the prompt's blocks into the pool; an out-of-range block id writes nothing
+        blocks = src.reshape(src.shape[0], r * nb, BLOCK, *src.shape[3:])
+        return dst.at[:, write.reshape(-1)].set(blocks.astype(dst.dtype), mode="drop")
+
+    pool = LayerCache(stash(pool.k, local.k), stash(pool.v, local.v))
     out = Slots(
         cache=cache,
         params=jax.tree.map(put, slots.params, params),
@@ -219,15 +274,23 @@ def admit(
         hit_stop_id=put(slots.hit_stop_id, hit),
         tokens=put(slots.tokens, jnp.zeros((r, length), jnp.int32).at[:, 0].set(token)),
         logprobs=put(slots.logprobs, jnp.zeros((r, length), jnp.float32).at[:, 0].set(lp)),
+        top_ids=put(slots.top_ids, jnp.zeros((r, length, top_ids.shape[1]), jnp.int32).at[:, 0].set(top_ids)),
+        top_lp=put(slots.top_lp, jnp.zeros((r, length, top_lp.shape[1]), jnp.float32).at[:, 0].set(top_lp)),
     )
-    prompt_lp = None
-    if prompt_logprobs:  # the vocabulary read in chunks of positions: a long prompt's logits never exist whole
-        k = min(MAX_TOPK_PROMPT_LOGPROBS, model.config.vocab_size)
-        token_lp, top_ids, top_lp = scored_prompt(
-            model, h, prompt, routing, k, chunk_tokens(r, model.config.vocab_size)
+    # The vocabulary read in chunks of positions: a long prompt's logits never exist whole.
+    vocab = model.config.vocab_size
+    chunk = chunk_tokens(r, vocab)
+    scores: dict[str, jax.Array] = {}
+    if prompt_logprobs:
+        k = min(MAX_TOPK_PROMPT_LOGPROBS, vocab)
+        scores["token_lp"], scores["top_ids"], scores["top_lp"] = scored_prompt(model, h, prompt, routing, k, chunk)
+    if targets.shape[2]:
+        scores["target_lp"] = target_prompt_logprobs(model, h, targets, routing, chunk)
+    if alt_k:
+        scores["alt_ids"], scores["alt_lp"] = alt_tokens(
+            model, h, routing, alt_k, params.temperature, params.seed, max(1, chunk // alt_k)
         )
-        prompt_lp = placement.constrain_batch((token_lp, top_ids, top_lp))
-    return _constrain(out, placement), prompt_lp
+    return _constrain(out, placement), pool, placement.constrain_batch(scores)
 
 
 def decode(
@@ -253,6 +316,7 @@ def decode(
         h, cache = model.hidden(s.last_token[:, None], s.pos[:, None], routing, s.cache)
         logits = model.logits(h, routing)[:, 0]
         token, lp = _choose(logits, p, s.n_gen)
+        top_ids, top_lp = _top(logits, s.top_ids.shape[2])
         active = ~s.done
         col = jnp.minimum(s.n_gen, length - 1)
         hit = _is_stop(token, p) & active
@@ -269,6 +333,8 @@ def decode(
             hit_stop_id=s.hit_stop_id | hit,
             tokens=s.tokens.at[rows, col].set(jnp.where(active, token, s.tokens[rows, col])),
             logprobs=s.logprobs.at[rows, col].set(jnp.where(active, lp, s.logprobs[rows, col])),
+            top_ids=s.top_ids.at[rows, col].set(jnp.where(active[:, None], top_ids, s.top_ids[rows, col])),
+            top_lp=s.top_lp.at[rows, col].set(jnp.where(active[:, None], top_lp, s.top_lp[rows, col])),
         )
 
     def more(carry):

@@ -5,11 +5,19 @@ place); every sample of every valid request becomes one `SampleRow` routed to it
 LoRA stack (-1: the base model); `SlotSampler.run` decodes them all together, and its row outputs are gathered back
 per request in the SDK's shapes (prompt logprobs with the first position padded). `warm_up` compiles the sampler's
 programs for given shape buckets ahead of traffic.
+
+The stop rule (docs/wire-contract.md §Sampling): no stop list stops at the model's EOS, an empty one never stops, and
+a non-empty one (strings or token ids) stops at any of its entries or at EOS, whichever comes first.
+
+Prefix-cache namespaces: a request's prompt blocks are shared with the requests of its sampling session
+(`cache_namespace`) on the same weights: the snapshot key and its version (an inflight target is re-taken under the
+same key), so a block is never read under other weights, by another session or by another tenant.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from typing import Any
@@ -35,6 +43,8 @@ def sample(
     valid: list[tuple[int, np.ndarray]] = []
     for r, req in enumerate(requests):
         try:
+            if req.target_prompt_logprobs is not None:  # int64 off the wire; -1 and ids within the vocabulary
+                req.target_prompt_logprobs = np.asarray(req.target_prompt_logprobs)
             if req.snapshot is not None and snapshots.evicted(req.snapshot):
                 raise InputError(evicted_message(req.snapshot, snapshots.cache.budget_bytes))
             prompt = check_sample(req, vocab=info.vocab_size, max_len=max_len, snapshots=snapshots.keys())
@@ -55,18 +65,25 @@ def sample(
     for r, p in valid:
         req = requests[r]
         seed = seed_words(int(req.seed if req.seed is not None else secrets.randbits(64)))
-        stops = list(info.eos_token_ids) if req.stop_token_ids is None else list(req.stop_token_ids)
+        stops = stop_ids(req, info.eos_token_ids)
         adapter, scale = -1, 0.0  # the base model
         if req.snapshot is not None:
             adapter, scale = stack_index[req.snapshot], snapshots[req.snapshot].scale
+        namespace = None
+        if req.cache_namespace is not None:
+            namespace = (req.cache_namespace, req.snapshot, snapshots.version(req.snapshot) if req.snapshot else 0)
+        targets = req.target_prompt_logprobs
         for j in range(req.num_samples):
+            scoring = (bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0
             rows.append(SampleRow(
                 prompt=p, max_tokens=min(req.max_tokens, max_len - len(p)), temperature=float(req.temperature),
                 top_k=int(req.top_k), top_p=float(req.top_p), seed=seed, sample_index=j, stop_ids=stops,
-                adapter=adapter, scale=scale,
-                prompt_logprobs=(bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0,
+                adapter=adapter, scale=scale, prompt_logprobs=scoring,
                 topk_prompt_logprobs=int(req.topk_prompt_logprobs) if j == 0 else 0,
-                stop_strings=list(req.stop_strings),
+                stop_strings=list(req.stop_strings), topk_sample_logprobs=int(req.topk_sample_logprobs),
+                target_ids=targets.astype(np.int32) if targets is not None and j == 0 else None,
+                prompt_alt_tokens_k=int(req.prompt_alt_tokens_k) if j == 0 else 0,
+                cache_namespace=namespace, needs_from=_needs_from(req, len(p)) if j == 0 else len(p) - 1,
             ))  # fmt: skip
             owner.append(r)
 
@@ -75,12 +92,23 @@ def sample(
     log.debug("sample: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
     answers = {r: SampleResult(sequences=[]) for r, _ in valid}
     for r, out in zip(owner, outputs):
-        res = answers[r]
-        res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason))
-        if out.prompt_logprobs is not None and requests[r].include_prompt_logprobs:
-            res.prompt_logprobs = [None] + out.prompt_logprobs
+        res, req = answers[r], requests[r]
+        res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason,
+                                             topk_logprobs=out.topk_sample_logprobs))  # fmt: skip
+        if len(res.sequences) > 1:
+            continue
+        res.prompt_cache_hit_tokens = out.cache_hit_tokens  # the prompt's, counted once (row 0)
+        # prompt_logprobs_last_n: entries before the last N are None, whatever the cache left computed.
+        first = len(req.prompt) - req.prompt_logprobs_last_n if req.prompt_logprobs_last_n else 1
+        if out.prompt_logprobs is not None and req.include_prompt_logprobs:
+            scored = out.prompt_logprobs[first - 1 :]
+            res.prompt_logprobs = [None] * first + [None if math.isnan(v) else v for v in scored]
         if out.topk_prompt_logprobs is not None:
-            res.topk_prompt_logprobs = _pad_first_position(*out.topk_prompt_logprobs)
+            ids, lps = _pad_first_position(*out.topk_prompt_logprobs)
+            ids[:first], lps[:first] = 0, TOPK_PAD_LOGPROB
+            res.topk_prompt_logprobs = (ids, lps)
+        res.target_prompt_logprobs = out.target_logprobs
+        res.prompt_alt_tokens = out.prompt_alt_tokens
     for r, res in answers.items():
         results[r] = res
     return results  # type: ignore[return-value]
@@ -100,6 +128,29 @@ def warm_up(
     compiled = sampler.compile_count() - before
     log.info("sampler warm-up: %d programs in %.1fs", compiled, time.perf_counter() - t0)
     return compiled
+
+
+def stop_ids(req: SampleInput, eos: tuple[int, ...]) -> list[int]:
+    """The token ids that end a row (module docstring: the stop rule); stop strings are checked apart."""
+    if req.stop_token_ids is None:
+        return list(eos)
+    if not req.stop_token_ids and not req.stop_strings:
+        return []
+    return list(dict.fromkeys([*req.stop_token_ids, *eos]))
+
+
+def _needs_from(req: SampleInput, p: int) -> int:
+    """The first prompt position whose hidden state the request's first row needs (the rest may come from the
+    prefix cache): the last token's, or where its prompt scoring starts."""
+    if req.prompt_alt_tokens_k:
+        return 0
+    first = p - 1
+    if req.include_prompt_logprobs or req.topk_prompt_logprobs:
+        first = p - 1 - req.prompt_logprobs_last_n if req.prompt_logprobs_last_n else 0
+    if req.target_prompt_logprobs is not None:
+        named = np.flatnonzero((np.asarray(req.target_prompt_logprobs) >= 0).any(axis=1))
+        first = min(first, int(named[0]) if named.size else first)
+    return max(0, first)
 
 
 def _pad_first_position(ids: np.ndarray, lps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -20,14 +20,16 @@ first compiles its own slot bucket only, and leaves the others to the warm-up (a
 for one bucket's programs, not three).
 
 Stop token ids are checked on device; stop strings here, on the host, between chunks (only when some row has them).
+Which rows go into one admission and where their prompts start in the prefix cache is `admission.py`'s; the
+records of rows and their outputs are `rows.py`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -42,9 +44,22 @@ from ..model.config import ModelConfig, round_up_pow2, round_up_seq_len
 from ..runtime.aot_cache import AotCache, warmed_bucket
 from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
+from . import admission
+from .admission import Admission
 
 # The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
-from .decode import MAX_TOPK_PROMPT_LOGPROBS, RowParams, Slots, admit, decode, empty_slots
+from .decode import (
+    MAX_TOPK_PROMPT_LOGPROBS,
+    MAX_TOPK_SAMPLE_LOGPROBS,
+    RowParams,
+    Slots,
+    admit,
+    decode,
+    empty_pool,
+    empty_slots,
+)
+from .prefix_cache import BLOCK, PrefixIndex
+from .rows import RowOutput, SampleRow, first_stop_string_end, prompt_scores, seed_words
 
 __all__ = [
     "DEFAULT_SAMPLE_SLOTS", "MAX_TOPK_PROMPT_LOGPROBS", "MIN_CACHE_LEN", "MIN_STOP_IDS", "STOP_STRING_CHUNK",
@@ -65,35 +80,6 @@ MIN_STOP_IDS = 8
 # Prompt buckets longer than this compile only the slot bucket in use, not the whole family: long prompts are rare
 # and each program of theirs is a long compile.
 EAGER_PROMPT_LEN = 2048
-
-
-@dataclass
-class SampleRow:
-    """One sample of one request, as the host queues it."""
-
-    prompt: np.ndarray  # int32 [P]
-    max_tokens: int  # already clamped to the context
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: tuple[int, int]
-    sample_index: int
-    stop_ids: list[int]
-    adapter: int  # index into the LoRA stack; -1 = base model
-    scale: float
-    prompt_logprobs: bool = False
-    stop_strings: list[str] = field(default_factory=list)
-    topk_prompt_logprobs: int = 0  # > 0 (with prompt_logprobs): also keep this many top tokens per prompt position
-
-
-@dataclass
-class RowOutput:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: Literal["stop", "length"]
-    prompt_logprobs: list[float] | None = None  # [P - 1], for rows that asked
-    # (token ids int32 [P - 1, k], log-probs float32 [P - 1, k]), for rows that asked for k > 0
-    topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def slot_buckets(max_slots: int, placement: DeviceLayout) -> list[int]:
@@ -124,10 +110,10 @@ class SlotSampler:
         # Compile every slot bucket and admission size of a shape family at its first use (see module docstring).
         # (TINKERFLOW_SAMPLER_EAGER_BUCKETS=0, an env-only Settings field, compiles each bucket when first needed.)
         self.eager_buckets = bool(env_setting("sampler_eager_buckets"))
-        self._admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots",))
+        self._admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots", "pool"))
         self._decode = AotCache("sample_decode", partial(decode, graphdef, placement), donate=("slots",))
         self._empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
-        self._idle: dict[tuple[int, int, int], tuple[Slots, np.ndarray]] = {}  # (B, L, M) -> slots, pending release
+        self._idle: dict[tuple[int, ...], tuple[Slots, np.ndarray]] = {}  # (B, L, M, K) -> slots, pending release
         self._families: set[tuple] = set()
         # Prompt and cache-length buckets the warm-up compiles (Engine.prefer_buckets): rows round up to them where
         # they fit. Fixed at start, whatever the warm-up got to, so a row's shapes never depend on timing.
@@ -138,6 +124,12 @@ class SlotSampler:
         self._buckets_built: set[tuple] = set()
         # The device-memory plan (Engine sets it): slot buckets and prefill rows are sized to fit it.
         self.memory: MemoryPlan | None = None
+        # The prefix cache (prefix_cache.py): `prefix_tokens` of pool, made at first use (0: no cache, and a pool
+        # of one block nothing is ever written to).
+        self.prefix_tokens = 0
+        self.prefix: PrefixIndex | None = None
+        self._pool: Any = None
+        self._config, self._dtype = config, dtype
 
     def caches(self) -> list[AotCache]:
         return [self._admit, self._decode, self._empty]
@@ -176,19 +168,34 @@ class SlotSampler:
     def stop_width(rows: list[SampleRow]) -> int:
         return round_up_pow2(max(1, *(len(r.stop_ids) for r in rows)), minimum=MIN_STOP_IDS)
 
-    def _take(self, b: int, length: int, m: int) -> tuple[Slots, np.ndarray]:
-        got = self._idle.pop((b, length, m), None)
+    @staticmethod
+    def topk_width(rows: list[SampleRow]) -> int:
+        """Top tokens the slots keep per sampled position: 0 unless some row asks (a power of two, at most MAX)."""
+        k = max(r.topk_sample_logprobs for r in rows)
+        return min(round_up_pow2(k), MAX_TOPK_SAMPLE_LOGPROBS) if k else 0
+
+    def _take(self, b: int, length: int, m: int, kt: int = 0) -> tuple[Slots, np.ndarray]:
+        got = self._idle.pop((b, length, m, kt), None)
         if got is None:
-            got = (self._empty(f"slots={b} cache={length} stops={m}", slots=b, cache_len=length, stops=m),
-                   np.zeros((b,), bool))  # fmt: skip
+            got = (self._empty(f"slots={b} cache={length} stops={m} topk={kt}", slots=b, cache_len=length, stops=m,
+                               topk=kt), np.zeros((b,), bool))  # fmt: skip
         return got
 
     def _keep(self, slots: Slots, release: np.ndarray, length: int, m: int) -> None:
-        """Keep the slots' buffers for the next call of the same shape. Only one (cache length, stop width) is kept
-        (one set per slot bucket): KV caches of other lengths are let go rather than held side by side."""
-        for key in [k for k in self._idle if k[1:] != (length, m)]:
+        """Keep the slots' buffers for the next call of the same shape. Only one (cache length, stop width, top-k) is
+        kept (one set per slot bucket): KV caches of other lengths are let go rather than held side by side."""
+        kt = int(slots.top_ids.shape[2])
+        for key in [k for k in self._idle if k[1:] != (length, m, kt)]:
             del self._idle[key]
-        self._idle[(int(slots.done.shape[0]), length, m)] = (slots, release)
+        self._idle[(int(slots.done.shape[0]), length, m, kt)] = (slots, release)
+
+    def pool(self) -> Any:
+        """The prefix cache's pool of blocks, made at first use (prefix_cache.py)."""
+        if self._pool is None:
+            blocks = max(1, self.prefix_tokens // BLOCK)
+            self._pool = jax.jit(partial(empty_pool, self._config, self._dtype, blocks))()
+            self.prefix = PrefixIndex(blocks) if self.prefix_tokens >= BLOCK else None
+        return self._pool
 
     def release_idle(self) -> int:
         """Let go of the decode slots kept for the next call (their KV caches); the number of slot sets released."""
@@ -198,12 +205,11 @@ class SlotSampler:
 
     # -------------------------------------------------------------- compiled calls
 
-    def _admit_call(self, lora, base, slots: Slots, rows: list[SampleRow], chosen: list[int], index: list[int],
-                    r: int, plen: int, plp: bool, *, compile_only: bool = False):  # fmt: skip
+    def _admit_call(self, lora, base, slots: Slots, rows: list[SampleRow], adm: Admission, index: list[int],
+                    *, compile_only: bool = False):  # fmt: skip
         b = int(slots.done.shape[0])
         m = int(slots.params.stop_ids.shape[1])
-        prompt = np.zeros((r, plen), np.int32)
-        prompt_len = np.ones((r,), np.int32)
+        r = len(adm.prompt_len)
         idx = np.full((r,), b, np.int32)
         adapter = np.full((r,), -1, np.int32)
         scale = np.zeros((r,), np.float32)
@@ -211,10 +217,8 @@ class SlotSampler:
         top_k, sample_index, max_tokens = np.full((r,), -1, np.int32), np.zeros((r,), np.int32), np.ones((r,), np.int32)
         seeds = np.zeros((r, 2), np.uint32)
         stop_ids = np.full((r, m), -1, np.int32)
-        for i, (row_i, slot) in enumerate(zip(chosen, index)):
+        for i, (row_i, slot) in enumerate(zip(adm.chosen, index)):
             row = rows[row_i]
-            prompt[i, : len(row.prompt)] = row.prompt
-            prompt_len[i] = len(row.prompt)
             idx[i] = slot
             adapter[i], scale[i] = row.adapter, row.scale
             temp[i], top_k[i], top_p[i] = row.temperature, row.top_k, row.top_p
@@ -227,13 +231,16 @@ class SlotSampler:
         params = put(RowParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seeds, sample_index=sample_index,  # pyright: ignore[reportArgumentType]
                                max_tokens=max_tokens, stop_ids=stop_ids))  # fmt: skip  # pyright: ignore[reportArgumentType]
         length = int(slots.tokens.shape[1])
-        s = _stack_size(lora)
-        label = f"slots={b} cache={length} adapters={s} stops={m} rows={r} prompt={plen}"
-        args = (lora, base, slots, put(prompt), put(prompt_len), put(idx), params, put(adapter), put(scale))
+        label = (f"slots={b} cache={length} adapters={_stack_size(lora)} stops={m} rows={r} "
+                 f"prompt={adm.read.shape[1] * BLOCK} suffix={adm.suffix_len}")  # fmt: skip
+        args = (lora, base, slots, put(adm.prompt), put(adm.prompt_len), put(idx), params, put(adapter), put(scale),
+                self.pool(), put(adm.start), put(adm.read), put(adm.write), put(adm.targets))  # fmt: skip
+        static = dict(prompt_logprobs=adm.prompt_logprobs, prefix=adm.prefix, alt_k=adm.alt_k)
         if compile_only:
-            self._admit.prepare(label, *args, prompt_logprobs=plp)
-            return slots, None
-        return self._admit(label, *args, prompt_logprobs=plp)
+            self._admit.prepare(label, *args, **static)
+            return slots, {}
+        slots, self._pool, scores = self._admit(label, *args, **static)
+        return slots, scores
 
     def _decode_call(self, lora, base, slots: Slots, release: np.ndarray, steps: int, target: int, *,
                      compile_only: bool = False) -> Slots:  # fmt: skip
@@ -273,7 +280,9 @@ class SlotSampler:
         compiled, not run (a long prompt's prefill would take as long as a real one)."""
         slots, release = self._take(b, length, m)
         r = self.admission_rows(b, length, plen)
-        self._admit_call(lora, base, slots, [], [], [], r, plen, plp, compile_only=True)
+        adm = admission.plan([], [], r, plen, None, self.pool().k.shape[1])
+        adm.prompt_logprobs = plp
+        self._admit_call(lora, base, slots, [], adm, [], compile_only=True)
         self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0, compile_only=True)
         self._keep(slots, release, length, m)
 
@@ -297,42 +306,46 @@ class SlotSampler:
 
     def run(self, rows: list[SampleRow], lora: Any, base: Any) -> list[RowOutput]:
         n = len(rows)
-        length, m = self.cache_len(rows), self.stop_width(rows)
+        length, m, kt = self.cache_len(rows), self.stop_width(rows), self.topk_width(rows)
         if self.memory is None or self.memory.kv_slots(warmed_bucket(length, self.warmed_caches)) >= n:
             length = warmed_bucket(length, self.warmed_caches)
         buckets = self.buckets(length)
         b = next((x for x in buckets if x >= n), buckets[-1])
         longest = round_up_seq_len(max(len(r.prompt) for r in rows))
         small = self.admission_rows(b, length, warmed_bucket(longest, self.warmed_prompts, limit=length))
-        slots, release = self._take(b, length, m)
+        slots, release = self._take(b, length, m, kt)
+        self.pool()
         queue = deque(range(n))
         free = deque(range(b))
         occupant: dict[int, int] = {}  # slot -> row
         results: list[RowOutput | None] = [None] * n
         checked: dict[int, int] = {}  # row -> tokens already checked for stop strings
+        hits: dict[int, int] = {}  # row -> prompt tokens it took from the prefix cache
         # (An exception leaves the slots out of the idle pool: their buffers may have been donated.)
         while queue or occupant:
             while queue and free:
-                chosen = [queue.popleft() for _ in range(min(len(queue), len(free), small))]
+                chosen = admission.choose(rows, queue, min(len(free), small), self.prefix is not None)
                 index = [free.popleft() for _ in chosen]
                 plen = warmed_bucket(round_up_seq_len(max(len(rows[i].prompt) for i in chosen)),
                                      self.warmed_prompts, limit=length)  # fmt: skip
-                plp = any(rows[i].prompt_logprobs for i in chosen)
-                if self.eager_buckets:
+                adm = admission.plan(rows, chosen, small, plen, self.prefix, self.pool().k.shape[1])
+                plain = not (adm.prefix or kt or adm.alt_k or adm.targets.shape[2])  # the family warm-up builds
+                if self.eager_buckets and plain:
+                    plp = adm.prompt_logprobs
                     self._keep(slots, release, length, m)
                     if (length, m, plen, plp, _stack_size(lora)) in self.scheduled_families or plen > EAGER_PROMPT_LEN:
                         self._ensure_bucket(lora, base, b, length, m, plen, plp)
                     else:
                         self._ensure_family(lora, base, length, m, plen, plp)
-                    slots, release = self._take(b, length, m)
-                slots, prompt_lp = self._admit_call(lora, base, slots, rows, chosen, index, small, plen, plp)
-                host_lp = self.placement.to_host(prompt_lp) if prompt_lp is not None else None
+                    slots, release = self._take(b, length, m, kt)
+                slots, scores = self._admit_call(lora, base, slots, rows, adm, index)
+                host = self.placement.to_host(scores) if scores else {}
                 for j, (i, s) in enumerate(zip(chosen, index)):
                     occupant[s] = i
                     release[s] = False
-                    if rows[i].prompt_logprobs:
-                        assert host_lp is not None  # a row that asks makes plp true, so prompt_lp is set
-                        results[i] = _prompt_scores(rows[i], j, host_lp)
+                    hits[i] = adm.starts[j]
+                    if rows[i].scores_prompt:
+                        results[i] = prompt_scores(rows[i], j, adm.starts[j], host)
             strings = any(rows[i].stop_strings for i in occupant.values())
             steps = STOP_STRING_CHUNK if strings else length
             target = b if not queue else min(b, b - len(occupant) + min(len(queue), small))
@@ -340,6 +353,7 @@ class SlotSampler:
             release = np.zeros((b,), bool)
             done, n_gen, hit, tokens, logprobs = self.placement.to_host(
                 (slots.done, slots.n_gen, slots.hit_stop_id, slots.tokens, slots.logprobs))  # fmt: skip
+            top = self.placement.to_host((slots.top_ids, slots.top_lp)) if kt else None
             for s, i in list(occupant.items()):
                 row, k = rows[i], int(n_gen[s])
                 cut = None
@@ -353,39 +367,18 @@ class SlotSampler:
                 if cut is not None and cut <= k:
                     k, reason = cut, "stop"
                     release[s] = not done[s]
-                previous = results[i]
-                results[i] = RowOutput(tokens[s, :k].tolist(), logprobs[s, :k].tolist(), reason,
-                                       previous.prompt_logprobs if previous is not None else None,
-                                       previous.topk_prompt_logprobs if previous is not None else None)  # fmt: skip
+                out = results[i] or RowOutput([], [], reason)
+                kk = row.topk_sample_logprobs
+                results[i] = dataclasses.replace(
+                    out, tokens=tokens[s, :k].tolist(), logprobs=logprobs[s, :k].tolist(), stop_reason=reason,
+                    cache_hit_tokens=hits[i],
+                    topk_sample_logprobs=(top[0][s, :k, :kk].copy(), top[1][s, :k, :kk].copy()) if top and kk else None,
+                )  # fmt: skip
                 del occupant[s]
                 free.append(s)
         self._keep(slots, release, length, m)
         return results  # type: ignore[return-value]
 
 
-def _prompt_scores(row: SampleRow, j: int, host: tuple[np.ndarray, np.ndarray, np.ndarray]) -> RowOutput:
-    """Row j's prompt scores from an admission's host arrays, cut to its prompt length and its own k."""
-    token_lp, top_ids, top_lp = host
-    n, k = len(row.prompt) - 1, row.topk_prompt_logprobs
-    topk = (top_ids[j, :n, :k].copy(), top_lp[j, :n, :k].copy()) if k > 0 else None
-    return RowOutput([], [], "length", token_lp[j, :n].tolist(), topk)
-
-
 def _stack_size(lora: Any) -> int:
     return int(jax.tree.leaves(lora)[0].shape[0])
-
-
-def seed_words(seed: int) -> tuple[int, int]:
-    seed &= (1 << 64) - 1
-    return seed & 0xFFFFFFFF, seed >> 32
-
-
-def first_stop_string_end(tokenizer: Any, tokens: list[int], stops: list[str], checked: int) -> int | None:
-    """Smallest k > checked such that the decoded tokens[:k] contain a stop string, else None."""
-    if not any(s in tokenizer.decode(tokens) for s in stops):
-        return None
-    for k in range(max(checked, 0) + 1, len(tokens) + 1):
-        text = tokenizer.decode(tokens[:k])
-        if any(s in text for s in stops):
-            return k
-    return len(tokens)

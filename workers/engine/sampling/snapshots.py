@@ -124,6 +124,12 @@ class SamplerSnapshots:
 
         self._stack = jax.jit(stack, static_argnums=2)
         self._stack_cache: tuple[tuple, Any] | None = None
+        # key -> how many times weights were put under it: an inflight target is re-taken under its one key, and
+        # the prefix cache must not serve keys and values computed under the weights it had before.
+        self._versions: dict[str, int] = {}
+
+    def version(self, key: str) -> int:
+        return self._versions.get(key, 0)
 
     def __contains__(self, key: str) -> bool:
         return key in self.cache
@@ -139,6 +145,7 @@ class SamplerSnapshots:
         self._slots.check_slot(slot)
         lora = self._slots.take_slot(self._slots.lora, np.int32(slot))  # a copy (see AdapterSlots.take_slot)
         self.cache[key] = Snapshot(lora=lora, scale=self._slots.scale(slot))
+        self._versions[key] = self._versions.get(key, 0) + 1
         self._stack_cache = None
 
     def load(self, key: str, config: LoraConfig, weights: dict[str, np.ndarray]) -> None:
@@ -148,6 +155,7 @@ class SamplerSnapshots:
         # Through an adapter axis of one, so the snapshot is placed exactly as take() places one.
         lora = self._slots.take_slot(self._slots.put_lora(jax.tree.map(lambda x: x[None], full)), np.int32(0))
         self.cache[key] = Snapshot(lora=lora, scale=LORA_ALPHA / config.rank)
+        self._versions[key] = self._versions.get(key, 0) + 1
         self._stack_cache = None
 
     def evicted(self, key: str) -> bool:

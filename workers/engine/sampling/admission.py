@@ -1,0 +1,103 @@
+"""One admission, host side: which queued rows go in together, where their prompts start in the prefix cache, and
+the arrays `decode.admit` takes for them.
+
+Rows are taken from the front of the queue; a row whose prompt starts like one already taken (same cache namespace,
+same first block) waits for the next admission, where it finds that row's blocks in the cache: the samples of one
+request (a GRPO group) prefill their prompt once, and the others only its last partial block. A row's prompt starts
+in the cache up to the block before the first position whose hidden state it needs (`SampleRow.needs_from`: its last
+token to sample from, earlier ones when it scores the prompt).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.config import round_up_pow2, round_up_seq_len
+from .prefix_cache import BLOCK, PrefixIndex
+from .rows import SampleRow
+
+
+@dataclass
+class Admission:
+    chosen: list[int]  # rows, in the order of the arrays
+    starts: list[int]  # prompt tokens each chosen row takes from the cache
+    prompt: np.ndarray  # int32 [R, S]: each row's prompt from its start on
+    prompt_len: np.ndarray  # int32 [R]: whole prompt lengths
+    start: np.ndarray  # int32 [R]
+    read: np.ndarray  # int32 [R, NB]
+    write: np.ndarray  # int32 [R, NB]
+    targets: np.ndarray  # int32 [R, S - 1, K]
+    prefix: bool  # some row starts in the cache
+    prompt_logprobs: bool
+    alt_k: int
+
+    @property
+    def suffix_len(self) -> int:
+        return int(self.prompt.shape[1])
+
+
+def choose(rows: list[SampleRow], queue: deque[int], count: int, caching: bool) -> list[int]:
+    """Up to `count` rows from the front of `queue` (removed from it); rows that would find a taken row's blocks in
+    the cache at the next admission stay queued, in order."""
+    chosen: list[int] = []
+    firsts: set[tuple] = set()
+    deferred: list[int] = []
+    while queue and len(chosen) < count:
+        i = queue.popleft()
+        row = rows[i]
+        key = None
+        if caching and row.cache_namespace is not None and len(row.prompt) > BLOCK:
+            key = (row.cache_namespace, row.prompt[:BLOCK].tobytes())
+        if key is not None and key in firsts:
+            deferred.append(i)
+            continue
+        if key is not None:
+            firsts.add(key)
+        chosen.append(i)
+    queue.extendleft(reversed(deferred))
+    return chosen
+
+
+def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: PrefixIndex | None,
+         pool_blocks: int) -> Admission:  # fmt: skip
+    """The arrays of one admission of `chosen` padded to `r` rows, whose whole prompts fit `full` tokens."""
+    nb = -(-full // BLOCK)
+    cached: list[list[int]] = []
+    for i in chosen:
+        row = rows[i]
+        if index is None or row.cache_namespace is None:
+            cached.append([])
+        else:
+            cached.append(index.lookup(row.cache_namespace, row.prompt, min(row.needs_from, len(row.prompt) - 1)))
+    pinned = {b for c in cached for b in c}
+    starts = [len(c) * BLOCK for c in cached]
+    prefix = any(starts)
+    slen = round_up_seq_len(max(len(rows[i].prompt) - s for i, s in zip(chosen, starts))) if prefix else full
+    kg = max((t.shape[1] for i in chosen if (t := rows[i].target_ids) is not None), default=0)
+    kg = round_up_pow2(kg) if kg else 0
+    alt = max((rows[i].prompt_alt_tokens_k for i in chosen), default=0)
+    prompt, prompt_len = np.zeros((r, slen), np.int32), np.ones((r,), np.int32)
+    start = np.zeros((r,), np.int32)
+    read = np.zeros((r, nb), np.int32)
+    write = np.full((r, nb), pool_blocks, np.int32)  # out of range: nothing written
+    targets = np.full((r, slen - 1, kg), -1, np.int32)
+    for j, (i, c, s) in enumerate(zip(chosen, cached, starts)):
+        row = rows[i]
+        prompt[j, : len(row.prompt) - s] = row.prompt[s:]
+        prompt_len[j], start[j] = len(row.prompt), s
+        read[j, : len(c)] = c
+        if index is not None and row.cache_namespace is not None:
+            for b, block in enumerate(index.plan_writes(row.cache_namespace, row.prompt, c, pinned), start=len(c)):
+                if block >= 0:
+                    write[j, b] = block
+        if row.target_ids is not None:
+            t = row.target_ids[s:]
+            targets[j, : len(t), : t.shape[1]] = t
+    return Admission(
+        chosen=chosen, starts=starts, prompt=prompt, prompt_len=prompt_len, start=start, read=read, write=write,
+        targets=targets, prefix=prefix, prompt_logprobs=any(rows[i].prompt_logprobs for i in chosen),
+        alt_k=round_up_pow2(alt) if alt else 0,
+    )  # fmt: skip

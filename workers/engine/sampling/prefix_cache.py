@@ -1,0 +1,113 @@
+"""The prefix KV cache: keys and values of prompt blocks already prefilled, kept on the device for prompts that
+start the same way (the samples of one GRPO group, the turns of one conversation).
+
+The device side is one pool of `blocks` blocks of `BLOCK` tokens, [layers, blocks, BLOCK, kv_heads, head_dim] keys
+and values in the compute dtype, a fixed size counted in the device-memory plan (`--prefix-cache-tokens`): bounded by
+construction. An admission gathers a row's cached blocks into its prompt buffer and prefills only the rest of the
+prompt, its queries attending to the gathered keys (`decode.admit`); then it writes the prompt's new whole blocks to
+the pool.
+
+The host side, `PrefixIndex`, says which pool block holds what. A block is known by its namespace, its parent block
+(the one before it in the prompt, -1 for the first) and its own tokens, so two prompts share a block only when
+everything before it is the same too: exact, with no hash that could collide. A namespace is one sampling session
+under one version of its weights (`sample_requests.py`): a cached block is never read by another session, another
+tenant or other weights, so caching changes no number anyone sees. Blocks are evicted least recently used first;
+every use touches a prompt's blocks from its last to its first, so a parent is always more recent than its children
+and the oldest block is always a leaf: evicting it never orphans another.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+import numpy as np
+
+# Tokens per cached block: prompts share whole blocks only.
+BLOCK = 16
+
+
+class PrefixIndex:
+    """Which pool block holds which prompt block (module docstring). Host-only, one thread at a time."""
+
+    def __init__(self, blocks: int):
+        self.blocks = blocks
+        self._where: dict[tuple[Hashable, int, tuple[int, ...]], int] = {}  # (namespace, parent, tokens) -> block
+        self._key: dict[int, tuple[Hashable, int, tuple[int, ...]]] = {}  # block -> its key
+        self._children: dict[int, int] = {}  # block -> how many cached blocks follow it
+        self._lru: OrderedDict[int, None] = OrderedDict()  # used blocks, least recently used first
+        self._free = list(range(blocks - 1, -1, -1))
+        self.hits = 0  # tokens served from the cache, since start
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._key)
+
+    def lookup(self, namespace: Hashable, prompt: np.ndarray, limit: int) -> list[int]:
+        """The pool blocks holding the longest cached run of `prompt`'s whole blocks, at most `limit` tokens' worth
+        (the caller keeps the rest for itself: at least the last token, whose logits it samples from)."""
+        found: list[int] = []
+        parent = -1
+        for b in range(min(len(prompt), max(0, limit)) // BLOCK):
+            block = self._where.get((namespace, parent, _tokens(prompt, b)))
+            if block is None:
+                break
+            found.append(block)
+            parent = block
+        self._touch(found)
+        self.hits += len(found) * BLOCK
+        return found
+
+    def plan_writes(self, namespace: Hashable, prompt: np.ndarray, cached: list[int], pinned: set[int]) -> list[int]:
+        """Pool blocks to write `prompt`'s whole blocks after the `cached` ones into (one entry per block of the
+        prompt from len(cached) on; -1 where nothing is written: no block could be freed without evicting a
+        `pinned` one, which this admission reads). Registered now: the admission that writes them runs before any
+        later one reads them."""
+        out: list[int] = []
+        parent = cached[-1] if cached else -1
+        chain = list(cached)
+        for b in range(len(cached), len(prompt) // BLOCK):
+            key = (namespace, parent, _tokens(prompt, b))
+            block = self._where.get(key)
+            if block is not None:  # another row of this admission writes it: written once, read next time
+                out.append(-1)
+            else:
+                block = self._allocate(pinned | set(chain))
+                if block is None:
+                    break
+                self._where[key], self._key[block] = block, key
+                self._children[block] = 0
+                if parent >= 0:
+                    self._children[parent] += 1
+                out.append(block)
+            chain.append(block)
+            parent = block
+        self._touch(chain)
+        return out
+
+    def _touch(self, chain: list[int]) -> None:
+        for block in reversed(chain):  # the last block first, so parents end up more recent than their children
+            self._lru[block] = None
+            self._lru.move_to_end(block)
+
+    def _allocate(self, pinned: set[int]) -> int | None:
+        if self._free:
+            return self._free.pop()
+        for block in self._lru:  # least recently used first: a leaf (module docstring)
+            if block not in pinned and self._children.get(block, 0) == 0:
+                self._evict(block)
+                return block
+        return None
+
+    def _evict(self, block: int) -> None:
+        key = self._key.pop(block)
+        del self._where[key]
+        del self._lru[block]
+        self._children.pop(block, None)
+        if key[1] >= 0:
+            self._children[key[1]] -= 1
+        self.evictions += 1
+
+
+def _tokens(prompt: np.ndarray, b: int) -> tuple[int, ...]:
+    return tuple(int(t) for t in prompt[b * BLOCK : (b + 1) * BLOCK])
