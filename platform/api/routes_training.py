@@ -13,10 +13,8 @@ import dataclasses
 
 import zstandard
 from fastapi import APIRouter, Depends, Request
-from google.protobuf.message import DecodeError
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
 from temporalio.common import WorkflowIDConflictPolicy
-from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import (
     AdamParams,
     CreateModelRequest,
@@ -33,6 +31,7 @@ from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import adam_problem, check_metadata, metadata_problem, parse, sequence_key
+from tinkerflow.api.protobuf_header import read_forward_backward_header
 from tinkerflow.api.services import Services
 from tinkerflow.api.training_ops import canonical as _canonical
 from tinkerflow.api.training_ops import check_model_seq_id as _check_model_seq_id
@@ -161,21 +160,21 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         except zstandard.ZstdError as e:
             raise http_error(400, f"body is not valid zstd (or decompresses past --max-request-bytes): {e}") from None
     try:
-        # The SDK's own protobuf module: the API needs model_id, seq_id and the datum count, not the engine's types.
-        msg = pb.ForwardBackwardRequest.FromString(body)
-    except DecodeError as e:
+        # model_id, seq_id and the datum count off the top-level fields: the datums are decoded once, by the worker.
+        msg = read_forward_backward_header(body)
+    except ValueError as e:
         raise http_error(400, f"body is not a valid tinker_public.ForwardBackwardRequest protobuf: {e}") from None
     check_model_id(msg.model_id)
     if msg.seq_id < 0:
         raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
     cap = svc.settings.max_datums_per_request
-    if len(msg.data) > cap:  # in sequence: consume the seq_id, fail the future
+    if msg.datums > cap:  # in sequence: consume the seq_id, fail the future
         op = TrainingOp(
             seq_id=msg.seq_id,
             kind=OpKind.REJECT,
             body_hash=_hash(body),
             error=(
-                f"forward_backward: data has {len(msg.data)} datums, more than this server's limit of {cap} "
+                f"forward_backward: data has {msg.datums} datums, more than this server's limit of {cap} "
                 "per request (--max-datums-per-request); send them in several calls"
             ),
         )

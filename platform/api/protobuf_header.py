@@ -1,0 +1,72 @@
+"""The few top-level fields the API needs from a protobuf forward_backward body, read off the wire format without
+decoding its datums.
+
+A ForwardBackwardRequest of thousands of datums is decoded once, by the JAX worker that runs it (activities/wire.py);
+the API only routes it: it needs the run (`model_id`), the op's place in its sequence (`seq_id`) and the number of
+datums (the per-request cap). Walking the top-level fields and skipping each length-delimited one costs a varint
+read per field, where a full parse builds every datum's message. A body whose top level does not parse (garbage, a
+field running past the end, a wire type protobuf does not have) is refused like a failed full parse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# tinker_public.ForwardBackwardRequest: model_id = 1 (string), seq_id = 2 (int32), data = 3 (repeated Datum).
+MODEL_ID, SEQ_ID, DATA = 1, 2, 3
+VARINT, I64, LEN, I32 = 0, 1, 2, 5
+
+
+@dataclass(frozen=True)
+class ForwardBackwardHeader:
+    model_id: str
+    seq_id: int
+    datums: int
+
+
+def _varint(body: bytes, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if at >= len(body) or shift > 63:
+            raise ValueError("a varint runs past the end of the body")
+        byte = body[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def read_forward_backward_header(body: bytes) -> ForwardBackwardHeader:
+    """model_id, seq_id (int32, negatives as protobuf encodes them) and datum count; ValueError when malformed."""
+    model_id, seq_id, datums, at = "", 0, 0, 0
+    while at < len(body):
+        tag, at = _varint(body, at)
+        field, wire = tag >> 3, tag & 7
+        if field == 0:
+            raise ValueError("field number 0")
+        if wire == VARINT:
+            value, at = _varint(body, at)
+            if field == SEQ_ID:
+                value &= 0xFFFFFFFF  # int32: the low 32 bits, two's complement
+                seq_id = value - (1 << 32) if value >= 1 << 31 else value
+        elif wire == LEN:
+            length, at = _varint(body, at)
+            end = at + length
+            if end > len(body):
+                raise ValueError(f"field {field} runs {end - len(body)} bytes past the end of the body")
+            if field == MODEL_ID:
+                try:
+                    model_id = body[at:end].decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"model_id is not UTF-8: {e}") from None
+            elif field == DATA:
+                datums += 1
+            at = end
+        elif wire in (I64, I32):
+            at += 8 if wire == I64 else 4
+            if at > len(body):
+                raise ValueError(f"field {field} runs past the end of the body")
+        else:
+            raise ValueError(f"wire type {wire} of field {field} is not protobuf's")
+    return ForwardBackwardHeader(model_id, seq_id, datums)
