@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from moe_checkpoint import build_moe_model
+from test_training import assert_grads_close
 
 from tinkerflow.workers.engine.model.attention import (
     blockwise_attention,
@@ -166,11 +168,7 @@ def _model_numbers(model_dir, monkeypatch, implementation: str):
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe"])
 def test_models_give_the_same_numbers_with_either_attention(arch, tmp_path, make_checkpoint, monkeypatch):
-    from test_training import assert_grads_close
-
     if arch == "qwen3_moe":
-        from moe_checkpoint import build_moe_model
-
         model_dir = build_moe_model(tmp_path / arch)
     else:
         model_dir = make_checkpoint(tmp_path / arch, arch=arch)
