@@ -168,10 +168,8 @@ def _model_numbers(model_dir, monkeypatch, implementation: str):
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe"])
 def test_models_give_the_same_numbers_with_either_attention(arch, tmp_path, make_checkpoint, monkeypatch):
-    if arch == "qwen3_moe":
-        model_dir = build_moe_model(tmp_path / arch)
-    else:
-        model_dir = make_checkpoint(tmp_path / arch, arch=arch)
+    build = build_moe_model if arch == "qwen3_moe" else lambda d: make_checkpoint(d, arch=arch)
+    model_dir = build(tmp_path / arch)
     ref_lp, ref_loss, ref_grads = _model_numbers(model_dir, monkeypatch, "reference")
     blk_lp, blk_loss, blk_grads = _model_numbers(model_dir, monkeypatch, "blockwise")
     for a, b in zip(blk_lp, ref_lp):
