@@ -89,9 +89,10 @@ def load(engine: EngineApi, store: CheckpointStore, slot: int, path: str, *, opt
             f"{path} holds weights only (no optimizer state); load it without the optimizer, or "
             "load a save_state checkpoint (tinker://…/weights/…)"
         )
-    engine.import_slot(slot, state, optimizer=optimizer)
+    # The slot's config as loaded: the checkpoint's LoRA config, the run's own optimizer family.
+    config = engine.import_slot(slot, state, optimizer=optimizer)
     log.info("loaded %s into slot %d (optimizer %s)", path, slot, optimizer)
-    return {"lora": _lora_dict(state.config), "step": state.step if optimizer else 0, "path": path}
+    return {"lora": _lora_dict(config), "step": state.step if optimizer else 0, "path": path}
 
 
 def load_snapshot(engine: EngineApi, store: CheckpointStore, path: str) -> None:
@@ -106,4 +107,5 @@ def _lora_dict(config: LoraConfig) -> dict[str, Any]:
         "train_attn": config.train_attn,
         "train_mlp": config.train_mlp,
         "train_unembed": config.train_unembed,
+        "optimizer": config.optimizer,
     }

@@ -27,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from tinkerflow.activities import checkpoint_io, wire
 from tinkerflow.activities.op_points import EngineTimer, OpPoints
-from tinkerflow.activities.specs import adam_config, lora_config
+from tinkerflow.activities.specs import lora_config, optim_config
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.storage_faults import storage_fault
@@ -241,7 +241,7 @@ class EngineActivities:
         if item.adam is None:
             raise InputError("optim_step needs adam_params")
         started = time.perf_counter()
-        step_metrics = self.engine.optim_step(item.slot, adam_config(item.adam))
+        step_metrics = self.engine.optim_step(item.slot, optim_config(item.adam))
         if self.points is not None:
             point = {"grad_norm": step_metrics.get("grad_norm"), "learning_rate": item.adam.learning_rate}
             self.points.training(item, "optim_step", {**point, "wall_s": time.perf_counter() - started})

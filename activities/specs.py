@@ -3,7 +3,7 @@ a field added on either side is a choice made here rather than a silent `**dict`
 
 from __future__ import annotations
 
-from tinkerflow.workers.engine.types import AdamConfig, LoraConfig
+from tinkerflow.workers.engine.types import OPTIMIZERS, AdamConfig, DimuonConfig, InputError, LoraConfig
 from tinkerflow.workflows.work import AdamSpec, LoraSpec
 
 
@@ -14,10 +14,25 @@ def lora_config(spec: LoraSpec) -> LoraConfig:
         train_attn=spec.train_attn,
         train_mlp=spec.train_mlp,
         train_unembed=spec.train_unembed,
+        optimizer=_optimizer(spec.optimizer),
     )
 
 
-def adam_config(spec: AdamSpec) -> AdamConfig:
+def _optimizer(name: str):
+    if name not in OPTIMIZERS:
+        raise InputError(f"optimizer {name!r} is not one this JAX worker runs ({', '.join(OPTIMIZERS)})")
+    return name
+
+
+def optim_config(spec: AdamSpec) -> AdamConfig | DimuonConfig:
+    if _optimizer(spec.optimizer) == "dimuon":
+        return DimuonConfig(
+            learning_rate=float(spec.learning_rate),
+            grad_clip_norm=float(spec.grad_clip_norm),
+            beta1=float(spec.beta1),
+            damping=float(spec.damping),
+            rank_lr_correction_exponent=float(spec.rank_lr_correction_exponent),
+        )
     return AdamConfig(
         learning_rate=float(spec.learning_rate),
         beta1=float(spec.beta1),

@@ -60,11 +60,14 @@ class LoraSpec:
     train_attn: bool = True
     train_mlp: bool = True
     train_unembed: bool = True
+    optimizer: str = "adamw"  # "adamw" | "dimuon": the run's optimizer family, fixed at its creation
 
 
 @dataclass(frozen=True)
 class AdamSpec:
-    """torch.optim.AdamW hyper-parameters of one optim_step (the activity converts it to the engine's AdamConfig)."""
+    """The hyper-parameters of one optim_step (the activity converts it to the engine's config): torch.optim.AdamW's,
+    or with `optimizer` "dimuon" Dimuon's (learning_rate, beta1, grad_clip_norm, damping,
+    rank_lr_correction_exponent; beta2, eps and weight_decay unused)."""
 
     learning_rate: float
     beta1: float = 0.9
@@ -72,6 +75,9 @@ class AdamSpec:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
+    optimizer: str = "adamw"
+    damping: float = 1.0
+    rank_lr_correction_exponent: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,8 @@ def from_legacy_lora(p: dict[str, Any]) -> LoraSpec:
 
 def from_legacy_adam(p: dict[str, Any]) -> AdamSpec:
     names = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
-    return AdamSpec(**{k: float(p[k]) for k in names if k in p})
+    values: dict[str, Any] = {k: float(p[k]) for k in names if k in p}
+    return AdamSpec(**values)
 
 
 def from_legacy_save_request(p: dict[str, Any]) -> SaveRequest:

@@ -23,7 +23,7 @@ from fastapi.responses import StreamingResponse
 from temporalio.common import WorkflowIDConflictPolicy
 from tinker.types import CopyWeightsRequest
 
-from tinkerflow.api import signed_urls
+from tinkerflow.api import optimizers, signed_urls
 from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_error, http_error, is_not_found
 from tinkerflow.api.identifiers import check_model_id, checkpoint_path
@@ -94,7 +94,7 @@ async def weights_info(request: Request, svc: Services = Depends(services), who:
         "train_attn": m.lora["train_attn"],
         "train_mlp": m.lora["train_mlp"],
         "train_unembed": m.lora["train_unembed"],
-        "optimizer_config": {"type": "adamw"},
+        "optimizer_config": optimizers.config_of(m.lora.get("optimizer", "adamw")),
     }
 
 

@@ -16,7 +16,6 @@ from fastapi import APIRouter, Depends, Request
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
 from temporalio.common import WorkflowIDConflictPolicy
 from tinker.types import (
-    AdamParams,
     CreateModelRequest,
     LoadWeightsRequest,
     OptimStepRequest,
@@ -30,7 +29,8 @@ from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
-from tinkerflow.api.op_checks import adam_problem, check_metadata, metadata_problem, parse, sequence_key
+from tinkerflow.api.op_checks import check_metadata, metadata_problem, parse, sequence_key
+from tinkerflow.api.optimizers import family, optim_spec
 from tinkerflow.api.protobuf_header import read_forward_backward_header
 from tinkerflow.api.services import Services
 from tinkerflow.api.training_ops import canonical as _canonical
@@ -43,7 +43,6 @@ from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import (
-    AdamSpec,
     LoadCheckpoint,
     LoraSpec,
     OpKind,
@@ -71,6 +70,9 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
         raise http_error(
             400, f"LoRA rank {rank} is outside 1..{svc.settings.max_lora_rank} (the server's --max-lora-rank)"
         )
+    optimizer, problem = family(req.optimizer_config)
+    if problem:
+        raise http_error(400, problem)
     await session_of_caller(svc, req.session_id, who)
     model_id = names.model_id_for(req.session_id, req.model_seq_id)
     spec = LoraSpec(
@@ -79,6 +81,7 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
         train_attn=lora.train_attn if lora else True,
         train_mlp=lora.train_mlp if lora else True,
         train_unembed=lora.train_unembed if lora else True,
+        optimizer=optimizer,
     )
     start = RunStart(
         model_id=model_id,
@@ -189,23 +192,11 @@ async def optim_step(request: Request, svc: Services = Depends(services), who: s
     raw = await json_body(request)
     model_id, seq_id = sequence_key(raw, "optim_step")
     req, problem = parse(OptimStepRequest, raw, "optim_step")
-    if req is not None and not isinstance(req.optim_params, AdamParams):
-        problem = f"optimizer {type(req.optim_params).__name__} is not supported; use AdamParams"
-    if req is not None and not problem:
-        problem = adam_problem(req.optim_params)
-    if problem:
+    adam = None
+    if req is not None:  # AdamParams or DimuonParams; whether they match the run's optimizer, the engine checks
+        adam, problem = optim_spec(req.optim_params)
+    if adam is None:
         return await _submit(svc, model_id, _reject(seq_id, raw, problem), who)
-    # parse returns no request only with a problem, and a non-Adam optimizer is a problem (above).
-    assert req is not None and isinstance(req.optim_params, AdamParams)
-    p = req.optim_params
-    adam = AdamSpec(
-        learning_rate=p.learning_rate,
-        beta1=p.beta1,
-        beta2=p.beta2,
-        eps=p.eps,
-        weight_decay=p.weight_decay,
-        grad_clip_norm=p.grad_clip_norm,
-    )
     op = TrainingOp(seq_id=seq_id, kind=OpKind.OPTIM_STEP, body_hash=_hash(_canonical(raw)), adam=adam)
     return await _submit(svc, model_id, op, who)
 
@@ -304,6 +295,11 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
                 raise CheckpointError(
                     f"{req.path} was trained on {m.base_model}, this run is on {state.start.base_model}"
                 )
+            if req.optimizer_config is not None:
+                raise CheckpointError(
+                    "load_weights: optimizer_config applies only when a training client is created from a "
+                    "checkpoint; an existing run keeps the optimizer it was created with"
+                )
         except CheckpointError as e:
             return await _submit(svc, model_id, _reject(seq_id, raw, str(e)), who)
         op = TrainingOp(
@@ -330,8 +326,7 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
             raise CheckpointError(f"{req.path} was trained on {m.base_model}, not {req.base_model}")
         if await svc.registry.get(m.base_model) is None:
             raise CheckpointError(f"{req.path} needs base model {m.base_model}, which no JAX worker serves")
-        if req.optimizer_config is not None and getattr(req.optimizer_config, "type", "adamw") != "adamw":
-            raise CheckpointError(f"optimizer {req.optimizer_config} is not supported; use Adam")
+        lora = _lora_of(m.lora, req.optimizer, req.optimizer_config)
     except CheckpointError as e:
         return {"request_id": _request_id(svc, request_ids.FailedRef(str(e)), who), "model_id": model_id}
     start = RunStart(
@@ -339,7 +334,7 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
         session_id=req.session_id,
         owner=who,
         base_model=m.base_model,
-        lora=LoraSpec(**m.lora),
+        lora=lora,
         pool=svc.settings.pool,
         user_metadata=req.user_metadata or {},
         load_path=req.path,
@@ -347,6 +342,21 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
         snapshot_every=svc.settings.auto_snapshot_every,
     )
     return await _start_run(svc, start, f"LoRA training run {model_id} from {req.path}")
+
+
+def _lora_of(saved: dict, with_optimizer: bool, optimizer_config) -> LoraSpec:
+    """A run created from a checkpoint: its LoRA config, and its optimizer: the checkpoint's when its state is
+    restored (optimizer_config cannot override it), else optimizer_config's (AdamW by default)."""
+    chosen, problem = family(optimizer_config)
+    if problem:
+        raise CheckpointError(problem)
+    saved_family = saved.get("optimizer", "adamw")  # checkpoints written before Dimuon are AdamW's
+    if with_optimizer and optimizer_config is not None and chosen != saved_family:
+        raise CheckpointError(
+            f"the checkpoint holds {saved_family} optimizer state; optimizer_config ({chosen}) cannot override "
+            "restored optimizer state. Load the weights only to train them with another optimizer"
+        )
+    return LoraSpec(**{**saved, "optimizer": saved_family if with_optimizer else chosen})
 
 
 async def _loadable(svc: Services, path: str, who: str):

@@ -60,7 +60,7 @@ async def test_save_state_writes_through_the_worker_and_a_ttl_starts_a_durable_t
     assert item.save.path == path and m["tinker_path"] == path and m["user_metadata"] == {"k": "v"}
     # No seed was asked for: the run drew one (into history), so a recovery re-creates the same initial adapter.
     assert isinstance(m["lora"].pop("seed"), int)
-    assert m["lora"] == {"rank": 8, "train_attn": True, "train_mlp": True, "train_unembed": True}
+    assert m["lora"] == {"rank": 8, "train_attn": True, "train_mlp": True, "train_unembed": True, "optimizer": "adamw"}
     expires = parse_rfc3339(m["expires_at"])
     assert timedelta(seconds=7100) < expires - datetime.now(UTC) < timedelta(seconds=7300)
 

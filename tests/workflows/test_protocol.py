@@ -17,8 +17,8 @@ from temporalio.api.common.v1 import Payload
 from temporalio.converter import DataConverter
 
 from tinkerflow.activities.engine_activities import EngineActivities
-from tinkerflow.activities.specs import adam_config, lora_config
-from tinkerflow.workers.engine.types import AdamConfig, LoraConfig
+from tinkerflow.activities.specs import lora_config, optim_config
+from tinkerflow.workers.engine.types import AdamConfig, DimuonConfig, LoraConfig
 from tinkerflow.workflows.coordinator import KIND_LABELS
 from tinkerflow.workflows.messages import (
     AdamSpec,
@@ -325,7 +325,13 @@ def test_the_activity_has_one_handler_per_kind_and_converts_specs_explicitly() -
     assert set(acts.handlers) == set(WorkKind)
     assert set(KIND_LABELS) == set(WorkKind) == set(TYPED_FIELD)  # the Coordinator names each kind in the UI
     assert lora_config(LoraSpec(rank=8, seed=3, train_mlp=False)) == LoraConfig(rank=8, seed=3, train_mlp=False)
-    assert adam_config(AdamSpec(1e-3, weight_decay=0.1)) == AdamConfig(1e-3, weight_decay=0.1)
+    assert optim_config(AdamSpec(1e-3, weight_decay=0.1)) == AdamConfig(1e-3, weight_decay=0.1)
+    dimuon = AdamSpec(
+        0.05, beta1=0.5, grad_clip_norm=1.0, optimizer="dimuon", damping=0.2, rank_lr_correction_exponent=0
+    )
+    assert optim_config(dimuon) == DimuonConfig(0.05, grad_clip_norm=1.0, beta1=0.5, damping=0.2,
+                                                rank_lr_correction_exponent=0.0)  # fmt: skip
     # Every field of the engine's configs is set from the spec (a new field on either side must be mapped).
     assert list(LoraConfig.__dataclass_fields__) == list(LoraSpec.__dataclass_fields__)
-    assert list(AdamConfig.__dataclass_fields__) == list(AdamSpec.__dataclass_fields__)
+    engine_fields = {*AdamConfig.__dataclass_fields__, *DimuonConfig.__dataclass_fields__, "optimizer"}
+    assert set(AdamSpec.__dataclass_fields__) == engine_fields

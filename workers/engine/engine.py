@@ -35,6 +35,7 @@ from .training.optimizer import OptState
 from .training.steps import StepFunctions
 from .types import (
     AdamConfig,
+    DimuonConfig,
     ForwardBackwardInput,
     ForwardBackwardResult,
     InputError,
@@ -270,14 +271,15 @@ class Engine:
         self._adapters.set_weights(slot, weights)
 
     def export_slot(self, slot: int) -> SlotState:
-        """The slot's config, weights, AdamW moments and step, named and trimmed like adapter_weights."""
+        """The slot's config, weights, optimizer moments and step, named and trimmed like adapter_weights."""
         return self._adapters.export(slot)
 
-    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None:
-        """(Re)configure `slot` (allocated or not) as `state`: its weights, and its AdamW moments and step when
-        `optimizer` (else zero moments, step 0); the gradient accumulator is zeroed. Missing tensors are zero. Every
-        check runs before anything is written."""
-        self._adapters.import_(slot, state, optimizer=optimizer)
+    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
+        """(Re)configure `slot` (allocated or not) as `state`: its weights, and its optimizer moments and step when
+        `optimizer` (else zero moments, step 0); the gradient accumulator is zeroed. Missing tensors are zero. An
+        allocated slot keeps its optimizer family (with `optimizer`, the state's must be the same). Every check runs
+        before anything is written. Returns the slot's config as it now is."""
+        return self._adapters.import_(slot, state, optimizer=optimizer)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -311,8 +313,8 @@ class Engine:
             free = self.memory.free_bytes()
         return free
 
-    def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]:
-        return trainer.optim_step(self._adapters, slot, adam)
+    def optim_step(self, slot: int, config: AdamConfig | DimuonConfig) -> dict[str, float]:
+        return trainer.optim_step(self._adapters, slot, config)
 
     # ------------------------------------------------------------------ sampling
 

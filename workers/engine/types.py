@@ -16,6 +16,9 @@ from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; 
 
 from .model.config import round_up_pow2, round_up_seq_len
 
+OptimizerName = Literal["adamw", "dimuon"]
+OPTIMIZERS: tuple[OptimizerName, ...] = ("adamw", "dimuon")
+
 
 @dataclass(frozen=True)
 class LoraConfig:
@@ -24,12 +27,16 @@ class LoraConfig:
     train_attn: bool = True
     train_mlp: bool = True
     train_unembed: bool = True
+    # The optimizer family, fixed for the adapter's life (Tinker's optimizer_config): it decides which step
+    # optim_step takes and what the saved moments mean.
+    optimizer: OptimizerName = "adamw"
 
 
 @dataclass(frozen=True)
 class SlotState:
     """An adapter slot's whole training state (Engine.export_slot / import_slot): LoRA weights A [in, rank] and
-    B [rank, out] by module name as in Engine.adapter_weights, AdamW's moments (same names and shapes) and its step."""
+    B [rank, out] by module name as in Engine.adapter_weights, the optimizer's moments (same names and shapes) and
+    its step. AdamW: mu and nu. Dimuon: mu is its momentum, nu stays zero."""
 
     config: LoraConfig
     weights: dict[str, np.ndarray]
@@ -48,6 +55,19 @@ class AdamConfig:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
+
+
+@dataclass(frozen=True)
+class DimuonConfig:
+    """One Dimuon step (training/dimuon.py): momentum beta1, then per LoRA matrix a row- and column-preconditioned
+    matrix sign, scaled to Frobenius norm sqrt(rank) and by the rank correction (rank / 32) ** exponent.
+    grad_clip_norm <= 0 means no clipping; damping (> 0) smooths the row and column preconditioners."""
+
+    learning_rate: float
+    grad_clip_norm: float = 0.0
+    beta1: float = 0.9
+    damping: float = 1.0
+    rank_lr_correction_exponent: float = 0.5
 
 
 @dataclass

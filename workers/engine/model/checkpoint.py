@@ -1,6 +1,6 @@
 """Checkpoint formats, on local directories (the storage layer uploads and downloads them).
 
-* Training state (`write_training_state` / `read_training_state`): a slot's LoRA weights, AdamW moments and step
+* Training state (`write_training_state` / `read_training_state`): a slot's LoRA weights, optimizer moments and step
   as one orbax checkpoint under `<dir>/state`, next to the same `adapter_config.json` a PEFT export has (rank,
   trained module groups), so the directory says what it holds without opening the arrays.
 * PEFT (`write_peft` / `read_peft`): `adapter_model.safetensors` + `adapter_config.json` as PEFT's
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..types import InputError, LoraConfig, SlotState
+from ..types import OPTIMIZERS, InputError, LoraConfig, SlotState
 from .lora import LORA_ALPHA, module_kind
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -260,7 +260,8 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
 
 
 def write_training_state(state: SlotState, directory: Path, *, base_model_name_or_path: str = "") -> None:
-    """`directory`/state (orbax: weights, mu, nu, step) + `directory`/adapter_config.json; blocks until written."""
+    """`directory`/state (orbax: weights, mu, nu, step; the optimizer family in its metadata) +
+    `directory`/adapter_config.json; blocks until written."""
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     tree = {
@@ -269,7 +270,7 @@ def write_training_state(state: SlotState, directory: Path, *, base_model_name_o
         "nu": _float32(state.nu),
         "step": np.asarray(state.step, np.int64),
     }
-    meta = {"format": STATE_FORMAT, "seed": state.config.seed}
+    meta = {"format": STATE_FORMAT, "seed": state.config.seed, "optimizer": state.config.optimizer}
     with _checkpointer() as checkpointer:
         checkpointer.save(directory / STATE_DIR, tree, force=True, custom_metadata=meta)
         checkpointer.wait_until_finished()
@@ -298,8 +299,11 @@ def read_training_state(directory: Path) -> SlotState:
         weights, mu, nu, step = (tree[k] for k in ("weights", "mu", "nu", "step"))
     except (KeyError, FileNotFoundError, ValueError) as e:  # InputError is a ValueError: kept as it is
         raise e if isinstance(e, InputError) else InputError(f"{STATE_DIR}/ cannot be read: {e!r}") from None
+    family = meta.get("optimizer", "adamw")  # states written before Dimuon are AdamW's
+    if family not in OPTIMIZERS:
+        raise InputError(f"{STATE_DIR}/ holds state of optimizer {family!r}; this server knows {list(OPTIMIZERS)}")
     return SlotState(
-        config=replace(config, seed=meta.get("seed")),
+        config=replace(config, seed=meta.get("seed"), optimizer=family),
         weights=_float32(weights),
         mu=_float32(mu),
         nu=_float32(nu),

@@ -23,6 +23,7 @@ import numpy as np
 from ..model.config import ModelConfig
 from ..types import (
     AdamConfig,
+    DimuonConfig,
     ForwardBackwardInput,
     ForwardBackwardResult,
     InputError,
@@ -102,14 +103,14 @@ class EngineLock:
     def export_slot(self, slot: int) -> SlotState:
         return self._traffic(self._engine.export_slot, slot)
 
-    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None:
+    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
         return self._traffic(self._engine.import_slot, slot, state, optimizer=optimizer)
 
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
         return self._traffic(self._engine.forward_backward, requests)
 
-    def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]:
-        return self._traffic(self._engine.optim_step, slot, adam)
+    def optim_step(self, slot: int, config: AdamConfig | DimuonConfig) -> dict[str, float]:
+        return self._traffic(self._engine.optim_step, slot, config)
 
     def snapshot(self, slot: int, key: str) -> None:
         return self._traffic(self._engine.snapshot, slot, key)

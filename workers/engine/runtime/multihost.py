@@ -45,6 +45,7 @@ import numpy as np
 from .. import types as engine_types
 from ..types import (
     AdamConfig,
+    DimuonConfig,
     ForwardBackwardInput,
     ForwardBackwardResult,
     InputError,
@@ -265,14 +266,14 @@ class DrivenEngine:
     def export_slot(self, slot: int) -> SlotState:
         return self._call("export_slot", (slot,), {})
 
-    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None:
+    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
         return self._call("import_slot", (slot, state), {"optimizer": optimizer})
 
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
         return self._call("forward_backward", (requests,), {})
 
-    def optim_step(self, slot: int, adam: AdamConfig) -> dict[str, float]:
-        return self._call("optim_step", (slot, adam), {})
+    def optim_step(self, slot: int, config: AdamConfig | DimuonConfig) -> dict[str, float]:
+        return self._call("optim_step", (slot, config), {})
 
     def snapshot(self, slot: int, key: str) -> None:
         return self._call("snapshot", (slot, key), {})

@@ -1,4 +1,4 @@
-"""The engine's trainable state: `max_lora_adapters` LoRA slots, their gradient accumulators and AdamW moments.
+"""The engine's trainable state: `max_lora_adapters` LoRA slots, their gradient accumulators and optimizer moments.
 
 Every LoRA-shaped tree here carries the adapter axis first (slot i is `tree[i]`), sharded by the placement; a slot
 is written and zeroed by one jitted update of the whole tree (one compile, in place, shardings kept), so a slot's
@@ -13,6 +13,7 @@ write these trees.
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -184,7 +185,7 @@ class AdapterSlots:
         self.lora = self.write_slot(self.lora, np.int32(slot), jax.tree_util.tree_map_with_path(put, self.lora))
 
     def export(self, slot: int) -> SlotState:
-        """The slot's config, weights, AdamW moments and step, named and trimmed like `named`."""
+        """The slot's config, weights, optimizer moments and step, named and trimmed like `named`."""
         self.check_slot(slot)
         return SlotState(
             config=self.configs[slot],
@@ -194,12 +195,22 @@ class AdapterSlots:
             step=int(np.asarray(self.opt.count)[slot]),
         )
 
-    def import_(self, slot: int, state: SlotState, *, optimizer: bool) -> None:
-        """(Re)configure `slot` (allocated or not) as `state`: its weights, and its AdamW moments and step when
-        `optimizer` (else zero moments, step 0); the gradient accumulator is zeroed. Missing tensors are zero. Every
-        check runs before anything is written."""
+    def import_(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
+        """(Re)configure `slot` (allocated or not) as `state`: its weights, and its optimizer moments and step when
+        `optimizer` (else zero moments, step 0); the gradient accumulator is zeroed. Missing tensors are zero. An
+        allocated slot keeps its optimizer family (with `optimizer`, the state's must be the same). Every check runs
+        before anything is written. Returns the slot's config as it now is."""
         self.check_slot(slot, allocated=False)
         self.check_rank(state.config)
+        if slot in self.configs:  # an allocated slot keeps its optimizer: fixed for the run's life
+            family = self.configs[slot].optimizer
+            if optimizer and state.config.optimizer != family:
+                raise InputError(
+                    f"the checkpoint holds {state.config.optimizer} optimizer state, but this training run was "
+                    f"created with {family}, which stays fixed for its lifetime; load the weights without the "
+                    "optimizer state, or create a training client from the checkpoint"
+                )
+            state = replace(state, config=replace(state.config, optimizer=family))
         weights = self.full(state.config, state.weights, "weights")
         moments = None
         if optimizer:
@@ -215,6 +226,7 @@ class AdapterSlots:
                 count=self.opt.count.at[slot].set(int(state.step)),
             ))  # fmt: skip
         self.configs[slot] = state.config
+        return state.config
 
     def full(self, config: LoraConfig, named: dict[str, np.ndarray], what: str) -> Any:
         """Named rank-trimmed tensors as one slot's full LoRA-shaped tree (numpy, no adapter axis), zero beyond the

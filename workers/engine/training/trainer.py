@@ -1,9 +1,10 @@
-"""Training on the adapter slots: batched forward_backward (gradients accumulate per slot) and a per-slot AdamW step.
+"""Training on the adapter slots: batched forward_backward (gradients accumulate per slot) and a per-slot optimizer
+step (AdamW or Dimuon).
 
-The jitted programs are in `steps.py` (the micro-batched grad step) and `optimizer.py` (AdamW on one slot's slice);
-this module turns the engine's requests into them. Each request of a batch is validated on its own: a bad one
-yields an InputError in its place and never touches any slot's state, and an optimizer step whose result would not
-be finite is refused before anything is written.
+The jitted programs are in `steps.py` (the micro-batched grad step), `optimizer.py` (AdamW on one slot's slice) and
+`dimuon.py` (Dimuon on one slot's slice); this module turns the engine's requests into them. Each request of a batch
+is validated on its own: a bad one yields an InputError in its place and never touches any slot's state, and an
+optimizer step whose result would not be finite is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..runtime.memory_plan import FLAGS, MemoryPlan
-from ..types import AdamConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
+from ..types import AdamConfig, DimuonConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
 from ..validation import forward_backward_rows
 from .adapter_slots import AdapterSlots
+from .dimuon import dimuon_slot_values, pack_dimuon
 from .optimizer import adamw_slot_values, pack_hparams, write_slot_values
 from .steps import DoesNotFit, Row, StepFunctions, run_rows
 
@@ -94,19 +96,56 @@ def _without(e: DoesNotFit, rows: list[Row], spans: dict[int, tuple[int, int]], 
     return kept_rows, kept
 
 
-def optim_step(slots: AdapterSlots, slot: int, adam: AdamConfig) -> dict[str, float]:
-    """AdamW on `slot` with its accumulated gradients, which it then clears; returns grad_norm, learning_rate, step."""
+def optim_step(slots: AdapterSlots, slot: int, config: AdamConfig | DimuonConfig) -> dict[str, float]:
+    """The slot's optimizer step (AdamW or Dimuon, as the slot was created) with its accumulated gradients, which it
+    then clears; returns grad_norm, learning_rate, step."""
     slots.check_slot(slot)
+    cfg = slots.configs[slot]
+    params_of = {"adamw": "AdamParams", "dimuon": "DimuonParams"}
+    given = "dimuon" if isinstance(config, DimuonConfig) else "adamw"
+    if cfg.optimizer != given:
+        raise InputError(
+            f"this training run was created with optimizer {cfg.optimizer!r}, which stays fixed for its lifetime: "
+            f"optim_step needs {params_of[cfg.optimizer]}, got {params_of[given]}"
+        )
+    shape = (cfg.train_attn, cfg.train_mlp, cfg.train_unembed)
+    if isinstance(config, DimuonConfig):
+        values = (config.learning_rate, config.beta1, config.grad_clip_norm, config.damping,
+                  config.rank_lr_correction_exponent)  # fmt: skip
+        problem = _dimuon_problem(config)
+        if problem:
+            raise InputError(problem)
+        new, count, metrics = dimuon_slot_values(slots.lora, slots.grads, slots.opt, np.int32(slot),
+                                                 pack_dimuon(values, cfg.rank, shape))  # fmt: skip
+        return _write_step(slots, slot, new, count, metrics, config.learning_rate)
+    adam = config
     values = (adam.learning_rate, adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.grad_clip_norm)
     if not all(np.isfinite(v) for v in values) or adam.learning_rate < 0 or adam.eps < 0:
         raise InputError(f"invalid AdamConfig {adam}")
     if not (0 <= adam.beta1 < 1 and 0 <= adam.beta2 < 1):
         raise InputError(f"AdamConfig betas must be in [0, 1), got beta1={adam.beta1} beta2={adam.beta2}")
-    cfg = slots.configs[slot]
-    packed = pack_hparams(values, cfg.rank, (cfg.train_attn, cfg.train_mlp, cfg.train_unembed))
+    packed = pack_hparams(values, cfg.rank, shape)
     # Only the slot's slice is read and written (in place, the state is donated); the outputs keep the
     # placement's shardings, and the two metrics come back in one small transfer.
     new, count, metrics = adamw_slot_values(slots.lora, slots.grads, slots.opt, np.int32(slot), packed)
+    return _write_step(slots, slot, new, count, metrics, adam.learning_rate)
+
+
+def _dimuon_problem(config: DimuonConfig) -> str:
+    for name, value in vars(config).items():
+        if not np.isfinite(value):
+            return f"DimuonConfig.{name} must be finite, got {value}"
+    if config.learning_rate < 0:
+        return f"DimuonConfig.learning_rate must be >= 0, got {config.learning_rate}"
+    if not config.damping > 0:
+        return f"DimuonConfig.damping must be > 0, got {config.damping}"
+    if not 0 <= config.beta1 < 1:
+        return f"DimuonConfig.beta1 must be in [0, 1), got {config.beta1}"
+    return ""
+
+
+def _write_step(slots: AdapterSlots, slot: int, new: Any, count: Any, metrics: Any, lr: float) -> dict[str, float]:
+    """Write a step's values (from adamw_slot_values or dimuon_slot_values) unless they are not finite."""
     grad_norm, step, finite = np.asarray(slots.placement.to_host(metrics), np.float64).tolist()
     if not finite:
         # Refused before the weights or moments are written, so the run never holds NaN for good and keeps
@@ -118,10 +157,10 @@ def optim_step(slots: AdapterSlots, slot: int, adam: AdamConfig) -> dict[str, fl
             "since the last step produced NaN or infinity, typically because earlier steps made the weights "
             "too large"
             if not np.isfinite(grad_norm)
-            else f"learning_rate={adam.learning_rate} (grad_norm={grad_norm}) would make the weights not finite"
+            else f"learning_rate={lr} (grad_norm={grad_norm}) would make the weights not finite"
         )
         raise InputError(
-            f"optim_step not applied: {why}; the weights and Adam moments are unchanged and the "
+            f"optim_step not applied: {why}; the weights and optimizer moments are unchanged and the "
             "accumulated gradients were dropped. Lower the learning_rate, or load_state an earlier "
             "checkpoint"
         )
@@ -130,4 +169,4 @@ def optim_step(slots: AdapterSlots, slot: int, adam: AdamConfig) -> dict[str, fl
     slots.lora, slots.grads, slots.opt = write_slot_values(
         slots.lora, slots.grads, slots.opt, np.int32(slot), new, count, placement=slots.placement
     )
-    return {"grad_norm": grad_norm, "learning_rate": float(adam.learning_rate), "step": step}
+    return {"grad_norm": grad_norm, "learning_rate": float(lr), "step": step}
