@@ -17,6 +17,7 @@ from tinkerflow.api import (
     console_data,
     routes_checkpoints,
     routes_console,
+    routes_custom_loss,
     routes_futures,
     routes_openai,
     routes_run_metrics,
@@ -81,6 +82,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     for module in (routes_service, routes_training, routes_sampling, routes_futures, routes_runs, routes_checkpoints):
         app.include_router(module.router)
     app.include_router(routes_session_futures.router)  # retrieve_futures, join_sampling_session, cancel_future
+    app.include_router(routes_custom_loss.router)  # create_custom_loss (docs/custom-losses.md)
     app.include_router(routes_run_metrics.router)  # per-run metric points (docs/metrics.md)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
     app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# tinker_public.ForwardBackwardRequest: model_id = 1 (string), seq_id = 2 (int32), data = 3 (repeated Datum).
+# tinker_public.ForwardBackwardRequest: model_id = 1 (string), seq_id = 2 (int32), data = 3 (repeated Datum),
+# loss_fn = 4 (string), loss_fn_config = 5 and loss_fn_config_v2 = 7 (maps).
 MODEL_ID, SEQ_ID, DATA = 1, 2, 3
+LOSS_FIELDS = (4, 5, 7)
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
 
@@ -22,6 +24,9 @@ class ForwardBackwardHeader:
     model_id: str
     seq_id: int
     datums: int
+    # The loss fields as they are on the wire (small): a ForwardBackwardRequest of its own, without the datums, for
+    # the checks that need the loss (a custom loss's loss_id).
+    loss_fields: bytes = b""
 
 
 def _varint(body: bytes, at: int) -> tuple[int, int]:
@@ -40,7 +45,9 @@ def _varint(body: bytes, at: int) -> tuple[int, int]:
 def read_forward_backward_header(body: bytes) -> ForwardBackwardHeader:
     """model_id, seq_id (int32, negatives as protobuf encodes them) and datum count; ValueError when malformed."""
     model_id, seq_id, datums, at = "", 0, 0, 0
+    loss_fields: list[bytes] = []
     while at < len(body):
+        start = at
         tag, at = _varint(body, at)
         field, wire = tag >> 3, tag & 7
         if field == 0:
@@ -62,6 +69,8 @@ def read_forward_backward_header(body: bytes) -> ForwardBackwardHeader:
                     raise ValueError(f"model_id is not UTF-8: {e}") from None
             elif field == DATA:
                 datums += 1
+            elif field in LOSS_FIELDS:
+                loss_fields.append(body[start:end])
             at = end
         elif wire in (I64, I32):
             at += 8 if wire == I64 else 4
@@ -69,4 +78,4 @@ def read_forward_backward_header(body: bytes) -> ForwardBackwardHeader:
                 raise ValueError(f"field {field} runs past the end of the body")
         else:
             raise ValueError(f"wire type {wire} of field {field} is not protobuf's")
-    return ForwardBackwardHeader(model_id, seq_id, datums)
+    return ForwardBackwardHeader(model_id, seq_id, datums, b"".join(loss_fields))

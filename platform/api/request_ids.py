@@ -52,6 +52,13 @@ class FailedRef:
     category: str = "user"
 
 
+@dataclass(frozen=True)
+class DoneRef:
+    """A future answered at submit (create_custom_loss: its loss_id): the JSON result travels in the id itself."""
+
+    result: dict
+
+
 def _b64(data: str) -> str:
     return base64.urlsafe_b64encode(data.encode()).decode().rstrip("=")
 
@@ -68,13 +75,13 @@ def _signature(key: bytes, owner: str, body: str) -> str:
     return base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
 
-def encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef, key: bytes, owner: str) -> str:
+def encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef | DoneRef, key: bytes, owner: str) -> str:
     """The request_id for `ref`, answerable only to `owner` (the caller's owner id, "" when the API is open)."""
     body = _encode(ref)
     return f"{body}.{_signature(key, owner, body)}"
 
 
-def decode(request_id: str, key: bytes, owner: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef:
+def decode(request_id: str, key: bytes, owner: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef | DoneRef:
     """The ref of an id `owner` was given; BadRequestId for anything else (garbage, forged, another owner's)."""
     body, _, signature = request_id.rpartition(".") if isinstance(request_id, str) else ("", "", "")
     if not body or not hmac.compare_digest(signature.encode(), _signature(key, owner, body).encode()):
@@ -86,7 +93,9 @@ def _shown(request_id: object) -> str:
     return repr(request_id)[:80]
 
 
-def _encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef) -> str:
+def _encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef | DoneRef) -> str:
+    if isinstance(ref, DoneRef):
+        return "d." + _b64(json.dumps(ref.result))
     if isinstance(ref, FailedRef):
         return "f." + _b64(json.dumps([ref.error, ref.category]))
     if isinstance(ref, UpdateRef):
@@ -96,9 +105,11 @@ def _encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef) -> str:
     return "w." + _b64(ref.workflow_id)
 
 
-def _decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef:
+def _decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedRef | DoneRef:
     try:
         kind, _, payload = request_id.partition(".")
+        if kind == "d":
+            return DoneRef(dict(json.loads(_unb64(payload))))
         if kind == "u":
             wf, run, upd = json.loads(_unb64(payload))
             return UpdateRef(str(wf), str(run), str(upd))

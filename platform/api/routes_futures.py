@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 
 async def _outcome(svc: Services, ref) -> Outcome:
+    if isinstance(ref, request_ids.DoneRef):
+        return Outcome(json=ref.result)
     if isinstance(ref, request_ids.FailedRef):
         return Outcome.failed(ref.error, ref.category)
     if isinstance(ref, request_ids.UpdateRef):

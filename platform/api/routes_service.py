@@ -26,12 +26,14 @@ router = APIRouter(prefix="/api/v1")
 async def client_config(_: str = Depends(owner)) -> dict:
     # zstd keeps big forward_backward bodies small on the wire; the adapter decompresses with a size cap.
     # One long-poll per sampling session instead of one per sample, and server-numbered clones of a sampler
-    # (routes_session_futures.py).
+    # (routes_session_futures.py); custom losses uploaded by create_custom_loss run in the engine's step
+    # (docs/custom-losses.md).
     return {
         "pjwt_auth_enabled": False,
         "proto_compress_fwdbwd": True,
         "sample_use_retrieve_futures": True,
         "sample_join_sampling_session": True,
+        "custom_loss_server_side": True,
     }
 
 

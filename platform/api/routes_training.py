@@ -32,6 +32,7 @@ from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.optimizers import family, optim_spec
 from tinkerflow.api.protobuf_header import read_forward_backward_header
+from tinkerflow.api.routes_custom_loss import custom_loss_problem, is_custom
 from tinkerflow.api.services import Services
 from tinkerflow.api.training_ops import canonical as _canonical
 from tinkerflow.api.training_ops import check_model_seq_id as _check_model_seq_id
@@ -182,6 +183,11 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
             ),
         )
         return await _submit(svc, msg.model_id, op, who)
+    problem = custom_loss_problem(svc, msg, who) if is_custom(msg) else ""
+    if problem:  # in sequence: consume the seq_id, fail the future
+        return await _submit(svc, msg.model_id, TrainingOp(
+            seq_id=msg.seq_id, kind=OpKind.REJECT, body_hash=_hash(body), error=f"forward_backward: {problem}"
+        ), who)  # fmt: skip
     ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
     op = TrainingOp(seq_id=msg.seq_id, kind=OpKind.FORWARD_BACKWARD, body_hash=_hash(body), payload=ref)
     return await _submit(svc, msg.model_id, op, who)

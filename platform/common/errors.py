@@ -47,6 +47,11 @@ class InputError(UserError):
     """
 
 
+class CustomLossError(InputError):
+    """A server-side custom loss this server refuses, when it is created or when it runs; the message names the node
+    and the op (tinkerflow.common.custom_loss)."""
+
+
 class UnknownModelError(UserError):
     """A base model that is neither in the local HF cache nor a Hugging Face model directory."""
 

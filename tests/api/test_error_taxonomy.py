@@ -22,6 +22,7 @@ from tinkerflow.workflows.errors import ErrorType
 # object is a 404, as a missing one.
 EXPECTED_EXCEPTIONS = {
     errors.InputError: (Category.USER, 400),
+    errors.CustomLossError: (Category.USER, 400),  # a custom loss graph refused: a failed future naming the op
     errors.UnknownModelError: (Category.USER, 400),
     errors.CheckpointError: (Category.USER, 400),
     errors.CheckpointNotFound: (Category.USER, 404),

@@ -56,3 +56,27 @@ def test_garbage_the_full_parse_refuses_is_refused_or_read_alike(body):
 def test_malformed_top_levels_are_refused(body, why):
     with pytest.raises(ValueError, match=why):
         read_forward_backward_header(body)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    loss_fn=st.text(max_size=20),
+    numbers=st.dictionaries(st.text(max_size=10), st.floats(allow_nan=False), max_size=3),
+    texts=st.dictionaries(st.text(max_size=10), st.text(max_size=30), max_size=3),
+)
+def test_the_loss_fields_parse_as_the_full_parse_does(loss_fn, numbers, texts):
+    """The loss fields the header keeps (for a custom loss's loss_id) decode to the full parse's loss and configs."""
+    msg = pb.ForwardBackwardRequest.FromString(_body("m", 3, 2, loss_fn))
+    for k, v in numbers.items():
+        msg.loss_fn_config[k] = v
+        msg.loss_fn_config_v2[k].number = v
+    for k, v in texts.items():
+        msg.loss_fn_config_v2[k].text = v
+    full = pb.ForwardBackwardRequest.FromString(msg.SerializeToString())
+    got = pb.ForwardBackwardRequest.FromString(read_forward_backward_header(msg.SerializeToString()).loss_fields)
+    assert (got.loss_fn, dict(got.loss_fn_config), dict(got.loss_fn_config_v2)) == (
+        full.loss_fn,
+        dict(full.loss_fn_config),
+        dict(full.loss_fn_config_v2),
+    )
+    assert not got.data

@@ -19,6 +19,7 @@ import numpy as np
 from ..runtime.memory_plan import FLAGS, MemoryPlan
 from ..types import AdamConfig, DimuonConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
 from ..validation import forward_backward_rows
+from . import custom_losses
 from .adapter_slots import AdapterSlots
 from .dimuon import dimuon_slot_values, pack_dimuon
 from .optimizer import adamw_slot_values, pack_hparams, write_slot_values
@@ -37,6 +38,9 @@ def forward_backward(
     With `memory`, a datum longer than the plan admits is refused before anything else; with `room`, a request
     whose micro-batch's compiled program needs more memory than is free is refused before any program runs, and
     the others go on without it."""
+    if any(req.loss_fn == "custom" for req in requests):
+        return _with_custom_losses(slots, steps, base, requests, info=info, micro_batch_tokens=micro_batch_tokens,
+                                   memory=memory, room=room)  # fmt: skip
     results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
     rows: list[Row] = []
     spans: dict[int, tuple[int, int]] = {}
@@ -94,6 +98,47 @@ def _without(e: DoesNotFit, rows: list[Row], spans: dict[int, tuple[int, int]], 
             kept[r] = (len(kept_rows), len(kept_rows) + hi - lo)
             kept_rows.extend(rows[lo:hi])
     return kept_rows, kept
+
+
+def _with_custom_losses(
+    slots: AdapterSlots, steps: StepFunctions, base: Any, requests: list[ForwardBackwardInput], **options: Any
+) -> list[ForwardBackwardResult | InputError]:
+    """Requests with a server-side custom loss (custom_losses.py): a forward pass for their logprobs, the loss and
+    its gradient per datum, then one pass of every request, theirs as cross_entropy with weights -dLoss/dlogprobs."""
+    results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
+    prepared: dict[int, custom_losses.Prepared] = {}
+    for r, req in enumerate(requests):
+        if req.loss_fn == "custom":
+            try:
+                slots.check_slot(req.slot)
+                prepared[r] = custom_losses.prepare(req)
+            except InputError as e:
+                results[r] = e
+    probes = forward_backward(slots, steps, base, [p.probe for p in prepared.values()], **options)
+    final: dict[int, ForwardBackwardInput] = {r: req for r, req in enumerate(requests) if req.loss_fn != "custom"}
+    done: dict[int, tuple[float, dict[str, float], ForwardBackwardResult]] = {}
+    for (r, prep), probe in zip(prepared.items(), probes, strict=True):
+        try:
+            if isinstance(probe, InputError):
+                raise probe
+            total, metrics, train = custom_losses.weighted(prep, requests[r], [o["logprobs"] for o in probe.outputs])
+        except InputError as e:
+            results[r] = e
+            continue
+        done[r] = (total, metrics, probe)
+        if not requests[r].forward_only:
+            final[r] = train
+    order = sorted(final)
+    for r, out in zip(order, forward_backward(slots, steps, base, [final[r] for r in order], **options), strict=True):
+        results[r] = out
+    for r, (total, metrics, probe) in done.items():
+        out = results[r] if r in final else probe  # forward-only: the probe's logprobs are the answer
+        if isinstance(out, ForwardBackwardResult):  # the loss's value and metrics, not the cross_entropy surrogate's
+            out = ForwardBackwardResult(
+                [{"logprobs": o["logprobs"]} for o in out.outputs], {**metrics, "loss:sum": total}
+            )
+        results[r] = out
+    return results  # type: ignore[return-value]
 
 
 def optim_step(slots: AdapterSlots, slot: int, config: AdamConfig | DimuonConfig) -> dict[str, float]:
