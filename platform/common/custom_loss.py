@@ -115,7 +115,8 @@ def check(name: Any, inputs: Any, nodes: Any) -> CheckedLoss:
             raise CustomLossError(f"{where}: nodes after the output node")
         canonical["nodes"].append([op, node, target, args, kwargs])
         if op == "placeholder":
-            if calls or len(placeholders) >= len(declared) or target != declared[len(placeholders)][0]:
+            expected = declared[len(placeholders)][0] if len(placeholders) < len(declared) else None
+            if args or kwargs or calls or target != expected:
                 raise CustomLossError(f"{where}: placeholder {target!r} does not match the declared inputs "
                                       f"{[n for n, _ in declared]} (in order, before any call)")  # fmt: skip
             placeholders.append(node)
@@ -139,7 +140,10 @@ def check(name: Any, inputs: Any, nodes: Any) -> CheckedLoss:
         raise CustomLossError(f"custom loss {name!r}: {len(placeholders)} placeholders for {len(declared)} inputs")
     if output is None:
         raise CustomLossError(f"custom loss {name!r}: the graph has no output node")
-    source = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    try:
+        source = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError) as e:
+        raise CustomLossError(f"custom loss {name!r}: the graph is not plain JSON: {e}") from None
     if len(source) > MAX_PAYLOAD_BYTES:
         raise CustomLossError(f"custom loss {name!r}: the graph is {len(source):,} bytes, over {MAX_PAYLOAD_BYTES:,}")
     loss, metrics = output
