@@ -1,0 +1,34 @@
+"""Hub data sets for recipes, offline: a small synthetic copy written into the local Hugging Face datasets cache, in
+the layout `datasets.load_dataset(repo_id, config)` falls back to when the hub cannot be reached (HF_DATASETS_OFFLINE:
+"Using the latest cached version of the dataset"). The recipes then run unmodified; the rows have the real data set's
+columns, not its content. A user does the same with the real data: load it once online, or copy its cache
+directory (`$HF_DATASETS_CACHE/<owner>___<name>/`) to the offline machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def cache_dataset(cache_dir: Path, repo_id: str, config: str | None, splits: dict[str, dict[str, list[Any]]]) -> Path:
+    """Write `splits` ({split: {column: values}}) as the cached `repo_id` / `config`; returns its directory."""
+    import datasets
+    from datasets.arrow_writer import ArrowWriter
+
+    owner, name = repo_id.split("/")
+    config_name = config or "default"
+    directory = Path(cache_dir) / f"{owner}___{name}" / config_name / "0.0.0" / "synthetic"
+    directory.mkdir(parents=True, exist_ok=True)
+    infos = datasets.SplitDict(dataset_name=name)
+    features = None
+    for split, columns in splits.items():
+        table = datasets.Dataset.from_dict(columns)
+        features = table.features
+        with ArrowWriter(features=table.features, path=str(directory / f"{name}-{split}.arrow")) as writer:
+            writer.write_table(table.data.table)
+            rows, _ = writer.finalize()
+        infos.add(datasets.SplitInfo(name=split, num_examples=rows, dataset_name=name))
+    info = datasets.DatasetInfo(features=features, config_name=config_name, dataset_name=name, builder_name=name,
+                                splits=infos, version="0.0.0")  # fmt: skip
+    info.write_to_directory(str(directory))
+    return directory
