@@ -245,3 +245,21 @@ def test_every_allowed_op_has_an_implementation_and_nothing_else_does():
     from tinkerflow.workers.engine.training.custom_loss_ops import IMPLEMENTATIONS
 
     assert set(IMPLEMENTATIONS) == set(SIGNATURES)
+
+
+def test_forward_only_custom_gives_the_loss_and_accumulates_nothing(engine, rng):
+    """`forward(data, "custom", {"loss_id": ...})`: the loss and metrics of the same datums, no gradient."""
+    _, checked = trace(*CASES["ppo_like"])
+    token = custom_loss.loss_id(checked, SESSION, KEY, OWNER)
+    engine.create_adapter(0, LoraConfig(rank=2, seed=4))
+    engine.create_adapter(1, LoraConfig(rank=2, seed=4))
+    batch = seqs(rng, 2, 8)
+    inputs = [{"advantages": np.ones(7, np.float32), "old": np.full(7, -4.0, np.float32)}] * 2
+    train = _requests(0, batch, inputs, {"loss_id": token})
+    probe = _requests(1, batch, inputs, {"loss_id": token})
+    probe.forward_only = True
+    a, b = engine.forward_backward([train, probe])
+    assert b.metrics["loss:sum"] == pytest.approx(a.metrics["loss:sum"], rel=TOL)
+    assert b.metrics["custom/ratio:mean"] == pytest.approx(a.metrics["custom/ratio:mean"], rel=TOL)
+    assert any(np.any(g) for g in engine.accumulated_grads(0).values())
+    assert not any(np.any(g) for g in engine.accumulated_grads(1).values())
