@@ -100,6 +100,10 @@ class JaxWorkerSettings:
     sampler_eager_buckets: bool = setting(True, "compile every slot bucket of a sampling shape family at its first "
                                           "use (0: each bucket when a batch first needs it); read by the engine's "
                                           "sampler where it is built", ENGINE_ENV)
+    attention: str = setting("auto", "the engine's attention: 'auto' picks by backend (cuDNN or Pallas on GPU, Pallas "
+                             "on TPU, the blockwise path elsewhere); one of the others forces it where it can run; "
+                             "read by the model where it traces", ENGINE_ENV,
+                             choices=("auto", "reference", "blockwise", "cudnn", "pallas_gpu", "pallas_tpu"))
     fault_pause_before_commit_s: float = setting(0.0, "test hook: hold a checkpoint save this long between its "
                                                  "payload upload and its manifest commit", TEST_HOOK)
     # fmt: on

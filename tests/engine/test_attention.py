@@ -176,3 +176,11 @@ def test_models_give_the_same_numbers_with_either_attention(arch, tmp_path, make
         np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL)
     np.testing.assert_allclose(blk_loss, ref_loss, rtol=TOL)
     assert_grads_close(blk_grads, ref_grads)
+
+
+def test_the_settings_field_offers_exactly_the_implementations():
+    from tinkerflow.common.settings import config_fields
+    from tinkerflow.workers.engine.model.attention import IMPLEMENTATIONS
+
+    field = next(f for f in config_fields() if f.name == "attention")
+    assert tuple(field.metadata["choices"]) == IMPLEMENTATIONS

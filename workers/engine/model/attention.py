@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
+
+from tinkerflow.common.settings import env_setting
 
 Implementation = Literal["reference", "blockwise", "cudnn", "pallas_gpu", "pallas_tpu"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "reference", "blockwise", "cudnn", "pallas_gpu", "pallas_tpu")
@@ -69,9 +70,7 @@ class Segments:
 def select(dtype, *, single_segment: bool, backend: str | None = None) -> Implementation:
     """The implementation for a call on `backend` (default: JAX's) with q/k/v in `dtype`; `single_segment`: every
     row holds at most one segment starting at index 0 (no packing), which cuDNN needs."""
-    forced = os.environ.get("TINKERFLOW_ATTENTION", "auto")
-    if forced not in IMPLEMENTATIONS:
-        raise ValueError(f"TINKERFLOW_ATTENTION={forced!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    forced = env_setting("attention")  # TINKERFLOW_ATTENTION, checked against IMPLEMENTATIONS by Settings
     backend = backend or jax.default_backend()
     low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if forced == "cudnn" and not (backend == "gpu" and low_precision and single_segment):
