@@ -6,6 +6,7 @@ prefill computes, up to float32 summation order), counted in prompt_cache_hit_to
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,7 +120,8 @@ def test_a_stop_list_still_stops_at_eos(engine):
 def test_the_prefix_cache_is_exact_and_counted(engine):
     """A group of samples and a second turn reuse the prompt's blocks; every logprob equals sampling without the
     cache; another session's identical prompt finds nothing."""
-    group = dict(prompt=LONG, num_samples=5, max_tokens=8, seed=11, stop_token_ids=[], include_prompt_logprobs=True)
+    group: dict[str, Any] = dict(prompt=LONG, num_samples=5, max_tokens=8, seed=11, stop_token_ids=[],
+                                 include_prompt_logprobs=True)  # fmt: skip
     turn2 = np.concatenate([LONG, [9, 9, 8, 7, 6, 5, 4, 3, 2, 1, 3, 2, 5, 6, 7, 8, 9, 10]]).astype(np.int32)
     sampler = engine.sampler
     index, sampler.prefix = sampler.prefix, None

@@ -3,7 +3,7 @@ recipes.verifiers_rl offline: reverse a short text, rewarded by the share of cha
 
 from __future__ import annotations
 
-import verifiers as vf
+import verifiers as vf  # pyright: ignore[reportMissingImports]  (installed only where that xfail test runs)
 from datasets import Dataset
 
 WORDS = ["stone", "river", "lamp", "window", "garden", "cloud", "paper", "bridge"]
