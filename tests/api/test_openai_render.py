@@ -19,7 +19,7 @@ from tinkerflow.api.openai_render import Rendered, echo_logprobs, render, token_
 def tokenizer():
     from transformers import PreTrainedTokenizerFast
 
-    from tinkerflow.workers.engine.model.tiny_model import EOS_TOKEN, build_tokenizer
+    from tinkerflow.workers.engine.model.tiny_tokenizer import EOS_TOKEN, build_tokenizer
 
     return PreTrainedTokenizerFast(
         tokenizer_object=build_tokenizer(), eos_token=EOS_TOKEN, clean_up_tokenization_spaces=False

@@ -14,12 +14,9 @@ from hypothesis import strategies as st
 from moe_checkpoint import build_moe_model
 from test_training import assert_grads_close
 
-from tinkerflow.workers.engine.model.attention import (
-    blockwise_attention,
-    decode_attention,
-    reference_attention,
-    select,
-)
+from tinkerflow.workers.engine.model.attention import reference_attention, select
+from tinkerflow.workers.engine.model.blockwise_attention import blockwise_attention
+from tinkerflow.workers.engine.model.cached_attention import decode_attention
 
 # Both paths run in float32 and differ only in the order of their sums: 1e-5 of each tensor's scale, and at least of
 # the inputs' (standard normal: 1), since a gradient that is exactly zero in one (a query that sees one key) is a

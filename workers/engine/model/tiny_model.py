@@ -45,20 +45,17 @@ from typing import Any
 import numpy as np
 
 from .tiny_moe import MOE_SHAPE, moe_config_dict, moe_layers
+from .tiny_tokenizer import CHAT_TEMPLATE, DATA_FILE, EOS_TOKEN, SPECIAL_TOKENS, VOCAB_SIZE, build_tokenizer
 
 logger = logging.getLogger(__name__)
 
 #: Bump when the files written change for the same parameters, so old directories are rebuilt.
 FORMAT_VERSION = 1
 MARKER = "tinkerflow_tiny.json"
-DATA_FILE = pathlib.Path(__file__).resolve().parent / "data" / "english.txt"
-
-EOS_TOKEN = "<|endoftext|>"
-SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")  # Qwen's order: appended after the BPE vocabulary
 
 #: The model's shape. vocab_size counts the special tokens; the BPE is trained to vocab_size - len(SPECIAL_TOKENS).
 SHAPE: dict[str, Any] = {
-    "vocab_size": 2048,
+    "vocab_size": VOCAB_SIZE,
     "hidden_size": 128,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
@@ -70,20 +67,6 @@ SHAPE: dict[str, Any] = {
     "rope_theta": 1_000_000.0,
     "tie_word_embeddings": True,
 }
-
-# Qwen2/Qwen3's pre-tokenizer split (digits one at a time, words with their leading space or punctuation mark).
-QWEN_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
-# ChatML, as Qwen uses it (no system-prompt or tool logic: enough for renderers that apply a chat template).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 REQUIRED_FILES = (
     "config.json",
@@ -123,38 +106,6 @@ def _is_complete(path: pathlib.Path, params: dict[str, Any]) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The parts
-
-
-def build_tokenizer(vocab_size: int = SHAPE["vocab_size"]):
-    """Train the byte-level BPE on the bundled English text; returns a `tokenizers.Tokenizer` of `vocab_size` ids."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    bpe_size = vocab_size - len(SPECIAL_TOKENS)
-    trainer = trainers.BpeTrainer(
-        vocab_size=bpe_size,
-        min_frequency=0,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text round-trips
-        special_tokens=[],
-    )
-    # One string, not lines: pre-tokens such as "\n\n" must be seen whole to be learned.
-    tok.train_from_iterator([DATA_FILE.read_text(encoding="utf-8")], trainer=trainer)
-    if tok.get_vocab_size() != bpe_size:
-        raise RuntimeError(
-            f"BPE training reached {tok.get_vocab_size()} tokens, wanted {bpe_size}: {DATA_FILE} is too small"
-        )
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    assert tok.get_vocab_size() == vocab_size
-    return tok
 
 
 def config_dict(eos_token_id: int) -> dict[str, Any]:
