@@ -6,7 +6,7 @@ tokenizer (``tokenizer.json``, ``tokenizer_config.json``) that ``transformers.Au
 CI and the acceptance scripts (``acceptance/pig_latin.py``, ``acceptance/rl_loop.py``) use it as a stand-in for
 Qwen3-0.6B: same architecture and file layout, a few hundred kilobytes of weights, built in about a second.
 
-Why the weights are drawn with std 0.25 and not HF's ``initializer_range`` of 0.02 (DESIGN.md section 8): with std
+Why the weights are drawn with std 0.25 and not HF's ``initializer_range`` of 0.02: with std
 0.02 on a hidden-128 model the embedding rows are tiny, so the logits are nearly flat (capped near 2.5): greedy
 decoding repeats one token for ever, sampling is close to uniform over the vocabulary, and an RL loop cannot move
 it (in ``rl_loop.py`` the reachable reward is bounded by the unembedding geometry, about 0.007). With std ~0.25

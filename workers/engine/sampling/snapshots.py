@@ -1,4 +1,4 @@
-"""Sampler snapshots held under a byte budget: least recently used first out (DESIGN §4, bounded by construction).
+"""Sampler snapshots held under a byte budget: least recently used first out (bounded by construction).
 
 Every `save_weights_and_get_sampling_client` leaves an immutable LoRA snapshot on the worker. The coordinator
 collects a run's older ones after they sit unused, which bounds them in time, not in memory: a client that makes
