@@ -23,12 +23,14 @@ import numpy as np
 from .model.config import ModelConfig
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .runtime import warm_up
-from .runtime.memory_plan import MemoryPlan, make_plan
+from .runtime.memory_plan import MemoryPlan, host_memory_bytes, make_plan
+from .runtime.page_store import PageStore
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
 from .sampling.sampler import MIN_STOP_IDS, SlotSampler
 from .sampling.snapshots import SamplerSnapshots, Snapshot, SnapshotCache
 from .training import trainer
+from .training.adapter_pages import AdapterPager
 from .training.adapter_slots import AdapterSlots, leaf_name
 from .training.optimizer import OptState
 from .training.steps import StepFunctions
@@ -39,6 +41,8 @@ from .types import (
     InputError,
     LoraConfig,
     ModelInfo,
+    PageMoves,
+    PageReport,
     SampleInput,
     SampleResult,
     SamplerWarmUp,
@@ -69,6 +73,7 @@ class Engine:
         snapshot_budget_bytes: int = 0,
         gradient_checkpointing: bool = False,
         device_memory_bytes: int = 0,
+        page_store: PageStore | None = None,
     ):
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -87,6 +92,10 @@ class Engine:
         # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
         # device's memory.
         self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes)
+        # Adapters and snapshots off the device (runtime/page_store.py): by default a quarter of the host's memory.
+        self.pages = page_store or PageStore(host_memory_bytes() // 4)
+        self._pager = AdapterPager(self._adapters, self.pages)
+        self._sampler_snapshots.attach_pages(self.pages)
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
@@ -94,7 +103,7 @@ class Engine:
         self.memory = make_plan(
             self.config, self.dtype, max_lora_rank=max_lora_rank,
             snapshot_bytes=self._sampler_snapshots.cache.budget_bytes, override_bytes=device_memory_bytes,
-            max_position=info.max_position_embeddings,
+            max_position=info.max_position_embeddings, host_pages_bytes=self.pages.host_budget,
         )  # fmt: skip
         if not gradient_checkpointing:
             self._steps.remat_min_tokens = self.memory.remat_min_tokens
@@ -163,6 +172,7 @@ class Engine:
         snapshot_budget_bytes: int = 0,
         scan_layers: bool = True,
         device_memory_bytes: int = 0,
+        page_store: PageStore | None = None,
     ) -> Engine:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
@@ -209,6 +219,7 @@ class Engine:
             snapshot_budget_bytes=snapshot_budget_bytes,
             gradient_checkpointing=gradient_checkpointing,
             device_memory_bytes=device_memory_bytes,
+            page_store=page_store,
         )
 
     @classmethod
@@ -260,6 +271,47 @@ class Engine:
         `optimizer` (else zero moments, step 0); the gradient accumulator is zeroed. Missing tensors are zero. Every
         check runs before anything is written."""
         self._adapters.import_(slot, state, optimizer=optimizer)
+
+    # ------------------------------------------------------------------ paging (more runs than slots)
+
+    @property
+    def adapter_page_bytes(self) -> int:
+        """The most host memory (or file bytes) one paged-out adapter takes: weights, gradients, moments, step."""
+        return self._pager.page_bytes
+
+    @property
+    def page_capacity(self) -> int:
+        """Adapters the page store holds beside the slots (its budgets over `adapter_page_bytes`)."""
+        return self.pages.capacity(self._pager.page_bytes)
+
+    def page(self, moves: PageMoves) -> PageReport:
+        """Move adapters between training slots and the page store (types.PageMoves, training/adapter_pages.py).
+        A move that fails leaves that adapter lost on this worker (its slot free), named in the report; the
+        others go on."""
+        failed: dict[str, str] = {}
+        out_s, in_s, tiers = [], [], []
+        for slot, key in moves.page_out:
+            try:
+                out_s.append(self._pager.page_out(slot, key))
+            except Exception as e:  # PagesFull, a storage fault: that run restores itself from its snapshot
+                log.exception("paging out %s from slot %d failed", key, slot)
+                failed[key] = f"paging its adapter out failed: {e}"
+        for key, slot in moves.page_in:
+            try:
+                seconds, tier = self._pager.page_in(key, slot)
+            except Exception as e:
+                log.exception("paging in %s to slot %d failed", key, slot)
+                failed[key] = f"paging its adapter in failed: {e}"
+                continue
+            in_s.append(seconds)
+            tiers.append(tier)
+        for key in moves.drop:
+            self._pager.drop(key)
+        return PageReport(
+            failed=failed, out_seconds=tuple(out_s), in_seconds=tuple(in_s), in_tiers=tuple(tiers),
+            resident=len(self._adapters.configs), paged=len(self.pages.keys("adapter")),
+            host_bytes=self.pages.host_bytes, disk_bytes=self.pages.disk_bytes,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ snapshots
 
@@ -351,8 +403,9 @@ class Engine:
         return warm_up.compile_ahead(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
-        return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests, info=self.info,
-                                      memory=self.memory)  # fmt: skip
+        with self._sampler_snapshots.paged_in(r.snapshot for r in requests if r.snapshot is not None):
+            return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests,
+                                          info=self.info, memory=self.memory)  # fmt: skip
 
 
 def default_dtype() -> Any:

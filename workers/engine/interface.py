@@ -21,6 +21,8 @@ from .types import (
     InputError,
     LoraConfig,
     ModelInfo,
+    PageMoves,
+    PageReport,
     SampleInput,
     SampleResult,
     SlotState,
@@ -47,6 +49,9 @@ class EngineApi(Protocol):
     def export_slot(self, slot: int) -> SlotState: ...
 
     def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None: ...
+
+    # paging adapters between slots and the page store (more runs than slots)
+    def page(self, moves: PageMoves) -> PageReport: ...
 
     # training
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]: ...

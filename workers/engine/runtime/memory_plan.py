@@ -98,13 +98,13 @@ def device_capacity(override_bytes: int = 0) -> tuple[str, int, int]:
     if stats and stats.get("bytes_limit"):
         name, capacity, in_use = f"{dev.device_kind} memory", int(stats["bytes_limit"]), int(stats["bytes_in_use"])
     else:
-        name, capacity, in_use = "host memory", _host_memory_bytes(), _rss_bytes()
+        name, capacity, in_use = "host memory", host_memory_bytes(), _rss_bytes()
     if override_bytes > 0:
         name, capacity = f"{name} (capped by --device-memory-gb)", min(capacity, override_bytes)
     return name, capacity, in_use
 
 
-def _host_memory_bytes() -> int:
+def host_memory_bytes() -> int:
     """The container's memory limit (cgroup v2/v1) when it has one, else the machine's MemTotal."""
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
@@ -159,10 +159,14 @@ def make_plan(
     snapshot_bytes: int,
     override_bytes: int = 0,
     max_position: int | None = None,
+    host_pages_bytes: int = 0,
 ) -> MemoryPlan:
     device, capacity, resident = device_capacity(override_bytes)
     reserve = max(RESERVE_MIN, int(capacity * RESERVE_SHARE))
-    work = max(0, capacity - resident - snapshot_bytes - reserve)
+    # Paged-out adapters and snapshots live in host memory (runtime/page_store.py): where the device is the host,
+    # their budget is memory work cannot have.
+    paged = host_pages_bytes if device.startswith("host memory") else 0
+    work = max(0, capacity - resident - snapshot_bytes - reserve - paged)
     costs = per_token_costs(config, dtype, max_lora_rank)
     train_fixed = 3 * LOGITS_CHUNK_BYTES  # a chunk's logits, their log-softmax and their gradient
     train_room = max(0, int(work * TRAIN_SHARE) - train_fixed)
