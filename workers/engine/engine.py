@@ -23,8 +23,8 @@ import numpy as np
 from .model.config import ModelConfig
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .runtime import warm_up
-from .runtime.memory_plan import MemoryPlan, host_memory_bytes, make_plan
-from .runtime.page_store import PageStore
+from .runtime.memory_plan import MemoryPlan, make_plan
+from .runtime.page_store import PageStore, default_host_budget_bytes
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
 from .sampling.sampler import MIN_STOP_IDS, SlotSampler
@@ -92,8 +92,8 @@ class Engine:
         # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
         # device's memory.
         self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes)
-        # Adapters and snapshots off the device (runtime/page_store.py): by default a quarter of the host's memory.
-        self.pages = page_store or PageStore(host_memory_bytes() // 4)
+        # Adapters and snapshots off the device (runtime/page_store.py): by default in host memory only.
+        self.pages = page_store or PageStore(default_host_budget_bytes())
         self._pager = AdapterPager(self._adapters, self.pages)
         self._sampler_snapshots.attach_pages(self.pages)
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)

@@ -98,13 +98,13 @@ def device_capacity(override_bytes: int = 0) -> tuple[str, int, int]:
     if stats and stats.get("bytes_limit"):
         name, capacity, in_use = f"{dev.device_kind} memory", int(stats["bytes_limit"]), int(stats["bytes_in_use"])
     else:
-        name, capacity, in_use = "host memory", host_memory_bytes(), _rss_bytes()
+        name, capacity, in_use = "host memory", _host_memory_bytes(), _rss_bytes()
     if override_bytes > 0:
         name, capacity = f"{name} (capped by --device-memory-gb)", min(capacity, override_bytes)
     return name, capacity, in_use
 
 
-def host_memory_bytes() -> int:
+def _host_memory_bytes() -> int:
     """The container's memory limit (cgroup v2/v1) when it has one, else the machine's MemTotal."""
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:

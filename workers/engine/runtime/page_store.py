@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -36,6 +37,14 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["adapter", "snapshot"]
 _META = "__meta__"
+
+
+def default_host_budget_bytes() -> int:
+    """A quarter of the machine's memory: the JAX worker's default (--adapter-host-memory-mb)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError):
+        return 4 * 2**30
 
 
 class PagesFull(RuntimeError):
