@@ -27,6 +27,13 @@ GAUGES_BY_KIND = {
     "tinkerflow_engine_tokens_per_second": "tokens_per_second",
     "tinkerflow_engine_mfu": "mfu",
 }
+# Paging (more runs than slots): the last minute's page-ins per second and mean page-in seconds, and what is paged.
+PAGING = {
+    "tinkerflow_adapter_page_ins_per_second": "page_ins_per_second",
+    "tinkerflow_adapter_page_in_seconds_recent": "page_in_seconds_recent",
+    "tinkerflow_adapter_runs_paged": "runs_paged",
+    "tinkerflow_adapter_slots_used": "slots_resident",
+}
 DEVICE_SUMS = {
     "tinkerflow_device_memory_in_use_bytes": "device_memory_in_use_bytes",
     "tinkerflow_device_memory_peak_bytes": "device_memory_peak_bytes",
@@ -45,7 +52,8 @@ def worker_metrics_urls(settings: Settings) -> tuple[str, ...]:
 
 def summarize(exposition: str) -> dict:
     """What the console shows of one worker's exposition: {tokens_per_second: {kind: v}, mfu: {kind: v},
-    device_memory_*_bytes: summed over devices}; absent families are absent keys, non-finite values dropped."""
+    device_memory_*_bytes: summed over devices, and the paging figures}; absent families are absent keys,
+    non-finite values dropped."""
     out: dict = {}
     for family in text_string_to_metric_families(exposition):
         if family.name in GAUGES_BY_KIND:
@@ -53,6 +61,10 @@ def summarize(exposition: str) -> dict:
             for s in family.samples:
                 if math.isfinite(s.value):
                     per_kind[s.labels.get("kind", "")] = s.value
+        elif family.name in PAGING:
+            values = [s.value for s in family.samples if math.isfinite(s.value)]
+            if values:
+                out[PAGING[family.name]] = sum(values)
         elif family.name in DEVICE_SUMS:
             values = [s.value for s in family.samples if math.isfinite(s.value)]
             if values:
