@@ -115,6 +115,6 @@ def test_a_tenant_past_its_live_run_limit_gets_a_user_error_and_another_tenant_d
 def _value(exposition: str, series: str) -> float:
     """A series' value in a Prometheus exposition (summed over its labels when none are given)."""
     labels = "" if "{" in series else r"(?:\{[^}]*\})?"
-    values = [float(m.group(1)) for m in re.finditer(re.escape(series) + labels + r" (\S+)$", exposition, re.M)]
+    values = [float(m.group(1)) for m in re.finditer("^" + re.escape(series) + labels + r" (\S+)$", exposition, re.M)]
     assert values, f"{series} not in /metrics"
     return sum(values)
