@@ -29,6 +29,11 @@ class Paging:
         self.lost: dict[str, str] = {}  # runs this batch's page item could not page: model_id -> why
         self._ins: deque[tuple[float, float]] = deque()  # (when, seconds) of each recent page-in
         self._started = time.monotonic()
+        for direction in ("in", "out"):  # every labelled series exported from the start, at zero
+            metrics.PAGE_SECONDS.labels(direction)
+            metrics.PAGE_MOVES.labels(direction)
+        for tier in ("host", "disk"):
+            metrics.PAGE_STORE_BYTES.labels(tier)
 
     def new_batch(self) -> None:
         self.lost = {}
