@@ -95,6 +95,8 @@ class Engine:
         # Adapters and snapshots off the device (runtime/page_store.py): by default in host memory only.
         self.pages = page_store or PageStore(default_host_budget_bytes())
         self._pager = AdapterPager(self._adapters, self.pages)
+        # The most one paged-out adapter takes (weights, gradients, moments, step); how many the store holds.
+        self.adapter_page_bytes, self.page_capacity = self._pager.page_bytes, self._pager.capacity
         self._sampler_snapshots.attach_pages(self.pages)
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
@@ -274,44 +276,10 @@ class Engine:
 
     # ------------------------------------------------------------------ paging (more runs than slots)
 
-    @property
-    def adapter_page_bytes(self) -> int:
-        """The most host memory (or file bytes) one paged-out adapter takes: weights, gradients, moments, step."""
-        return self._pager.page_bytes
-
-    @property
-    def page_capacity(self) -> int:
-        """Adapters the page store holds beside the slots (its budgets over `adapter_page_bytes`)."""
-        return self.pages.capacity(self._pager.page_bytes)
-
     def page(self, moves: PageMoves) -> PageReport:
-        """Move adapters between training slots and the page store (types.PageMoves, training/adapter_pages.py).
-        A move that fails leaves that adapter lost on this worker (its slot free), named in the report; the
-        others go on."""
-        failed: dict[str, str] = {}
-        out_s, in_s, tiers = [], [], []
-        for slot, key in moves.page_out:
-            try:
-                out_s.append(self._pager.page_out(slot, key))
-            except Exception as e:  # PagesFull, a storage fault: that run restores itself from its snapshot
-                log.exception("paging out %s from slot %d failed", key, slot)
-                failed[key] = f"paging its adapter out failed: {e}"
-        for key, slot in moves.page_in:
-            try:
-                seconds, tier = self._pager.page_in(key, slot)
-            except Exception as e:
-                log.exception("paging in %s to slot %d failed", key, slot)
-                failed[key] = f"paging its adapter in failed: {e}"
-                continue
-            in_s.append(seconds)
-            tiers.append(tier)
-        for key in moves.drop:
-            self._pager.drop(key)
-        return PageReport(
-            failed=failed, out_seconds=tuple(out_s), in_seconds=tuple(in_s), in_tiers=tuple(tiers),
-            resident=len(self._adapters.configs), paged=len(self.pages.keys("adapter")),
-            host_bytes=self.pages.host_bytes, disk_bytes=self.pages.disk_bytes,
-        )  # fmt: skip
+        """Move adapters between training slots and the page store (training/adapter_pages.py); a move that fails
+        leaves that adapter lost on this worker (its slot free), named in the report, and the others go on."""
+        return self._pager.move(moves)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -14,6 +14,7 @@ moves what it is told to.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -22,10 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..runtime.page_store import Page, PageStore
-from ..types import InputError, LoraConfig
+from ..types import InputError, LoraConfig, PageMoves, PageReport
 from .adapter_slots import AdapterSlots, leaf_name
 from .optimizer import OptState, put_slot, take_slot
 
+log = logging.getLogger(__name__)
 TREES = ("lora", "grads", "mu", "nu")
 
 
@@ -70,6 +72,39 @@ class AdapterPager:
 
         self._take = jax.jit(take)
         self._put = jax.jit(put, static_argnames=("with_grads",), donate_argnums=(0, 1, 2))
+
+    @property
+    def capacity(self) -> int:
+        """Adapters the store holds beside the slots: its budgets over the largest page."""
+        return self.store.capacity(self.page_bytes)
+
+    def move(self, moves: PageMoves) -> PageReport:
+        """Every page-out, then every page-in, then the drops (Engine.page). A move that fails leaves that adapter
+        lost on this worker, its slot free, and is named in the report; the others go on."""
+        failed: dict[str, str] = {}
+        out_s, in_s, tiers = [], [], []
+        for slot, key in moves.page_out:
+            try:
+                out_s.append(self.page_out(slot, key))
+            except Exception as e:  # PagesFull, a storage fault: that run restores itself from its snapshot
+                log.exception("paging out %s from slot %d failed", key, slot)
+                failed[key] = f"paging its adapter out failed: {e}"
+        for key, slot in moves.page_in:
+            try:
+                seconds, tier = self.page_in(key, slot)
+            except Exception as e:
+                log.exception("paging in %s to slot %d failed", key, slot)
+                failed[key] = f"paging its adapter in failed: {e}"
+                continue
+            in_s.append(seconds)
+            tiers.append(tier)
+        for key in moves.drop:
+            self.drop(key)
+        return PageReport(
+            failed=failed, out_seconds=tuple(out_s), in_seconds=tuple(in_s), in_tiers=tuple(tiers),
+            resident=len(self.slots.configs), paged=len(self.store.keys("adapter")),
+            host_bytes=self.store.host_bytes, disk_bytes=self.store.disk_bytes,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ out
 
