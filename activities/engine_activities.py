@@ -12,13 +12,10 @@ code). The coordinator still sees the whole batch result for its bookkeeping and
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import contextvars
 import logging
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from itertools import groupby
 from typing import Any, TypeVar, cast
 
@@ -26,7 +23,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.activities import checkpoint_io, wire
+from tinkerflow.activities.heartbeats import HEARTBEAT_EVERY_S, heartbeats
 from tinkerflow.activities.op_points import EngineTimer, OpPoints
+from tinkerflow.activities.paging import Paging
 from tinkerflow.activities.specs import lora_config, optim_config
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
@@ -49,36 +48,11 @@ REMEMBERED_ANSWERS = 4096
 # Kinds whose consecutive items run as ONE engine call (one pass over many adapters, one decode batch).
 GROUPED_KINDS = {WorkKind.FORWARD_BACKWARD, WorkKind.SAMPLE}
 CHECKPOINT_KINDS = {WorkKind.SAVE_CHECKPOINT, WorkKind.LOAD_CHECKPOINT, WorkKind.LOAD_SNAPSHOT}
-# Heartbeats tell Temporal a long batch is alive; a 5 ms optimizer step needs none (each one is an RPC).
-HEARTBEAT_EVERY_S = 5.0
 # callable(requester workflow id, WorkResult) -> concurrent.futures.Future of the signal
 Deliver = Callable[[str, WorkResult], concurrent.futures.Future[Any]]
 # A grouped kind's decoded engine input and the engine's result for it (`_one_engine_call`).
 In = TypeVar("In")
 Res = TypeVar("Res")
-
-
-@contextlib.contextmanager
-def _heartbeats(every_s: float) -> Generator[list[str], None, None]:
-    """Heartbeat from a side thread while the engine works, so one long engine call still proves the worker alive.
-
-    The thread runs in a copy of this activity's context, which is what `activity.heartbeat` looks up.
-    """
-    progress = ["starting"]
-    done = threading.Event()
-    context = contextvars.copy_context()
-
-    def beat() -> None:
-        while not done.wait(every_s):
-            activity.heartbeat(progress[0])
-
-    thread = threading.Thread(target=context.run, args=(beat,), daemon=True, name="heartbeat")
-    thread.start()
-    try:
-        yield progress
-    finally:
-        done.set()
-        thread.join()
 
 
 def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) -> int:  # the tokens processed
@@ -115,6 +89,7 @@ class EngineActivities:
         self._answers: OrderedDict[str, Outcome] = OrderedDict()
         self._delivered: set[str] = set()
         self._load_errors: dict[str, str] = {}  # saved weights a sample batch asked for that failed to load
+        self.paging = Paging(engine)  # more runs than slots: the batch's page item (activities/paging.py)
         # One handler per kind. Grouped kinds take the whole run of consecutive items; the others one item each.
         self.handlers: dict[WorkKind, Callable[[list[WorkItem]], list[Outcome]]] = {
             WorkKind.FORWARD_BACKWARD: self._forward_backward,
@@ -127,6 +102,7 @@ class EngineActivities:
             WorkKind.SAVE_CHECKPOINT: self._single(self._checkpoint(self._save_checkpoint)),
             WorkKind.LOAD_CHECKPOINT: self._single(self._checkpoint(self._load_checkpoint)),
             WorkKind.LOAD_SNAPSHOT: self._single(self._checkpoint(self._load_snapshot)),
+            WorkKind.PAGE: self._single(self.paging.page),
         }
 
     @activity.defn(name="run_batch")
@@ -140,8 +116,9 @@ class EngineActivities:
                 non_retryable=True,
             )
         todo = [i for i in batch.items if i.key not in self._answers]
+        self.paging.new_batch()
         sent: dict[str, concurrent.futures.Future[Any]] = {}
-        with _heartbeats(HEARTBEAT_EVERY_S) as progress:
+        with heartbeats(HEARTBEAT_EVERY_S) as progress:
             self._run_items(todo, sent, progress)
         for key, future in sent.items():  # only a confirmed delivery lets the coordinator skip its own
             try:
@@ -160,7 +137,11 @@ class EngineActivities:
         self, todo: list[WorkItem], sent: dict[str, concurrent.futures.Future[Any]], progress: list[str]
     ) -> None:
         for _, run in groupby(todo, key=lambda i: i.kind if i.kind in GROUPED_KINDS else i.key):
-            group = list(run)
+            group, lost = self.paging.without_lost(list(run))
+            for item, outcome in lost:
+                self._answered(item, outcome, sent)
+            if not group:
+                continue
             progress[0] = f"{group[0].kind} ×{len(group)}"
             started = time.perf_counter()
             try:
@@ -188,9 +169,12 @@ class EngineActivities:
             if self.meter is not None:
                 self.meter.observe(group[0].kind.value, tokens, seconds)
             for item, outcome in zip(group, outcomes):
-                self._remember(item.key, outcome)
-                if self.deliver is not None:
-                    sent[item.key] = self.deliver(item.requester, WorkResult(item.key, outcome))
+                self._answered(item, outcome, sent)
+
+    def _answered(self, item: WorkItem, outcome: Outcome, sent: dict[str, concurrent.futures.Future[Any]]) -> None:
+        self._remember(item.key, outcome)
+        if self.deliver is not None and item.kind is not WorkKind.PAGE:  # the Coordinator reads that in the result
+            sent[item.key] = self.deliver(item.requester, WorkResult(item.key, outcome))
 
     def _remember(self, key: str, outcome: Outcome) -> None:
         self._answers[key] = outcome
@@ -234,6 +218,8 @@ class EngineActivities:
         return Outcome(json={"slot": item.slot})
 
     def _free_adapter(self, item: WorkItem) -> Outcome:
+        if item.slot < 0:  # a run that ends while paged out
+            return self.paging.drop(item.model_id)
         self.engine.free_adapter(item.slot)
         return Outcome(json={})
 

@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "control_plane": ["--py-spy"],
     "recovery": ["--mode", "restart"],
     "long_sequences": [],
+    "paging": [],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
 RUNNING = Path(__file__).resolve().parent / "README.md"
@@ -90,7 +91,7 @@ TARGETS: dict[str, Target | tuple[Target, ...]] = {
     "packing_64x50_vs_1x3200": Target("≤ 1.5× one 3,200-token datum", "engine", "<=", 1.5),
 }
 #: Keys of a table line that say which variant of its figure it is (shown beside the figure's name).
-QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants", "tokens")
+QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants", "tokens", "runs")
 
 
 # --- running ----------------------------------------------------------------------------------------------------
@@ -310,6 +311,33 @@ def control_plane(lines: list[dict]) -> list[str]:
     return out
 
 
+def paging(lines: list[dict]) -> list[str]:
+    """More runs than slots: what each level paged and the host memory it took (its steps/s and page ms are rows
+    of the table)."""
+    rows = [x for x in lines if x.get("figure") == "paging_memory"]
+    if not rows:
+        return []
+    return [
+        f"Live runs on {rows[0].get('slots')} adapter slots, training round-robin (one forward_backward of "
+        f"{rows[0].get('datums')} datum + optim_step per run per round); the steps/s and page-in/out ms of each level "
+        "are the `paging_*` rows of the table. Page-ins per step: what the stack did (its Coordinator pages a run in "
+        "for its forward_backward and, when other runs' work took the slots meanwhile, again for its optim_step) and "
+        "what the engine alone was given to do the same. Host memory: the page store's bytes after the level, and "
+        "the JAX worker's resident set (the engine alone: its process's peak).",
+        "",
+        "| live runs | creates/s (SDK, 16 at a time) | rounds timed | page-ins per step (stack / engine) | page "
+        "store in host memory, MB (stack / engine) | JAX worker RSS, MB | engine alone peak RSS, MB |",
+        "|---|---|---|---|---|---|---|",
+        *[
+            f"| {x['runs']:,} | {_fmt(x.get('creates_per_s'))} | {x.get('rounds')} | {x.get('page_ins_per_step')} / "
+            f"{x.get('engine_page_ins_per_step')} | {_fmt(x.get('page_store_host_mb'))} / "
+            f"{_fmt(x.get('engine_page_store_host_mb'))} | {_fmt(x.get('worker_rss_mb'))} | "
+            f"{_fmt(x.get('engine_process_peak_rss_mb'))} |"
+            for x in rows
+        ],
+    ]
+
+
 def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     docs.mkdir(parents=True, exist_ok=True)
     md = [
@@ -358,6 +386,9 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
     cp = control_plane(lines)
     if cp:
         md += ["## Where a trivial op's time goes", "", *cp, ""]
+    paged = paging(lines)
+    if paged:
+        md += ["## More runs than slots (paging)", "", *paged, ""]
     failed = [x["bench"] for x in lines if x.get("figure") == "failed"]
     if failed:
         md += [f"Failed to run: {', '.join(failed)} (see its output).", ""]

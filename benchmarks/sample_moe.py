@@ -48,7 +48,7 @@ def bare_tokens_per_s(engine, rows: int, repeats: int) -> float:
     from tinkerflow.workers.engine.model.decoder import empty_cache
     from tinkerflow.workers.engine.model.lora import LoraRouting
 
-    graphdef, base, lora = engine._graphdef, engine._base, engine._lora
+    graphdef, base, lora = engine._graphdef, engine._base, engine.adapters.lora
     config = engine.config
     routing = LoraRouting(adapter=jnp.zeros((rows,), jnp.int32), scale=jnp.zeros((rows,), jnp.float32))
     prompt = jnp.asarray(np.random.default_rng(0).integers(1, 1000, (rows, PROMPT)).astype(np.int32))

@@ -151,7 +151,7 @@ def bare_step_ms(engine, seqs: list[np.ndarray], steps: int) -> tuple[list[float
 
     from tinkerflow.workers.engine.model.lora import LoraRouting
 
-    graphdef, base, lora = engine._graphdef, engine._base, engine._lora
+    graphdef, base, lora = engine._graphdef, engine._base, engine.adapters.lora
     tokens = jnp.asarray(np.stack([s[:-1] for s in seqs]))
     targets = jnp.asarray(np.stack([s[1:] for s in seqs]))
     b, t = tokens.shape

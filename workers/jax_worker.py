@@ -99,6 +99,7 @@ async def serve(
     first, later = warm_up_pieces(settings, warm_cache=_cache_holds_programs(settings))
     engine = await asyncio.to_thread(start_engine, settings, local_path, pieces=first)
     log.info("JAX worker engine ready: %d warm-up pieces before registering, %d after", len(first), len(later))
+    metrics.ADAPTER_PAGE_CAPACITY.set(engine.page_capacity)
     card = ModelCard(
         name=name,
         arch=engine.info.arch,
@@ -134,6 +135,7 @@ async def serve(
             max_rank=settings.max_lora_rank,
             card=card,
             incarnation=incarnation,
+            max_paged=engine.page_capacity,  # runs beyond the slots it can hold paged out
         )
         await register(client, settings, info)
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
@@ -299,9 +301,20 @@ def load_engine(settings: Settings, local_path: str):
                          max_lora_rank=settings.max_lora_rank, mesh=mesh,
                          snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
                          device_memory_bytes=int(settings.device_memory_gb * 2**30),
-                         prefix_cache_tokens=settings.prefix_cache_tokens)  # fmt: skip
+                         prefix_cache_tokens=settings.prefix_cache_tokens, page_store=page_store(settings))  # fmt: skip
     publish_memory_plan(engine.memory)
     return engine
+
+
+def page_store(settings: Settings):
+    """Where this process keeps the adapters it pages out: host memory, then files in the checkpoint store under
+    `.paging/<worker id>-<process>/`, emptied at start (a restarted worker's Coordinator forgot what is there)."""
+    from tinkerflow.workers.engine.runtime.page_store import PageStore, default_host_budget_bytes
+
+    host = settings.adapter_host_memory_mb * 2**20 or default_host_budget_bytes(int(settings.device_memory_gb * 2**30))
+    root = settings.resolved_checkpoint_root.rstrip("/")
+    spill = f"{root}/.paging/{stable_worker_id(settings)}-{settings.process_id}"
+    return PageStore(host, settings.adapter_disk_mb * 2**20, spill_url=spill if settings.adapter_disk_mb else "")
 
 
 async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:

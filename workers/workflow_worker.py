@@ -59,6 +59,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: as
         activities=[storage.delete_expired_checkpoint, storage.delete_internal_checkpoint, storage.sweep_claim_checks],
         activity_executor=executor,
         max_concurrent_workflow_tasks=200,
+        max_cached_workflows=settings.workflow_cache_size,
         workflow_runner=workflow_runner(),
     )
     log.info("workflow worker polling %s on %s", names.WORKFLOW_TASK_QUEUE, settings.temporal_address)

@@ -31,7 +31,8 @@ from tinkerflow.workflows.messages import (
     WorkKind,
     WorkResult,
 )
-from tinkerflow.workflows.placement import CoordinatorState, PlacementPolicy, WorkerSlots
+from tinkerflow.workflows.placement import SLOT_KINDS, CoordinatorState, PlacementPolicy, WorkerSlots
+from tinkerflow.workflows.residency import BatchPlan, live_per_worker
 
 __all__ = ["Coordinator", "CoordinatorState", "WorkerSlots"]
 
@@ -45,6 +46,9 @@ CONTINUE_AS_NEW_EVENTS = 2_000
 # lost. Failing it then, instead of at the activity's heartbeat timeout (15 s), is what lets a killed worker's runs
 # restore as soon as its successor is up. Patched: it answers an in-flight batch at a different point in history.
 PATCH_FAIL_RESTARTED_BATCH = "coordinator-fail-batch-of-restarted-worker"
+# Slots as a cache (residency.py): a create never fails for lack of a slot, batches page their runs in. Patched: it
+# changes when creates are answered and what each batch holds.
+PATCH_PAGING = "coordinator-adapter-paging-v1"
 
 KIND_LABELS = {
     WorkKind.FORWARD_BACKWARD: "fwd/bwd",
@@ -57,6 +61,7 @@ KIND_LABELS = {
     WorkKind.SAVE_CHECKPOINT: "save checkpoint",
     WorkKind.LOAD_CHECKPOINT: "load checkpoint",
     WorkKind.LOAD_SNAPSHOT: "load sampler weights",
+    WorkKind.PAGE: "page adapters",
 }
 
 
@@ -66,7 +71,10 @@ class Coordinator:
     def __init__(self, state: CoordinatorState) -> None:
         self.s = state
         self.placement = PlacementPolicy(
-            state, workflow.info().workflow_id, drop_on_every_holder=self._drops_per_holder
+            state,
+            workflow.info().workflow_id,
+            drop_on_every_holder=self._drops_per_holder,
+            paging=lambda: workflow.patched(PATCH_PAGING),
         )
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
         # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).
@@ -157,6 +165,7 @@ class Coordinator:
 
     @workflow.query
     def describe(self) -> dict[str, Any]:
+        live = live_per_worker(self.s)
         return {
             "base_model": self.s.base_model,
             "pool": self.s.pool,
@@ -165,10 +174,18 @@ class Coordinator:
                     "worker_id": w.info.worker_id,
                     "slots_used": len(w.slots),
                     "max_adapters": w.info.max_adapters,
+                    "max_paged": w.info.max_paged,
+                    "runs_live": live[q],
                     "busy": q in self._dispatching,
                 }
                 for q, w in self.s.workers.items()
             },
+            # Slots as a cache (residency.py): runs with an adapter on some worker, resident or paged out, and the
+            # page moves asked for so far.
+            "runs_live": len(self.s.placements),
+            "runs_paged": sum(1 for _, slot in self.s.placements.values() if slot < 0),
+            "page_ins": self.s.page_ins,
+            "page_outs": self.s.page_outs,
             "placements": dict(self.s.placements),
             "snapshots": len(self.s.snapshots),
             "pending": len(self.s.pending),
@@ -201,6 +218,10 @@ class Coordinator:
         source = self.s.pending
         pending = fair_order(source) if workflow.patched("coordinator-fair-order") else source
         queued = len(source)
+        # Slots as a cache: each item on a run's adapter gets its run made resident for this batch, or waits.
+        plan = None
+        if queue in self.s.workers and self.placement.pages():
+            plan = BatchPlan(self.s, queue, wanted={i.model_id for i in source if i.model_id})
         for item in growing(pending, source, queued):
             if len(taken) >= MAX_BATCH_ITEMS:
                 keep.append(item)
@@ -214,6 +235,12 @@ class Coordinator:
             if target is None:
                 keep.append(item)  # waits for a worker to register
             elif target == queue:
+                if plan is not None and (routed.kind in SLOT_KINDS or routed.kind is WorkKind.CREATE_ADAPTER):
+                    admitted = plan.admit(routed)
+                    if admitted is None:
+                        keep.append(item)  # every slot holds a run this batch needs: the next batch
+                        continue
+                    routed = admitted
                 taken.extend(
                     self.placement.loads_for(
                         routed, queue, workflow.now().timestamp(), lambda key: f"load-{key}-{workflow.uuid4().hex[:8]}"
@@ -225,6 +252,9 @@ class Coordinator:
             else:
                 keep.append(item)
         self.s.pending = keep
+        head = plan.page_item(f"page-{workflow.uuid4().hex[:12]}", workflow.info().workflow_id) if plan else None
+        if head is not None:
+            taken.insert(0, head)  # the moves run first: each item then finds its run's adapter in its slot
         self._set_details()  # routing may have placed adapters
         return taken
 
@@ -272,7 +302,7 @@ class Coordinator:
                 item.key, Outcome.failed("the JAX worker returned no result", "server")
             )
             self._after(item, r)
-            if not r.delivered:
+            if not r.delivered and item.kind is not WorkKind.PAGE:  # a page item is ours; _after read its answer
                 self._answer(r, item.requester)
 
     def _lose_worker(self, queue: str, incarnation: str) -> None:
@@ -286,7 +316,11 @@ class Coordinator:
         task.add_done_callback(self._tasks.discard)
 
     def _after(self, item: WorkItem, result: WorkResult) -> None:
-        if self.placement.after(item, result.outcome.ok):
+        failed = dict((result.outcome.json or {}).get("failed") or {}) if item.kind is WorkKind.PAGE else {}
+        if item.kind is WorkKind.PAGE and (failed or not result.outcome.ok):
+            why = result.outcome.error or "; ".join(f"{m}: {e}" for m, e in failed.items())
+            workflow.logger.warning("paging failed, those runs restore from their snapshots: %s", why)
+        if self.placement.after(item, result.outcome.ok, sorted(failed)):
             self._set_details()
 
     def _answer(self, result: WorkResult, requester: str) -> None:
@@ -303,8 +337,10 @@ class Coordinator:
 
     def _set_details(self) -> None:
         used, total = self.placement.slots_in_use()
+        live = len(self.s.placements)
+        runs = f" · {live} run(s) live, {live - used} paged out" if live > used else ""
         workflow.set_current_details(
-            f"{self.s.base_model} · {len(self.s.workers)} worker(s) · adapter slots {used}/{total} in use"
+            f"{self.s.base_model} · {len(self.s.workers)} worker(s) · adapter slots {used}/{total} in use{runs}"
         )
 
 

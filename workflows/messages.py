@@ -15,9 +15,12 @@ from tinkerflow.workflows.work import (
     LoadCheckpoint,
     LoraSpec,
     OpKind,
+    PageMoves,
     SampleParams,
     SaveCheckpoint,
     SaveRequest,
+    SlotMove,
+    TenantLimit,
     WorkKind,
     from_legacy_adam,
     from_legacy_load,
@@ -31,9 +34,12 @@ __all__ = [
     "LoadCheckpoint",
     "LoraSpec",
     "OpKind",
+    "PageMoves",
     "SampleParams",
     "SaveCheckpoint",
     "SaveRequest",
+    "SlotMove",
+    "TenantLimit",
     "WorkKind",
 ]  # re-exported: the protocol's vocabulary lives in work.py
 
@@ -155,6 +161,9 @@ class RunStart:
     # restores the adapter exactly on another worker if its JAX worker dies (docs/architecture.md §What durability
     # promises).
     snapshot_every: int = 0
+    # The most live training runs the owner may hold on this base model (the API's --max-live-runs-per-tenant; 0: no
+    # limit); the Coordinator refuses this run's create past it.
+    max_live_runs: int = 0
 
 
 @dataclass(frozen=True)
@@ -269,6 +278,9 @@ class WorkerInfo:
     max_rank: int
     card: ModelCard
     incarnation: str = ""  # new at every process start: a batch meant for a dead process is refused by its successor
+    # Adapters it can hold paged out besides its slots (host memory and files: --adapter-host-memory-mb,
+    # --adapter-disk-mb). 0: a worker that does not page (or one older than paging): it holds max_adapters runs.
+    max_paged: int = 0
 
 
 @dataclass(frozen=True)
@@ -277,7 +289,7 @@ class WorkItem:
 
     Parameters are typed per kind (work.py): `lora` (create_adapter), `adam` (optim_step), `snapshot` (the key a
     snapshot writes, or a sample reads; "" samples the base model), `sample`, `drop` (drop_snapshots), `save`
-    (save_checkpoint), `load` (load_checkpoint, load_snapshot)."""
+    (save_checkpoint), `load` (load_checkpoint, load_snapshot), `page` (page), `tenant` (create_adapter)."""
 
     key: str  # unique: "<requester workflow id>#<n>"
     requester: str  # workflow id to signal the WorkResult to
@@ -288,7 +300,7 @@ class WorkItem:
     params: dict[str, Any] = field(
         default_factory=dict[str, Any]
     )  # legacy (before typed fields): read by __post_init__
-    slot: int = -1  # filled in by the coordinator before dispatch
+    slot: int = -1  # filled in by the coordinator before dispatch; -1 on a free_adapter of a paged-out run
     lora: LoraSpec | None = None
     adam: AdamSpec | None = None
     snapshot: str = ""
@@ -301,6 +313,8 @@ class WorkItem:
     # run had completed when it ran.
     seq_id: int | None = None
     step: int = 0
+    page: PageMoves | None = None
+    tenant: TenantLimit | None = None
 
     def __post_init__(self) -> None:
         kind = WorkKind(self.kind)

@@ -9,15 +9,18 @@ none of its own. Tested without a server in tests/workflows/test_placement.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 from temporalio.exceptions import ApplicationError
 
+from tinkerflow.workflows.coordinator_state import CoordinatorState, WorkerSlots
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import DropSnapshots, LoadCheckpoint, WorkerInfo, WorkItem, WorkKind
+from tinkerflow.workflows.residency import home_for, lost_in_paging
+
+__all__ = ["EPHEMERAL_SNAPSHOT_IDLE_S", "SLOT_KINDS", "CoordinatorState", "PlacementPolicy", "WorkerSlots"]
 
 # An ephemeral sampler snapshot (save_weights_and_get_sampling_client) is collected once a newer one of the same run
 # exists and it has not been sampled for this long: RL loops make one per step, and none is reused for long.
@@ -35,31 +38,6 @@ SLOT_KINDS = frozenset(
 )
 
 
-@dataclass
-class WorkerSlots:
-    info: WorkerInfo
-    slots: dict[str, str] = field(
-        default_factory=dict[str, str]
-    )  # str(slot) -> model_id (string keys: history is JSON)
-
-
-@dataclass
-class CoordinatorState:
-    base_model: str
-    pool: str
-    workers: dict[str, WorkerSlots] = field(default_factory=dict[str, WorkerSlots])  # task queue -> worker
-    placements: dict[str, list[Any]] = field(default_factory=dict[str, list[Any]])  # model_id -> [task queue, slot]
-    snapshots: dict[str, str] = field(default_factory=dict[str, str])  # snapshot key -> task queue
-    snapshot_runs: dict[str, str] = field(
-        default_factory=dict[str, str]
-    )  # ephemeral snapshot key -> model_id it came from
-    snapshot_used: dict[str, float] = field(
-        default_factory=dict[str, float]
-    )  # snapshot key -> last time routed (epoch s)
-    pending: list[WorkItem] = field(default_factory=list[WorkItem])
-    dispatched_batches: int = 0
-
-
 class PlacementPolicy:
     """The policy over one Coordinator's state. `self_id` is the Coordinator's workflow id: housekeeping work it
     queues for itself (snapshot collection) is answered to it. `drop_on_every_holder` is asked (only when a session's
@@ -67,11 +45,18 @@ class PlacementPolicy:
     `workflow.patched`, since histories from before sent one drop, to the first holder, and leaked the others."""
 
     def __init__(
-        self, state: CoordinatorState, self_id: str, drop_on_every_holder: Callable[[], bool] = lambda: True
+        self,
+        state: CoordinatorState,
+        self_id: str,
+        drop_on_every_holder: Callable[[], bool] = lambda: True,
+        paging: Callable[[], bool] = lambda: True,
     ) -> None:
         self.s = state
         self.self_id = self_id
         self.drop_on_every_holder = drop_on_every_holder
+        # Slots as a cache (residency.py). The Coordinator answers with a `workflow.patched`: histories from before
+        # allocated a slot at create and refused a create when every slot was taken.
+        self.paging = paging
 
     # --- adapters ------------------------------------------------------------------------------------------------
 
@@ -96,8 +81,10 @@ class PlacementPolicy:
 
     def release(self, model_id: str) -> None:
         placed = self.s.placements.pop(model_id, None)
-        if placed is not None and placed[0] in self.s.workers:
+        if placed is not None and placed[0] in self.s.workers and placed[1] >= 0:
             self.s.workers[placed[0]].slots.pop(str(placed[1]), None)
+        self.s.lru.pop(model_id, None)
+        self.s.owners.pop(model_id, None)
 
     def register(self, info: WorkerInfo) -> bool:
         """A worker (re-)registers; True when it is a new process (a restart lost what its predecessor held)."""
@@ -118,8 +105,10 @@ class PlacementPolicy:
         return True
 
     def drop_worker(self, queue: str) -> None:
-        """Forget a worker with everything it held: its adapter placements and its sampler snapshots."""
-        for model_id in self.s.workers.pop(queue).slots.values():
+        """Forget a worker with everything it held: its adapter placements (resident and paged out) and its sampler
+        snapshots. Its runs stay live (their owners counted): they restore themselves elsewhere."""
+        self.s.workers.pop(queue)
+        for model_id in [m for m, (q, _) in self.s.placements.items() if q == queue]:
             self.s.placements.pop(model_id, None)
         for key in [k for k, q in self.s.snapshots.items() if q == queue]:
             self.forget_snapshot(key)
@@ -133,6 +122,10 @@ class PlacementPolicy:
         used = sum(len(w.slots) for w in self.s.workers.values())
         return used, sum(w.info.max_adapters for w in self.s.workers.values())
 
+    def pages(self) -> bool:
+        """Whether this Coordinator treats slots as a cache (see `paging`); asked only once a worker can page."""
+        return any(w.info.max_paged > 0 for w in self.s.workers.values()) and self.paging()
+
     # --- routing -------------------------------------------------------------------------------------------------
 
     def route(self, item: WorkItem, busy: AbstractSet[str], now: float) -> tuple[str | None, WorkItem]:
@@ -142,12 +135,17 @@ class PlacementPolicy:
             if item.model_id in self.s.placements:
                 queue, slot = self.s.placements[item.model_id]
                 return queue, replace(item, slot=slot)
+            if self.pages():  # the slot is given when the batch is formed (residency.BatchPlan)
+                home = home_for(self.s, item)
+                return home, item
             queue, slot = self.allocate(item.model_id)
             return (None, item) if queue is None else (queue, replace(item, slot=slot))
         if item.kind in SLOT_KINDS:
             placed = self.s.placements.get(item.model_id)
             if placed is None:
                 if item.kind is WorkKind.FREE_ADAPTER:
+                    self.s.owners.pop(item.model_id, None)  # its worker died: the run ends all the same
+                    self.s.lru.pop(item.model_id, None)
                     raise ApplicationError(f"{item.model_id} holds no adapter slot")
                 raise ApplicationError(
                     f"training run {item.model_id} has no adapter on any worker of {self.s.base_model} "
@@ -232,16 +230,30 @@ class PlacementPolicy:
             )
         ]
 
-    def after(self, item: WorkItem, ok: bool) -> bool:
-        """Bookkeeping that depends on how the engine answered; True when adapter slots changed."""
+    def after(self, item: WorkItem, ok: bool, lost: Sequence[str] = ()) -> bool:
+        """Bookkeeping that depends on how the engine answered (`lost`: the runs a page item names as failed);
+        True when adapter slots changed."""
         if item.kind is WorkKind.FREE_ADAPTER or (item.kind is WorkKind.CREATE_ADAPTER and not ok):
             self.release(item.model_id)
             return True
+        if item.kind is WorkKind.PAGE:
+            return self._forget_adapters(lost_in_paging(item, ok, list(lost)))
         if item.kind is WorkKind.SNAPSHOT and not ok:
             self.s.snapshots.pop(item.snapshot, None)
         if item.kind is WorkKind.LOAD_SNAPSHOT and not ok and item.load is not None:
             self.forget_snapshot(item.load.path)
         return False
+
+    def _forget_adapters(self, models: list[str]) -> bool:
+        """Runs whose adapter a worker lost (a page move failed): no longer placed, so their next op restores them
+        from their snapshot (AdapterLost) while they stay live."""
+        for model_id in models:
+            placed = self.s.placements.pop(model_id, None)
+            if placed is not None and placed[1] >= 0 and placed[0] in self.s.workers:
+                slots = self.s.workers[placed[0]].slots
+                if slots.get(str(placed[1])) == model_id:
+                    del slots[str(placed[1])]
+        return bool(models)
 
     # --- sampler snapshots ---------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from tinkerflow.workflows.messages import (
     RunStart,
     RunState,
     SaveRequest,
+    TenantLimit,
     TrainingOp,
     WorkKind,
     WorkResult,
@@ -295,12 +296,14 @@ class TrainingRunWorkflow(RunCheckpoints):
 
     async def _create_adapter(self) -> Outcome:
         lora = self.s.lora_spec
+        start = self.s.start
         return await self._calls.call(
             self._coordinator,
             WorkKind.CREATE_ADAPTER,
-            model_id=self.s.start.model_id,
-            session_id=self.s.start.session_id,
+            model_id=start.model_id,
+            session_id=start.session_id,
             lora=lora,
+            tenant=TenantLimit(owner=start.owner, max_live_runs=start.max_live_runs),
             timeout=RECOVERY_WAIT if self.s.status == "ready" else None,
         )
 

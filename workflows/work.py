@@ -30,6 +30,8 @@ class WorkKind(str, enum.Enum):  # noqa: UP042  (StrEnum changes str(member); ke
     SAVE_CHECKPOINT = "save_checkpoint"
     LOAD_CHECKPOINT = "load_checkpoint"
     LOAD_SNAPSHOT = "load_snapshot"
+    # Adapters between the device's training slots and the worker's page store, ahead of the batch that needs them.
+    PAGE = "page"
 
     def __str__(self) -> str:  # f-strings and log lines show "forward_backward", not "WorkKind.FORWARD_BACKWARD"
         return self.value
@@ -115,6 +117,33 @@ class LoadCheckpoint:
 
     path: str
     optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class SlotMove:
+    """One run's adapter and the training slot it leaves (page_out) or enters (page_in)."""
+
+    model_id: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class PageMoves:
+    """What the Coordinator asks a worker to page before a batch, in this order: the `page_out` adapters leave their
+    slots for the worker's page store, the `page_in` ones enter the freed slots, the `drop` ones are forgotten."""
+
+    page_out: list[SlotMove] = field(default_factory=list[SlotMove])
+    page_in: list[SlotMove] = field(default_factory=list[SlotMove])
+    drop: list[str] = field(default_factory=list[str])
+
+
+@dataclass(frozen=True)
+class TenantLimit:
+    """Carried by a create_adapter: whose run it is, and how many live runs that owner may hold on one base model
+    (0: no limit). The Coordinator refuses the create past it."""
+
+    owner: str
+    max_live_runs: int = 0
 
 
 @dataclass(frozen=True)

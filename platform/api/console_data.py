@@ -257,6 +257,8 @@ async def service(svc: Services = Depends(services), _: str = Depends(owner)) ->
                 "worker_id": w.get("worker_id", q),
                 "slots_used": int(w.get("slots_used", 0)),
                 "slots_total": int(w.get("max_adapters", 0)),
+                "runs_live": int(w.get("runs_live", w.get("slots_used", 0))),
+                "runs_max": int(w.get("max_adapters", 0)) + int(w.get("max_paged", 0)),
                 "busy": bool(w.get("busy", False)),
             }
             for q, w in sorted(d.get("workers", {}).items())
@@ -270,6 +272,11 @@ async def service(svc: Services = Depends(services), _: str = Depends(owner)) ->
                 "workers": workers,
                 "slots_used": sum(w["slots_used"] for w in workers),
                 "slots_total": sum(w["slots_total"] for w in workers),
+                # Slots as a cache: runs live on this base model, those paged out, page moves asked for.
+                "runs_live": int(d.get("runs_live", sum(w["runs_live"] for w in workers))),
+                "runs_paged": int(d.get("runs_paged", 0)),
+                "page_ins": int(d.get("page_ins", 0)),
+                "page_outs": int(d.get("page_outs", 0)),
                 "queued_samples": int(d.get("pending_samples", 0)),
                 "queued_sample_tokens": int(d.get("pending_sample_tokens", 0)),
                 "queued_work_items": int(d.get("pending", 0)),

@@ -93,6 +93,7 @@ async def create_model(request: Request, svc: Services = Depends(services), who:
         pool=svc.settings.pool,
         user_metadata=req.user_metadata or {},
         snapshot_every=svc.settings.auto_snapshot_every,
+        max_live_runs=svc.settings.max_live_runs_per_tenant,
     )
     return await _start_run(svc, start, f"LoRA training run {model_id}")
 
@@ -346,6 +347,7 @@ async def load_weights(request: Request, svc: Services = Depends(services), who:
         load_path=req.path,
         load_optimizer=req.optimizer,
         snapshot_every=svc.settings.auto_snapshot_every,
+        max_live_runs=svc.settings.max_live_runs_per_tenant,
     )
     return await _start_run(svc, start, f"LoRA training run {model_id} from {req.path}")
 

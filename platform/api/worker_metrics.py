@@ -32,6 +32,13 @@ MEMORY_PLAN = {
     "tinkerflow_memory_plan_bytes": ("memory_plan_bytes", "part"),
     "tinkerflow_memory_plan_max_tokens": ("memory_plan_max_tokens", "op"),
 }
+# Paging (more runs than slots): the last minute's page-ins per second and mean page-in seconds, and what is paged.
+PAGING = {
+    "tinkerflow_adapter_page_ins_per_second": "page_ins_per_second",
+    "tinkerflow_adapter_page_in_seconds_recent": "page_in_seconds_recent",
+    "tinkerflow_adapter_runs_paged": "runs_paged",
+    "tinkerflow_adapter_slots_used": "slots_resident",
+}
 DEVICE_SUMS = {
     "tinkerflow_device_memory_in_use_bytes": "device_memory_in_use_bytes",
     "tinkerflow_device_memory_peak_bytes": "device_memory_peak_bytes",
@@ -50,8 +57,8 @@ def worker_metrics_urls(settings: Settings) -> tuple[str, ...]:
 
 def summarize(exposition: str) -> dict:
     """What the console shows of one worker's exposition: {tokens_per_second: {kind: v}, mfu: {kind: v},
-    device_memory_*_bytes: summed over devices, memory_plan_bytes: {part: v}, memory_plan_max_tokens: {op: v}};
-    absent families are absent keys, non-finite values dropped."""
+    device_memory_*_bytes: summed over devices, memory_plan_bytes: {part: v}, memory_plan_max_tokens: {op: v}, and
+    the paging figures}; absent families are absent keys, non-finite values dropped."""
     out: dict = {}
     for family in text_string_to_metric_families(exposition):
         if family.name in GAUGES_BY_KIND:
@@ -64,6 +71,10 @@ def summarize(exposition: str) -> dict:
             for s in family.samples:
                 if math.isfinite(s.value):
                     out.setdefault(key, {})[s.labels.get(label, "")] = s.value
+        elif family.name in PAGING:
+            values = [s.value for s in family.samples if math.isfinite(s.value)]
+            if values:
+                out[PAGING[family.name]] = sum(values)
         elif family.name in DEVICE_SUMS:
             values = [s.value for s in family.samples if math.isfinite(s.value)]
             if values:

@@ -77,3 +77,29 @@ ENGINE_MFU = Gauge(
 ENGINE_FLOPS = Counter(
     "tinkerflow_engine_flops_total", "model FLOPs of engine calls (estimate from the config)", ["kind"]
 )
+
+# --- paging: more training runs than adapter slots (JAX worker; workers/engine/runtime/page_store.py) ----------------
+ADAPTER_RUNS_PAGED = Gauge(
+    "tinkerflow_adapter_runs_paged", "training runs' adapters paged out of the device (host memory or files)"
+)
+ADAPTER_PAGE_CAPACITY = Gauge(
+    "tinkerflow_adapter_page_capacity", "adapters this worker can hold paged out besides its slots (its page budgets)"
+)
+PAGE_MOVES = Counter(
+    "tinkerflow_adapter_page_moves_total", "adapters paged between device slots and the page store", ["direction"]
+)
+PAGE_INS_FROM_DISK = Counter(
+    "tinkerflow_adapter_page_ins_from_disk_total", "page-ins read back from files (past the host memory budget)"
+)
+PAGE_FAILURES = Counter("tinkerflow_adapter_page_failures_total", "page moves that failed (that run restores itself)")
+PAGE_SECONDS = Histogram(
+    "tinkerflow_adapter_page_seconds",
+    "time to page one adapter out of its slot or into one",
+    ["direction"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+PAGE_STORE_BYTES = Gauge("tinkerflow_adapter_page_store_bytes", "bytes held in the page store", ["tier"])
+PAGE_INS_PER_SECOND = Gauge("tinkerflow_adapter_page_ins_per_second", "adapters paged in per second, last minute")
+PAGE_IN_SECONDS_RECENT = Gauge(
+    "tinkerflow_adapter_page_in_seconds_recent", "mean seconds to page one adapter in, over the last minute"
+)

@@ -39,6 +39,10 @@ class ApiSettings:
                                           "with a user error)", API)
     long_poll_s: float = setting(25.0, "how long retrieve_future holds a poll before answering try_again (the SDK "
                                  "times out at 45 s)", API)
+    max_live_runs_per_tenant: int = setting(256, "most live LoRA training runs one API key may hold on one base "
+                                            "model; a create past it fails with a user error saying so (0: no "
+                                            "limit). Runs beyond the JAX workers' slots are paged out, so this, "
+                                            "not the slots, is what bounds one tenant", API)
     auto_snapshot_every: int = setting(10, "save an automatic snapshot of each run every N optim steps, so a dead "
                                        "JAX worker's runs are restored exactly elsewhere (0: off, a dead worker's "
                                        "runs then fail)", API)

@@ -39,6 +39,11 @@ class CommonSettings:
                                        "(0: never)", COMMON)
     checkpoint_root: str = setting("", "checkpoint storage root: file:///path or gs://bucket/prefix; every process "
                                    "kind needs the same one", COMMON, shown="<state-dir>/checkpoints")
+    # Temporal's sticky cache on the workflow worker. A run evicted from it replays its history and rebuilds its
+    # sandbox on its next task, and runs trained round-robin evict one another in LRU order once they outnumber it.
+    workflow_cache_size: int = setting(4096, "workflow executions the workflow worker keeps in memory between their "
+                                       "tasks (about 0.4 MB each); keep it above the live sessions, training runs and "
+                                       "sample batches it serves at once", COMMON)
     log_level: str = setting("INFO", "logging level", COMMON, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     log_format: str = setting("text", "text for people, json (one object per line) for log pipelines", COMMON,
                               choices=("text", "json"))

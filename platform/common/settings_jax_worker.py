@@ -38,6 +38,16 @@ class JaxWorkerSettings:
                                        "for prompts that start the same way (a prefix KV cache per sampling "
                                        "session, least recently used out); counted in the device-memory plan",
                                        MODEL, shown="65536; 0: off")
+    # More training runs than slots: the others' adapters wait off the device (workers/engine/runtime/page_store.py).
+    adapter_host_memory_mb: int = setting(0, "host memory (MiB) for training runs' adapters (and sampler snapshots) "
+                                          "paged out of the device: runs beyond --max-lora-adapters wait here "
+                                          "between their batches; the least recently used move to files past it",
+                                          MODEL, shown="0: a quarter of the machine's memory, or of "
+                                          "--device-memory-gb when smaller")
+    adapter_disk_mb: int = setting(65536, "file space (MiB) for paged-out adapters past --adapter-host-memory-mb, "
+                                   "under .paging/ in the checkpoint store (--checkpoint-root); with the host "
+                                   "memory it bounds how many runs this worker holds (0: no files)", MODEL,
+                                   shown="65536 (64 GiB)")
     metrics_port: int = setting(0, "serve the JAX worker's Prometheus /metrics on this port (the API always serves "
                                 "/metrics on its own port)", MODEL, shown="0: off")
     run_metrics_max_points: int = setting(2000, "metric points kept per training run in the store (one per "

@@ -103,6 +103,19 @@ def test_worker_exposition_is_summarized_for_the_service_panel(tmp_path):
     }
     assert summarize("") == {}
 
+    # Paging (more runs than slots): the last minute's rate and latency, and what is resident and paged out.
+    paging = CollectorRegistry()
+    Gauge("tinkerflow_adapter_page_ins_per_second", "r", registry=paging).set(12.5)
+    Gauge("tinkerflow_adapter_page_in_seconds_recent", "l", registry=paging).set(0.004)
+    Gauge("tinkerflow_adapter_runs_paged", "p", registry=paging).set(36)
+    Gauge("tinkerflow_adapter_slots_used", "s", registry=paging).set(4)
+    assert summarize(generate_latest(paging).decode()) == {
+        "page_ins_per_second": 12.5,
+        "page_in_seconds_recent": 0.004,
+        "runs_paged": 36,
+        "slots_resident": 4,
+    }
+
     assert worker_metrics_urls(Settings(state_dir=tmp_path)) == ()
     assert worker_metrics_urls(Settings(state_dir=tmp_path, metrics_port=9400, host="0.0.0.0")) == (
         "http://127.0.0.1:9400/metrics",

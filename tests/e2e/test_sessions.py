@@ -48,9 +48,14 @@ def _await(http: httpx.Client, request_id: str) -> dict:
     raise AssertionError(f"{request_id} never answered")
 
 
-def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(tmp_path):
+def test_a_tenant_at_its_live_run_limit_is_told_so_and_an_abandoned_session_frees_its_runs(tmp_path):
+    """Runs beyond the adapter slots are paged out, so what bounds a tenant is --max-live-runs-per-tenant: past it a
+    create fails with a clear user error, and the runs of a session the client abandoned stop counting once it
+    times out."""
     stack = launch(
-        tmp_path / "state", api_key="tml-slots", extra=["--max-lora-adapters", "2", "--session-timeout-s", "6"]
+        tmp_path / "state",
+        api_key="tml-slots",
+        extra=["--max-lora-adapters", "1", "--max-live-runs-per-tenant", "2", "--session-timeout-s", "6"],
     )
     try:
         http = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": stack.api_key})
@@ -69,18 +74,18 @@ def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(
 
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
         t0 = time.monotonic()
-        with pytest.raises(tinker.RequestFailedError, match="no free LoRA adapter slot"):
+        with pytest.raises(tinker.RequestFailedError, match="already holds 2 live training runs"):
             service.create_lora_training_client(base_model=model, rank=4).result(timeout=60)
         assert time.monotonic() - t0 < 30  # an answer, not a hang
 
-        # No heartbeats for 6 s: the session ends, closes its runs, and their slots serve the next client.
+        # No heartbeats for 6 s: the session ends and closes its runs, which no longer count for the next client.
         deadline = time.monotonic() + 60
         while True:
             try:
                 training = service.create_lora_training_client(base_model=model, rank=4).result(timeout=60)
                 break
             except tinker.RequestFailedError:
-                assert time.monotonic() < deadline, "the abandoned session never gave its slots back"
+                assert time.monotonic() < deadline, "the abandoned session's runs never stopped counting"
                 time.sleep(1)
         assert time.monotonic() - created_at >= 5
         r = http.post("/api/v1/session_heartbeat", json={"session_id": abandoned, "type": "session_heartbeat"})
@@ -96,7 +101,7 @@ def test_full_server_says_no_free_slot_and_an_abandoned_session_frees_its_slots(
             and run["reason"] == "its session ended: the client went away (no heartbeat for 6s)"
         )
         assert training.get_info().model_data.model_name == model
-        # ... and its checkpoints stay: listed, and loadable into the freed slot.
+        # ... and its checkpoints stay: listed, and loadable into a new run (its one slot paged as needed).
         rest = tinker.RestClient(base_url=stack.base_url, api_key=stack.api_key)
         assert kept in [c.tinker_path for c in rest.list_checkpoints(f"{abandoned}:train:0").result().checkpoints]
         assert service.create_training_client_from_state(kept).result(timeout=120).get_info().lora_rank == 4

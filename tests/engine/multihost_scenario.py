@@ -133,7 +133,7 @@ def seedless_adapter_agrees(driven) -> bool:
     from tinkerflow.workers.engine.types import LoraConfig
 
     driven.create_adapter(2, LoraConfig(rank=4))
-    drawn = driven.engine._slots[2].seed
+    drawn = driven.engine.adapters.configs[2].seed
     driven.create_adapter(3, LoraConfig(rank=4, seed=drawn))
     a, b = driven.adapter_weights(2), driven.adapter_weights(3)
     return drawn is not None and all(np.array_equal(a[k], b[k]) for k in a)

@@ -129,12 +129,16 @@ def test_untrained_groups_and_out_of_rank_stay_zero(engine, rng):
     engine.create_adapter(2, LoraConfig(rank=8, seed=1))  # full-rank values everywhere before the import
     engine.set_adapter_weights(2, {k: v + 1 for k, v in engine.adapter_weights(2).items()})
     engine.import_slot(2, SlotState(config=config, weights={}, mu={}, nu={}, step=0), optimizer=True)
-    full = engine._take_slot(engine._lora, np.int32(2))  # the whole [(L,) in, max_rank] / [(L,) max_rank, out]
+    full = engine.adapters.take_slot(
+        engine.adapters.lora, np.int32(2)
+    )  # the whole [(L,) in, max_rank] / [(L,) max_rank, out]
     assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(full))
     weights = random_weights(engine, 2, config, rng)
     engine.import_slot(2, SlotState(config=config, weights=weights, mu={}, nu={}, step=0), optimizer=False)
     train_step(engine, 2, rng.integers(1, 300, size=12))
-    for path, x in jax.tree_util.tree_flatten_with_path(engine._take_slot(engine._lora, np.int32(2)))[0]:
+    for path, x in jax.tree_util.tree_flatten_with_path(engine.adapters.take_slot(engine.adapters.lora, np.int32(2)))[
+        0
+    ]:
         x = np.asarray(x)
         name = ".".join(str(getattr(k, "key", k)) for k in path)
         beyond = x[..., 3:] if "lora_a" in name else x[..., 3:, :]  # the rank axis (stacked layers: [L, ...])

@@ -221,7 +221,7 @@ def test_optim_step_trains_every_routed_expert_within_rank_and_honours_train_mlp
     # Beyond the rank everything stays exactly zero (the untrimmed state).
     import jax
 
-    for path, leaf in jax.tree_util.tree_flatten_with_path(e._lora)[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(e.adapters.lora)[0]:
         name = "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
         full = np.asarray(leaf[1])
         tail = full[..., 3:] if "lora_a" in name else full[..., 3:, :]

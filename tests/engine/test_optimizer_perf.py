@@ -32,7 +32,7 @@ def test_step_halves_copy_no_multi_slot_buffer(engine):
     engine.create_adapter(1, LoraConfig(rank=4, seed=1))
     train(engine, 1)
     packed = pack_hparams((1e-3, 0.9, 0.999, 1e-8, 0.1, 1.0), 4, (True, True, True))
-    args = (engine._lora, engine._grads, engine._opt, np.int32(1), packed)
+    args = (engine.adapters.lora, engine.adapters.grads, engine.adapters.opt, np.int32(1), packed)
     read = adamw_slot_values.lower(*args).compile().as_text()
     values, count, _ = adamw_slot_values(*args)
     write = write_slot_values.lower(*args[:4], values, count, placement=engine._layout).compile().as_text()
@@ -44,12 +44,19 @@ def test_step_halves_copy_no_multi_slot_buffer(engine):
 def test_step_updates_the_donated_state_in_place(engine):
     engine.create_adapter(1, LoraConfig(rank=4, seed=1))
     train(engine, 1)
-    before = [jax.tree.leaves(t)[0] for t in (engine._lora, engine._grads, engine._opt.mu, engine._opt.nu)]
-    shardings = [x.sharding for x in jax.tree.leaves((engine._lora, engine._grads, engine._opt))]
+    before = [
+        jax.tree.leaves(t)[0]
+        for t in (engine.adapters.lora, engine.adapters.grads, engine.adapters.opt.mu, engine.adapters.opt.nu)
+    ]
+    shardings = [
+        x.sharding for x in jax.tree.leaves((engine.adapters.lora, engine.adapters.grads, engine.adapters.opt))
+    ]
     engine.optim_step(1, ADAM)
     assert all(x.is_deleted() for x in before), "the LoRA state, accumulator and moments are donated"
     # The compiled train and sample steps take the new state as it is: same shardings as before.
-    assert [x.sharding for x in jax.tree.leaves((engine._lora, engine._grads, engine._opt))] == shardings
+    assert [
+        x.sharding for x in jax.tree.leaves((engine.adapters.lora, engine.adapters.grads, engine.adapters.opt))
+    ] == shardings
 
 
 def test_one_compile_serves_every_slot_rank_and_hyper_parameter(engine):
@@ -73,13 +80,16 @@ def test_step_leaves_other_slots_moments_and_counts_untouched(engine):
     engine.optim_step(0, ADAM)
 
     def take(slot):
-        return [np.asarray(x[slot]) for x in jax.tree.leaves((engine._opt, engine._lora, engine._grads))]
+        return [
+            np.asarray(x[slot])
+            for x in jax.tree.leaves((engine.adapters.opt, engine.adapters.lora, engine.adapters.grads))
+        ]
 
     other = take(0)
     for step in range(1, 4):
         metrics = engine.optim_step(1, ADAM)
         assert metrics["step"] == step and metrics["grad_norm"] >= 0
         assert all(np.array_equal(a, b) for a, b in zip(other, take(0)))
-    assert int(engine._opt.count[0]) == 1 and int(engine._opt.count[1]) == 3
+    assert int(engine.adapters.opt.count[0]) == 1 and int(engine.adapters.opt.count[1]) == 3
     # The step's grad_norm and count are plain floats fetched together.
     assert isinstance(metrics["grad_norm"], float) and isinstance(metrics["step"], float)

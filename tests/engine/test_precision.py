@@ -8,7 +8,8 @@ import pytest
 from conftest import MAX_ADAPTERS, MAX_RANK
 from test_training import assert_grads_close
 
-from tinkerflow.workers.engine.engine import Engine, default_dtype
+from tinkerflow.workers.engine.engine import Engine
+from tinkerflow.workers.engine.model.dtypes import default_dtype
 from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
 
 # bf16 keeps 8 bits of mantissa: logprobs of the tiny model (down to about -12) move by up to ~0.05.
@@ -52,7 +53,9 @@ def bf16(qwen3_dir) -> Engine:
 def test_bfloat16_weights_stay_close_to_float32_and_train(engine, bf16):
     assert bf16.dtype == np.dtype("bfloat16")
     assert {str(x.dtype) for x in _leaves(bf16._base)} == {"bfloat16", "float32"}  # matrices bf16, norms float32
-    assert {str(x.dtype) for x in _leaves(bf16._lora) + _leaves(bf16._opt.mu) + _leaves(bf16._grads)} == {"float32"}
+    assert {
+        str(x.dtype) for x in _leaves(bf16.adapters.lora) + _leaves(bf16.adapters.opt.mu) + _leaves(bf16.adapters.grads)
+    } == {"float32"}
 
     # The first training call's logprobs (before any step) against float32's; one compile per engine.
     first = []

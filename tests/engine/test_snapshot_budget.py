@@ -1,5 +1,5 @@
 """Sampler snapshots under a byte budget (workers/engine/sampling/snapshots.py): least recently used out first, a clear
-error for an evicted ephemeral snapshot, saved weights reloaded on demand."""
+error for an evicted ephemeral snapshot the page store had no room for, saved weights reloaded on demand."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import cast
 import numpy as np
 
 from tinkerflow.workers.engine.interface import EngineApi
+from tinkerflow.workers.engine.runtime.page_store import PageStore
 from tinkerflow.workers.engine.sampling.snapshots import SnapshotCache
 from tinkerflow.workers.engine.types import InputError, LoraConfig, SampleInput
 
@@ -25,22 +26,25 @@ def test_least_recently_used_is_evicted_first_and_the_newest_always_stays():
     assert cache.total_bytes == 0 and "huge" not in cache.evicted  # dropped on purpose is not "evicted"
 
 
-def test_an_evicted_ephemeral_snapshot_fails_its_sample_saying_why(engine):
-    """The real engine: snapshots of one slot under a budget of two; the first one's sample fails clearly."""
-    budget = engine._snapshots.budget_bytes
+def test_an_evicted_ephemeral_snapshot_with_no_room_to_page_fails_its_sample_saying_why(engine):
+    """The real engine: snapshots of one slot under a budget of two and a page store with no room (full of training
+    adapters, say); the first one's sample fails clearly. (With room it is paged: test_adapter_pages.py.)"""
+    budget = engine.sampler_snapshots.cache.budget_bytes
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
+    engine.sampler_snapshots.attach_pages(PageStore(host_budget_bytes=0))
     try:
         engine.snapshot(0, "s:sample:0")
-        engine._snapshots.budget_bytes = 2 * engine._snapshots.sizes["s:sample:0"]
+        engine.sampler_snapshots.cache.budget_bytes = 2 * engine.sampler_snapshots.cache.sizes["s:sample:0"]
         engine.snapshot(0, "s:sample:1")
         engine.snapshot(0, "s:sample:2")
         assert engine.snapshot_evicted("s:sample:0") and not engine.snapshot_evicted("s:sample:2")
         (result,) = engine.sample([SampleInput(prompt=np.array([1, 2], np.int32), snapshot="s:sample:0")])
         assert isinstance(result, InputError)
         assert "were evicted from this JAX worker's snapshot memory" in str(result)
-        assert "--snapshot-budget-mb" in str(result)
+        assert "--snapshot-budget-mb" in str(result) and "--adapter-host-memory-mb" in str(result)
     finally:
-        engine._snapshots.budget_bytes = budget
+        engine.sampler_snapshots.attach_pages(engine.pages)
+        engine.sampler_snapshots.cache.budget_bytes = budget
         for key in ("s:sample:0", "s:sample:1", "s:sample:2"):
             engine.drop_snapshot(key)
         engine.free_adapter(0)

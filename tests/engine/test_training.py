@@ -106,7 +106,7 @@ def test_steps_touch_only_their_slot_and_rank(engine, rng):
             assert np.any(v != 0), f"{k} should have trained"
     assert all(np.all(v == 0) for v in engine.accumulated_grads(0).values()), "optim_step clears the accumulator"
     # Beyond rank 2 everything stays exactly zero (check in the untrimmed state).
-    full = {k: np.asarray(v[0]) for k, v in _flat(engine._lora).items()}
+    full = {k: np.asarray(v[0]) for k, v in _flat(engine.adapters.lora).items()}
     for k, v in full.items():
         tail = v[..., 2:] if k.endswith("lora_a") else v[..., 2:, :]  # the rank axis (stacked layers: [L, ...])
         assert np.all(tail == 0), k
@@ -125,11 +125,11 @@ def _flat(tree):
 
 def test_unused_slot_unchanged(engine, rng):
     engine.free_adapter(3)
-    before = {k: np.asarray(v[3]) for k, v in _flat(engine._lora).items()}
+    before = {k: np.asarray(v[3]) for k, v in _flat(engine.adapters.lora).items()}
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     engine.forward_backward([ce(0, seqs(rng, 1, 12))])
     engine.optim_step(0, ADAM)
-    after = {k: np.asarray(v[3]) for k, v in _flat(engine._lora).items()}
+    after = {k: np.asarray(v[3]) for k, v in _flat(engine.adapters.lora).items()}
     assert all(np.all(before[k] == after[k]) and np.all(after[k] == 0) for k in before)
 
 

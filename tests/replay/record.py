@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tests.replay.record            # a few minutes on a laptop CPU; rewrites the directory
     .venv/bin/python -m tests.replay.record --add v2   # keeps the files there, adds <WorkflowType>-v2-<n>.json
+    .venv/bin/python -m tests.replay.record --add paging --paging   # more runs than slots, added beside them
 
 Brings up `tinkerflow up` (tiny model) and drives it with the unmodified SDK through what the workflows do in
 production: training (forward_backward, optim_step), sampling, checkpoints (save_state, a load into a new client,
@@ -76,6 +77,41 @@ def drive(stack) -> None:
     asyncio.run(_wait_closed(stack.temporal_address, f"session/{abandoned['session_id']}"))
 
 
+def drive_paging(stack) -> None:
+    """More runs than slots (a stack with 2 adapter slots): runs trained round-robin so every step pages, a sampler
+    of a paged-out run, a create refused past the tenant's live-run limit, a run ended while paged out, and the JAX
+    worker killed with runs paged out, every run restoring itself."""
+    import tinker
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
+    model = stack.served_model()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
+    adam = types.AdamParams(learning_rate=1e-3)
+    runs = [service.create_lora_training_client(base_model=model, rank=4, seed=n).result() for n in range(5)]
+    for _ in range(2):
+        for training in runs:
+            training.forward_backward([datum], "cross_entropy").result(timeout=600)
+            training.optim_step(adam).result(timeout=600)
+    sampler = runs[0].save_weights_and_get_sampling_client().result()  # runs[0] was paged out: paged back in
+    sampler.sample(types.ModelInput.from_ints([10, 20]), 1, types.SamplingParams(max_tokens=4, seed=1)).result(
+        timeout=600
+    )
+    try:
+        service.create_lora_training_client(base_model=model, rank=4).result(timeout=600)
+        raise AssertionError("a sixth run was created past --max-live-runs-per-tenant 5")
+    except tinker.RequestFailedError:
+        pass
+    old = stack.kill_part("jax-worker")
+    stack.wait_restarted("jax-worker", old)
+    for training in runs:
+        training.forward_backward([datum], "cross_entropy").result(timeout=900)
+        training.optim_step(adam).result(timeout=900)
+
+
 async def _wait_closed(address: str, workflow_id: str, timeout_s: float = 180) -> None:
     """Until the workflow has ended (asking Temporal: a heartbeat probe would keep the session alive)."""
     from temporalio.client import Client, WorkflowExecutionStatus
@@ -114,16 +150,22 @@ def main() -> None:
         help="keep the recorded histories and add these as <WorkflowType>-TAG-<n>.json (record the "
         "payload shapes of a new release beside the old ones)",
     )
+    parser.add_argument(
+        "--paging",
+        action="store_true",
+        help="record the paging scenario (more runs than adapter slots) instead of the usual one; with --add",
+    )
     args = parser.parse_args()
+    if args.paging and not args.add:
+        parser.error("--paging adds to the recorded histories: give it --add TAG")
 
     state = Path(tempfile.mkdtemp(prefix="tinkerflow-record-")) / "state"
-    stack = launch(
-        state,
-        api_key=API_KEY,
-        extra=["--session-timeout-s", "20", "--auto-snapshot-every", "2", "--restart-backoff-s", "0.5"],
-    )
+    extra = ["--session-timeout-s", "20", "--auto-snapshot-every", "2", "--restart-backoff-s", "0.5"]
+    if args.paging:
+        extra += ["--max-lora-adapters", "2", "--max-live-runs-per-tenant", "5"]
+    stack = launch(state, api_key=API_KEY, extra=extra)
     try:
-        drive(stack)
+        (drive_paging if args.paging else drive)(stack)
         time.sleep(2)  # let the last workflow tasks land in history
         if not args.add:
             shutil.rmtree(OUT, ignore_errors=True)

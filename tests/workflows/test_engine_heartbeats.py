@@ -18,7 +18,7 @@ from datetime import timedelta
 from temporalio import activity, workflow
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from tinkerflow.activities.engine_activities import _heartbeats
+from tinkerflow.activities.heartbeats import heartbeats
 from tinkerflow.workers.jax_worker import activity_worker
 
 SECOND_PHASE = threading.Event()
@@ -27,7 +27,7 @@ DONE = threading.Event()
 
 @activity.defn(name="long_engine_call")
 def long_engine_call() -> str:
-    with _heartbeats(0.2) as progress:  # as run_batch, at a faster pace
+    with heartbeats(0.2) as progress:  # as run_batch, at a faster pace
         progress[0] = "compiling"
         SECOND_PHASE.wait(120)
         progress[0] = "decoding"

@@ -29,11 +29,14 @@ from tinkerflow.workflows.messages import (
     LoggedOp,
     LoraSpec,
     OpKind,
+    PageMoves,
     RunStart,
     RunState,
     SampleParams,
     SaveCheckpoint,
     SaveRequest,
+    SlotMove,
+    TenantLimit,
     TrainingOp,
     WorkItem,
     WorkKind,
@@ -56,6 +59,7 @@ TYPED_FIELD = {
     WorkKind.SAVE_CHECKPOINT: "save",
     WorkKind.LOAD_CHECKPOINT: "load",
     WorkKind.LOAD_SNAPSHOT: "load",
+    WorkKind.PAGE: "page",
     WorkKind.FREE_ADAPTER: None,
     WorkKind.FORWARD_BACKWARD: None,
 }
@@ -272,6 +276,12 @@ specs = {
         age_recipients=st.lists(st.text(max_size=10), max_size=2),
     ),
     "load": st.builds(LoadCheckpoint, path=st.text(min_size=1, max_size=30), optimizer=st.booleans()),
+    "page": st.builds(
+        PageMoves,
+        page_out=st.lists(st.builds(SlotMove, model_id=st.text(max_size=20), slot=st.integers(0, 64)), max_size=3),
+        page_in=st.lists(st.builds(SlotMove, model_id=st.text(max_size=20), slot=st.integers(0, 64)), max_size=3),
+        drop=st.lists(st.text(max_size=20), max_size=2),
+    ),
 }
 
 
@@ -289,6 +299,9 @@ def work_items(draw) -> WorkItem:
         slot=draw(st.integers(-1, 64)),
         seq_id=draw(st.none() | st.integers(0, 2**53)),  # the run-metrics tag of a training op
         step=draw(st.integers(0, 10**9)),
+        tenant=draw(
+            st.none() | st.builds(TenantLimit, owner=st.text(max_size=12), max_live_runs=st.integers(0, 10**4))
+        ),
         **fields,
     )
 

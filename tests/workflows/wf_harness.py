@@ -237,7 +237,7 @@ class Tinker:
     def coordinator(self) -> WorkflowHandle:
         return self.client.get_workflow_handle(names.coordinator_workflow_id(self.base_model, self.pool))
 
-    async def register(self, queue: str, max_adapters: int = 4, worker_id: str = "") -> WorkerInfo:
+    async def register(self, queue: str, max_adapters: int = 4, worker_id: str = "", max_paged: int = 0) -> WorkerInfo:
         card = ModelCard(name=self.base_model, arch="mock", local_path="/nonexistent", vocab_size=32, max_context=64)
         # A new incarnation each time: registering again is what a restarted worker process does.
         info = WorkerInfo(
@@ -247,6 +247,7 @@ class Tinker:
             max_rank=32,
             card=card,
             incarnation=uuid.uuid4().hex,
+            max_paged=max_paged,
         )
         handle = await self.client.start_workflow(
             Coordinator.run,
@@ -277,13 +278,13 @@ class Tinker:
         return session_id, handle
 
     async def create_run(
-        self, session_id: str, n: int, rank: int = 8, **start_fields: Any
+        self, session_id: str, n: int, rank: int = 8, owner: str = "", **start_fields: Any
     ) -> tuple[WorkflowHandle, Outcome]:
         model_id = names.model_id_for(session_id, n)
         start = RunStart(
             model_id=model_id,
             session_id=session_id,
-            owner="",
+            owner=owner,
             base_model=self.base_model,
             lora=LoraSpec(rank=rank),
             pool=self.pool,
@@ -315,8 +316,8 @@ class Tinker:
         self.started.append(handle)
         return handle, outcome
 
-    async def ready_run(self, session_id: str, n: int) -> tuple[str, WorkflowHandle]:
-        handle, outcome = await self.create_run(session_id, n)
+    async def ready_run(self, session_id: str, n: int, **start_fields: Any) -> tuple[str, WorkflowHandle]:
+        handle, outcome = await self.create_run(session_id, n, **start_fields)
         assert outcome.ok, outcome
         return names.model_id_for(session_id, n), handle
 
@@ -371,15 +372,19 @@ def new_queue(pool: str = "default") -> str:
 
 
 @asynccontextmanager
-async def tinker_world(client: Client, max_adapters: int = 4, **worker_kwargs: Any) -> AsyncIterator[Tinker]:
-    """`worker_kwargs` go to this test's workflow Worker (e.g. an unsandboxed runner for a monkeypatched module)."""
-    engine = MockEngine()
+async def tinker_world(
+    client: Client, max_adapters: int = 4, max_paged: int = 0, engine: MockEngine | None = None, **worker_kwargs: Any
+) -> AsyncIterator[Tinker]:
+    """`worker_kwargs` go to this test's workflow Worker (e.g. an unsandboxed runner for a monkeypatched module);
+    `max_paged`: adapters the mocked worker says it can page out besides its slots (`engine` should then model
+    slots, as test_paging.py's does)."""
+    engine = engine or MockEngine()
     tinker = Tinker(
         client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}", workflow_queue=unique_queue()
     )
     queue = new_queue()
     async with workflow_worker(client, tinker.workflow_queue, **worker_kwargs), jax_worker(client, engine, queue):
-        tinker.workers.append(await tinker.register(queue, max_adapters=max_adapters))
+        tinker.workers.append(await tinker.register(queue, max_adapters=max_adapters, max_paged=max_paged))
         tinker.queues.append(queue)
         try:
             yield tinker

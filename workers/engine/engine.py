@@ -16,22 +16,22 @@ import logging
 import time
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .model.config import ModelConfig
+from .model.dtypes import base_dtype, weight_dtype
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .runtime import warm_up
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
+from .runtime.page_store import PageStore, default_host_budget_bytes
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
 from .sampling.prefix_cache import BLOCK
 from .sampling.sampler import MIN_STOP_IDS, SlotSampler
-from .sampling.snapshots import SamplerSnapshots, Snapshot, SnapshotCache
+from .sampling.snapshots import SamplerSnapshots, Snapshot
 from .training import trainer
-from .training.adapter_slots import AdapterSlots, leaf_name
-from .training.optimizer import OptState
+from .training.adapter_pages import AdapterPager
+from .training.adapter_slots import AdapterSlots
 from .training.steps import StepFunctions
 from .types import (
     AdamConfig,
@@ -41,6 +41,8 @@ from .types import (
     InputError,
     LoraConfig,
     ModelInfo,
+    PageMoves,
+    PageReport,
     SampleInput,
     SampleResult,
     SamplerWarmUp,
@@ -56,7 +58,7 @@ DEFAULT_MICRO_BATCH_TOKENS = 16384
 # Prompt tokens of keys and values the sampler's prefix cache holds (sampling/prefix_cache.py); 0: no cache.
 DEFAULT_PREFIX_CACHE_TOKENS = 65536
 
-__all__ = ["DEFAULT_MICRO_BATCH_TOKENS", "Engine", "MemoryPlan", "Snapshot", "default_dtype"]
+__all__ = ["DEFAULT_MICRO_BATCH_TOKENS", "Engine", "MemoryPlan", "Snapshot"]
 
 
 class Engine:
@@ -74,6 +76,7 @@ class Engine:
         gradient_checkpointing: bool = False,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        page_store: PageStore | None = None,
     ):
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -86,13 +89,19 @@ class Engine:
         self._layout: DeviceLayout = loaded.placement or DeviceLayout(as_mesh(MeshConfig(fsdp=1, tp=1)), loaded.config)
         self.mesh = self._layout.mesh
         self._base = loaded.base
-        self.dtype = _base_dtype(self._base)
+        self.dtype = base_dtype(self._base)
         self._adapters = AdapterSlots(loaded.lora, self._layout, max_adapters=max_lora_adapters,
                                       max_rank=max_lora_rank)  # fmt: skip
         # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
         # memory the plan divides (the device's, or --device-memory-gb).
         _, capacity, _ = device_capacity(device_memory_bytes)
         self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes or int(capacity * 0.10))
+        # Adapters and snapshots off the device (runtime/page_store.py): by default in host memory only.
+        self.pages = page_store or PageStore(default_host_budget_bytes(device_memory_bytes))
+        self._pager = AdapterPager(self._adapters, self.pages)
+        # The most one paged-out adapter takes (weights, gradients, moments, step); how many the store holds.
+        self.adapter_page_bytes, self.page_capacity = self._pager.page_bytes, self._pager.capacity
+        self._sampler_snapshots.attach_pages(self.pages)
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
         self._sampler.prefix_tokens = max(0, prefix_cache_tokens) // BLOCK * BLOCK
@@ -102,6 +111,7 @@ class Engine:
             self.config, self.dtype, max_lora_rank=max_lora_rank,
             snapshot_bytes=self._sampler_snapshots.cache.budget_bytes, override_bytes=device_memory_bytes,
             max_position=info.max_position_embeddings, prefix_cache_tokens=self._sampler.prefix_tokens,
+            host_pages_bytes=self.pages.host_budget,
         )  # fmt: skip
         if not gradient_checkpointing:
             self._steps.remat_min_tokens = self._memory.remat_min_tokens
@@ -117,32 +127,6 @@ class Engine:
         self._memory = plan
         self._sampler.memory = plan
 
-    # The parts' state under the names it had before the split (tests and benchmarks look inside).
-    @property
-    def _lora(self) -> Any:
-        return self._adapters.lora
-
-    @property
-    def _grads(self) -> Any:
-        return self._adapters.grads
-
-    @property
-    def _opt(self) -> OptState:
-        return self._adapters.opt
-
-    @property
-    def _slots(self) -> dict[int, LoraConfig]:
-        return self._adapters.configs
-
-    @property
-    def _take_slot(self) -> Any:
-        return self._adapters.take_slot
-
-    @property
-    def _snapshots(self) -> SnapshotCache:
-        return self._sampler_snapshots.cache
-
-    # The parts, read by the warm-up (runtime/warm_up.py), which builds their programs from their state.
     @property
     def adapters(self) -> AdapterSlots:
         return self._adapters
@@ -181,6 +165,7 @@ class Engine:
         scan_layers: bool = True,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        page_store: PageStore | None = None,
     ) -> Engine:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
@@ -196,7 +181,7 @@ class Engine:
         path = resolve_model_path(model_path)
         loaded = load_model(
             path, max_adapters=max_lora_adapters, max_rank=max_lora_rank, progress=progress,
-            dtype=_weight_dtype(dtype), mesh=as_mesh(mesh),
+            dtype=weight_dtype(dtype), mesh=as_mesh(mesh),
             remat=gradient_checkpointing, scan_layers=scan_layers,
         )  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -212,7 +197,7 @@ class Engine:
         mesh_shape = dict(loaded.placement.mesh.shape) if loaded.placement is not None else {}
         log.info(
             "loaded %s (%s, %d layers, vocab %d, %s weights, mesh %s%s) with %d LoRA slots of rank <= %d in %.1fs",
-            path, cfg.arch, cfg.num_layers, cfg.vocab_size, _base_dtype(loaded.base), mesh_shape,
+            path, cfg.arch, cfg.num_layers, cfg.vocab_size, base_dtype(loaded.base), mesh_shape,
             ", gradient checkpointing" if gradient_checkpointing else "", max_lora_adapters, max_lora_rank,
             time.perf_counter() - t0,
         )  # fmt: skip
@@ -228,6 +213,7 @@ class Engine:
             gradient_checkpointing=gradient_checkpointing,
             device_memory_bytes=device_memory_bytes,
             prefix_cache_tokens=prefix_cache_tokens,
+            page_store=page_store,
         )
 
     @classmethod
@@ -240,7 +226,7 @@ class Engine:
         checkpoint and no tokenizer (stop strings then cannot be checked): for benchmarks and device checks.
         `options`: as for `load` (micro_batch_tokens, gradient_checkpointing, device_memory_bytes, ...)."""
         loaded = random_model(hf_config, max_adapters=max_lora_adapters, max_rank=max_lora_rank, seed=seed,
-                              dtype=_weight_dtype(dtype), mesh=as_mesh(mesh))  # fmt: skip
+                              dtype=weight_dtype(dtype), mesh=as_mesh(mesh))  # fmt: skip
         cfg = loaded.config
         info = ModelInfo(arch=cfg.arch, vocab_size=cfg.vocab_size, eos_token_ids=eos_token_ids,
                          max_position_embeddings=cfg.max_position_embeddings, num_layers=cfg.num_layers,
@@ -280,6 +266,13 @@ class Engine:
         allocated slot keeps its optimizer family (with `optimizer`, the state's must be the same). Every check runs
         before anything is written. Returns the slot's config as it now is."""
         return self._adapters.import_(slot, state, optimizer=optimizer)
+
+    # ------------------------------------------------------------------ paging (more runs than slots)
+
+    def page(self, moves: PageMoves) -> PageReport:
+        """Move adapters between training slots and the page store (training/adapter_pages.py); a move that fails
+        leaves that adapter lost on this worker (its slot free), named in the report, and the others go on."""
+        return self._pager.move(moves)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -379,27 +372,6 @@ class Engine:
         return warm_up.compile_ahead(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
-        return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests, info=self.info,
-                                      memory=self.memory)  # fmt: skip
-
-
-def default_dtype() -> Any:
-    """float32 on CPU (faster there than bf16, and exact parity); bfloat16 weights on GPU/TPU."""
-    return jnp.dtype(jnp.float32) if jax.default_backend() == "cpu" else jnp.dtype(jnp.bfloat16)
-
-
-def _weight_dtype(dtype: Any) -> Any:
-    if dtype is None:
-        return default_dtype()
-    dtype = jnp.dtype(dtype)
-    if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise ValueError(f"dtype {dtype} is not supported for base weights (float32, bfloat16 or float16)")
-    return dtype
-
-
-def _base_dtype(base: Any) -> Any:
-    """The dtype of the base matrices, read off the embedding (norms are always float32)."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(base)[0]:
-        if "embed_tokens" in leaf_name(path):
-            return leaf.dtype
-    raise ValueError("base state has no embed_tokens")
+        with self._sampler_snapshots.paged_in(r.snapshot for r in requests if r.snapshot is not None):
+            return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests,
+                                          info=self.info, memory=self.memory)  # fmt: skip

@@ -22,6 +22,8 @@ from .types import (
     InputError,
     LoraConfig,
     ModelInfo,
+    PageMoves,
+    PageReport,
     SampleInput,
     SampleResult,
     SlotState,
@@ -48,6 +50,9 @@ class EngineApi(Protocol):
     def export_slot(self, slot: int) -> SlotState: ...
 
     def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig: ...
+
+    # paging adapters between slots and the page store (more runs than slots)
+    def page(self, moves: PageMoves) -> PageReport: ...
 
     # training
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]: ...

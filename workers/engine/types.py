@@ -233,3 +233,29 @@ class WarmUpPiece:
     adapters: int = 1
     prompt_logprobs: bool = False
     slots: int = 0  # a sampler piece: one slot bucket of the family (0: every bucket)
+
+
+@dataclass(frozen=True)
+class PageMoves:
+    """Adapters to move between the device's training slots and the worker's page store (Engine.page), in this
+    order: every `page_out` (slot, key) copies a resident adapter out and frees its slot; every `page_in` (key, slot)
+    writes a paged-out adapter into a free slot; every `drop` key forgets a paged-out adapter (its run ended)."""
+
+    page_out: tuple[tuple[int, str], ...] = ()
+    page_in: tuple[tuple[str, int], ...] = ()
+    drop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PageReport:
+    """What Engine.page did: the keys it could not move (with why: that adapter is lost on this worker), each move's
+    seconds, where each page-in came from, and the page store's state after."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+    out_seconds: tuple[float, ...] = ()
+    in_seconds: tuple[float, ...] = ()
+    in_tiers: tuple[str, ...] = ()  # "host" | "disk", per page-in
+    resident: int = 0  # training slots holding an adapter
+    paged: int = 0  # adapters in the page store
+    host_bytes: int = 0
+    disk_bytes: int = 0

@@ -80,13 +80,14 @@ function serviceRow(m) {
   const tr = document.createElement("tr");
   if (!m.answered) {
     cell(tr, m.coordinator);
-    cell(tr, "not answering (busy or restarting)").colSpan = 7;
+    cell(tr, "not answering (busy or restarting)").colSpan = 8;
     return tr;
   }
   cell(tr, m.base_model);
   cell(tr, m.pool);
   cell(tr, m.workers.map((w) => `${w.worker_id}${w.busy ? " (busy)" : ""}`).join(", ") || "none", "workers");
   cell(tr, `${m.slots_used} / ${m.slots_total}`, "num");
+  cell(tr, `${m.runs_live ?? m.slots_used} (${m.runs_paged ?? 0} paged out)`, "num");
   cell(tr, m.queued_samples, "num");
   cell(tr, m.queued_sample_tokens, "num");
   cell(tr, m.dispatched_batches, "num");
@@ -113,7 +114,7 @@ function engineRow(e, i) {
   const tr = document.createElement("tr");
   cell(tr, `worker ${i + 1}`);
   if (!e.answered) {
-    cell(tr, "its /metrics did not answer (restarting?)").colSpan = 6;
+    cell(tr, "its /metrics did not answer (restarting?)").colSpan = 8;
     return tr;
   }
   cell(tr, byKind(e.tokens_per_second, (v) => Math.round(v).toLocaleString()), "tps");
@@ -122,18 +123,20 @@ function engineRow(e, i) {
   cell(tr, fmtBytes(e.device_memory_peak_bytes), "num");
   cell(tr, fmtBytes(e.device_memory_limit_bytes), "num");
   cell(tr, memoryPlan(e.memory_plan_max_tokens, e.memory_plan_bytes));
+  cell(tr, e.page_ins_per_second == null ? null : e.page_ins_per_second.toFixed(1), "num");
+  cell(tr, e.page_in_seconds_recent ? `${(1000 * e.page_in_seconds_recent).toFixed(1)} ms` : null, "num");
   return tr;
 }
 
 async function loadService() {
   const data = await api("/api/v1/console/service");
-  fill($("service-table").tBodies[0], data.models.map(serviceRow), "no base model is served", 8);
+  fill($("service-table").tBodies[0], data.models.map(serviceRow), "no base model is served", 9);
   fill(
     $("engines-table").tBodies[0],
     data.engines.map(engineRow),
     "tokens/s: the API reads no JAX worker /metrics (start the worker with --metrics-port, or give " +
       "--worker-metrics-urls)",
-    7,
+    9,
   );
 }
 

@@ -29,6 +29,8 @@ from ..types import (
     InputError,
     LoraConfig,
     ModelInfo,
+    PageMoves,
+    PageReport,
     SampleInput,
     SampleResult,
     SlotState,
@@ -93,6 +95,14 @@ class EngineLock:
     def slot_buckets(self) -> list[int]:
         return self._engine.slot_buckets
 
+    @property
+    def adapter_page_bytes(self) -> int:
+        return self._engine.adapter_page_bytes
+
+    @property
+    def page_capacity(self) -> int:
+        return self._engine.page_capacity
+
     # The activities' calls (interface.EngineApi), each under the lock.
     def create_adapter(self, slot: int, config: LoraConfig) -> None:
         return self._traffic(self._engine.create_adapter, slot, config)
@@ -105,6 +115,9 @@ class EngineLock:
 
     def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
         return self._traffic(self._engine.import_slot, slot, state, optimizer=optimizer)
+
+    def page(self, moves: PageMoves) -> PageReport:
+        return self._traffic(self._engine.page, moves)
 
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
         return self._traffic(self._engine.forward_backward, requests)

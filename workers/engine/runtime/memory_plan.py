@@ -183,12 +183,16 @@ def make_plan(
     override_bytes: int = 0,
     max_position: int | None = None,
     prefix_cache_tokens: int = 0,
+    host_pages_bytes: int = 0,
 ) -> MemoryPlan:
     device, capacity, resident = device_capacity(override_bytes)
     reserve = max(RESERVE_MIN, int(capacity * RESERVE_SHARE))
+    # Paged-out adapters and snapshots live in host memory (runtime/page_store.py): where the device is the host,
+    # their budget is memory work cannot have.
+    paged = host_pages_bytes if device.startswith("host memory") else 0
     costs = per_token_costs(config, dtype, max_lora_rank)
     prefix = prefix_cache_tokens * costs["kv"]
-    work = max(0, capacity - resident - snapshot_bytes - reserve - prefix)
+    work = max(0, capacity - resident - snapshot_bytes - reserve - prefix - paged)
     # A chunk of positions' logits, their log-softmax and their gradient (model/logprobs.py): per token up to the
     # chunk's length (a small vocabulary's whole sequence is one chunk), a fixed cost past it.
     chunk = chunk_tokens(1, config.vocab_size)

@@ -51,6 +51,8 @@ from ..types import (
     InputError,
     LoraConfig,
     ModelInfo,
+    PageMoves,
+    PageReport,
     SampleInput,
     SampleResult,
     SlotState,
@@ -268,6 +270,9 @@ class DrivenEngine:
 
     def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
         return self._call("import_slot", (slot, state), {"optimizer": optimizer})
+
+    def page(self, moves: PageMoves) -> PageReport:
+        return self._call("page", (moves,), {})
 
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
         return self._call("forward_backward", (requests,), {})

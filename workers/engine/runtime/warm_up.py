@@ -41,6 +41,7 @@ from ..types import (
     ForwardBackwardInput,
     InputError,
     LoraConfig,
+    PageMoves,
     SampleInput,
     WarmUpPiece,
 )
@@ -213,15 +214,19 @@ def _lifecycle(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
 
 def _lifecycle_sample(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
     """The rest of an adapter's life: export and import of its state (checkpoints, and the restore after a worker
-    died), a sampler snapshot of it, a snapshot loaded from weights (sampling a saved checkpoint), a sample through
-    it and one of the base model (the sampler family of `piece`'s shapes, at every slot bucket, unless earlier
-    pieces built it), then the snapshots dropped and the slot freed."""
+    died), paging it out and back in, a sampler snapshot of it, a snapshot loaded from weights (sampling a saved
+    checkpoint), a sample through it and one of the base model (the sampler family of `piece`'s shapes, at every
+    slot bucket, unless earlier pieces built it), then the snapshots dropped and the slot freed."""
     slot = _scratch_slot(engine)
     if slot is None:
         return
     engine.create_adapter(slot, LoraConfig(rank=1, seed=0))
     try:
         engine.import_slot(slot, engine.export_slot(slot), optimizer=True)
+        # Paging (more runs than slots): the slot out to the page store and back in (training/adapter_pages.py).
+        moved = engine.page(PageMoves(page_out=((slot, SCRATCH_SNAPSHOT),), page_in=((SCRATCH_SNAPSHOT, slot),)))
+        if moved.failed:
+            raise RuntimeError(f"warm-up paging failed: {moved.failed}")
         engine.snapshot(slot, SCRATCH_SNAPSHOT)
         engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
         prompt = np.arange(piece.prompt_len, dtype=np.int32) % engine.info.vocab_size

@@ -4,8 +4,10 @@ Every `save_weights_and_get_sampling_client` leaves an immutable LoRA snapshot o
 collects a run's older ones after they sit unused, which bounds them in time, not in memory: a client that makes
 snapshots faster than they age out (an RL loop, with an 8B model at rank 32) would fill the accelerator. So the
 engine keeps them in this cache, sized in bytes, and evicts the least recently sampled one when a new one would go
-over. Snapshots of saved weights (keys `tinker://…`) are reloaded from the checkpoint store on their next use; an
-ephemeral one cannot be, and a request naming it fails with a message that says so (never a hang, never garbage).
+over. An evicted snapshot is paged out to the worker's page store (host memory, then files: runtime/page_store.py)
+and paged back in when a sampling batch names it. Only when the page budgets are full of training adapters is a
+snapshot dropped: then saved weights (keys `tinker://…`) are reloaded from the checkpoint store on their next use,
+and a request naming an ephemeral one fails with a message that says so (never a hang, never garbage).
 
 `SamplerSnapshots` is the engine's record of them: taken from a training slot (a copy, so later training of the
 slot cannot change it) or loaded from named weights, dropped, and stacked on a leading axis for a sampling batch
@@ -14,9 +16,11 @@ slot cannot change it) or loaded from named weights, dropped, and stacked on a l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +30,8 @@ import numpy as np
 
 from ..model.config import round_up_pow2
 from ..model.lora import LORA_ALPHA
+from ..runtime.page_store import Page, PageStore
+from ..training.adapter_slots import leaf_name
 from ..types import LoraConfig
 
 if TYPE_CHECKING:
@@ -34,6 +40,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 REMEMBERED_EVICTIONS = 65536  # keys remembered as evicted, for the clear error (bounded too)
 DEFAULT_FRACTION = 0.10  # of device memory, when no budget is given
+
+
+def snapshot_key(key: str) -> str:
+    """The page-store key of a sampler snapshot (training runs' adapters have their own prefix)."""
+    return f"snapshot:{key}"
 
 
 def tree_bytes(tree: Any) -> int:
@@ -55,7 +66,8 @@ def default_budget_bytes() -> int:
 def evicted_message(key: str, budget_bytes: int) -> str:
     return (
         f"sampler weights {key!r} were evicted from this JAX worker's snapshot memory (budget "
-        f"{budget_bytes / 2**20:,.0f} MiB, --snapshot-budget-mb; least recently used go first) and cannot be "
+        f"{budget_bytes / 2**20:,.0f} MiB, --snapshot-budget-mb; least recently used go first) and from its page "
+        "store (full of training adapters: --adapter-host-memory-mb, --adapter-disk-mb) and cannot be "
         "reloaded: they were never saved under a name. Call save_weights_and_get_sampling_client again, or use "
         "save_weights_for_sampler(name) for weights that reload on demand"
     )
@@ -70,6 +82,8 @@ class SnapshotCache(OrderedDict):
         self.budget_bytes = budget_bytes
         self.sizes: dict[str, int] = {}
         self.evicted: OrderedDict[str, None] = OrderedDict()
+        self.pinned: frozenset[str] = frozenset()  # a sampling batch's snapshots: never evicted while it runs
+        self.on_evict: Callable[[str, Any], None] | None = None  # where an evicted snapshot goes (its page)
 
     @property
     def total_bytes(self) -> int:
@@ -81,9 +95,13 @@ class SnapshotCache(OrderedDict):
         self.sizes[key] = tree_bytes(getattr(snapshot, "lora", snapshot))
         self.evicted.pop(key, None)
         while self.total_bytes > self.budget_bytes and len(self) > 1:
-            old = next(iter(self))
-            super().pop(old)
+            old = next((k for k in self if k != key and k not in self.pinned), None)
+            if old is None:
+                break
+            evicted = super().pop(old)
             freed = self.sizes.pop(old)
+            if self.on_evict is not None:
+                self.on_evict(old, evicted)
             self.evicted[old] = None
             while len(self.evicted) > REMEMBERED_EVICTIONS:
                 self.evicted.popitem(last=False)
@@ -130,6 +148,7 @@ class SamplerSnapshots:
 
     def version(self, key: str) -> int:
         return self._versions.get(key, 0)
+        self._pages: PageStore | None = None
 
     def __contains__(self, key: str) -> bool:
         return key in self.cache
@@ -159,12 +178,58 @@ class SamplerSnapshots:
         self._stack_cache = None
 
     def evicted(self, key: str) -> bool:
-        """True when `key` was a snapshot here and the byte budget pushed it out (saved weights reload on demand)."""
-        return key in self.cache.evicted and key not in self.cache
+        """True when `key` was a snapshot here and the byte budget pushed it out of the device and the page store
+        (saved weights reload on demand)."""
+        paged = self._pages is not None and snapshot_key(key) in self._pages
+        return key in self.cache.evicted and key not in self.cache and not paged
 
     def drop(self, key: str) -> None:
         self.cache.pop(key, None)
+        if self._pages is not None:
+            self._pages.drop(snapshot_key(key))
         self._stack_cache = None
+
+    # ------------------------------------------------------------------ paging (runtime/page_store.py)
+
+    def attach_pages(self, pages: PageStore) -> None:
+        """From now on a snapshot the device budget evicts is paged out to `pages` (host memory, then files) and
+        paged back in when a sampling batch names it, instead of being lost."""
+        self._pages = pages
+        self.cache.on_evict = self._page_out
+
+    def _page_out(self, key: str, snapshot: Snapshot) -> None:
+        assert self._pages is not None
+        leaves = jax.tree_util.tree_flatten_with_path(self._slots.placement.to_host(snapshot.lora))[0]
+        arrays = {leaf_name(path): np.asarray(x) for path, x in leaves}
+        self._pages.put(snapshot_key(key), Page(kind="snapshot", arrays=arrays, meta={"scale": snapshot.scale}))
+
+    @contextlib.contextmanager
+    def paged_in(self, keys: Iterable[str]) -> Iterator[None]:
+        """Within the block, every snapshot of `keys` that was paged out is back on the device and none of `keys`
+        is evicted (one sampling batch decodes them together, whatever the budget)."""
+        wanted = frozenset(keys)
+        self.cache.pinned = wanted
+        try:
+            self._page_in(wanted)
+            yield
+        finally:
+            self.cache.pinned = frozenset()
+
+    def _page_in(self, wanted: frozenset[str]) -> None:
+        if self._pages is None:
+            return
+        for key in sorted(wanted):
+            if key in self.cache or snapshot_key(key) not in self._pages:
+                continue
+            page = self._pages.take(snapshot_key(key))
+            arrays = page.arrays
+            host = jax.tree_util.tree_map_with_path(
+                lambda path, _leaf, arrays=arrays: arrays[leaf_name(path)][None], self._slots.lora
+            )  # one adapter axis of one, placed as take() places a snapshot
+            lora = self._slots.take_slot(self._slots.put_lora(host), np.int32(0))
+            self.cache[key] = Snapshot(lora=lora, scale=float(page.meta["scale"]))
+            self._stack_cache = None
+            log.debug("paged sampler snapshot %s back in", key)
 
     def lora_stack(self, keys: tuple[str, ...]) -> Any:
         """The snapshots' LoRA state stacked on a leading axis [len(keys) padded to a power of two, at least 1]."""
