@@ -10,7 +10,9 @@ from tinkerflow.common.checkpoints import AUTO_SEGMENT, CheckpointStore, TinkerP
 from tinkerflow.common.store import ClaimCheckStore
 
 log = logging.getLogger(__name__)
-CLAIM_CHECK_KINDS = ("requests", "results")
+# Everything the store holds per request, swept on one retention: bodies and results, the futures records asample
+# writes for retrieve_futures (api/session_futures.py) and cancel_future's markers.
+CLAIM_CHECK_KINDS = ("requests", "results", "futures", "cancelled")
 
 
 class StorageActivities:
