@@ -71,11 +71,14 @@ def resolve(
     for i, (datum, wire_datum) in enumerate(zip(inp.data, msg.data, strict=True)):
         inputs = datum.inputs or {}
         targets, logprobs = inputs.get("target_tokens"), inputs.get("logprobs")
-        if not wire_datum.loss_fn_input_spans or targets is None or logprobs is None:
-            data.append(datum)  # validation names what is missing
+        if targets is None or logprobs is None or targets.ndim != 1 or logprobs.ndim != 1:
+            data.append(datum)  # validation names what is missing or misshapen
+            continue
+        if not wire_datum.loss_fn_input_spans:
+            data.append(datum)  # validation says stable_reinforce needs provenance
             continue
         where = f"datum {i}"
-        recorded = np.array(logprobs, np.float32).reshape(-1)
+        targets, recorded = np.asarray(targets), np.array(logprobs, np.float32)
         for sequence, pos, offset, length, j in _sampled(wire_datum.model_input_spans):
             span = f"{where}: model_input_spans[{j}]"
             if pos + length > len(datum.tokens):
@@ -84,10 +87,9 @@ def resolve(
             _same_tokens(datum.tokens[pos : pos + length], want, f"{where}: model_input", pos, sequence, offset)
         for sequence, pos, offset, length, j in _sampled(wire_datum.loss_fn_input_spans):
             seq = _recorded(lookup, sequence, offset, length, f"{where}: loss_fn_input_spans[{j}]")
-            if np.ndim(targets) != 1 or pos + length > min(np.size(targets), recorded.size):
-                break  # not [N], or spans past the targets: validation refuses the datum by its shape
-            _same_tokens(np.asarray(targets)[pos : pos + length], seq.tokens, f"{where}: target_tokens", pos,
-                         sequence, offset)  # fmt: skip
+            if pos + length > min(targets.size, recorded.size):
+                break  # spans past the targets: validation refuses the datum by its lengths
+            _same_tokens(targets[pos : pos + length], seq.tokens, f"{where}: target_tokens", pos, sequence, offset)
             sent, want = recorded[pos : pos + length], seq.logprobs
             off = np.flatnonzero(~(np.abs(sent - want) <= LOGPROB_TOLERANCE))
             if off.size:

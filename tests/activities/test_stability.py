@@ -4,6 +4,7 @@ written by `record` from a SampleResult; the API's half as `asample` writes it."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -162,3 +163,10 @@ def test_hostile_spans_are_refused_as_the_users_error_or_resolve(tmp_path, spans
         _resolve(store, [datum])
     except InputError:
         pass
+
+
+def test_a_misshapen_datum_is_left_as_it_is_for_validation_to_refuse(tmp_path):
+    datum = _datum()
+    column = types.TensorData.from_numpy(datum.loss_fn_inputs["logprobs"].to_numpy().reshape(-1, 1))
+    misshapen = dataclasses.replace(datum, loss_fn_inputs={**datum.loss_fn_inputs, "logprobs": column})
+    assert _resolve(_store(tmp_path), [misshapen]).data[0].inputs["logprobs"].shape == (6, 1)
