@@ -7,10 +7,12 @@ request (a GRPO group) prefill their prompt once, and the others only its last p
 in the cache up to the block before the first position whose hidden state it needs (`SampleRow.needs_from`: its last
 token to sample from, earlier ones when it scores the prompt).
 
-The part of the prompts an admission computes after its rows' cached blocks is padded to a *suffix bucket*: after a
-warm-up, the smallest bucket or a prompt bucket the warm-up compiled (`suffix_buckets`), below the whole prompt's,
-so a workload with prefix hits runs programs the warm-up built; a suffix only the whole prompt's bucket holds would
-save no compute, and such an admission prefills whole prompts (its rows take nothing from the cache).
+The part of the prompts an admission computes after its rows' cached blocks is padded to a *suffix bucket*: the
+smallest bucket or a prompt bucket the warm-up compiled (`suffix_buckets`), below the whole prompt's, so a workload
+with prefix hits runs programs the warm-up built. Where none holds the suffix, a family the warm-up built prefills
+whole prompts instead (its rows take nothing from the cache: no program is compiled mid-workload), and any other
+family computes the suffix in its own bucket (its programs are compiled at first use anyway). A suffix only the
+whole prompt's bucket holds saves no compute: whole prompts too.
 """
 
 from __future__ import annotations
@@ -88,8 +90,10 @@ def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: Pre
     slen = full
     if any(cached):
         suffix = round_up_seq_len(max(len(rows[i].prompt) - len(c) * BLOCK for i, c in zip(chosen, cached)))
-        # Without a warm-up every bucket is fair game; with one, only those it compiled.
-        slen = min((b for b in suffix_buckets(full, warmed) if b >= suffix), default=full) if warmed else suffix
+        # A suffix bucket the warm-up built; in a family it built, whole prompts rather than a program it did not
+        # (a family it did not build compiles anyway: there the suffix's own bucket).
+        fits = [b for b in suffix_buckets(full, warmed) if b >= suffix]
+        slen = fits[0] if fits else full if full in warmed else suffix
         if slen >= full:  # the cache would save nothing: whole prompts, and their blocks are not read
             slen, cached = full, [[] for _ in chosen]
     if index is not None:
