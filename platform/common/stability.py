@@ -96,6 +96,9 @@ def _read(store: ClaimCheckStore, path: str) -> dict | None:
         body = json.loads(store.fs.cat_file(path))
     except FileNotFoundError:
         return None
+    except ValueError:  # not JSON: never ours (the writes are whole, write_whole)
+        log.warning("stability record %s is not JSON; answering it as missing", path)
+        return None
     return body if isinstance(body, dict) and body.get("format") == FORMAT else None
 
 
@@ -142,8 +145,12 @@ class Lookup:
         found = self._call(call)
         if found is None or not 0 <= i < len(found[1]):
             return None
-        entry = found[1][i]
-        tokens, logprobs = _array(entry["tokens"], "<i4"), _array(entry["logprobs"], "<f4")
+        try:
+            entry = found[1][i]
+            tokens, logprobs = _array(entry["tokens"], "<i4"), _array(entry["logprobs"], "<f4")
+        except (KeyError, TypeError, ValueError):
+            log.warning("stability record of %s is unreadable; answering it as missing", sequence_id, exc_info=True)
+            return None
         if len(tokens) != len(logprobs):
             return None
         return Sequence(sequence_id, found[0], SampledSequence(tokens, logprobs))
@@ -162,10 +169,15 @@ class Lookup:
         head = _read(self.store, _path(self.store, call, "call"))
         if head is None or head.get("session_id") != self.session_id or head.get("call") != call:
             return None
-        record = CallRecord(
-            call=call, payload=str(head["payload"]), owner=str(head.get("owner", "")), session_id=self.session_id,
-            weights=Weights(**head.get("weights", {})),
-        )  # fmt: skip
+        try:
+            weights = {
+                k: str(v) for k, v in dict(head.get("weights") or {}).items() if k in Weights.__dataclass_fields__
+            }
+            record = CallRecord(call=call, payload=str(head["payload"]), owner=str(head.get("owner", "")),
+                                session_id=self.session_id, weights=Weights(**weights))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            log.warning("stability record of call %s is unreadable; answering it as missing", call, exc_info=True)
+            return None
         sampled = _read(self.store, _path(self.store, record.payload, "sampled"))
         if sampled is None or sampled.get("session_id") != self.session_id or sampled.get("payload") != record.payload:
             return None

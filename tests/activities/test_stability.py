@@ -170,3 +170,16 @@ def test_a_misshapen_datum_is_left_as_it_is_for_validation_to_refuse(tmp_path):
     column = types.TensorData.from_numpy(datum.loss_fn_inputs["logprobs"].to_numpy().reshape(-1, 1))
     misshapen = dataclasses.replace(datum, loss_fn_inputs={**datum.loss_fn_inputs, "logprobs": column})
     assert _resolve(_store(tmp_path), [misshapen]).data[0].inputs["logprobs"].shape == (6, 1)
+
+
+@pytest.mark.parametrize("which", ["call", "sampled"])
+def test_an_unreadable_record_is_answered_as_a_missing_one(tmp_path, which):
+    store = _store(tmp_path)
+    key = CALL if which == "call" else "file:///body-1"
+    path = records._path(store, key, which)
+    for garbage in (b"not json", json.dumps({"format": 1, "call": CALL, "session_id": SESSION}).encode(),
+                    json.dumps({"format": 1, "payload": "file:///body-1", "session_id": SESSION,
+                                "sequences": [{"tokens": "%%%"}]}).encode()):  # fmt: skip
+        store.fs.pipe_file(path, garbage)
+        with pytest.raises(InputError, match="has no stability record"):
+            _resolve(store, [_datum()])
