@@ -157,9 +157,9 @@ def test_an_admission_pads_the_uncached_suffix_to_a_bucket_the_warm_up_built():
     def admit(prompt_len: int, cached_blocks: int, full: int, warmed: tuple[int, ...]):
         index = PrefixIndex(blocks=16)
         prompt = np.arange(prompt_len, dtype=np.int32)
-        index.plan_writes("ns", prompt[: cached_blocks * BLOCK + 1], [], set())
+        index.plan_writes(("ns",), prompt[: cached_blocks * BLOCK + 1], [], set())
         row = SampleRow(prompt=prompt, max_tokens=1, temperature=1.0, top_k=-1, top_p=1.0, seed=(0, 0),
-                        sample_index=0, stop_ids=[], adapter=-1, scale=1.0, cache_namespace="ns",
+                        sample_index=0, stop_ids=[], adapter=-1, scale=1.0, cache_namespace=("ns",),
                         needs_from=prompt_len - 1)  # fmt: skip
         adm = admission.plan([row], [0], 1, full, index, 16, warmed)
         return adm.starts[0], adm.suffix_len, index.hits
