@@ -22,7 +22,7 @@ from typing import Any, TypeVar, cast
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.activities import checkpoint_io, wire
+from tinkerflow.activities import checkpoint_io, stability, wire
 from tinkerflow.activities.heartbeats import HEARTBEAT_EVERY_S, heartbeats
 from tinkerflow.activities.op_points import EngineTimer, OpPoints
 from tinkerflow.activities.paging import Paging
@@ -302,9 +302,8 @@ class EngineActivities:
         def decode(item: WorkItem) -> ForwardBackwardInput:
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
-            inp = wire.forward_backward_input(
-                wire.parse_forward_backward(self.store.get(_payload(item))), item.slot, bounds
-            )
+            msg = wire.parse_forward_backward(self.store.get(_payload(item)))  # stable_reinforce: checked, recorded
+            inp = stability.resolve(self.store, msg, wire.forward_backward_input(msg, item.slot, bounds), item.model_id)
             asked[id(inp)] = item
             return inp
 
@@ -349,6 +348,7 @@ class EngineActivities:
             if self.points is not None:
                 point = {"num_samples": len(res.sequences), "tokens_generated": tokens, "wall_s": timer.seconds}
                 self.points.sample(item, point)
+            stability.record(self.store, item, body, res)  # asked with record_stability_info: before the answer
             return Outcome(blob=self.store.put(wire.sample_output(res, body), "results"), json={"tokens": tokens})
 
         return self._one_engine_call(items, decode, timer.wrap(self.engine.sample), encode)

@@ -10,7 +10,10 @@ from tinkerflow.common.checkpoints import AUTO_SEGMENT, CheckpointStore, TinkerP
 from tinkerflow.common.store import ClaimCheckStore
 
 log = logging.getLogger(__name__)
-CLAIM_CHECK_KINDS = ("requests", "results")
+# Everything the store holds per request, swept on one retention: bodies and results, the futures records asample
+# writes for retrieve_futures (api/session_futures.py), cancel_future's markers, and the stability records of calls
+# that set record_stability_info (common/stability.py).
+CLAIM_CHECK_KINDS = ("requests", "results", "futures", "cancelled", "stability")
 
 
 class StorageActivities:

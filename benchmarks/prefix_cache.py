@@ -1,7 +1,11 @@
 """The prefix KV cache: a GRPO group (16 samples of one prompt) and a multi-turn conversation (each turn's prompt
 is the last one plus a reply and a new message), with the cache on and off, in the engine alone and through the SDK
 (HTTP → Temporal → coordinator → JAX worker, the cache always on there), in one run. One JSON line per figure:
-wall time of the workload (median of --repeats), and the prompt tokens the cache served.
+wall time of the workload (median of --repeats), `hit_tokens` (the responses' `prompt_cache_hit_tokens`, summed over
+the workload's calls: the first sample's prompt tokens from the cache, so 0 for a cold group whose later samples are
+the ones that hit) and, in the engine alone, `served_tokens` (every sample's prompt tokens from the cache). A stack
+it launches is measured at its steady state (after the JAX worker's background warm-up), and the JAX worker's
+compiles during the timed runs are counted (each workload's shapes are compiled by an untimed first run).
 
     python -m benchmarks.prefix_cache [--base-url URL] [--repeats N] [--engine-only]
 """
@@ -17,7 +21,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 import numpy as np
 
-from benchmarks.common import emit, emit_pair, median, running_stack
+from benchmarks.common import emit, emit_pair, median, running_stack, wait_for_steady_state, worker_compiles
 
 API_KEY = "tml-bench-key"
 GROUP, PROMPT_LEN, NEW_TOKENS = 16, 480, 16
@@ -68,17 +72,20 @@ def engine_figures(model_dir: str, repeats: int) -> dict[str, dict]:
 
         for name, fn in (("group16", group), ("conversation6", conversation)):
             fn("warm")  # compiles this workload's shapes
-            times, hits = [], 0
+            times, hits, served = [], 0, 0
             for i in range(repeats):
+                before = index.hits if index is not None else 0
                 t0 = time.perf_counter()
                 hits = fn(f"{name}-{cache}-{i}")
                 times.append((time.perf_counter() - t0) * 1000)
-            out[f"{name}/{'on' if cache else 'off'}"] = {"ms": median(times), "hit_tokens": hits}
+                served = (index.hits if index is not None else 0) - before
+            out[f"{name}/{'on' if cache else 'off'}"] = {"ms": median(times), "hit_tokens": hits,
+                                                         "served_tokens": served}  # fmt: skip
         engine.sampler.prefix = index
     return out
 
 
-def sdk_figures(base_url: str, repeats: int) -> dict[str, dict]:
+def sdk_figures(base_url: str, repeats: int, stack=None) -> dict[str, dict]:
     import tinker
     from tinker import types
 
@@ -100,14 +107,18 @@ def sdk_figures(base_url: str, repeats: int) -> dict[str, dict]:
                    for p in _conversation(rng, vocab))  # fmt: skip
 
     for name, fn in (("group16", group), ("conversation6", conversation)):
-        fn(service.create_sampling_client(base_model=base))
-        times, hits = [], 0
+        fn(service.create_sampling_client(base_model=base).result())
+        times, hits, compiled = [], 0, 0
         for _ in range(repeats):
-            sampler = service.create_sampling_client(base_model=base)  # a fresh session: a cold cache
+            # A fresh sampling session (a cold cache), made before the clock starts.
+            sampler = service.create_sampling_client(base_model=base).result()
+            before = worker_compiles(stack)
             t0 = time.perf_counter()
             hits = fn(sampler)
             times.append((time.perf_counter() - t0) * 1000)
-        out[name] = {"ms": median(times), "hit_tokens": hits}
+            after = worker_compiles(stack)
+            compiled += (after - before) if after is not None and before is not None else 0
+        out[name] = {"ms": median(times), "hit_tokens": hits, "compiles": compiled if stack is not None else None}
     return out
 
 
@@ -125,15 +136,18 @@ def main() -> None:
         on, off = engine[f"{name}/on"], engine[f"{name}/off"]
         speedup = round(off["ms"] / on["ms"], 2)
         emit(figure=f"prefix_cache_{name}_engine", unit="ms", cache_on=round(on["ms"], 1),
-             cache_off=round(off["ms"], 1), speedup=speedup, hit_tokens=on["hit_tokens"])  # fmt: skip
+             cache_off=round(off["ms"], 1), speedup=speedup, hit_tokens=on["hit_tokens"],
+             served_tokens=on["served_tokens"])  # fmt: skip
     if args.engine_only:
         return
-    with running_stack(args.base_url, API_KEY) as (base_url, _):
-        sdk = sdk_figures(base_url, args.repeats)
+    with running_stack(args.base_url, API_KEY) as (base_url, stack):
+        waited = wait_for_steady_state(stack)
+        sdk = sdk_figures(base_url, args.repeats, stack)
     for name in ("group16", "conversation6"):
         off = round(engine[f"{name}/off"]["ms"], 1)
         emit_pair(f"prefix_cache_{name}", "ms", sdk[name]["ms"], engine[f"{name}/on"]["ms"],
-                  engine_cache_off=off, hit_tokens=sdk[name]["hit_tokens"])  # fmt: skip
+                  engine_cache_off=off, hit_tokens=sdk[name]["hit_tokens"], warm_up_wait_s=waited,
+                  compilations_during_timed_part=sdk[name]["compiles"])  # fmt: skip
 
 
 if __name__ == "__main__":

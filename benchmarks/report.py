@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "recovery": ["--mode", "restart"],
     "long_sequences": [],
     "paging": [],
+    "prefix_cache": ["--repeats", "5"],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
 RUNNING = Path(__file__).resolve().parent / "README.md"
@@ -258,6 +259,32 @@ def plot_long_sequences(lines: list[dict], path: Path) -> bool:
     return True
 
 
+def prefix_cache(lines: list[dict]) -> list[str]:
+    """The prefix cache's workloads: the engine alone with the cache off and on, and through the SDK (always on)."""
+    rows = []
+    for name, label in (("group16", "GRPO group: 16 samples of one 480-token prompt"),
+                        ("conversation6", "6-turn conversation, each turn the last + 80 tokens")):  # fmt: skip
+        engine = next((x for x in lines if x.get("figure") == f"prefix_cache_{name}_engine"), None)
+        sdk = next((x for x in lines if x.get("figure") == f"prefix_cache_{name}"), None)
+        if engine is None:
+            continue
+        through = (_fmt(sdk["tinkerflow"]), _fmt(sdk.get("ratio")), _fmt(sdk.get("hit_tokens"))) if sdk else ("—",) * 3
+        served = engine.get("served_tokens", engine["hit_tokens"])
+        rows.append(
+            f"| {label} | {_fmt(engine['cache_off'])} | {_fmt(engine['cache_on'])} | {_fmt(engine['speedup'])} | "
+            f"{_fmt(served)} | {' | '.join(through)} |"
+        )
+    if not rows:
+        return []
+    return [
+        "| workload (16 new tokens a sample) | engine, cache off (ms) | engine, cache on (ms) | speedup | prompt "
+        "tokens served from the cache (engine, every sample) | tinkerflow, cache on (ms) | tinkerflow / engine on | "
+        "`prompt_cache_hit_tokens` (SDK, first samples) |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def control_plane(lines: list[dict]) -> list[str]:
     out = []
     total = next((x for x in lines if x.get("figure") == "control_plane_forward_1_datum_ms"), None)
@@ -381,6 +408,18 @@ def render(lines: list[dict], docs: Path, meta: dict) -> Path:
             "attention it replaced needed 14 GB at 8K tokens for this model and could not run 16K.",
             "",
             "![long sequences](benchmarks-long-sequences.png)",
+            "",
+        ]
+    pc = prefix_cache(lines)
+    if pc:
+        md += [
+            "## The prefix cache",
+            "",
+            "Wall time of each workload (median of the timed runs; `python -m benchmarks.prefix_cache`), in the engine "
+            "alone with the cache off and on, and through the SDK on a fresh sampling session each run (a cold "
+            "cache, as a new GRPO group or conversation has).",
+            "",
+            *pc,
             "",
         ]
     cp = control_plane(lines)

@@ -14,8 +14,10 @@ from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
+from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
+from tinkerflow.common import stability
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
@@ -113,9 +115,18 @@ async def asample(
     request_id = request_ids.encode(ref, svc.signing_key, who)
     if req.seq_id is not None:  # for the session's retrieve_futures poll and cancel_future
         await asyncio.to_thread(session_futures.record, svc, info.sampler_id, req.seq_id, request_id, ref.payload_uri)
+    if req.record_stability_info:  # before the answer: a client can name these sequences only after it
+        await asyncio.to_thread(stability.write_call, svc.store, stability_record(info, ref, who))
     # A retried call (same seq_id) may land in another batch and sample again: sampling changes no state, and the
     # client only ever sees one of the answers.
     return {
         "request_id": request_id,
         "sample_sequence_ids": [f"{wf_id}#{index}#{i}" for i in range(req.num_samples)],
     }
+
+
+def stability_record(info: SamplerInfo, ref: BatchItemRef, who: str) -> stability.CallRecord:
+    """The API's half of a call's stability record (tinkerflow.common.stability): which call, body and session."""
+    weights = stability.Weights(info.sampler_id, info.base_model, info.model_path, info.snapshot)
+    session = names.session_of(info.sampler_id)
+    return stability.CallRecord(f"{ref.workflow_id}#{ref.index}", ref.payload_uri, who, session, weights)

@@ -7,7 +7,9 @@ under `<store>/futures/<sampler>/<clone>/<seq_id>` (the request id it answered, 
 it, 0 until then). A poll lists the clone's records, waits (up to its timeout) until some unreported one has an
 outcome, and reports those under the next cursor numbers; records the client says it retrieved are deleted. The
 cursor is the count of completions reported: a completion reported in a poll whose answer was lost (its number above
-the client's `prev_cursor`) is reported again, one the client has seen never is.
+the client's `prev_cursor`) is reported again, one the client has seen never is. The store janitor collects records
+(and the folders they leave empty) on the store's retention, like request bodies: a client that never says it
+retrieved a future leaves nothing behind for longer.
 """
 
 from __future__ import annotations
@@ -39,9 +41,15 @@ def record(svc: Services, sampler_id: str, seq_id: int, request_id: str, payload
     """Remember an asample's request id (and where its body is, for cancel_future) for its clone's poll. Blocking
     I/O: call it off the event loop."""
     folder = _dir(svc, sampler_id, clone_of(seq_id))
-    svc.store.fs.makedirs(folder, exist_ok=True)
     body = json.dumps({"request_id": request_id, "payload": payload_uri}).encode()
-    write_whole(svc.store.fs, f"{folder}/{int(seq_id):020d}", body)
+    for attempt in (1, 2):
+        svc.store.fs.makedirs(folder, exist_ok=True)
+        try:
+            write_whole(svc.store.fs, f"{folder}/{int(seq_id):020d}", body)
+            return
+        except FileNotFoundError:  # the janitor took the folder, empty and old, just now (store.sweep): again
+            if attempt == 2:
+                raise
 
 
 def find_payload(svc: Services, sampler_id: str, request_id: str) -> str | None:

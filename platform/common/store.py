@@ -8,8 +8,10 @@ truncated or swapped object from the one the workflow recorded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 import time
 import uuid
 from datetime import datetime
@@ -86,7 +88,9 @@ class ClaimCheckStore:
         return self.get(ref)
 
     def sweep(self, kind: str, older_than_s: float) -> tuple[int, int]:
-        """Delete objects of `kind` written more than `older_than_s` ago; returns (objects, bytes) removed.
+        """Delete objects of `kind` written more than `older_than_s` ago, at any depth below it (the futures records
+        of `retrieve_futures` sit in a folder per sampler and clone); returns (objects, bytes) removed. On a local
+        disk the folders they leave empty go too, once as old (an object store has no folders to leave behind).
 
         Answers are read within seconds of being written and request bodies are needed at most until their run's
         next automatic snapshot, so a retention of hours loses nothing anyone will ask for.
@@ -94,17 +98,26 @@ class ClaimCheckStore:
         cutoff = time.time() - older_than_s
         removed = freed = 0
         try:
-            entries = self.fs.ls(f"{self.root}/{kind}", detail=True)
+            entries = self.fs.find(f"{self.root}/{kind}", detail=True, withdirs=True)
         except FileNotFoundError:
             return 0, 0
-        for entry in entries:
+        folders = []
+        for name, entry in entries.items():
             written = _written_at(entry)
-            if entry.get("type") == "file" and written is not None and written < cutoff:
+            if entry.get("type") == "directory":
+                folders.append((name, written))
+            elif entry.get("type") == "file" and written is not None and written < cutoff:
                 try:
-                    self.fs.rm(entry["name"])
+                    self.fs.rm(name)
                     removed, freed = removed + 1, freed + int(entry.get("size") or 0)
                 except FileNotFoundError:
                     pass
+        if is_local(self.fs):
+            top = f"{self.root}/{kind}"
+            for name, written in sorted(folders, key=lambda f: -len(f[0])):  # the deepest first
+                if name != top and written is not None and written < cutoff:
+                    with contextlib.suppress(OSError):  # not empty (written since), or gone already
+                        os.rmdir(name)
         return removed, freed
 
 

@@ -32,6 +32,10 @@ LINES = [
      "frame": "_Instance._create_instance", "share_of_samples": 0.05},
     {"bench": "control_plane", "figure": "control_plane_py_spy_top_self", "part": "api",
      "frame": "select (selectors.py:468)", "share_of_samples": 0.25},
+    {"bench": "prefix_cache", "figure": "prefix_cache_group16_engine", "unit": "ms", "cache_on": 300.0,
+     "cache_off": 900.0, "speedup": 3.0, "hit_tokens": 0, "served_tokens": 7200},
+    {"bench": "prefix_cache", "figure": "prefix_cache_group16", "unit": "ms", "tinkerflow": 450.0, "engine": 300.0,
+     "ratio": 1.5, "engine_cache_off": 900.0, "hit_tokens": 0},
 ]  # fmt: skip
 
 
@@ -61,6 +65,8 @@ def test_report_renders_the_table_plots_and_profile_from_earlier_results(tmp_pat
     assert "| api | 1.5 | 0.15 |" in page
     assert "- 25.0% `select (selectors.py:468)`" in page
     assert "py-spy, workflow-worker: 5.0% of its samples under `_Instance._create_instance`" in page
+    # The prefix cache: the engine alone off and on beside the SDK, in its own table.
+    assert "| GRPO group: 16 samples of one 480-token prompt | 900 | 300 | 3 | 7200 | 450 | 1.5 | 0 |" in page
     # Nothing was run: the kept results are the input lines plus the report's own metadata line.
     kept = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert kept[:-1] == LINES

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tinkerflow.workers.engine.sampling import admission
 from tinkerflow.workers.engine.sampling.prefix_cache import BLOCK, PrefixIndex
+from tinkerflow.workers.engine.sampling.rows import SampleRow
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputError, SampleInput
 
 PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
@@ -145,6 +147,29 @@ def test_the_prefix_cache_is_exact_and_counted(engine):
         assert res.sequences[0].tokens == plain[1].sequences[0].tokens
         np.testing.assert_allclose(res.sequences[0].logprobs, plain[1].sequences[0].logprobs, atol=CACHE_ATOL)
     assert len(index) <= index.blocks
+
+
+def test_an_admission_pads_the_uncached_suffix_to_a_bucket_the_warm_up_built():
+    """Where the rows start in the cache, the suffix an admission computes is padded to a warmed suffix bucket; in a
+    warmed family with no such bucket, whole prompts are prefilled instead (nothing read from the cache, nothing
+    compiled mid-workload); an unwarmed family computes the suffix in its own bucket."""
+
+    def admit(prompt_len: int, cached_blocks: int, full: int, warmed: tuple[int, ...]):
+        index = PrefixIndex(blocks=16)
+        prompt = np.arange(prompt_len, dtype=np.int32)
+        index.plan_writes(("ns",), prompt[: cached_blocks * BLOCK + 1], [], set())
+        row = SampleRow(prompt=prompt, max_tokens=1, temperature=1.0, top_k=-1, top_p=1.0, seed=(0, 0),
+                        sample_index=0, stop_ids=[], adapter=-1, scale=1.0, cache_namespace=("ns",),
+                        needs_from=prompt_len - 1)  # fmt: skip
+        adm = admission.plan([row], [0], 1, full, index, 16, warmed)
+        return adm.starts[0], adm.suffix_len, index.hits
+
+    warmed = (16, 32, 64)
+    assert admit(30, 1, 32, warmed) == (16, 16, 16)  # a group's later sample: the smallest bucket
+    assert admit(60, 2, 64, warmed) == (32, 32, 32)  # 28 uncached tokens: the warmed 32
+    assert admit(60, 1, 64, warmed) == (0, 64, 0)  # 44: no warmed bucket below 64: the whole prompt, no hit
+    assert admit(144, 4, 192, warmed) == (64, 96, 64)  # an unwarmed family: the suffix's own bucket
+    assert admit(60, 1, 64, ()) == (16, 48, 16)  # no warm-up: every bucket
 
 
 def test_prefix_index_evicts_leaves_least_recently_used_first():

@@ -1,6 +1,7 @@
 """The JAX worker compiles ahead of traffic: after `start_engine` (what `jax_worker.serve` runs before it
 registers) and the warm-up, a steady workload that mixes training, forward, optimizer steps, snapshots and sampling
-at several concurrency levels, prompt lengths and stop lists builds no program at all. Counted with JAX's own
+at several concurrency levels, prompt lengths and stop lists, with prompts that hit the prefix cache, builds no
+program at all. Counted with JAX's own
 compile events (`persistent_cache.counts().requests`: every executable a process builds, eager ops included)."""
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     before = persistent_cache.counts().requests
     rng = np.random.default_rng(0)
 
+    turn = rng.integers(1, 200, 21).astype(np.int32)  # a conversation's first turn: one whole cache block, and 5
+    prefix = engine.engine.sampler.prefix
+    assert prefix is not None  # on by default (--prefix-cache-tokens)
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     engine.create_adapter(1, LoraConfig(rank=8, seed=2, train_unembed=False))
     # Three of the four sequence lengths fall in buckets (16, 24) that were not warmed: they round up to 32.
@@ -83,7 +87,7 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
                 SampleInput(
                     prompt=rng.integers(1, 200, 3 + (i * 7 + step) % 28).astype(np.int32),
                     num_samples=1 + i % 2, max_tokens=4 + i % 13, seed=i,
-                    stop_token_ids=[None, [5, 9], [], [int(x) for x in range(1, 9)]][i % 4],
+                    stop_token_ids=[None, [5, 9], [], [int(x) for x in range(1, 8)]][i % 4],  # + EOS: width 8
                     stop_strings=["the"] if i % 5 == 0 else [],
                     snapshot=f"s{step}" if i % 3 else None,
                 )
@@ -91,6 +95,17 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
             ]  # fmt: skip
             sampled = engine.sample(requests)
             assert all(isinstance(r, SampleResult) for r in sampled), sampled
+        # Prompts that start in the prefix cache: a group of 4 samples of one prompt (after the first, they take its
+        # whole blocks from the cache) and the next turn of a conversation whose first turn was cached by the group.
+        group = SampleInput(prompt=turn, num_samples=4, max_tokens=5, seed=step, cache_namespace="session",
+                            snapshot=f"s{step}" if step % 2 else None)  # fmt: skip
+        follow = dataclasses.replace(group, prompt=np.concatenate([turn, rng.integers(1, 200, 9).astype(np.int32)]),
+                                     num_samples=1)  # fmt: skip
+        served = prefix.hits
+        assert all(isinstance(r, SampleResult) for r in engine.sample([group]))
+        assert prefix.hits - served >= 3 * 16  # the group's three later samples took the prompt's first block
+        sampled = engine.sample([follow, group])
+        assert all(isinstance(r, SampleResult) and r.prompt_cache_hit_tokens == 16 for r in sampled), sampled
         engine.drop_snapshot(f"s{step}")
     engine.free_adapter(1)
     engine.create_adapter(1, LoraConfig(rank=2, seed=5))

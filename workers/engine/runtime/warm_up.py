@@ -13,7 +13,9 @@ A warm-up is a list of pieces, each small enough to run between two activities o
 - `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run (from
   the state's shapes alone with `compile_ahead`: beside the traffic, without a turn on the engine).
 - `sampler`: one sampler shape family (cache length, prompt bucket, snapshots per batch, prompt logprobs) for
-  every slot bucket (or one, `slots`: the background warm-up takes them one at a time), run on empty slots.
+  every slot bucket (or one, `slots`: the background warm-up takes them one at a time), run on empty slots; with
+  the prefix cache on, its admissions of prompts that start in the cache too (a GRPO group's samples after the
+  first, a conversation's next turn), one per suffix bucket (sampling/admission.py).
 
 The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
 default) the lifecycle's training half before it registers and the rest after (WarmUpPlan.pieces gives the order):

@@ -6,11 +6,19 @@ same first block) waits for the next admission, where it finds that row's blocks
 request (a GRPO group) prefill their prompt once, and the others only its last partial block. A row's prompt starts
 in the cache up to the block before the first position whose hidden state it needs (`SampleRow.needs_from`: its last
 token to sample from, earlier ones when it scores the prompt).
+
+The part of the prompts an admission computes after its rows' cached blocks is padded to a *suffix bucket*: the
+smallest bucket or a prompt bucket the warm-up compiled (`suffix_buckets`), below the whole prompt's, so a workload
+with prefix hits runs programs the warm-up built. Where none holds the suffix, a family the warm-up built prefills
+whole prompts instead (its rows take nothing from the cache: no program is compiled mid-workload), and any other
+family computes the suffix in its own bucket (its programs are compiled at first use anyway). A suffix only the
+whole prompt's bucket holds saves no compute: whole prompts too.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +47,12 @@ class Admission:
         return int(self.prompt.shape[1])
 
 
+def suffix_buckets(full: int, warmed: Collection[int]) -> list[int]:
+    """The suffix buckets an admission of whole prompts of `full` tokens may compute when its rows start in the
+    cache: the smallest bucket and the `warmed` prompt buckets, below `full`."""
+    return sorted(s for s in {round_up_seq_len(1), *warmed} if s < full)
+
+
 def choose(rows: list[SampleRow], queue: deque[int], count: int, caching: bool) -> list[int]:
     """Up to `count` rows from the front of `queue` (removed from it); rows that would find a taken row's blocks in
     the cache at the next admission stay queued, in order."""
@@ -62,8 +76,9 @@ def choose(rows: list[SampleRow], queue: deque[int], count: int, caching: bool) 
 
 
 def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: PrefixIndex | None,
-         pool_blocks: int) -> Admission:  # fmt: skip
-    """The arrays of one admission of `chosen` padded to `r` rows, whose whole prompts fit `full` tokens."""
+         pool_blocks: int, warmed: Collection[int] = ()) -> Admission:  # fmt: skip
+    """The arrays of one admission of `chosen` padded to `r` rows, whose whole prompts fit `full` tokens; the part
+    computed after cached blocks is padded to a suffix bucket (module docstring), `warmed` the warm-up's."""
     nb = -(-full // BLOCK)
     cached: list[list[int]] = []
     for i in chosen:
@@ -72,10 +87,20 @@ def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: Pre
             cached.append([])
         else:
             cached.append(index.lookup(row.cache_namespace, row.prompt, min(row.needs_from, len(row.prompt) - 1)))
+    slen = full
+    if any(cached):
+        suffix = round_up_seq_len(max(len(rows[i].prompt) - len(c) * BLOCK for i, c in zip(chosen, cached)))
+        # A suffix bucket the warm-up built; in a family it built, whole prompts rather than a program it did not
+        # (a family it did not build compiles anyway: there the suffix's own bucket).
+        fits = [b for b in suffix_buckets(full, warmed) if b >= suffix]
+        slen = fits[0] if fits else full if full in warmed else suffix
+        if slen >= full:  # the cache would save nothing: whole prompts, and their blocks are not read
+            slen, cached = full, [[] for _ in chosen]
+    if index is not None:
+        index.hits += sum(len(c) for c in cached) * BLOCK
     pinned = {b for c in cached for b in c}
     starts = [len(c) * BLOCK for c in cached]
     prefix = any(starts)
-    slen = round_up_seq_len(max(len(rows[i].prompt) - s for i, s in zip(chosen, starts))) if prefix else full
     kg = max((t.shape[1] for i in chosen if (t := rows[i].target_ids) is not None), default=0)
     kg = round_up_pow2(kg) if kg else 0
     alt = max((rows[i].prompt_alt_tokens_k for i in chosen), default=0)
@@ -101,3 +126,14 @@ def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: Pre
         targets=targets, prefix=prefix, prompt_logprobs=any(rows[i].prompt_logprobs for i in chosen),
         alt_k=round_up_pow2(alt) if alt else 0,
     )  # fmt: skip
+
+
+def blank(r: int, full: int, pool_blocks: int, suffix: int | None = None) -> Admission:
+    """An admission of no rows, to compile its program: whole prompts of `full` tokens, or (`suffix`) rows that
+    start in the cache and compute `suffix` tokens of them."""
+    adm = plan([], [], r, full, None, pool_blocks)
+    if suffix is not None:
+        adm.prompt = np.zeros((r, suffix), np.int32)
+        adm.targets = np.full((r, suffix - 1, 0), -1, np.int32)
+        adm.prefix = True
+    return adm

@@ -37,7 +37,7 @@ class PrefixIndex:
         self._children: dict[int, int] = {}  # block -> how many cached blocks follow it
         self._lru: OrderedDict[int, None] = OrderedDict()  # used blocks, least recently used first
         self._free = list(range(blocks - 1, -1, -1))
-        self.hits = 0  # tokens served from the cache, since start
+        self.hits = 0  # tokens served from the cache, since start (admission.plan counts what it reads)
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -55,7 +55,6 @@ class PrefixIndex:
             found.append(block)
             parent = block
         self._touch(found)
-        self.hits += len(found) * BLOCK
         return found
 
     def plan_writes(self, namespace: Hashable, prompt: np.ndarray, cached: list[int], pinned: set[int]) -> list[int]:

@@ -13,11 +13,11 @@ Shapes are bucketed so a steady workload compiles nothing new: slots (a few row 
 two, at least MIN_CACHE_LEN), prompt length (round_up_seq_len), stop-id width and
 adapter-stack size (powers of two); admissions always take slots/8 rows (several calls fill the slots). With
 `eager_buckets` the first use of a (cache, prompt, adapters, stops) family compiles the decode chunk and the
-admission for every slot bucket, so coordinator batches of varying size
-(4 rows, then 252, ...) never compile in the middle of a workload; `warm_up` does the same ahead of time. A family
-the JAX worker's background warm-up is about to build (`scheduled_families`) is the exception: a request that comes
-first compiles its own slot bucket only, and leaves the others to the warm-up (a first sample of one row then waits
-for one bucket's programs, not three).
+admissions (of whole prompts, and of prompts that start in the prefix cache) for every slot bucket, so coordinator
+batches of varying size (4 rows, then 252, ...) never compile in the middle of a workload; `warm_up` does the same
+ahead of time. A family the JAX worker's background warm-up is about to build (`scheduled_families`) is the
+exception: a request that comes first compiles its own slot bucket only, and leaves the others to the warm-up (a
+first sample of one row then waits for one bucket's programs, not three).
 
 Stop token ids are checked on device; stop strings here, on the host, between chunks (only when some row has them).
 Which rows go into one admission and where their prompts start in the prefix cache is `admission.py`'s; the
@@ -277,12 +277,18 @@ class SlotSampler:
 
     def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
         """One slot bucket of a family: its empty slots (kept for the next call), its admission and decode chunk
-        compiled, not run (a long prompt's prefill would take as long as a real one)."""
+        compiled, not run (a long prompt's prefill would take as long as a real one). With the prefix cache on, the
+        admissions of rows that start in it too, at each suffix bucket (admission.py; not for prompt logprobs, whose
+        rows score their whole prompt and so take nothing from the cache)."""
         slots, release = self._take(b, length, m)
         r = self.admission_rows(b, length, plen)
-        adm = admission.plan([], [], r, plen, None, self.pool().k.shape[1])
-        adm.prompt_logprobs = plp
-        self._admit_call(lora, base, slots, [], adm, [], compile_only=True)
+        blocks = self.pool().k.shape[1]
+        caching = self.prefix is not None and not plp
+        suffixes = admission.suffix_buckets(plen, self.warmed_prompts) if caching else []
+        for suffix in (None, *suffixes):
+            adm = admission.blank(r, plen, blocks, suffix)
+            adm.prompt_logprobs = plp
+            self._admit_call(lora, base, slots, [], adm, [], compile_only=True)
         self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0, compile_only=True)
         self._keep(slots, release, length, m)
 
@@ -328,8 +334,9 @@ class SlotSampler:
                 index = [free.popleft() for _ in chosen]
                 plen = warmed_bucket(round_up_seq_len(max(len(rows[i].prompt) for i in chosen)),
                                      self.warmed_prompts, limit=length)  # fmt: skip
-                adm = admission.plan(rows, chosen, small, plen, self.prefix, self.pool().k.shape[1])
-                plain = not (adm.prefix or kt or adm.alt_k or adm.targets.shape[2])  # the family warm-up builds
+                adm = admission.plan(rows, chosen, small, plen, self.prefix, self.pool().k.shape[1],
+                                     self.warmed_prompts)  # fmt: skip
+                plain = not (kt or adm.alt_k or adm.targets.shape[2])  # the family warm-up builds
                 if self.eager_buckets and plain:
                     plp = adm.prompt_logprobs
                     self._keep(slots, release, length, m)

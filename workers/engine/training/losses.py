@@ -133,10 +133,10 @@ def _stable_reinforce(
 
     Inputs, as the SDK 0.38 types and the cookbook 0.6.1 build them: the datum's provenance spans name the sampled
     sequence behind each target position; positions in a SampledProvenanceSpan are the sampled tokens M
-    (`seq_mask`); `logprobs` holds the sampler's log-probs q of those tokens (what sampling with
-    `record_stability_info=True` records: tinkerflow's sampler log-probs equal the trainer's for the same weights,
-    so the datum's copy is that record); advantages are nonzero only on M (the cookbook's rule: "stable_reinforce
-    only accepts nonzero advantages on sampled tokens"; validation refuses others).
+    (`seq_mask`); `logprobs` holds the sampler's log-probs q of those tokens, which the JAX worker takes from the
+    server's stability record of the sequence (sampled with `record_stability_info=True`; activities/stability.py
+    checks the datum's tokens and log-probs against it first); advantages are nonzero only on M (the cookbook's rule:
+    "stable_reinforce only accepts nonzero advantages on sampled tokens"; validation refuses others).
 
     Objective, on M only: REINFORCE with a stop-gradient importance weight and a token trust region,
         loss_t = -1[lo <= r_t <= hi] * sg(r_t) * logp_t * A_t + kl_coeff/2 * (logp_t - q_t)^2,   r_t = exp(logp_t - q_t)
