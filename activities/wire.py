@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import EncodedTextChunk, SampleRequest
 from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
@@ -38,8 +39,14 @@ _PAD_VALUE = 0
 
 
 def parse_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
+    """The API routed this body by its top-level fields alone, so its datums are first decoded here: a body that
+    does not parse fails its own op as the client's error."""
     msg = pb.ForwardBackwardRequest()
-    msg.ParseFromString(body)
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as e:
+        raise InputError(f"the forward_backward body is not a valid ForwardBackwardRequest protobuf ({e}); send it "
+                         "as the SDK encodes it") from e  # fmt: skip
     return msg
 
 

@@ -250,3 +250,16 @@ def test_sample_output_answers_every_field_in_the_sdk_types():
 def test_a_bad_target_tensor_is_a_user_error_before_any_allocation(target, message):
     with pytest.raises(InputError, match=re.escape(message)):
         wire.sample_input(_sample_body(target_prompt_logprobs=target), snapshot=None)
+
+
+def test_a_body_whose_datums_do_not_parse_is_the_clients_error():
+    """The API routes a forward_backward by its top-level fields alone; a corrupt datum surfaces here, as user input."""
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([5, 6, 7]),
+        loss_fn_inputs=dict(target_tokens=[6, 7, 8], weights=[1.0, 1.0, 1.0]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
+    body = bytearray(_request([datum]))
+    at = body.index(b"weights") - 2  # the length of the datum's map entry: claim more bytes than it has
+    body[at] = 0x7F
+    with pytest.raises(InputError, match="not a valid ForwardBackwardRequest"):
+        wire.parse_forward_backward(bytes(body))
