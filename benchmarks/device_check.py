@@ -159,7 +159,7 @@ def phase_parity(smoke: bool) -> None:
     got = np.asarray(jax.jit(jnp.matmul)(a, b), np.float64)
     rel = float(np.max(np.abs(got - a.astype(np.float64) @ b)) / np.max(np.abs(a.astype(np.float64) @ b)))
     emit(phase="parity", figure="float32_matmul", rel_err=rel, looks_like="tf32" if rel > 1e-4 else "float32",
-         default_matmul_precision=str(jax.config.jax_default_matmul_precision))  # fmt: skip
+         default_matmul_precision=str(jax.config.values.get("jax_default_matmul_precision")))  # fmt: skip
 
     cfg = TINY if smoke else QWEN3_06B_2L
     tokens = rng.integers(1, cfg["vocab_size"], 257 if not smoke else 65).astype(np.int32)
