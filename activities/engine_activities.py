@@ -5,9 +5,13 @@ sample items as one decode batch. Inputs and results cross through the claim-che
 A batch Temporal retries after a transient failure does not re-apply work this process already did: answers are
 remembered by item key.
 
-Each answer is also signalled straight to the workflow that asked (`deliver`), the moment its group is done: that
-saves the requester a coordinator workflow task and a second signal hop (docs/benchmarks.md §Measurements behind the
-code). The coordinator still sees the whole batch result for its bookkeeping and delivers only what failed here."""
+Each answer goes home on one road: signalled straight to the workflow that asked (`deliver`), the moment its group
+is done, which saves the requester a coordinator workflow task and a second signal hop (docs/benchmarks.md
+§Measurements behind the code). The batch result tells the coordinator only what its bookkeeping reads (which items
+failed, and the page item's report); an answer whose signal did not go through travels in it whole, for the
+coordinator to deliver instead.
+
+Batches run one at a time, in the order the coordinator dispatched them (batch_order.py: pipelined dispatch)."""
 
 from __future__ import annotations
 
@@ -20,9 +24,10 @@ from itertools import groupby
 from typing import Any, TypeVar, cast
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from tinkerflow.activities import checkpoint_io, stability, wire
+from tinkerflow.activities.batch_order import BatchCancelled, BatchOrder
 from tinkerflow.activities.heartbeats import HEARTBEAT_EVERY_S, heartbeats
 from tinkerflow.activities.op_points import EngineTimer, OpPoints
 from tinkerflow.activities.paging import Paging
@@ -90,6 +95,7 @@ class EngineActivities:
         self._delivered: set[str] = set()
         self._load_errors: dict[str, str] = {}  # saved weights a sample batch asked for that failed to load
         self.paging = Paging(engine)  # more runs than slots: the batch's page item (activities/paging.py)
+        self.order = BatchOrder()  # one batch at a time, in dispatch order
         # One handler per kind. Grouped kinds take the whole run of consecutive items; the others one item each.
         self.handlers: dict[WorkKind, Callable[[list[WorkItem]], list[Outcome]]] = {
             WorkKind.FORWARD_BACKWARD: self._forward_backward,
@@ -115,23 +121,31 @@ class EngineActivities:
                 type=ErrorType.WORKER_LOST,
                 non_retryable=True,
             )
-        todo = [i for i in batch.items if i.key not in self._answers]
-        self.paging.new_batch()
         sent: dict[str, concurrent.futures.Future[Any]] = {}
         with heartbeats(HEARTBEAT_EVERY_S) as progress:
-            self._run_items(todo, sent, progress)
+            if batch.after:
+                progress[0] = f"waiting for batch {batch.after}"
+            try:
+                with self.order.turn(batch.batch_id, batch.after, activity.is_cancelled):
+                    todo = [i for i in batch.items if i.key not in self._answers]
+                    self._run_items(todo, sent, progress)
+                    answers = [(i.key, self._answers[i.key]) for i in batch.items]
+            except BatchCancelled as e:
+                raise CancelledError(str(e)) from e
         for key, future in sent.items():  # only a confirmed delivery lets the coordinator skip its own
             try:
                 future.result(timeout=10)
                 self._delivered.add(key)
             except Exception as e:
                 log.info("early delivery of %s failed (%s); the coordinator will deliver it", key, e)
-        return BatchResult(
-            results=[
-                WorkResult(key=i.key, outcome=self._answers[i.key], delivered=i.key in self._delivered)
-                for i in batch.items
-            ]
-        )
+        return BatchResult(results=[self._for_coordinator(key, outcome) for key, outcome in answers])
+
+    def _for_coordinator(self, key: str, outcome: Outcome) -> WorkResult:
+        """What the coordinator reads of an answer its requester has: whether it failed; all of one it has not."""
+        if key not in self._delivered:
+            return WorkResult(key=key, outcome=outcome)
+        slim = Outcome(error=outcome.error, category=outcome.category, worker_lost=outcome.worker_lost)
+        return WorkResult(key=key, outcome=slim, delivered=True)
 
     def _run_items(
         self, todo: list[WorkItem], sent: dict[str, concurrent.futures.Future[Any]], progress: list[str]
@@ -215,6 +229,7 @@ class EngineActivities:
         if item.lora is None:
             raise InputError("create_adapter needs a LoRA spec")
         self.engine.create_adapter(item.slot, lora_config(item.lora))
+        self.paging.created(item.model_id)
         return Outcome(json={"slot": item.slot})
 
     def _free_adapter(self, item: WorkItem) -> Outcome:
@@ -254,9 +269,8 @@ class EngineActivities:
         return Outcome(json={"dropped": len(keys)})
 
     def _checkpoint_store(self) -> CheckpointStore:
-        assert self.checkpoints is not None, (
-            "checkpoint work needs EngineActivities(checkpoints=...)"
-        )  # the worker passes one
+        # The worker passes one whenever it serves checkpoint work.
+        assert self.checkpoints is not None, "checkpoint work needs EngineActivities(checkpoints=...)"
         return self.checkpoints
 
     def _save_checkpoint(self, item: WorkItem) -> Outcome:

@@ -3,8 +3,10 @@ engine, the runs it could not page answered as worker-lost, and the figures as P
 
 The Coordinator decides which runs are resident (workflows/residency.py) and puts the moves at the head of the batch
 that needs them; Engine.page makes them (workers/engine/training/adapter_pages.py). A move that fails leaves that
-run without an adapter here: its later items in the batch are answered at once as worker-lost, so the run restores
-its adapter from its latest snapshot and retries, instead of running on a slot that does not hold it.
+run without an adapter here: its later items are answered at once as worker-lost (in this batch, and in a batch the
+coordinator queued behind it before it heard), so the run restores its adapter from its latest snapshot and
+retries, instead of running on a slot that does not hold it. The run is back once a create or a page-in gives it an
+adapter again.
 
 Counters and histograms are for Prometheus's own rate() and quantiles; the console reads one scrape at a time, so
 two gauges also carry the last minute's page-ins per second and mean page-in latency."""
@@ -26,7 +28,7 @@ class Paging:
     def __init__(self, engine: EngineApi, window_s: float = WINDOW_S) -> None:
         self.engine = engine
         self.window_s = window_s
-        self.lost: dict[str, str] = {}  # runs this batch's page item could not page: model_id -> why
+        self.lost: dict[str, str] = {}  # runs a page item could not page, until they have an adapter again: why
         self._ins: deque[tuple[float, float]] = deque()  # (when, seconds) of each recent page-in
         self._started = time.monotonic()
         for direction in ("in", "out"):  # every labelled series exported from the start, at zero
@@ -34,9 +36,6 @@ class Paging:
             metrics.PAGE_MOVES.labels(direction)
         for tier in ("host", "disk"):
             metrics.PAGE_STORE_BYTES.labels(tier)
-
-    def new_batch(self) -> None:
-        self.lost = {}
 
     def page(self, item: WorkItem) -> Outcome:
         """A batch's head: the moves the Coordinator asks for, made on the engine."""
@@ -49,11 +48,18 @@ class Paging:
                 drop=tuple(item.page.drop),
             )
         )
+        for move in item.page.page_in:  # paged in: back in a slot, whatever an earlier move lost
+            if move.model_id not in report.failed:
+                self.lost.pop(move.model_id, None)
         self.lost.update(report.failed)
         return Outcome(
             json={"failed": dict(report.failed), "resident": report.resident, "paged": report.paged,
                   "out_ms": _ms(report.out_seconds), "in_ms": _ms(report.in_seconds)}
         )  # fmt: skip
+
+    def created(self, model_id: str) -> None:
+        """A run's adapter was created afresh here (its restore): it is no longer lost."""
+        self.lost.pop(model_id, None)
 
     def drop(self, model_id: str) -> Outcome:
         """A run that ends while paged out: only its page goes."""

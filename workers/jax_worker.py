@@ -1,8 +1,10 @@
 """The JAX worker process: loads one base model into the engine and takes `run_batch` activities on its own queue.
 
 At start it registers with the Coordinator of its base model (signal-with-start), which then routes to this
-worker's task queue the work for the adapters it placed here. Activities run one at a time in a single thread:
-the engine holds device state and is not re-entrant, and JAX already uses every core for one step.
+worker's task queue the work for the adapters it placed here. Batches run one at a time, in the order the Coordinator
+dispatched them: the engine holds device state and is not re-entrant, and JAX already uses every core for one step.
+The worker takes the next batch while it runs one (pipelined dispatch: workflows/pipeline.py), so the next starts
+the moment the last ends.
 
 Multi-host (`--num-processes N > 1`, one process per host): every process joins jax.distributed and loads the engine
 on a mesh over all their devices; process 0 alone talks to Temporal, through a `DrivenEngine` that has the others
@@ -51,6 +53,7 @@ from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
+from tinkerflow.workflows.pipeline import PIPELINE_DEPTH
 
 if TYPE_CHECKING:
     from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
@@ -125,7 +128,8 @@ async def serve(
         points=OpPoints(RunMetricsStore(settings.resolved_store_url, settings.run_metrics_max_points)),
         meter=AcceleratorMeter(getattr(engine, "config", None), settings.peak_tflops),
     )
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+    # One thread per batch held: the one running, the next waiting its turn (activities/batch_order.py).
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=PIPELINE_DEPTH, thread_name_prefix="engine")
     worker = activity_worker(client, queue, activities.run_batch, executor)
     async with worker:
         info = WorkerInfo(
@@ -136,6 +140,7 @@ async def serve(
             card=card,
             incarnation=incarnation,
             max_paged=engine.page_capacity,  # runs beyond the slots it can hold paged out
+            pipeline_depth=PIPELINE_DEPTH,  # run_batch holds batches in dispatch order
         )
         await register(client, settings, info)
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
@@ -177,7 +182,8 @@ def _enable_compile_cache(settings: Settings) -> None:
 
 
 def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.futures.Executor) -> Worker:
-    """The Temporal worker of this process's queue: one activity at a time, on the engine thread.
+    """The Temporal worker of this process's queue: the batch running and the next one, which waits its turn
+    (activities/batch_order.py), each on a thread of `executor`.
 
     Every heartbeat the engine thread makes (each HEARTBEAT_EVERY_S, also inside one long compile) is sent to Temporal.
     By default the SDK throttles them to 0.8 x the activity's heartbeat timeout, 12 s of the coordinator's 15 s: only
@@ -191,7 +197,7 @@ def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.
         task_queue=queue,
         activities=[run_batch],
         activity_executor=executor,
-        max_concurrent_activities=1,
+        max_concurrent_activities=PIPELINE_DEPTH,
         max_heartbeat_throttle_interval=timedelta(seconds=HEARTBEAT_EVERY_S),
     )
 

@@ -4,7 +4,9 @@ Requester workflows (training runs, sample requests, sessions) `submit` WorkItem
 adapters on workers (slot allocation), and while a worker is busy it queues that worker's work; the moment the worker
 is free it dispatches everything queued for it as ONE activity on the worker's own task queue. Under load that is
 natural batching (forward/backward of many runs in one pass, many sample calls in one decode batch) at no added
-latency for a lone user. Each requester gets its share of the batch result back as a `deliver` signal.
+latency for a lone user. A worker that takes batches in order is given its next batch while the current one runs
+(pipeline.py), so it never waits for this workflow between two batches. Each requester gets its share of the batch
+result back as a `deliver` signal.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tinkerflow.workflows.messages import (
     WorkKind,
     WorkResult,
 )
+from tinkerflow.workflows.pipeline import PIPELINE_DEPTH, InFlight, Pipelines, summarise
 from tinkerflow.workflows.placement import SLOT_KINDS, CoordinatorState, PlacementPolicy, WorkerSlots
 from tinkerflow.workflows.residency import BatchPlan, live_per_worker
 
@@ -49,20 +52,13 @@ PATCH_FAIL_RESTARTED_BATCH = "coordinator-fail-batch-of-restarted-worker"
 # Slots as a cache (residency.py): a create never fails for lack of a slot, batches page their runs in. Patched: it
 # changes when creates are answered and what each batch holds.
 PATCH_PAGING = "coordinator-adapter-paging-v1"
-
-KIND_LABELS = {
-    WorkKind.FORWARD_BACKWARD: "fwd/bwd",
-    WorkKind.OPTIM_STEP: "optim",
-    WorkKind.SAMPLE: "sample",
-    WorkKind.SNAPSHOT: "snapshot",
-    WorkKind.CREATE_ADAPTER: "create adapter",
-    WorkKind.FREE_ADAPTER: "free adapter",
-    WorkKind.DROP_SNAPSHOTS: "drop snapshots",
-    WorkKind.SAVE_CHECKPOINT: "save checkpoint",
-    WorkKind.LOAD_CHECKPOINT: "load checkpoint",
-    WorkKind.LOAD_SNAPSHOT: "load sampler weights",
-    WorkKind.PAGE: "page adapters",
-}
+# Pipelined dispatch (pipeline.py): a worker that takes batches in order gets its next batch while one runs. Patched:
+# it dispatches a batch at a point in history where none was dispatched before.
+PATCH_PIPELINE = "coordinator-pipelined-dispatch-v1"
+# A batch is started by its worker at once (or, pipelined, as soon as it polls beside the one it runs): one not
+# picked up within this means the worker died.
+SCHEDULE_TO_START = timedelta(seconds=30)
+BATCH_START_TO_CLOSE = timedelta(minutes=30)
 
 
 @workflow.defn(name="Coordinator")
@@ -83,8 +79,9 @@ class Coordinator:
         self._changed = True
         # Strong references to the fire-and-forget tasks (dispatches, signal deliveries) until they finish.
         self._tasks: set[asyncio.Future[None]] = set()
-        # Worker queue -> its batch in flight: a worker is busy while it has one (one batch per worker at a time).
-        self._dispatching: dict[str, asyncio.Future[None]] = {}
+        # Worker queue -> its batches in flight: a worker is busy while it has one; one that takes batches in order
+        # has its next one queued behind it (pipeline.py).
+        self._pipelines = Pipelines()
 
     @workflow.run
     async def run(self, state: CoordinatorState) -> None:
@@ -93,15 +90,14 @@ class Coordinator:
             self._changed = False
             if self._should_continue_as_new():
                 # Drain: dispatch nothing new; once no batch is in flight, carry the queue into a fresh run.
-                if self._dispatching:
+                if self._pipelines:
                     continue
                 await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._signals_in_flight)
                 workflow.continue_as_new(self.s)
             for queue in self._ready_queues():
                 items = self._take_for(queue)
                 if items:
-                    self._dispatching[queue] = task = asyncio.ensure_future(self._dispatch(queue, items))
-                    self._keep(task)
+                    self._start(queue, items)
 
     @staticmethod
     def _drops_per_holder() -> bool:
@@ -124,9 +120,9 @@ class Coordinator:
             # A restarted worker lost its in-memory adapters and snapshots: what we had placed there is forgotten, so
             # the runs that lived on it restore themselves instead of silently training a fresh adapter.
             workflow.logger.warning("worker %s re-registered; its adapters were lost", info.worker_id)
-            in_flight = self._dispatching.get(info.task_queue)
-            if in_flight is not None and not in_flight.done() and workflow.patched(PATCH_FAIL_RESTARTED_BATCH):
-                in_flight.cancel()  # _dispatch answers its items as worker-lost
+            for in_flight in self._pipelines.all_on(info.task_queue):
+                if not in_flight.answered() and workflow.patched(PATCH_FAIL_RESTARTED_BATCH):
+                    in_flight.cancel()  # _dispatch answers its items as worker-lost
         self._changed = True
         self._set_details()
 
@@ -176,7 +172,8 @@ class Coordinator:
                     "max_adapters": w.info.max_adapters,
                     "max_paged": w.info.max_paged,
                     "runs_live": live[q],
-                    "busy": q in self._dispatching,
+                    "busy": self._pipelines.count(q) > 0,
+                    "batches_in_flight": self._pipelines.count(q),
                 }
                 for q, w in self.s.workers.items()
             },
@@ -205,7 +202,15 @@ class Coordinator:
     def _ready_queues(self) -> list[str]:
         if not self.s.pending:
             return []
-        return [q for q in self.s.workers if q not in self._dispatching]
+        return [q for q in self.s.workers if self._has_room(q)]
+
+    def _has_room(self, queue: str) -> bool:
+        """Whether `queue` takes a batch now: when idle, or (pipelined) while fewer than its depth are in flight."""
+        n = self._pipelines.count(queue)
+        if n == 0:
+            return True
+        depth = min(PIPELINE_DEPTH, self.s.workers[queue].info.pipeline_depth)
+        return n < depth and workflow.patched(PATCH_PIPELINE)
 
     def _take_for(self, queue: str) -> list[WorkItem]:
         """Route pending items; return (with slots filled in) the ones for `queue`, answer unroutable ones now."""
@@ -221,13 +226,14 @@ class Coordinator:
         # Slots as a cache: each item on a run's adapter gets its run made resident for this batch, or waits.
         plan = None
         if queue in self.s.workers and self.placement.pages():
-            plan = BatchPlan(self.s, queue, wanted={i.model_id for i in source if i.model_id})
+            wanted = {i.model_id for i in source if i.model_id}
+            plan = BatchPlan(self.s, queue, wanted=wanted, in_flight=self._pipelines.pinned(queue))
         for item in growing(pending, source, queued):
             if len(taken) >= MAX_BATCH_ITEMS:
                 keep.append(item)
                 continue
             try:
-                target, routed = self.placement.route(item, self._dispatching.keys(), workflow.now().timestamp())
+                target, routed = self.placement.route(item, self._pipelines.busy(), workflow.now().timestamp())
             except ApplicationError as e:
                 outcome = Outcome(error=e.message, category="user", worker_lost=e.type == ErrorType.ADAPTER_LOST)
                 self._answer(WorkResult(key=item.key, outcome=outcome), item.requester)
@@ -260,41 +266,22 @@ class Coordinator:
 
     # --- dispatch ------------------------------------------------------------------------------------------------
 
-    async def _dispatch(self, queue: str, items: list[WorkItem]) -> None:
+    def _start(self, queue: str, items: list[WorkItem]) -> None:
+        """Dispatch `items` to `queue` as one batch, behind the batches already in flight there."""
         self.s.dispatched_batches += 1
-        incarnation = self.s.workers[queue].info.incarnation if queue in self.s.workers else ""
+        worker = self.s.workers.get(queue)
+        ordered = worker is not None and worker.info.pipeline_depth > 1
+        # Named only for a worker that orders batches (the name is what a later batch waits for).
+        batch_id = f"{workflow.info().run_id}-{self.s.dispatched_batches}" if ordered else ""
+        after = self._pipelines.last(queue)
+        entry = self._pipelines.add(queue, batch_id, items)
+        self._keep(asyncio.ensure_future(self._dispatch(queue, items, entry, after)))
+
+    async def _dispatch(self, queue: str, items: list[WorkItem], entry: InFlight, after: str) -> None:
         try:
-            result: BatchResult = await workflow.execute_activity(
-                "run_batch",
-                Batch(items=items, incarnation=incarnation),
-                result_type=BatchResult,
-                task_queue=queue,
-                start_to_close_timeout=timedelta(minutes=30),
-                # A worker is sent one batch at a time, when idle: a batch not picked up within this means it died.
-                schedule_to_start_timeout=timedelta(seconds=30),
-                # The JAX worker heartbeats every 5 s from a side thread, even inside one long engine call.
-                heartbeat_timeout=timedelta(seconds=15),
-                # No retries: run_batch answers engine errors itself, so an activity failure means the worker died,
-                # and a retry could only reach its successor, which refuses a batch placed for its predecessor.
-                retry_policy=RetryPolicy(maximum_attempts=1),
-                summary=_summarise(items),
-            )
-            results = result.results
-        except ActivityError as e:
-            # An ActivityError's cause is a FailureError (ApplicationError, TimeoutError, ...), which has a message.
-            cause = e.cause.message if isinstance(e.cause, FailureError) else str(e)
-            # Cancelled: register_worker cancelled it, the worker restarted under it (its predecessor's placements are
-            # already forgotten, so _lose_worker below finds nothing of the old incarnation to drop).
-            lost = isinstance(e.cause, (TimeoutError_, CancelledError_)) or getattr(e.cause, "type", "") == "WorkerLost"
-            workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
-            if lost:
-                self._lose_worker(queue, incarnation)
-                results = _lost(items, f"the JAX worker on {queue} died or restarted while running this ({cause})")
-            else:
-                message = f"the JAX worker failed this batch: {cause}"
-                results = [WorkResult(key=i.key, outcome=Outcome(error=message, category="server")) for i in items]
+            results = await self._run_batch(queue, items, entry, after)
         finally:
-            del self._dispatching[queue]
+            self._pipelines.remove(queue, entry)
             self._changed = True
         by_key = {r.key: r for r in results}
         for item in items:
@@ -304,6 +291,44 @@ class Coordinator:
             self._after(item, r)
             if not r.delivered and item.kind is not WorkKind.PAGE:  # a page item is ours; _after read its answer
                 self._answer(r, item.requester)
+
+    async def _run_batch(self, queue: str, items: list[WorkItem], entry: InFlight, after: str) -> list[WorkResult]:
+        """The batch's activity on the worker's queue; its answers (lost or failed ones when it did not complete)."""
+        incarnation = self.s.workers[queue].info.incarnation if queue in self.s.workers else ""
+        if entry.cancelled:  # its worker was lost before this task scheduled it
+            return _lost(items, f"the JAX worker on {queue} died or restarted before this was sent to it")
+        try:
+            entry.activity = workflow.start_activity(
+                "run_batch",
+                Batch(items=items, incarnation=incarnation, batch_id=entry.batch_id, after=after),
+                result_type=BatchResult,
+                task_queue=queue,
+                # Queued behind another batch, its clock runs while it waits for that one on the worker.
+                start_to_close_timeout=BATCH_START_TO_CLOSE * (2 if after else 1),
+                schedule_to_start_timeout=SCHEDULE_TO_START,
+                # The JAX worker heartbeats every 5 s from a side thread, even inside one long engine call.
+                heartbeat_timeout=timedelta(seconds=15),
+                # No retries: run_batch answers engine errors itself, so an activity failure means the worker died,
+                # and a retry could only reach its successor, which refuses a batch placed for its predecessor.
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=summarise(items),
+            )
+            result: BatchResult = await entry.activity
+            return result.results
+        except ActivityError as e:
+            # An ActivityError's cause is a FailureError (ApplicationError, TimeoutError, ...), which has a message.
+            cause = e.cause.message if isinstance(e.cause, FailureError) else str(e)
+            # Cancelled: register_worker cancelled it, the worker restarted under it (its predecessor's placements are
+            # already forgotten, so _lose_worker below finds nothing of the old incarnation to drop).
+            lost = isinstance(e.cause, (TimeoutError_, CancelledError_)) or getattr(e.cause, "type", "") == "WorkerLost"
+            workflow.logger.error("batch on %s failed (%s): %s", queue, "worker lost" if lost else "error", cause)
+            if lost:
+                self._lose_worker(queue, incarnation)
+                for behind in self._pipelines.behind(queue, entry):  # each waits for this one: they go with it
+                    behind.cancel()
+                return _lost(items, f"the JAX worker on {queue} died or restarted while running this ({cause})")
+            message = f"the JAX worker failed this batch: {cause}"
+            return [WorkResult(key=i.key, outcome=Outcome(error=message, category="server")) for i in items]
 
     def _lose_worker(self, queue: str, incarnation: str) -> None:
         """Forget a dead worker (unless it already came back as a new process): its adapters and snapshots went with
@@ -357,12 +382,3 @@ def _resolved_drop(item: WorkItem, routed: WorkItem) -> bool:
         and routed.drop is not None
         and routed.drop.keys is not None
     )
-
-
-def _summarise(items: list[WorkItem]) -> str:
-    counts: dict[WorkKind, int] = {}
-    for i in items:
-        counts[i.kind] = counts.get(i.kind, 0) + 1
-    runs = len({i.model_id for i in items if i.model_id})
-    parts = [f"{KIND_LABELS.get(k, k)} ×{n}" for k, n in counts.items()]
-    return " · ".join(parts) + (f" · {runs} run(s)" if runs else "")

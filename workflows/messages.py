@@ -281,6 +281,9 @@ class WorkerInfo:
     # Adapters it can hold paged out besides its slots (host memory and files: --adapter-host-memory-mb,
     # --adapter-disk-mb). 0: a worker that does not page (or one older than paging): it holds max_adapters runs.
     max_paged: int = 0
+    # Batches it takes at once and runs one after another in the order they were dispatched (`Batch.after`), so the
+    # Coordinator queues its next batch while one runs. 0: one at a time (a worker older than pipelining).
+    pipeline_depth: int = 0
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,10 @@ class WorkResult:
 class Batch:
     items: list[WorkItem]
     incarnation: str = ""  # the worker process this batch was placed for
+    # Pipelined dispatch: this batch's name, and the batch dispatched to the same worker just before it and still in
+    # flight then ("": none), which the worker runs first.
+    batch_id: str = ""
+    after: str = ""
 
 
 @dataclass(frozen=True)

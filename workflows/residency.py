@@ -6,9 +6,10 @@ files: the engine's page store). Every live run has one home worker (`Coordinato
 Coordinator forms each batch from resident adapters: `BatchPlan.admit` gives each item of the batch it is building
 its run's slot, paging the run in when it is out, into a free slot or one it frees by paging out the least recently
 used resident run that has nothing in this batch (runs with work waiting in the queue go last). An op in flight is
-never paged out: a worker runs one batch at a time, so a run is in flight exactly when it has an item in the batch
-being built, and those are pinned. An item that finds every slot pinned waits for the next batch, and so do its
-run's later items; the moves go to the worker as one `page` item at the batch's head.
+never paged out: a run is in flight when it has an item in the batch being built or in a batch the worker has not
+answered yet (the one running while the next is formed and queued behind it: pipeline.py), and those are pinned.
+An item that finds every slot pinned waits for the next batch, and so do its run's later items; the moves go to the
+worker as one `page` item at the batch's head, which the worker runs after every batch before it.
 
 What the capacity allows is decided at create (`home_for`): a run is refused only when every worker holds all the
 adapters its slots and page budgets allow, or when its owner already holds `TenantLimit.max_live_runs` live runs on
@@ -71,13 +72,21 @@ def home_for(state: CoordinatorState, item: WorkItem) -> str | None:
 class BatchPlan:
     """The residency one batch on worker `queue` needs (see the module doc); `admit` each item in batch order."""
 
-    def __init__(self, state: CoordinatorState, queue: str, wanted: AbstractSet[str] = frozenset()):
+    def __init__(
+        self,
+        state: CoordinatorState,
+        queue: str,
+        wanted: AbstractSet[str] = frozenset(),
+        in_flight: AbstractSet[str] = frozenset(),
+    ):
         self.s = state
         self.queue = queue
         # Runs with work waiting anywhere in the queue: paged out only when no other run can make room (each would
         # be paged back in soon, perhaps later in this very batch).
         self.wanted = wanted
-        self.pinned: set[str] = set()  # runs with an item in this batch: never paged out by it
+        # Runs with an item in this batch, or in a batch still in flight on this worker (the one running while this
+        # one is formed to queue behind it: pipeline.py): never paged out by it.
+        self.pinned: set[str] = set(in_flight)
         self.blocked: set[str] = set()  # runs whose item waits for a slot: their later items wait too
         self.page_out: list[SlotMove] = []
         self.page_in: list[SlotMove] = []

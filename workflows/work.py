@@ -7,7 +7,7 @@ the `from_legacy_*` converters at the end read those, and nothing else in the co
 
 Adding a kind of engine work: a member of `WorkKind` (plus its parameter type here, if it has any), its routing in
 `placement.py` (`SLOT_KINDS` if it acts on a run's adapter slot, else a branch of `PlacementPolicy.route`), a label in
-`coordinator.py`'s KIND_LABELS, and its handler in `activities/engine_activities.py` (`EngineActivities.handlers`).
+KIND_LABELS below, and its handler in `activities/engine_activities.py` (`EngineActivities.handlers`).
 """
 
 from __future__ import annotations
@@ -158,6 +158,22 @@ class SaveRequest:
     age_recipients: list[str] = field(default_factory=list[str])
     # kind="inflight" (the SDK's SamplingClientKind): the run's one mutable sampler target, not a snapshot
     inflight: bool = False
+
+
+# How the Coordinator names each kind in a batch's summary (the Temporal UI).
+KIND_LABELS = {
+    WorkKind.FORWARD_BACKWARD: "fwd/bwd",
+    WorkKind.OPTIM_STEP: "optim",
+    WorkKind.SAMPLE: "sample",
+    WorkKind.SNAPSHOT: "snapshot",
+    WorkKind.CREATE_ADAPTER: "create adapter",
+    WorkKind.FREE_ADAPTER: "free adapter",
+    WorkKind.DROP_SNAPSHOTS: "drop snapshots",
+    WorkKind.SAVE_CHECKPOINT: "save checkpoint",
+    WorkKind.LOAD_CHECKPOINT: "load checkpoint",
+    WorkKind.LOAD_SNAPSHOT: "load sampler weights",
+    WorkKind.PAGE: "page adapters",
+}
 
 
 # --- histories written before typed parameters -------------------------------------------------------------------

@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.replay.record            # a few minutes on a laptop CPU; rewrites the directory
     .venv/bin/python -m tests.replay.record --add v2   # keeps the files there, adds <WorkflowType>-v2-<n>.json
     .venv/bin/python -m tests.replay.record --add paging --paging   # more runs than slots, added beside them
+    .venv/bin/python -m tests.replay.record --add pipeline --pipeline   # runs stepping at once: batches pipelined
 
 Brings up `tinkerflow up` (tiny model) and drives it with the unmodified SDK through what the workflows do in
 production: training (forward_backward, optim_step), sampling, checkpoints (save_state, a load into a new client,
@@ -112,6 +113,47 @@ def drive_paging(stack) -> None:
         training.optim_step(adam).result(timeout=900)
 
 
+def drive_pipeline(stack) -> None:
+    """Several runs training at once, each step sent for all of them before any answer is awaited: the Coordinator
+    queues the JAX worker's next batch while one runs (pipelined dispatch). Then the worker is killed with steps in
+    flight, and every run restores itself."""
+    import tinker
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
+    model = stack.served_model()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
+        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+    )
+    adam = types.AdamParams(learning_rate=1e-3)
+    runs = [service.create_lora_training_client(base_model=model, rank=4, seed=n).result() for n in range(4)]
+    for _ in range(3):
+        for step in ([t.forward_backward([datum], "cross_entropy") for t in runs], [t.optim_step(adam) for t in runs]):
+            for future in step:
+                future.result(timeout=600)
+    pending = [t.forward_backward([datum], "cross_entropy") for t in runs]
+    old = stack.kill_part("jax-worker")
+    stack.wait_restarted("jax-worker", old)
+    for future in pending:
+        future.result(timeout=900)
+    for future in [t.optim_step(adam) for t in runs]:
+        future.result(timeout=900)
+
+
+def patches_marked(path: Path) -> set[str]:
+    """The patch ids a recorded history's markers hold."""
+    import base64
+
+    events = json.loads(path.read_text())["history"]["events"]
+    found = set()
+    for e in events:
+        details = e.get("markerRecordedEventAttributes", {}).get("details", {})
+        for payload in details.get("patch-data", {}).get("payloads", []):
+            found.add(json.loads(base64.b64decode(payload["data"]))["id"])
+    return found
+
+
 async def _wait_closed(address: str, workflow_id: str, timeout_s: float = 180) -> None:
     """Until the workflow has ended (asking Temporal: a heartbeat probe would keep the session alive)."""
     from temporalio.client import Client, WorkflowExecutionStatus
@@ -155,9 +197,17 @@ def main() -> None:
         action="store_true",
         help="record the paging scenario (more runs than adapter slots) instead of the usual one; with --add",
     )
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="record the pipelined-dispatch scenario (several runs stepping at once, a worker killed with steps in "
+        "flight) instead of the usual one; with --add",
+    )
     args = parser.parse_args()
-    if args.paging and not args.add:
-        parser.error("--paging adds to the recorded histories: give it --add TAG")
+    if (args.paging or args.pipeline) and not args.add:
+        parser.error("--paging and --pipeline add to the recorded histories: give them --add TAG")
+    if args.paging and args.pipeline:
+        parser.error("record one scenario at a time: --paging or --pipeline")
 
     state = Path(tempfile.mkdtemp(prefix="tinkerflow-record-")) / "state"
     extra = ["--session-timeout-s", "20", "--auto-snapshot-every", "2", "--restart-backoff-s", "0.5"]
@@ -165,13 +215,18 @@ def main() -> None:
         extra += ["--max-lora-adapters", "2", "--max-live-runs-per-tenant", "5"]
     stack = launch(state, api_key=API_KEY, extra=extra)
     try:
-        (drive_paging if args.paging else drive)(stack)
+        (drive_paging if args.paging else drive_pipeline if args.pipeline else drive)(stack)
         time.sleep(2)  # let the last workflow tasks land in history
         if not args.add:
             shutil.rmtree(OUT, ignore_errors=True)
         OUT.mkdir(parents=True, exist_ok=True)
-        for name in asyncio.run(dump(stack.temporal_address, OUT, args.add)):
+        written = asyncio.run(dump(stack.temporal_address, OUT, args.add))
+        for name in written:
             print(name, (OUT / name).stat().st_size, "bytes")
+        if args.pipeline:  # the scenario is only worth keeping if a batch was queued behind another
+            marked = set().union(*(patches_marked(OUT / n) for n in written if n.startswith("Coordinator-")))
+            if "coordinator-pipelined-dispatch-v1" not in marked:
+                raise SystemExit(f"no batch was pipelined in this recording (markers: {sorted(marked)}); record again")
     finally:
         stack.stop()
 

@@ -20,6 +20,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tinkerflow.activities.heartbeats import heartbeats
 from tinkerflow.workers.jax_worker import activity_worker
+from tinkerflow.workflows.pipeline import PIPELINE_DEPTH
 
 SECOND_PHASE = threading.Event()
 DONE = threading.Event()
@@ -72,7 +73,7 @@ async def test_side_thread_heartbeats_reach_the_server_unthrottled(temporal_env)
     queue, wf_queue = f"hb-{uuid.uuid4().hex[:8]}", f"hb-wf-{uuid.uuid4().hex[:8]}"
     SECOND_PHASE.clear()
     DONE.clear()
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=PIPELINE_DEPTH)  # as the JAX worker makes it
     worker = activity_worker(client, queue, long_engine_call, executor)
     probe = Worker(client, task_queue=wf_queue, workflows=[HeartbeatProbe], workflow_runner=UnsandboxedWorkflowRunner())
     try:

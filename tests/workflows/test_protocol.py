@@ -19,7 +19,6 @@ from temporalio.converter import DataConverter
 from tinkerflow.activities.engine_activities import EngineActivities
 from tinkerflow.activities.specs import lora_config, optim_config
 from tinkerflow.workers.engine.types import AdamConfig, DimuonConfig, LoraConfig
-from tinkerflow.workflows.coordinator import KIND_LABELS
 from tinkerflow.workflows.messages import (
     AdamSpec,
     Batch,
@@ -41,6 +40,7 @@ from tinkerflow.workflows.messages import (
     WorkItem,
     WorkKind,
 )
+from tinkerflow.workflows.work import KIND_LABELS
 
 HISTORIES = sorted((Path(__file__).parents[1] / "replay" / "histories").glob("*.json"))
 # Recorded before the typed fields (kinds and parameters in `params` dicts) and after (`record.py --add typed`).

@@ -29,6 +29,7 @@ from temporalio.client import (
     WorkflowUpdateStage,
 )
 from temporalio.common import SearchAttributeIndexedValueType, WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -137,13 +138,20 @@ class MockEngine:
 
     forward_backward items whose payload carries the flag "bad" (Tinker.fwd(..., bad=True)) get an error Outcome;
     batches holding an item flagged "hold" wait until `release` is set (a slow engine), so work queued meanwhile
-    can be watched being batched.
+    can be watched being batched; the first batch holding an op flagged "lost" fails as a restarted worker refuses
+    its predecessor's batches, and so does every later batch placed for that incarnation. Like the JAX worker, it
+    runs one batch at a time, each after the batch it names in `Batch.after` (pipelined dispatch): `batches` is the
+    order they arrived in, `ran` the order they ran in.
     """
 
     def __init__(self) -> None:
         self.batches: list[Batch] = []
+        self.ran: list[Batch] = []
         self.release = asyncio.Event()
         self.changed = asyncio.Condition()
+        self._running = False
+        self.refused: set[str] = set()  # ops flagged "lost" whose batch was refused once
+        self.dead: set[str] = set()  # incarnations whose batches are refused from then on
 
     def answer(self, item: WorkItem) -> Outcome:
         if "bad" in fwd_flags(item) or (item.payload is not None and item.payload.uri.startswith("bad:")):
@@ -174,9 +182,27 @@ class MockEngine:
         async with self.changed:
             self.batches.append(batch)
             self.changed.notify_all()
-        if any("hold" in fwd_flags(i) for i in batch.items):
-            await self.release.wait()
-        return BatchResult(results=[WorkResult(key=i.key, outcome=self.answer(i)) for i in batch.items])
+            await self.changed.wait_for(lambda: not self._running and (not batch.after or self.has_run(batch.after)))
+            self._running = True
+        try:
+            if any("hold" in fwd_flags(i) for i in batch.items):
+                await self.release.wait()
+            lost = {i.payload.uri for i in batch.items if "lost" in fwd_flags(i) and i.payload is not None}
+            # What a restarted worker says of its predecessor's batches (once per op): every batch placed for that
+            # incarnation, the one queued behind included, as the JAX worker's incarnation check refuses them.
+            if lost - self.refused or (batch.incarnation and batch.incarnation in self.dead):
+                self.refused |= lost
+                self.dead.add(batch.incarnation)
+                raise ApplicationError("placed on an earlier process", type="WorkerLost", non_retryable=True)
+            return BatchResult(results=[WorkResult(key=i.key, outcome=self.answer(i)) for i in batch.items])
+        finally:
+            async with self.changed:
+                self._running = False
+                self.ran.append(batch)
+                self.changed.notify_all()
+
+    def has_run(self, batch_id: str) -> bool:
+        return any(b.batch_id == batch_id for b in self.ran)
 
     # --- what the tests look at ---
 
@@ -237,7 +263,9 @@ class Tinker:
     def coordinator(self) -> WorkflowHandle:
         return self.client.get_workflow_handle(names.coordinator_workflow_id(self.base_model, self.pool))
 
-    async def register(self, queue: str, max_adapters: int = 4, worker_id: str = "", max_paged: int = 0) -> WorkerInfo:
+    async def register(
+        self, queue: str, max_adapters: int = 4, worker_id: str = "", max_paged: int = 0, pipeline_depth: int = 0
+    ) -> WorkerInfo:
         card = ModelCard(name=self.base_model, arch="mock", local_path="/nonexistent", vocab_size=32, max_context=64)
         # A new incarnation each time: registering again is what a restarted worker process does.
         info = WorkerInfo(
@@ -248,6 +276,7 @@ class Tinker:
             card=card,
             incarnation=uuid.uuid4().hex,
             max_paged=max_paged,
+            pipeline_depth=pipeline_depth,
         )
         handle = await self.client.start_workflow(
             Coordinator.run,
@@ -357,12 +386,14 @@ class Tinker:
 
 
 @asynccontextmanager
-async def jax_worker(client: Client, engine: MockEngine, queue: str) -> AsyncIterator[Worker]:
+async def jax_worker(client: Client, engine: MockEngine, queue: str, depth: int = 1) -> AsyncIterator[Worker]:
+    """The mocked JAX worker on `queue`, holding up to `depth` batches at once (2: pipelined dispatch)."""
+
     @activity.defn(name="run_batch")
     async def run_batch(batch: Batch) -> BatchResult:
         return await engine.run_batch(batch)
 
-    worker = Worker(client, task_queue=queue, activities=[run_batch], max_concurrent_activities=1)
+    worker = Worker(client, task_queue=queue, activities=[run_batch], max_concurrent_activities=max(1, depth))
     async with worker:
         yield worker
 
@@ -373,18 +404,30 @@ def new_queue(pool: str = "default") -> str:
 
 @asynccontextmanager
 async def tinker_world(
-    client: Client, max_adapters: int = 4, max_paged: int = 0, engine: MockEngine | None = None, **worker_kwargs: Any
+    client: Client,
+    max_adapters: int = 4,
+    max_paged: int = 0,
+    engine: MockEngine | None = None,
+    pipeline_depth: int = 0,
+    **worker_kwargs: Any,
 ) -> AsyncIterator[Tinker]:
     """`worker_kwargs` go to this test's workflow Worker (e.g. an unsandboxed runner for a monkeypatched module);
     `max_paged`: adapters the mocked worker says it can page out besides its slots (`engine` should then model
-    slots, as test_paging.py's does)."""
+    slots, as test_paging.py's does); `pipeline_depth`: batches the mocked worker takes at once, in order (0: one at
+    a time, as a worker older than pipelined dispatch)."""
     engine = engine or MockEngine()
     tinker = Tinker(
         client=client, engine=engine, base_model=f"mock-model-{uuid.uuid4().hex[:8]}", workflow_queue=unique_queue()
     )
     queue = new_queue()
-    async with workflow_worker(client, tinker.workflow_queue, **worker_kwargs), jax_worker(client, engine, queue):
-        tinker.workers.append(await tinker.register(queue, max_adapters=max_adapters, max_paged=max_paged))
+    async with (
+        workflow_worker(client, tinker.workflow_queue, **worker_kwargs),
+        jax_worker(client, engine, queue, depth=pipeline_depth),
+    ):
+        info = await tinker.register(
+            queue, max_adapters=max_adapters, max_paged=max_paged, pipeline_depth=pipeline_depth
+        )
+        tinker.workers.append(info)
         tinker.queues.append(queue)
         try:
             yield tinker
