@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "long_sequences": [],
     "paging": [],
     "prefix_cache": ["--repeats", "5"],
+    "duty_cycle": [],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
 RUNNING = Path(__file__).resolve().parent / "README.md"
@@ -90,6 +91,10 @@ TARGETS: dict[str, Target | tuple[Target, ...]] = {
     ),
     "long_sequences_memory_gb": Target("< 6 GB at 32K", "tinkerflow", "<", 6, (("tokens", 32768),)),
     "packing_64x50_vs_1x3200": Target("≤ 1.5× one 3,200-token datum", "engine", "<=", 1.5),
+    "duty_cycle_engine_busy": (
+        Target("≥ 0.95 (4 tenants × 64 × 200)", "tinkerflow", ">=", 0.95, (("tenants", 4),)),
+        Target("≥ 0.9 (8 tenants × 8 × 20)", "tinkerflow", ">=", 0.9, (("tenants", 8),)),
+    ),
 }
 #: Keys of a table line that say which variant of its figure it is (shown beside the figure's name).
 QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants", "tokens", "runs")
