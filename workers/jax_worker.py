@@ -129,8 +129,9 @@ async def serve(
         meter=AcceleratorMeter(getattr(engine, "config", None), settings.peak_tflops),
     )
     # One thread per batch held: the one running, the next waiting its turn (activities/batch_order.py).
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=PIPELINE_DEPTH, thread_name_prefix="engine")
-    worker = activity_worker(client, queue, activities.run_batch, executor)
+    depth = min(settings.pipeline_depth, PIPELINE_DEPTH)
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=depth, thread_name_prefix="engine")
+    worker = activity_worker(client, queue, activities.run_batch, executor, depth)
     async with worker:
         info = WorkerInfo(
             worker_id=worker_id,
@@ -140,7 +141,7 @@ async def serve(
             card=card,
             incarnation=incarnation,
             max_paged=engine.page_capacity,  # runs beyond the slots it can hold paged out
-            pipeline_depth=PIPELINE_DEPTH,  # run_batch holds batches in dispatch order
+            pipeline_depth=depth,  # run_batch holds batches in dispatch order
         )
         await register(client, settings, info)
         log.info("JAX worker %s serving %s on queue %s", worker_id, name, queue)
@@ -181,7 +182,9 @@ def _enable_compile_cache(settings: Settings) -> None:
         persistent_cache.enable(directory)
 
 
-def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.futures.Executor) -> Worker:
+def activity_worker(
+    client: Client, queue: str, run_batch, executor: concurrent.futures.Executor, depth: int = PIPELINE_DEPTH
+) -> Worker:
     """The Temporal worker of this process's queue: the batch running and the next one, which waits its turn
     (activities/batch_order.py), each on a thread of `executor`.
 
@@ -197,7 +200,7 @@ def activity_worker(client: Client, queue: str, run_batch, executor: concurrent.
         task_queue=queue,
         activities=[run_batch],
         activity_executor=executor,
-        max_concurrent_activities=PIPELINE_DEPTH,
+        max_concurrent_activities=depth,
         max_heartbeat_throttle_interval=timedelta(seconds=HEARTBEAT_EVERY_S),
     )
 

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from tinkerflow.common.settings_schema import ENGINE_ENV, JAX_WORKER, MESH, MODEL, TEST_HOOK, parse_sizes, setting
 
 
+def _pipeline_depth(raw: str) -> int:
+    depth = int(raw)
+    if depth not in (1, 2):
+        raise ValueError("1 (a batch at a time) or 2 (the next one queued behind the running one)")
+    return depth
+
+
 @dataclass(frozen=True)
 class JaxWorkerSettings:
     """Settings fields of a JAX worker (flag groups `model`, `jax-worker`, `mesh`; `engine-env` and `test-hook`
@@ -48,6 +55,10 @@ class JaxWorkerSettings:
                                    "under .paging/ in the checkpoint store (--checkpoint-root); with the host "
                                    "memory it bounds how many runs this worker holds (0: no files)", MODEL,
                                    shown="65536 (64 GiB)")
+    pipeline_depth: int = setting(2, "batches the JAX worker holds at once: 2 runs one while the Coordinator's "
+                                  "next waits queued behind it, so the engine never waits for the control plane; "
+                                  "1 has each batch formed when the last ends, which gathers more small ops of many "
+                                  "tenants into one batch", MODEL, parse=_pipeline_depth)
     metrics_port: int = setting(0, "serve the JAX worker's Prometheus /metrics on this port (the API always serves "
                                 "/metrics on its own port)", MODEL, shown="0: off")
     run_metrics_max_points: int = setting(2000, "metric points kept per training run in the store (one per "

@@ -105,6 +105,8 @@ def _sample(f) -> tuple[str, object]:
         return raw, raw
     if isinstance(default, bool):
         return ("0", False) if default else ("1", True)
+    if f.name == "pipeline_depth":  # 1 or 2 only
+        return "1", 1
     if isinstance(default, tuple) and default and isinstance(default[0], int):  # sizes (--warm-up-train-rows)
         return "3,5", (3, 5)
     if isinstance(default, tuple):
@@ -185,6 +187,7 @@ def test_flag_reaches_the_field_and_wins_over_env(f, monkeypatch):
         argv = [flag_name(f), raw]
         other = default if f.metadata["choices"] else "env" if isinstance(default, tuple) else raw + "0"
         other = "7" if isinstance(default, tuple) and default and isinstance(default[0], int) else other
+        other = str(default) if f.name == "pipeline_depth" else other
         monkeypatch.setenv(env_name(f.name), other)
     s = Settings().with_args(build_parser().parse_args([command, *argv]))
     assert getattr(s, f.name) == value and f.name in s.given
@@ -292,3 +295,9 @@ def test_a_fault_hook_set_after_the_settings_were_made_still_reaches_the_parts(t
     s = Settings(state_dir=tmp_path)  # made first, as the durability tests' stack is
     monkeypatch.setenv("TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S", "120")
     assert child_env(s)["TINKERFLOW_FAULT_PAUSE_BEFORE_COMMIT_S"] == "120"
+
+
+def test_a_pipeline_depth_the_coordinator_cannot_use_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("TINKERFLOW_PIPELINE_DEPTH", "3")
+    with pytest.raises(SettingsError, match=r"pipeline_depth .*1 .*or 2"):
+        Settings()
