@@ -29,18 +29,25 @@ OUT = HERE / "histories"
 API_KEY = "tml-replay"
 
 
-def drive(stack) -> None:
-    import httpx
+def _client(stack):
+    """The SDK's ServiceClient on the stack, the served model's name, and the one datum and Adam step every
+    scenario trains with."""
     import tinker
     from tinker import types
 
     service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
-    model = stack.served_model()
     datum = types.Datum(
         model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
         loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
     )
-    adam = types.AdamParams(learning_rate=1e-3)
+    return service, stack.served_model(), datum, types.AdamParams(learning_rate=1e-3)
+
+
+def drive(stack) -> None:
+    import httpx
+    from tinker import types
+
+    service, model, datum, adam = _client(stack)
 
     # training + sampling
     training = service.create_lora_training_client(base_model=model, rank=4, seed=3).result()
@@ -85,13 +92,7 @@ def drive_paging(stack) -> None:
     import tinker
     from tinker import types
 
-    service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
-    model = stack.served_model()
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
-    )
-    adam = types.AdamParams(learning_rate=1e-3)
+    service, model, datum, adam = _client(stack)
     runs = [service.create_lora_training_client(base_model=model, rank=4, seed=n).result() for n in range(5)]
     for _ in range(2):
         for training in runs:
@@ -117,16 +118,8 @@ def drive_pipeline(stack) -> None:
     """Several runs training at once, each step sent for all of them before any answer is awaited: the Coordinator
     queues the JAX worker's next batch while one runs (pipelined dispatch). Then the worker is killed with steps in
     flight, and every run restores itself."""
-    import tinker
-    from tinker import types
 
-    service = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
-    model = stack.served_model()
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints([10, 20, 30, 40]),
-        loss_fn_inputs=dict(target_tokens=[20, 30, 40, 50], weights=[1.0] * 4),  # pyright: ignore[reportArgumentType] (Datum converts lists)
-    )
-    adam = types.AdamParams(learning_rate=1e-3)
+    service, model, datum, adam = _client(stack)
     runs = [service.create_lora_training_client(base_model=model, rank=4, seed=n).result() for n in range(4)]
     for _ in range(3):
         for step in ([t.forward_backward([datum], "cross_entropy") for t in runs], [t.optim_step(adam) for t in runs]):
