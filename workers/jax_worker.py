@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import socket
 import sys
@@ -48,7 +49,13 @@ from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
 from tinkerflow.workers.accelerator import AcceleratorMeter, publish_memory_plan
-from tinkerflow.workers.engine.types import SamplerWarmUp, TrainWarmUp, WarmUpPiece, WarmUpPlan
+from tinkerflow.workers.engine.types import (
+    COMPILE_ONLY_KINDS,
+    SamplerWarmUp,
+    TrainWarmUp,
+    WarmUpPiece,
+    WarmUpPlan,
+)
 from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
@@ -158,8 +165,10 @@ async def serve(
             from tinkerflow.workers.engine.runtime.warm_up import split_by_slot_bucket
 
             later = split_by_slot_bucket(later, engine.slot_buckets)
-        # What a first user needs (up to the lifecycle's sampling half) back to back, the rest in traffic pauses.
-        urgent = 1 + max((i for i, p in enumerate(later) if p.kind == "lifecycle_sample"), default=-1)
+        # What a first user needs (WarmUpPlan.first_user) back to back, the rest in traffic pauses.
+        plan = warm_up_plan(settings)
+        firsts = set(plan.pieces()[: plan.first_user()])
+        urgent = sum(1 for p in later if p in firsts or dataclasses.replace(p, slots=0) in firsts)
         threads, restart = settings.warm_up_threads, not first
         background = asyncio.create_task(_warm_up_later(engine, later, threads, urgent, restart)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
@@ -216,8 +225,10 @@ def warm_up_pieces(
     settings: Settings, *, warm_cache: bool = False
 ) -> tuple[tuple[WarmUpPiece, ...], tuple[WarmUpPiece, ...]]:
     """(the pieces to run before registering, those to run after, in the background), as `--warm-up` says; both
-    in the order a first user needs them (WarmUpPlan.pieces). With `background`: the lifecycle's training half
-    before registering, the rest after. `warm_cache`: the persistent compilation
+    in the order a first user needs them (WarmUpPlan.pieces). With `background`: the adapter lifecycle before
+    registering (its training half, then its sampling half, whose sample builds the slot bucket a first sample
+    uses), the rest after, each compiled from shapes beside the traffic where it can be (warm_up.compile_ahead).
+    `warm_cache`: the persistent compilation
     cache already holds programs (a restart): register at once and read everything back in the background. Read
     back before registering, the lifecycle would delay a killed worker's recovery by as long as it takes, while a
     recovery's own ops need only a few of its programs (docs/benchmarks.md §Measurements behind the code)."""
@@ -228,7 +239,8 @@ def warm_up_pieces(
         return pieces, ()
     if warm_cache:
         return (), pieces
-    return pieces[:1], pieces[1:]  # the lifecycle's training half first (WarmUpPlan.pieces)
+    first = tuple(p for p in pieces if p.kind in ("lifecycle", "lifecycle_sample"))
+    return first, tuple(p for p in pieces if p not in first)
 
 
 def _cache_holds_programs(settings: Settings) -> bool:
@@ -264,9 +276,10 @@ async def _warm_up_later(
     engine, pieces: tuple[WarmUpPiece, ...], threads: int = 1, urgent: int = 1, restart: bool = False
 ) -> None:
     """The background warm-up: one piece at a time on a thread of its own (train buckets on `threads`), each under
-    the engine's lock but train buckets (they only compile, beside the traffic). The first `urgent` pieces back to
-    back from the start (what a first user needs next: a request that comes meanwhile takes the lock between two
-    pieces), each later one once the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first).
+    the engine's lock but train buckets and sampler families (they only compile, from shapes, beside the traffic: a
+    request never waits for one of them, only for a compile of a program it needs itself). The first `urgent` pieces
+    back to back from the start (what a first user needs next: a request that comes meanwhile takes the lock between
+    two pieces), each later one once the engine has been idle for WARM_UP_AFTER_IDLE_S (requests come first).
     `restart`: the first piece waits for the recovery the coordinator may send (a request served and a pause, or
     WARM_UP_AFTER_RESTART_S without any): reading a program back costs about as much CPU as the recovery has, so
     read back at once even the train buckets alone would double it (docs/benchmarks.md §Measurements behind the
@@ -283,7 +296,7 @@ async def _warm_up_later(
             await asyncio.sleep(WARM_UP_AFTER_IDLE_S / 4)
         gate = False
         # A train bucket only compiles: beside the traffic, not in its way; the other pieces run programs, in turn.
-        call = engine.compile_ahead if piece.kind == "train" else engine.warm_up
+        call = engine.compile_ahead if piece.kind in COMPILE_ONLY_KINDS else engine.warm_up
         try:
             built += await asyncio.to_thread(call, (piece,), threads)
         except Exception:  # a warm-up that fails costs a compile later, never the worker

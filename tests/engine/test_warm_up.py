@@ -22,6 +22,7 @@ from tinkerflow.workers.engine.types import (
     ForwardBackwardResult,
     LoraConfig,
     SampleInput,
+    COMPILE_ONLY_KINDS,
     SampleResult,
     WarmUpPiece,
 )
@@ -45,17 +46,18 @@ def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
 def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     settings = _settings()
     assert jax_worker.warm_up_pieces(settings)[1] == ()  # `ready`: everything before the worker registers
-    # As `background` runs it: loaded, the training pieces at once (their train buckets compiled on two threads),
-    # then piece by piece, each sampler family one slot bucket at a time
+    # As `background` runs it: loaded, the adapter lifecycle before registering (its train buckets compiled on two
+    # threads), then piece by piece, each sampler family one slot bucket at a time
+    settings = dataclasses.replace(settings, warm_up="background")
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
-    plan = jax_worker.warm_up_plan(settings)
-    first = 1  # the lifecycle's training half, before the worker registers
-    pieces = split_by_slot_bucket(plan.pieces()[first:], engine.slot_buckets)
+    first, later = jax_worker.warm_up_pieces(settings)
+    pieces = split_by_slot_bucket(later, engine.slot_buckets)
     assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
-    # (train buckets as the background compiles them: from the state's shapes, beside the traffic)
-    built = engine.warm_up(plan.pieces()[:first], 2)
-    built += sum((engine.compile_ahead if p.kind == "train" else engine.warm_up)((p,), 2) for p in pieces)
-    assert built > 0 and any(p.kind == "train" for p in pieces)
+    built = engine.warm_up(first, 2)
+    # (train buckets and sampler families as the background builds them: from the state's shapes, beside the
+    # traffic, so the programs traffic runs must be exactly the ones built from shapes)
+    built += sum((engine.compile_ahead if p.kind in COMPILE_ONLY_KINDS else engine.warm_up)((p,), 2) for p in pieces)
+    assert built > 0 and {p.kind for p in pieces} == {"train", "sampler"}
     before = persistent_cache.counts().requests
     rng = np.random.default_rng(0)
 
@@ -117,21 +119,24 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
 def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_once():
     settings = Settings()
     first, later = jax_worker.warm_up_pieces(settings)
-    # Before registering: what a first training user needs (the lifecycle's training half) ...
-    assert [(p.kind, p.rows, p.seq) for p in first] == [("lifecycle", 1, 32)]
+    # Before registering: what a first user needs to train and to sample (the adapter lifecycle: create,
+    # forward_backward, optim_step, then export, import, snapshots and a sample, which builds the slot bucket a
+    # first sample uses) ...
+    assert [(p.kind, p.rows, p.seq, p.cache_len) for p in first] == [("lifecycle", 1, 32, 0),
+                                                                      ("lifecycle_sample", 0, 0, 128)]  # fmt: skip
     # ... right after, back to back: the 8-datum bucket, the lifecycle's own (its forward step), the first sampler
-    # family, then the rest of the lifecycle (export, import, snapshots, a sample through that family).
+    # family's other slot buckets.
     plan = jax_worker.warm_up_plan(settings)
-    assert [(p.kind, p.rows, p.seq, p.cache_len, p.prompt_len) for p in later[: plan.first_user() - 1]] == [
-        ("train", 8, 32, 0, 0), ("train", 1, 32, 0, 0), ("sampler", 0, 0, 128, 16),
-        ("lifecycle_sample", 0, 0, 128, 16)]  # fmt: skip
-    assert first + later == plan.pieces() and len(set(plan.pieces())) == len(plan.pieces())
+    assert [(p.kind, p.rows, p.seq, p.cache_len, p.prompt_len) for p in later[: plan.first_user() - 2]] == [
+        ("train", 8, 32, 0, 0), ("train", 1, 32, 0, 0), ("sampler", 0, 0, 128, 16)]  # fmt: skip
+    assert sorted(first + later, key=plan.pieces().index) == list(plan.pieces())
+    assert len(set(plan.pieces())) == len(plan.pieces())
     trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
     assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
     families = {(p.cache_len, p.prompt_len) for p in later if p.kind == "sampler"}
     assert families == {(c, p) for c in (128, 256) for p in (16, 32, 64)}
-    # A restart (warm persistent cache): everything after registering (its recovery first), in the same order.
-    assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), first + later)
+    # A restart (warm persistent cache): everything after registering (its recovery first), in the plan's order.
+    assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), plan.pieces())
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
 
 
@@ -176,7 +181,7 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
     await asyncio.sleep(0.2)
     assert len(fake.ran) == 2, "a later piece ran before the traffic paused"
     await asyncio.wait_for(task, 30)
-    assert fake.ran[2:] == [("run", 2, 2), ("compile", 4, 2)] and engine.calls == 2
+    assert fake.ran[2:] == [("compile", 2, 2), ("compile", 4, 2)] and engine.calls == 2
 
     # A restart: nothing until a request (the recovery) was served and the traffic paused, then the urgent pieces
     # back to back.
@@ -187,7 +192,7 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
     assert fake.ran == []
     engine.forward_backward([])  # the recovery
     await asyncio.wait_for(task, 30)
-    assert [r[:2] for r in fake.ran] == [("compile", 8), ("run", 1), ("run", 2), ("compile", 4)]
+    assert [r[:2] for r in fake.ran] == [("compile", 8), ("run", 1), ("compile", 2), ("compile", 4)]
 
 
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
@@ -240,6 +245,33 @@ def test_a_first_sample_before_the_background_warm_up_compiles_its_own_slot_buck
     for piece in split_by_slot_bucket(tuple(family), engine.slot_buckets):
         engine.warm_up((piece,))
     before = sampler.compile_count()
+    for calls in (1, 8, engine.sample_slots):
+        sampled = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=i) for i in range(calls)])
+        assert all(isinstance(r, SampleResult) for r in sampled)
+    assert sampler.compile_count() == before
+
+
+def test_a_sampler_family_compiled_from_shapes_touches_nothing_a_call_uses(qwen3_dir):
+    """The background warm-up compiles sampler families beside the traffic, without the engine's turn: from shapes
+    alone it allocates no slots, makes no prefix-cache pool and records no family, so a call running meanwhile finds
+    the sampler as it left it; the programs it built are the ones a sample then runs (nothing more compiles)."""
+    import threading
+
+    settings = dataclasses.replace(_settings(), warm_up="background", warm_up_prompt_lens=(16,))
+    engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
+    sampler = engine.engine.sampler
+    plan = jax_worker.warm_up_plan(settings)
+    family = tuple(p for p in plan.pieces() if p.kind == "sampler")[:1]
+    with engine.lock:  # a call holds the engine throughout: the compile must not need its turn
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (engine.compile_ahead(family), done.set()))
+        worker.start()
+        assert done.wait(300), "compile_ahead waited for the engine's lock"
+    worker.join()
+    assert sampler.compile_count() == 3 * len(engine.slot_buckets)  # slots, admission, decode chunk per bucket
+    assert sampler.release_idle() == 0 and sampler.prefix is None and not sampler._families  # pyright: ignore[reportPrivateUsage]
+    before = sampler.compile_count()
+    prompt = np.arange(1, 6, dtype=np.int32)
     for calls in (1, 8, engine.sample_slots):
         sampled = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=i) for i in range(calls)])
         assert all(isinstance(r, SampleResult) for r in sampled)

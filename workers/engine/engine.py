@@ -367,8 +367,9 @@ class Engine:
         return warm_up.run(self, tuple(pieces), threads)
 
     def compile_ahead(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
-        """Compile, never run, the train buckets among `pieces`, from the state's shapes alone: safe beside any other
-        call of this engine, from another thread (warm_up.compile_ahead). Programs built."""
+        """Compile, never run, the train buckets and sampler families among `pieces` (COMPILE_ONLY_KINDS), from the
+        state's shapes alone: safe beside any other call of this engine, from another thread
+        (warm_up.compile_ahead). Programs built."""
         return warm_up.compile_ahead(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:

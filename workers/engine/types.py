@@ -223,6 +223,10 @@ class WarmUpPlan:
         return 1 + [p.kind for p in self.pieces()].index("lifecycle_sample")
 
 
+# The pieces Engine.compile_ahead builds from shapes alone: they only compile, so they need no turn on the engine.
+COMPILE_ONLY_KINDS = frozenset({"train", "sampler"})
+
+
 @dataclass(frozen=True)
 class WarmUpPiece:
     kind: Literal["lifecycle", "lifecycle_sample", "train", "sampler"]

@@ -18,10 +18,11 @@ A warm-up is a list of pieces, each small enough to run between two activities o
   first, a conversation's next turn), one per suffix bucket (sampling/admission.py).
 
 The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
-default) the lifecycle's training half before it registers and the rest after (WarmUpPlan.pieces gives the order):
-what a first user needs back to back, the rest one piece at a time whenever the engine has been idle for a moment
-(`EngineLock`); everything after registering, in the same order, when the persistent compilation cache already
-holds programs (a restart, a second `up`).
+default) the whole lifecycle before it registers (its sample builds the slot bucket a first sample uses) and the
+rest after (WarmUpPlan.pieces gives the order): what a first user needs back to back, the rest one piece at a time
+whenever the engine has been idle for a moment (`EngineLock`); everything after registering, in the same order,
+when the persistent compilation cache already holds programs (a restart, a second `up`). After registering, train
+and sampler pieces are compiled from shapes alone (`compile_ahead`), beside the traffic rather than in its way.
 """
 
 from __future__ import annotations
@@ -122,10 +123,11 @@ def run(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1)
 
 
 def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:
-    """Compile (never run) the train and forward steps of the train pieces among `pieces`, from the shapes of the
-    engine's state alone: safe beside any other engine call (which may donate those arrays meanwhile), so it needs
-    no turn on the engine (`EngineLock` lets it pass); a request that needs a program being compiled here waits for
-    that compile alone (AotCache). The number of programs this process built meanwhile."""
+    """Compile (never run) the train and forward steps of the train pieces among `pieces`, and the admissions and
+    decode chunks of the sampler pieces, from the shapes of the engine's state alone: safe beside any other engine
+    call (which may donate those arrays meanwhile), so it needs no turn on the engine (`EngineLock` lets it pass);
+    a request that needs a program being compiled here waits for that compile alone (AotCache), never for a piece.
+    The number of programs this process built meanwhile."""
     before = persistent_cache.counts().requests
     jobs = [
         (step, f"batch={p.rows} seq={p.seq} (warm-up)", args, static)
@@ -133,7 +135,9 @@ def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads
         for step, args, static in _train_steps(engine, p.rows, p.seq, abstract_state=True)
     ]
     with concurrent.futures.ThreadPoolExecutor(max(1, threads), "warm-up") as pool:
-        for future in [pool.submit(step.prepare, label, *args, **static) for step, label, args, static in jobs]:
+        futures = [pool.submit(step.prepare, label, *args, **static) for step, label, args, static in jobs]
+        futures += [pool.submit(_sampler, engine, p, from_shapes=True) for p in pieces if p.kind == "sampler"]
+        for future in futures:
             future.result()
     return persistent_cache.counts().requests - before
 
@@ -161,12 +165,16 @@ def _train(engine: WarmUpEngine, rows: int, seq: int) -> None:
         step.prepare(f"batch={rows} seq={seq} (warm-up)", *args, **static)
 
 
-def _sampler(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
-    sampler = engine.sampler
-    lora = engine.sampler_snapshots.zero_stack(piece.adapters)
-    sampler.warm_up(lora, engine.base, cache_lens=(piece.cache_len,), prompt_lens=(piece.prompt_len,),
-                    stop_width=MIN_STOP_IDS, prompt_logprobs=(piece.prompt_logprobs,),
-                    buckets=(piece.slots,) if piece.slots else None)  # fmt: skip
+def _sampler(engine: WarmUpEngine, piece: WarmUpPiece, *, from_shapes: bool = False) -> None:
+    """One sampler piece; `from_shapes`: compiled from the state's shapes alone (SlotSampler.warm_bucket)."""
+    snapshots, base = engine.sampler_snapshots, engine.base
+    if from_shapes:
+        lora, base = snapshots.stack_spec(piece.adapters), abstract(base)
+    else:
+        lora = snapshots.zero_stack(piece.adapters)
+    engine.sampler.warm_up(lora, base, cache_lens=(piece.cache_len,), prompt_lens=(piece.prompt_len,),
+                           stop_width=MIN_STOP_IDS, prompt_logprobs=(piece.prompt_logprobs,),
+                           buckets=(piece.slots,) if piece.slots else None, from_shapes=from_shapes)  # fmt: skip
 
 
 def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) -> tuple[WarmUpPiece, ...]:

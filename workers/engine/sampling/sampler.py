@@ -10,14 +10,13 @@ position, sampling parameters, PRNG stream and stop ids. The device programs (sl
 jitted admit and decode steps) are in `decode.py`; this module schedules rows onto them.
 
 Shapes are bucketed so a steady workload compiles nothing new: slots (a few row buckets), cache length (a power of
-two, at least MIN_CACHE_LEN), prompt length (round_up_seq_len), stop-id width and
-adapter-stack size (powers of two); admissions always take slots/8 rows (several calls fill the slots). With
-`eager_buckets` the first use of a (cache, prompt, adapters, stops) family compiles the decode chunk and the
-admissions (of whole prompts, and of prompts that start in the prefix cache) for every slot bucket, so coordinator
-batches of varying size (4 rows, then 252, ...) never compile in the middle of a workload; `warm_up` does the same
-ahead of time. A family the JAX worker's background warm-up is about to build (`scheduled_families`) is the
-exception: a request that comes first compiles its own slot bucket only, and leaves the others to the warm-up (a
-first sample of one row then waits for one bucket's programs, not three).
+two, at least MIN_CACHE_LEN), prompt length (round_up_seq_len), stop-id width and adapter-stack size (powers of
+two); admissions always take slots/8 rows (several calls fill the slots). With `eager_buckets` the first use of a
+(cache, prompt, adapters, stops) family compiles the decode chunk and the admissions (of whole prompts, and of
+prompts that start in the prefix cache) for every slot bucket, so coordinator batches of varying size (4 rows, then
+252, ...) never compile in the middle of a workload; `warm_up` does the same ahead of time, or from shapes alone
+beside the traffic. A family the JAX worker's background warm-up is about to build (`scheduled_families`) is the
+exception: a request that comes first compiles its own slot bucket only.
 
 Stop token ids are checked on device; stop strings here, on the host, between chunks (only when some row has them).
 Which rows go into one admission and where their prompts start in the prefix cache is `admission.py`'s; the
@@ -77,8 +76,7 @@ STOP_STRING_CHUNK = 16
 MIN_CACHE_LEN = 128
 # Smallest stop-id width (stop lists are padded with -1 to a power of two).
 MIN_STOP_IDS = 8
-# Prompt buckets longer than this compile only the slot bucket in use, not the whole family: long prompts are rare
-# and each program of theirs is a long compile.
+# Prompt buckets longer than this compile only the slot bucket in use, not the family (rare, and long to compile).
 EAGER_PROMPT_LEN = 2048
 
 
@@ -206,7 +204,7 @@ class SlotSampler:
     # -------------------------------------------------------------- compiled calls
 
     def _admit_call(self, lora, base, slots: Slots, rows: list[SampleRow], adm: Admission, index: list[int],
-                    *, compile_only: bool = False):  # fmt: skip
+                    *, compile_only: bool = False, pool: Any = None):  # fmt: skip
         b = int(slots.done.shape[0])
         m = int(slots.params.stop_ids.shape[1])
         r = len(adm.prompt_len)
@@ -234,7 +232,8 @@ class SlotSampler:
         label = (f"slots={b} cache={length} adapters={_stack_size(lora)} stops={m} rows={r} "
                  f"prompt={adm.read.shape[1] * BLOCK} suffix={adm.suffix_len}")  # fmt: skip
         args = (lora, base, slots, put(adm.prompt), put(adm.prompt_len), put(idx), params, put(adapter), put(scale),
-                self.pool(), put(adm.start), put(adm.read), put(adm.write), put(adm.targets))  # fmt: skip
+                self.pool() if pool is None else pool, put(adm.start), put(adm.read), put(adm.write),
+                put(adm.targets))  # fmt: skip
         static = dict(prompt_logprobs=adm.prompt_logprobs, prefix=adm.prefix, alt_k=adm.alt_k)
         if compile_only:
             self._admit.prepare(label, *args, **static)
@@ -275,38 +274,48 @@ class SlotSampler:
             self._buckets_built.add(key)
             self.warm_bucket(lora, base, b, length, m, plen, plp)
 
-    def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
+    def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool, *,
+                    from_shapes: bool = False) -> None:  # fmt: skip
         """One slot bucket of a family: its empty slots (kept for the next call), its admission and decode chunk
         compiled, not run (a long prompt's prefill would take as long as a real one). With the prefix cache on, the
         admissions of rows that start in it too, at each suffix bucket (admission.py; not for prompt logprobs, whose
-        rows score their whole prompt and so take nothing from the cache)."""
-        slots, release = self._take(b, length, m)
+        rows score their whole prompt and so take nothing from the cache). `from_shapes` (`lora`, `base`: `abstract`
+        of them): nothing allocated or kept, no state a call uses read or changed, so safe on another thread beside
+        any call; a call that needs one of these programs meanwhile waits for that compile alone (AotCache)."""
+        if from_shapes:  # the pool's shapes from its program, compiled (cheap) and not run
+            blocks = max(1, self.prefix_tokens // BLOCK)
+            pool = jax.jit(partial(empty_pool, self._config, self._dtype, blocks)).lower().compile().out_info
+            slots = self._empty.prepare(f"slots={b} cache={length} stops={m} topk=0", slots=b, cache_len=length,
+                                        stops=m, topk=0).out_info  # fmt: skip
+            release = None
+        else:
+            (slots, release), pool = self._take(b, length, m), self.pool()
         r = self.admission_rows(b, length, plen)
-        blocks = self.pool().k.shape[1]
-        caching = self.prefix is not None and not plp
+        caching = self.prefix_tokens >= BLOCK and not plp  # the pool's index exists (pool()) exactly then
         suffixes = admission.suffix_buckets(plen, self.warmed_prompts) if caching else []
         for suffix in (None, *suffixes):
-            adm = admission.blank(r, plen, blocks, suffix)
+            adm = admission.blank(r, plen, pool.k.shape[1], suffix)
             adm.prompt_logprobs = plp
-            self._admit_call(lora, base, slots, [], adm, [], compile_only=True)
+            self._admit_call(lora, base, slots, [], adm, [], compile_only=True, pool=pool)
         self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0, compile_only=True)
-        self._keep(slots, release, length, m)
+        if release is not None:
+            self._keep(slots, release, length, m)
 
     def warm_up(self, lora, base, *, cache_lens, prompt_lens, stop_width: int = MIN_STOP_IDS,
-                prompt_logprobs: tuple[bool, ...] = (False,),
-                buckets: tuple[int, ...] | None = None) -> None:  # fmt: skip
+                prompt_logprobs: tuple[bool, ...] = (False,), buckets: tuple[int, ...] | None = None,
+                from_shapes: bool = False) -> None:  # fmt: skip
         """Compile the families of these shapes; only the slot `buckets` named (None: all, and the family counts
-        as done)."""
+        as done, unless `from_shapes`: then nothing is recorded, see `warm_bucket`)."""
         for length in cache_lens:
             for plen in prompt_lens:
                 for plp in prompt_logprobs:
                     if plen > length:
                         continue
-                    if buckets is None:
+                    if buckets is None and not from_shapes:
                         self._ensure_family(lora, base, length, stop_width, plen, plp)
-                    else:
-                        for b in buckets:
-                            self.warm_bucket(lora, base, b, length, stop_width, plen, plp)
+                        continue
+                    for b in buckets or self.buckets(length):
+                        self.warm_bucket(lora, base, b, length, stop_width, plen, plp, from_shapes=from_shapes)
 
     # -------------------------------------------------------------- the loop
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..model.config import round_up_pow2
 from ..model.lora import LORA_ALPHA
+from ..runtime.aot_cache import abstract
 from ..runtime.page_store import Page, PageStore
 from ..training.adapter_slots import leaf_name
 from ..types import LoraConfig
@@ -242,3 +243,8 @@ class SamplerSnapshots:
     def zero_stack(self, size: int) -> Any:
         """A stack of `size` (a power of two) zero adapters, shaped like a real one: for compiling ahead of traffic."""
         return self._stack((), self._slots.lora, size)
+
+    def stack_spec(self, size: int) -> Any:
+        """`zero_stack`'s shapes and shardings, from the slots' shapes alone: nothing runs or is read, so it is safe
+        beside a call that donates the slots."""
+        return self._stack.lower((), abstract(self._slots.lora), size).compile().out_info
