@@ -12,7 +12,8 @@ update completed → result in hand. The engine's own time for the op is measure
 CPU per part: user+system CPU seconds of each process of `up` (API, workflow worker, JAX worker, Temporal dev
 server) over the mixed loop, from /proc, beside the loop's wall time. Both parts start once the JAX worker's
 background warm-up has finished (the steady state: its compiles are not the op's). With --py-spy, py-spy records
-the API and the workflow worker during that loop and the top self-time frames of each are printed (profiles are
+the API, the workflow worker and the JAX worker during that loop, and the top self-time frames of each (of the JAX
+worker, also the share of its samples in each phase of its batch activity) are printed (profiles are
 written to --profile-dir, never committed).
 
     python -m benchmarks.control_plane [--ops N] [--loop-iterations N] [--py-spy] [--profile-dir DIR]
@@ -153,7 +154,7 @@ def cpu_under_loop(stack, base_url: str, api_key: str, iterations: int, py_spy: 
     if py_spy:
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         profile_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("api", "workflow-worker"):
+        for name in ("api", "workflow-worker", "jax-worker"):
             out = profile_dir / f"{name}.txt"
             spies.append(
                 (
@@ -203,6 +204,14 @@ def cpu_under_loop(stack, base_url: str, api_key: str, iterations: int, py_spy: 
             proc.kill()
         for frame, share in top_frames(out):
             emit(figure="control_plane_py_spy_top_self", part=name, frame=frame, share_of_samples=share)
+        if name == "jax-worker":  # the activity phase by phase: where its time beside the engine call goes
+            for frame in ACTIVITY_PHASES:
+                emit(
+                    figure="control_plane_py_spy_activity_phase",
+                    part=name,
+                    frame=frame,
+                    share_of_samples=inclusive_share(out, frame),
+                )
         if name == "workflow-worker":  # what passing the protocol's modules through the sandbox cut
             emit(
                 figure="control_plane_py_spy_sandbox_start",
@@ -211,6 +220,22 @@ def cpu_under_loop(stack, base_url: str, api_key: str, iterations: int, py_spy: 
                 share_of_samples=inclusive_share(out, SANDBOX_START),
             )
 
+
+#: The JAX worker's batch activity and what it does around the engine call (share of the worker's busy samples
+#: under each): reading bodies and writing results in the claim-check store, the run's metric points, the engine
+#: call, the answers signalled home.
+ACTIVITY_PHASES = (
+    "EngineActivities.run_batch",
+    "EngineLock.forward_backward",
+    "EngineLock.sample",
+    "EngineLock.optim_step",
+    "ClaimCheckStore.get",
+    "ClaimCheckStore.put",
+    "OpPoints._record",
+    "parse_forward_backward",
+    "forward_backward_output",
+    "WorkflowHandle.signal",
+)
 
 #: The frame under which the workflow sandbox builds a new run's instance (re-importing its modules).
 SANDBOX_START = "_Instance._create_instance"
@@ -249,7 +274,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", type=int, default=20, help="forward ops timed hop by hop (default 20)")
     parser.add_argument("--loop-iterations", type=int, default=10, help="mixed-loop iterations for CPU (default 10)")
-    parser.add_argument("--py-spy", action="store_true", help="profile the API and workflow worker with py-spy")
+    parser.add_argument(
+        "--py-spy", action="store_true", help="profile the API, workflow worker and JAX worker with py-spy"
+    )
     parser.add_argument("--profile-dir", default=None, help="where py-spy writes (default: a temporary directory)")
     args = parser.parse_args()
     with running_stack(None, API_KEY) as (base_url, stack):

@@ -40,6 +40,9 @@ class AotCache:
         self._fn = fn
         self._donate = donate
         self._compiled: dict[Hashable, Callable] = {}
+        # XLA's memory analysis of each executable, read once: it is fixed per program, and reading it costs about
+        # as much CPU as a small step (it is asked before every micro-batch the memory plan admits).
+        self._needed: dict[Hashable, int] = {}
         self.compile_seconds: dict[str, float] = {}
         self._lock = threading.Lock()  # guards _building
         self._building: dict[Hashable, threading.Lock] = {}  # one lock per shape, held while it compiles
@@ -69,10 +72,17 @@ class AotCache:
     def needed_bytes(self, label: str, *args: Any, **static: Any) -> int:
         """Device memory the program for these arguments allocates beyond its arguments (XLA's temporaries and the
         outputs that do not reuse a donated input), compiling it if it was not yet; 0 where the backend cannot say."""
-        stats = self.prepare(label, *args, **static).memory_analysis()
-        if stats is None:
-            return 0
-        return max(0, stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+        key = (_shape_key(args), tuple(sorted(static.items())))
+        needed = self._needed.get(key)
+        if needed is None:
+            stats = self.prepare(label, *args, **static).memory_analysis()
+            needed = (
+                0
+                if stats is None
+                else max(0, stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+            )
+            self._needed[key] = needed
+        return needed
 
     def __call__(self, label: str, *args: Any, **static: Any) -> Any:
         return self.prepare(label, *args, **static)(*args)

@@ -18,6 +18,7 @@ fit (rows that do not fit now wait for a free slot).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import asdict, dataclass
@@ -115,8 +116,10 @@ def device_capacity(override_bytes: int = 0) -> tuple[str, int, int]:
     return name, capacity, in_use
 
 
+@functools.cache
 def _host_memory_bytes() -> int:
-    """The container's memory limit (cgroup v2/v1) when it has one, else the machine's MemTotal."""
+    """The container's memory limit (cgroup v2/v1) when it has one, else the machine's MemTotal. Read once: it is
+    asked before every micro-batch, and reading the cgroup files cost more CPU than a small step's host work."""
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             text = open(path).read().strip()  # noqa: SIM115 (a one-line read)
