@@ -77,10 +77,11 @@ class JaxWorkerSettings:
     # take about a minute (figures: docs/benchmarks.md §Measurements behind the code).
     warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "
                            "warm-up shape below before it registers (nothing compiles later, readiness waits); "
-                           "'background' compiles what a first training request needs (an adapter's create, "
-                           "forward_backward and optim_step at the smallest shapes) before it registers, what a "
-                           "first user needs next (forward, the 8-datum bucket, snapshot, sample) right after, and "
-                           "the other shapes one at a time between requests; "
+                           "'background' compiles what a first request needs (an adapter's create, "
+                           "forward_backward and optim_step at the smallest shapes, its snapshot and a sample) "
+                           "before it registers, what a first user needs next (forward, the 8-datum bucket, the "
+                           "other decode-slot buckets) right after, and the other shapes one at a time between "
+                           "requests; "
                            "'off' compiles each program at its first use", MODEL,
                            choices=("ready", "background", "off"))
     # One thread by default: on a 2-core box two were slower (XLA's CPU compile already keeps the cores busy); more may

@@ -43,3 +43,23 @@ def test_abstract_keeps_shapes_dtypes_and_shardings_and_leaves_other_leaves():
     assert isinstance(spec["a"], jax.ShapeDtypeStruct)
     assert (spec["a"].shape, spec["a"].dtype, spec["a"].sharding) == (x.shape, x.dtype, x.sharding)
     assert spec["n"] == 3 and spec["s"] is None
+
+
+def test_needed_bytes_reads_each_programs_memory_analysis_once():
+    """The memory plan asks before every micro-batch: XLA's analysis of a program is read once and kept (it is fixed
+    per executable, and reading it cost as much CPU as a small step), per shape."""
+    cache = AotCache("test step", _step, donate=("acc",))
+    small = (jnp.zeros(()), jnp.ones((4, 8), jnp.float32))
+    first = cache.needed_bytes("t", *small, scale=2.0)
+    (key,) = cache._compiled  # pyright: ignore[reportPrivateUsage]
+
+    class Unreadable:
+        def memory_analysis(self):
+            raise AssertionError("memory_analysis read a second time")
+
+    real = cache._compiled[key]  # pyright: ignore[reportPrivateUsage]
+    cache._compiled[key] = Unreadable()  # pyright: ignore[reportPrivateUsage, reportArgumentType]
+    assert cache.needed_bytes("t", *small, scale=2.0) == first
+    cache._compiled[key] = real  # pyright: ignore[reportPrivateUsage]
+    bigger = cache.needed_bytes("t", jnp.zeros(()), jnp.ones((64, 8), jnp.float32), scale=2.0)
+    assert bigger >= first and len(cache._compiled) == 2  # pyright: ignore[reportPrivateUsage]
