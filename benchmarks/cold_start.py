@@ -1,8 +1,8 @@
 """Cold start: `tinkerflow up` until healthy, then the first answers a new user waits for: creating a
 rank-8 run, the first forward_backward (8 datums), the first optim_step, the first sample (1 x 16 tokens, on the
 sampler of a fresh save_weights_and_get_sampling_client) and the sample right after it (another prompt: whatever
-the background warm-up is compiling then must not be in its way). Twice: a first start on an empty state dir (so an empty
-XLA compilation cache: it lives in the state dir), then a restart of `up` on the same state dir.
+the background warm-up is compiling then must not be in its way). Twice: a first start on an empty state dir (so an
+empty XLA compilation cache: it lives in the state dir), then a restart of `up` on the same state dir.
 
 The engine alone does the same in a fresh process each time (`--engine-child`): Engine.load, the same first
 forward_backward / optim_step / sample, with the persistent compilation cache in a directory that is empty the

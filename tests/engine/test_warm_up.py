@@ -16,13 +16,13 @@ from tinkerflow.workers import jax_worker
 from tinkerflow.workers.engine.runtime import persistent_cache
 from tinkerflow.workers.engine.runtime.warm_up import split_by_slot_bucket
 from tinkerflow.workers.engine.types import (
+    COMPILE_ONLY_KINDS,
     AdamConfig,
     Datum,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
     SampleInput,
-    COMPILE_ONLY_KINDS,
     SampleResult,
     WarmUpPiece,
 )
