@@ -116,6 +116,16 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     assert built == 0, f"{built} programs built after the warm-up"
 
 
+def _sample_at_every_concurrency_compiling_nothing(engine, prompt: np.ndarray) -> None:
+    """1 call, 8 and the whole slot set of one family: every slot bucket's programs are already built."""
+    sampler = engine.engine.sampler
+    before = sampler.compile_count()
+    for calls in (1, 8, engine.sample_slots):
+        sampled = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=i) for i in range(calls)])
+        assert all(isinstance(r, SampleResult) for r in sampled)
+    assert sampler.compile_count() == before
+
+
 def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_once():
     settings = Settings()
     first, later = jax_worker.warm_up_pieces(settings)
@@ -244,11 +254,7 @@ def test_a_first_sample_before_the_background_warm_up_compiles_its_own_slot_buck
     family = [p for p in plan.pieces()[: plan.first_user()] if p.kind == "sampler"]
     for piece in split_by_slot_bucket(tuple(family), engine.slot_buckets):
         engine.warm_up((piece,))
-    before = sampler.compile_count()
-    for calls in (1, 8, engine.sample_slots):
-        sampled = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=i) for i in range(calls)])
-        assert all(isinstance(r, SampleResult) for r in sampled)
-    assert sampler.compile_count() == before
+    _sample_at_every_concurrency_compiling_nothing(engine, prompt)
 
 
 def test_a_sampler_family_compiled_from_shapes_touches_nothing_a_call_uses(qwen3_dir):
@@ -270,9 +276,4 @@ def test_a_sampler_family_compiled_from_shapes_touches_nothing_a_call_uses(qwen3
     worker.join()
     assert sampler.compile_count() == 3 * len(engine.slot_buckets)  # slots, admission, decode chunk per bucket
     assert sampler.release_idle() == 0 and sampler.prefix is None and not sampler._families  # pyright: ignore[reportPrivateUsage]
-    before = sampler.compile_count()
-    prompt = np.arange(1, 6, dtype=np.int32)
-    for calls in (1, 8, engine.sample_slots):
-        sampled = engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=i) for i in range(calls)])
-        assert all(isinstance(r, SampleResult) for r in sampled)
-    assert sampler.compile_count() == before
+    _sample_at_every_concurrency_compiling_nothing(engine, np.arange(1, 6, dtype=np.int32))

@@ -25,6 +25,11 @@ def _shape_key(args: tuple) -> Hashable:
     return treedef, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x)))) for x in leaves)
 
 
+def _program_key(args: tuple, static: dict[str, Any]) -> Hashable:
+    """Which program these arguments and static settings run: one executable per key."""
+    return _shape_key(args), tuple(sorted(static.items()))
+
+
 class AotCache:
     """Compiles `fn` once per (static kwargs, argument shapes and dtypes) and reuses the executable.
 
@@ -50,7 +55,7 @@ class AotCache:
     def prepare(self, label: str, *args: Any, **static: Any) -> Callable:
         """The executable for these arguments' shapes, compiled now if it was not yet; nothing runs (a warm-up can
         pass the live state, or `abstract` of it: it is only read for its shapes and shardings, never donated)."""
-        key = (_shape_key(args), tuple(sorted(static.items())))
+        key = _program_key(args, static)
         compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
@@ -72,7 +77,7 @@ class AotCache:
     def needed_bytes(self, label: str, *args: Any, **static: Any) -> int:
         """Device memory the program for these arguments allocates beyond its arguments (XLA's temporaries and the
         outputs that do not reuse a donated input), compiling it if it was not yet; 0 where the backend cannot say."""
-        key = (_shape_key(args), tuple(sorted(static.items())))
+        key = _program_key(args, static)
         needed = self._needed.get(key)
         if needed is None:
             stats = self.prepare(label, *args, **static).memory_analysis()

@@ -23,6 +23,7 @@ trainer computes, so sampler and trainer agree for the same weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -187,6 +188,12 @@ def empty_slots(
 def empty_pool(config: ModelConfig, dtype: Any, blocks: int) -> LayerCache:
     """The prefix cache's pool: `blocks` blocks of BLOCK tokens of every layer's keys and values (prefix_cache.py)."""
     return empty_cache(config, blocks, BLOCK, dtype)
+
+
+def pool_program(config: ModelConfig, dtype: Any, prefix_tokens: int) -> Any:
+    """The jitted program that makes the pool for `prefix_tokens` of prefix cache (one block at least): run once by
+    the sampler, and compiled (never run) for its shapes by a warm-up from shapes."""
+    return jax.jit(partial(empty_pool, config, dtype, max(1, prefix_tokens // BLOCK)))
 
 
 def admit(

@@ -54,8 +54,8 @@ from .decode import (
     Slots,
     admit,
     decode,
-    empty_pool,
     empty_slots,
+    pool_program,
 )
 from .prefix_cache import BLOCK, PrefixIndex
 from .rows import RowOutput, SampleRow, first_stop_string_end, prompt_scores, seed_words
@@ -190,9 +190,8 @@ class SlotSampler:
     def pool(self) -> Any:
         """The prefix cache's pool of blocks, made at first use (prefix_cache.py)."""
         if self._pool is None:
-            blocks = max(1, self.prefix_tokens // BLOCK)
-            self._pool = jax.jit(partial(empty_pool, self._config, self._dtype, blocks))()
-            self.prefix = PrefixIndex(blocks) if self.prefix_tokens >= BLOCK else None
+            self._pool = pool_program(self._config, self._dtype, self.prefix_tokens)()
+            self.prefix = PrefixIndex(self._pool.k.shape[1]) if self.prefix_tokens >= BLOCK else None
         return self._pool
 
     def release_idle(self) -> int:
@@ -283,8 +282,7 @@ class SlotSampler:
         of them): nothing allocated or kept, no state a call uses read or changed, so safe on another thread beside
         any call; a call that needs one of these programs meanwhile waits for that compile alone (AotCache)."""
         if from_shapes:  # the pool's shapes from its program, compiled (cheap) and not run
-            blocks = max(1, self.prefix_tokens // BLOCK)
-            pool = jax.jit(partial(empty_pool, self._config, self._dtype, blocks)).lower().compile().out_info
+            pool = pool_program(self._config, self._dtype, self.prefix_tokens).lower().compile().out_info
             slots = self._empty.prepare(f"slots={b} cache={length} stops={m} topk=0", slots=b, cache_len=length,
                                         stops=m, topk=0).out_info  # fmt: skip
             release = None
