@@ -23,14 +23,15 @@ router = APIRouter(prefix="/api/v1")
 
 
 @router.post("/client/config")
-async def client_config(_: str = Depends(owner)) -> dict:
+async def client_config(svc: Services = Depends(services), _: str = Depends(owner)) -> dict:
     # zstd keeps big forward_backward bodies small on the wire; the adapter decompresses with a size cap.
     # One long-poll per sampling session instead of one per sample, and server-numbered clones of a sampler
     # (routes_session_futures.py); custom losses uploaded by create_custom_loss run in the engine's step
-    # (docs/custom-losses.md).
+    # (docs/custom-losses.md). The transport: settings_api.py's client_transport says why httpx by default.
     return {
         "pjwt_auth_enabled": False,
         "proto_compress_fwdbwd": True,
+        "use_pyqwest_transport": svc.settings.client_transport == "pyqwest",
         "sample_use_retrieve_futures": True,
         "sample_join_sampling_session": True,
         "custom_loss_server_side": True,

@@ -37,6 +37,12 @@ class ApiSettings:
     max_sample_tokens: int = setting(8192, "largest max_tokens one asample may ask for (HTTP 400 beyond)", API)
     max_datums_per_request: int = setting(4096, "most datums in one forward_backward (beyond, its future fails "
                                           "with a user error)", API)
+    # pyqwest's asyncio transport reports a finished request from its own Rust thread; when that lands while the
+    # client's interpreter is finalizing, Python ends the thread with pthread_exit and the process aborts (SIGABRT).
+    # A sampling client always has a long poll in flight, so a script that samples and exits hits it now and then.
+    client_transport: str = setting("httpx", "HTTP transport /client/config tells the tinker SDK to use: httpx (pure "
+                                    "Python) or pyqwest (Rust; an SDK that exits with a request in flight can then "
+                                    "die with SIGABRT, exit code 134)", API, choices=("httpx", "pyqwest"))
     long_poll_s: float = setting(25.0, "how long retrieve_future holds a poll before answering try_again (the SDK "
                                  "times out at 45 s)", API)
     max_live_runs_per_tenant: int = setting(256, "most live LoRA training runs one API key may hold on one base "

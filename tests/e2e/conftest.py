@@ -64,8 +64,8 @@ def run_acceptance_script(stack: RunningStack, name: str, timeout_s: float) -> N
     script = ACCEPTANCE / name
     if not script.exists():
         pytest.skip(f"{script} not present (shared/ is not beside the repo)")
-    # PYTHONFAULTHANDLER: a client that dies of a signal (CI once saw SIGABRT after "OK", with nothing on stderr)
-    # prints every thread's Python stack, so the next one can be told apart (SDK teardown or us).
+    # PYTHONFAULTHANDLER: a client that dies of a signal prints every thread's Python stack. A SIGABRT after "OK"
+    # was pyqwest's, at interpreter exit; clients now use httpx (tests/e2e/test_transport.py says why).
     env = dict(os.environ, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0", PYTHONFAULTHANDLER="1")
     run = subprocess.run(
         [sys.executable, str(script), stack.base_url], env=env, capture_output=True, text=True, timeout=timeout_s

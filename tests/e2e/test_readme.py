@@ -18,6 +18,7 @@ def test_the_readme_loop_runs_as_written(stack, tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(readme_loop())
     env = dict(os.environ, TINKER_BASE_URL=stack.base_url, TINKER_API_KEY=stack.api_key, TINKER_TELEMETRY="0")
+    env["PYTHONFAULTHANDLER"] = "1"  # a client killed by a signal shows its threads' stacks (tests/e2e/conftest.py)
     # Every deprecation shown, whoever warns: the SDK marks its deprecated calls with FutureWarning.
     warnings = ["-W", "always::FutureWarning", "-W", "always::DeprecationWarning"]
     run = subprocess.run(
