@@ -15,10 +15,10 @@ import textwrap
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tinkerflow.cli.launch import free_port
+from tinkerflow.cli.up import served_models
 
 pytestmark = pytest.mark.e2e
 
@@ -81,14 +81,9 @@ def test_an_api_replica_with_client_transport_pyqwest_serves_the_sdk_over_pyqwes
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while True:
+        while not served_models(base_url, stack.api_key):  # the readiness `up` waits for: it answers, sees the model
             assert api.poll() is None, (tmp_path / "api-pyqwest.log").read_text()
-            try:
-                if httpx.get(f"{base_url}/api/v1/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the second API never answered /healthz"
+            assert time.monotonic() < deadline, "the second API never served the model"
             time.sleep(0.2)
         assert _run_client(base_url, stack.api_key, base_model, tmp_path)["pyqwest"] is True
     finally:
