@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,9 +19,37 @@ from pathlib import Path
 
 from tinkerflow.cli.up import served_models
 
+# Where the kernel takes the local ports of outgoing connections and of `bind(("", 0))`, when /proc does not say:
+# Linux's default and macOS's (49152-65535) together.
+DEFAULT_EPHEMERAL = (32768, 65535)
+_given: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on, for a part started next, never the same twice in one process.
+
+    Chosen outside the ephemeral range: a port from `bind(0)` is free only until the kernel hands it to the next
+    outgoing connection or to the next `bind(0)` (the Temporal dev server picks its internal ports that way), and a
+    part that then fails to bind it dies at start. A port outside the range is only taken by someone naming it."""
+    low, high = ephemeral_range()
+    outside = [p for p in range(10000, 65536) if not low <= p <= high and p not in _given]
+    for port in random.sample(outside, min(200, len(outside))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    with socket.socket() as s:  # every one tried is taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -29,7 +29,7 @@ from typing import Any
 from tinkerflow.cli import ray_plan, temporal_server
 from tinkerflow.cli.ray_actor import JaxWorkerActor, Whereabouts, node_address
 from tinkerflow.cli.supervise import die_with_parent
-from tinkerflow.cli.up import Part, Stack, _api_ready, _port_open, child_env
+from tinkerflow.cli.up import Part, Stack, _api_ready, _port_open, child_env, listens
 from tinkerflow.common.settings import Settings
 
 log = logging.getLogger("tinkerflow.ray")
@@ -349,7 +349,7 @@ def _start_control_plane(settings: Settings, args: argparse.Namespace, node_ip: 
         part = stack.start("temporal", temporal_server.command(
             settings.state_dir / "temporal.db", host=bind, port=settings.temporal_port, ui_port=settings.ui_port,
             namespace=settings.temporal_namespace, headless=settings.headless))  # fmt: skip
-        stack.wait_ready(part, lambda: _port_open(address))
+        stack.wait_ready(part, lambda: listens(part.proc.pid, settings.temporal_port))
     stack.start_worker("workflow-worker")
     return settings, stack
 

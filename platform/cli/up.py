@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 from rich.console import Console
 
 from tinkerflow.cli import temporal_server
@@ -178,7 +179,7 @@ class Stack:
                 headless=headless,
             ),
         )
-        self.wait_ready(part, lambda: _port_open(address))
+        self.wait_ready(part, lambda: listens(part.proc.pid, port))
         return part
 
     def start_worker(self, command: str, *extra: str, name: str | None = None) -> Part:
@@ -239,6 +240,19 @@ def _port_open(address: str) -> bool:
         with socket.create_connection((host, int(port)), timeout=0.5):
             return True
     except OSError:
+        return False
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` itself listens on TCP `port`. A part's readiness, rather than an open port: a port
+    another process took between the choice and the bind must not pass for the part (which then fails to bind and
+    exits, and `wait_ready` shows its log)."""
+    try:
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+            for c in psutil.Process(pid).net_connections("tcp")
+        )
+    except psutil.Error:  # gone, or not ours to read
         return False
 
 
