@@ -11,6 +11,10 @@ leaves it running for the others. Only when nobody has waited on it for ABANDON_
 client that went away does not keep a long-poll open forever. Nothing here is a source of truth: losing it
 (a restart, another replica) costs a fetch, never an answer. Failures are not kept: a failed workflow fails every
 poll waiting at the time the same way, and a later poll fetches (and fails) again.
+
+A result wait that has no answer after RESULT_POLL_S asks again (`workflow_result`): the history long poll under
+`WorkflowHandle.result()` ends only at the server's expiry (~20 s) if it misses the close it waits for, and a deadline
+on the RPC does not end it sooner (temporalio retries past it), while a fresh ask of a closed workflow answers at once.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from temporalio.client import Client
 
-from tinkerflow.common.metrics import BATCH_RESULT_FETCHES
+from tinkerflow.common.metrics import BATCH_RESULT_FETCHES, RESULT_REPOLLS
 from tinkerflow.workflows.messages import Outcome
 
 log = logging.getLogger(__name__)
@@ -32,6 +37,18 @@ log = logging.getLogger(__name__)
 MAX_FINISHED = 256  # batches whose result is kept: a full one (64 Outcomes) decodes to ~100 kB, so ≤ ~26 MB
 FINISHED_TTL_S = 120.0  # SDK polls re-arrive within seconds of a result; later ones (after a restart) just re-fetch
 ABANDON_GRACE_S = 10.0  # the SDK re-polls at once after try_again; a wait nobody rejoins within this is dropped
+# A missed close costs at most this; a workflow still running costs one history RPC per this while it runs.
+RESULT_POLL_S = 5.0
+
+
+async def workflow_result(client: Client, workflow_id: str, result_type: Any, poll_s: float = RESULT_POLL_S) -> Any:
+    """`WorkflowHandle.result()` of `workflow_id`, asked again every `poll_s` until it answers."""
+    handle = client.get_workflow_handle(workflow_id, result_type=result_type)
+    while True:
+        try:
+            return await asyncio.wait_for(handle.result(), poll_s)
+        except TimeoutError:
+            RESULT_REPOLLS.inc()
 
 
 @dataclass
@@ -52,12 +69,14 @@ class BatchResults:
         finished_ttl_s: float = FINISHED_TTL_S,
         abandon_grace_s: float = ABANDON_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        poll_s: float = RESULT_POLL_S,
     ):
         self._client = client
         self._max_finished = max_finished
         self._ttl_s = finished_ttl_s
         self._grace_s = abandon_grace_s
         self._clock = clock
+        self._poll_s = poll_s
         self._waits: dict[str, _Wait] = {}
         self._finished: OrderedDict[str, tuple[float, list[Outcome]]] = OrderedDict()
 
@@ -98,7 +117,7 @@ class BatchResults:
 
     async def _fetch(self, workflow_id: str) -> list[Outcome]:
         BATCH_RESULT_FETCHES.inc()
-        return await self._client.get_workflow_handle(workflow_id, result_type=list[Outcome]).result()
+        return await workflow_result(self._client, workflow_id, list[Outcome], self._poll_s)
 
     def _settle(self, workflow_id: str, wait: _Wait) -> None:
         """The wait ended (result, failure or cancel): forget it, and keep a result for later polls."""

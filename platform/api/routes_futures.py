@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from tinkerflow.api import request_ids
+from tinkerflow.api.batch_results import workflow_result
 from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import failure_category, from_error, http_error, is_not_found
 from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
@@ -39,7 +40,7 @@ async def _outcome(svc: Services, ref) -> Outcome:
         ).result()
     if isinstance(ref, request_ids.BatchItemRef):
         return await svc.batch_results.outcome(ref.workflow_id, ref.index)  # one fetch per batch, however many poll
-    return await svc.client.get_workflow_handle(ref.workflow_id, result_type=Outcome).result()
+    return await workflow_result(svc.client, ref.workflow_id, Outcome)
 
 
 @router.post("/retrieve_future")

@@ -23,6 +23,11 @@ BATCH_RESULT_FETCHES = Counter(
     "tinkerflow_api_batch_result_fetches_total",
     "Temporal result waits on sample batch workflows (one per batch, shared by all its futures' polls)",
 )
+RESULT_REPOLLS = Counter(
+    "tinkerflow_api_result_repolls_total",
+    "workflow result waits asked again after RESULT_POLL_S without an answer (a long-running workflow, or a history "
+    "long poll that missed its close)",
+)
 QUEUE_DEPTH_QUERIES = Counter(
     "tinkerflow_api_queue_depth_queries_total",
     "Coordinator queue-depth queries sent for asample's 429 check (one at a time, shared by concurrent calls)",

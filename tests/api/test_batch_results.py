@@ -1,7 +1,7 @@
 """BatchResults: however many futures of one sample batch poll, and however often, the batch's result is fetched
 from Temporal once (counted on a fake client); a poll that gives up does not cancel the others' wait; a failure
-reaches every waiter; the kept results are bounded by count and age. The real stack is in
-tests/e2e/test_sample_batch_results.py."""
+reaches every waiter; the kept results are bounded by count and age; a wait that missed the close is asked again.
+The real stack is in tests/e2e/test_sample_batch_results.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.api.batch_results import BatchResults
-from tinkerflow.common.metrics import BATCH_RESULT_FETCHES
+from tinkerflow.common.metrics import BATCH_RESULT_FETCHES, RESULT_REPOLLS
 from tinkerflow.workflows.messages import Outcome
 
 
@@ -144,3 +144,35 @@ async def test_kept_results_are_bounded_by_count_and_by_age() -> None:
     now[0] = 11.0  # all aged out: the next poll fetches again
     assert (await results.outcome("b/4", 0)).json == {"item": 0, "batch": "b/4"}
     assert client.fetches["b/4"] == 2 and results.finished == 1
+
+
+class _MissedClose(_FakeClient):
+    """Each workflow's first result wait never answers (a history long poll that missed the close it waits for);
+    asked again, it answers at once."""
+
+    def get_workflow_handle(self, workflow_id: str, *, result_type=None) -> _Handle:
+        handle = super().get_workflow_handle(workflow_id, result_type=result_type)
+        answer = handle.result
+
+        async def result() -> list[Outcome]:
+            if self.fetches.get(workflow_id, 0) == 0:
+                self.fetches[workflow_id] = 1
+                await asyncio.Event().wait()  # cancelled by the re-ask
+            return await answer()
+
+        handle.result = result  # pyright: ignore[reportAttributeAccessIssue]
+        return handle
+
+
+async def test_a_result_wait_that_missed_the_close_is_asked_again() -> None:
+    client = _MissedClose()
+    results = _results(client, poll_s=0.05)
+    repolls, fetches = RESULT_REPOLLS._value.get(), BATCH_RESULT_FETCHES._value.get()
+    poll = asyncio.create_task(results.outcome("b/late", 1))
+    await _settle()
+    client.finish("b/late", 2)  # closed, while the first long poll still waits
+    got = await asyncio.wait_for(poll, 5)
+    assert got.json == {"item": 1, "batch": "b/late"}
+    assert client.fetches == {"b/late": 2}  # the missed one and the one that answered
+    assert RESULT_REPOLLS._value.get() - repolls == 1
+    assert BATCH_RESULT_FETCHES._value.get() - fetches == 1  # still one shared wait for the batch
