@@ -23,6 +23,8 @@ from tinkerflow.cli.up import served_models
 # Linux's default and macOS's (49152-65535) together.
 DEFAULT_EPHEMERAL = (32768, 65535)
 _given: set[int] = set()
+_draw = random.SystemRandom()  # not the module's generator: a seeded one (hypothesis seeds it) gives every process
+# the same ports
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -41,7 +43,7 @@ def free_port() -> int:
     part that then fails to bind it dies at start. A port outside the range is only taken by someone naming it."""
     low, high = ephemeral_range()
     outside = [p for p in range(10000, 65536) if not low <= p <= high and p not in _given]
-    for port in random.sample(outside, min(200, len(outside))):
+    for port in _draw.sample(outside, min(200, len(outside))):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
