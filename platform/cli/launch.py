@@ -22,6 +22,7 @@ from tinkerflow.cli.up import served_models
 # Where the kernel takes the local ports of outgoing connections and of `bind(("", 0))`, when /proc does not say:
 # Linux's default and macOS's (49152-65535) together.
 DEFAULT_EPHEMERAL = (32768, 65535)
+FIRST_PORT = 20000
 _given: set[int] = set()
 _draw = random.SystemRandom()  # not the module's generator: a seeded one (hypothesis seeds it) gives every process
 # the same ports
@@ -40,9 +41,10 @@ def free_port() -> int:
 
     Chosen outside the ephemeral range: a port from `bind(0)` is free only until the kernel hands it to the next
     outgoing connection or to the next `bind(0)` (the Temporal dev server picks its internal ports that way), and a
-    part that then fails to bind it dies at start. A port outside the range is only taken by someone naming it."""
+    part that then fails to bind it dies at start. A port outside the range is only taken by someone naming it, and
+    FIRST_PORT keeps clear of the range Ray's workers take theirs from (10002-19999 by default)."""
     low, high = ephemeral_range()
-    outside = [p for p in range(10000, 65536) if not low <= p <= high and p not in _given]
+    outside = [p for p in range(FIRST_PORT, 65536) if not low <= p <= high and p not in _given]
     for port in _draw.sample(outside, min(200, len(outside))):
         with socket.socket() as s:
             try:

@@ -1,5 +1,6 @@
-"""Ports for the parts `up` starts: chosen where the kernel never hands them out on its own (launch.free_port), and a
-part is ready when it listens on its port itself (up.listens), never because someone else took that port."""
+"""Ports for the parts `up` starts: chosen where the kernel and Ray never hand them out on their own
+(launch.free_port), and a part is ready when it listens on its port itself (up.listens), never because someone else
+took that port."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from tinkerflow.cli import up
-from tinkerflow.cli.launch import ephemeral_range, free_port
+from tinkerflow.cli.launch import FIRST_PORT, ephemeral_range, free_port
 from tinkerflow.cli.up import Stack, listens
 from tinkerflow.common.settings import Settings
 
@@ -20,7 +21,7 @@ def test_free_ports_are_outside_the_ephemeral_range_distinct_and_bindable():
     low, high = ephemeral_range()
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == len(ports)
-    assert not [p for p in ports if low <= p <= high]
+    assert not [p for p in ports if low <= p <= high or p < FIRST_PORT]  # nor among Ray's worker ports
     for port in ports[:5]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
