@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import time
 from datetime import timedelta
@@ -13,6 +12,7 @@ from temporalio.client import Client
 
 from tinkerflow.cli import temporal_server
 from tinkerflow.cli.launch import free_port
+from tinkerflow.cli.up import listens
 
 
 def test_retention_follows_the_store_and_never_goes_below_a_day():
@@ -30,13 +30,9 @@ def test_set_retention_on_a_dev_server(tmp_path):
     )
     try:
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None
-                time.sleep(0.1)
+        while not listens(server.pid, port):  # `up`'s readiness: the server itself holds its port
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.1)
 
         async def go() -> timedelta:
             address = f"127.0.0.1:{port}"
