@@ -31,6 +31,7 @@ from tinkerflow.activities.batch_order import BatchCancelled, BatchOrder
 from tinkerflow.activities.heartbeats import HEARTBEAT_EVERY_S, heartbeats
 from tinkerflow.activities.op_points import EngineTimer, OpPoints
 from tinkerflow.activities.paging import Paging
+from tinkerflow.activities.sampler_weights import SamplerWeights
 from tinkerflow.activities.specs import lora_config, optim_config
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
@@ -93,7 +94,7 @@ class EngineActivities:
         self.deliver = deliver
         self._answers: OrderedDict[str, Outcome] = OrderedDict()
         self._delivered: set[str] = set()
-        self._load_errors: dict[str, str] = {}  # saved weights a sample batch asked for that failed to load
+        self.sampler_weights = SamplerWeights(engine, store, checkpoints)  # taken, kept, reloaded when lost
         self.paging = Paging(engine)  # more runs than slots: the batch's page item (activities/paging.py)
         self.order = BatchOrder()  # one batch at a time, in dispatch order
         # One handler per kind. Grouped kinds take the whole run of consecutive items; the others one item each.
@@ -107,7 +108,7 @@ class EngineActivities:
             WorkKind.DROP_SNAPSHOTS: self._single(self._drop_snapshots),
             WorkKind.SAVE_CHECKPOINT: self._single(self._checkpoint(self._save_checkpoint)),
             WorkKind.LOAD_CHECKPOINT: self._single(self._checkpoint(self._load_checkpoint)),
-            WorkKind.LOAD_SNAPSHOT: self._single(self._checkpoint(self._load_snapshot)),
+            WorkKind.LOAD_SNAPSHOT: self._single(self._load_snapshot),
             WorkKind.PAGE: self._single(self.paging.page),
         }
 
@@ -249,7 +250,7 @@ class EngineActivities:
         return Outcome(json={"metrics": wire.optim_step_metrics(step_metrics), "type": "optim_step"})
 
     def _snapshot(self, item: WorkItem) -> Outcome:
-        self.engine.snapshot(item.slot, item.snapshot)
+        self.sampler_weights.take(item.slot, item.snapshot)
         if self.points is not None:
             self.points.snapshot_taken(item)
         return Outcome(json={})
@@ -262,8 +263,7 @@ class EngineActivities:
             log.warning(
                 "drop_snapshots %s names a prefix (%r) and no keys; nothing dropped", item.key, item.drop.prefix
             )
-        for key in keys:
-            self.engine.drop_snapshot(key)
+        self.sampler_weights.drop(keys, item.drop.prefix if item.drop is not None else "")
         if self.points is not None:
             self.points.snapshots_dropped(keys)
         return Outcome(json={"dropped": len(keys)})
@@ -297,16 +297,11 @@ class EngineActivities:
         )
 
     def _load_snapshot(self, item: WorkItem) -> Outcome:
-        """A sample call in this batch names saved weights this worker has not loaded."""
+        """A sample call in this batch names sampler weights this worker does not hold: saved ones (a path), or an
+        ephemeral snapshot whose worker died or whose memory copy was collected (its key)."""
         if item.load is None:
             raise InputError("load_snapshot needs a path")
-        path = item.load.path
-        try:
-            checkpoint_io.load_snapshot(self.engine, self._checkpoint_store(), path)
-            self._load_errors.pop(path, None)
-        except (InputError, CheckpointError) as e:
-            self._load_errors[path] = str(e)
-            raise
+        self.sampler_weights.load(item.load.path)
         return Outcome(json={})
 
     def _forward_backward(self, items: list[WorkItem]) -> list[Outcome]:
@@ -340,18 +335,7 @@ class EngineActivities:
 
         def decode(item: WorkItem) -> SampleInput:
             snapshot = item.snapshot or None
-            if snapshot in self._load_errors:
-                raise InputError(f"could not load sampler weights {snapshot}: {self._load_errors[snapshot]}")
-            if (
-                snapshot
-                and snapshot.startswith("tinker://")
-                and self.checkpoints is not None
-                and self.engine.snapshot_evicted(snapshot)
-            ):
-                try:  # saved weights the snapshot budget pushed out: read them again (ephemeral ones fail clearly)
-                    checkpoint_io.load_snapshot(self.engine, self.checkpoints, snapshot)
-                except (InputError, CheckpointError) as e:
-                    raise InputError(f"could not reload sampler weights {snapshot}: {e}") from e
+            self.sampler_weights.ready(item.snapshot)  # a failed load's error, or weights the budget pushed out
             body = self.store.get_unless_cancelled(_payload(item))  # cancel_future marks queued samples
             inp = wire.sample_input(body, snapshot)
             asked[id(inp)] = (item, body)

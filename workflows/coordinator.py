@@ -55,6 +55,9 @@ PATCH_PAGING = "coordinator-adapter-paging-v1"
 # Pipelined dispatch (pipeline.py): a worker that takes batches in order gets its next batch while one runs. Patched:
 # it dispatches a batch at a point in history where none was dispatched before.
 PATCH_PIPELINE = "coordinator-pipelined-dispatch-v1"
+# An ephemeral snapshot no worker holds is loaded again from its copy in the store (activities/sampler_weights.py)
+# rather than failing its sample. Patched: it dispatches a load where the sample was answered as an error before.
+PATCH_RELOAD_EPHEMERAL = "coordinator-reload-ephemeral-snapshots-v1"
 # A batch is started by its worker at once (or, pipelined, as soon as it polls beside the one it runs): one not
 # picked up within this means the worker died.
 SCHEDULE_TO_START = timedelta(seconds=30)
@@ -71,6 +74,7 @@ class Coordinator:
             workflow.info().workflow_id,
             drop_on_every_holder=self._drops_per_holder,
             paging=lambda: workflow.patched(PATCH_PAGING),
+            reload_ephemeral=lambda: workflow.patched(PATCH_RELOAD_EPHEMERAL),
         )
         self._signals_in_flight = 0  # deliveries not yet sent; continue-as-new must not drop them
         # Set by every change that can make routing succeed (work submitted, worker registered, batch finished).

@@ -50,6 +50,7 @@ class PlacementPolicy:
         self_id: str,
         drop_on_every_holder: Callable[[], bool] = lambda: True,
         paging: Callable[[], bool] = lambda: True,
+        reload_ephemeral: Callable[[], bool] = lambda: True,
     ) -> None:
         self.s = state
         self.self_id = self_id
@@ -57,6 +58,10 @@ class PlacementPolicy:
         # Slots as a cache (residency.py). The Coordinator answers with a `workflow.patched`: histories from before
         # allocated a slot at create and refused a create when every slot was taken.
         self.paging = paging
+        # An ephemeral snapshot no worker holds (its worker died, or it was collected from memory) is loaded again
+        # from the copy its snapshot op wrote (activities/sampler_weights.py) instead of failing its sample. The
+        # Coordinator answers with a `workflow.patched`: histories from before answered such a sample as an error.
+        self.reload_ephemeral = reload_ephemeral
 
     # --- adapters ------------------------------------------------------------------------------------------------
 
@@ -174,9 +179,9 @@ class PlacementPolicy:
         if not key:
             return self.least_busy(busy), item
         queue = self.s.snapshots.get(key)
-        if queue is None and key.startswith("tinker://"):
-            # Saved sampler (or training) weights not in any worker's memory: the least busy worker loads them from
-            # storage first, in the same batch (see loads_for).
+        if queue is None and self._reloadable(key):
+            # Sampler weights not in any worker's memory: the least busy worker loads them from storage first, in
+            # the same batch (see loads_for).
             queue = self.least_busy(busy)
             if queue is None:
                 return None, item
@@ -216,11 +221,17 @@ class PlacementPolicy:
         keys = sorted(k for k, q in matching.items() if q == first)
         return first, replace(item, drop=DropSnapshots(keys=keys, queue=first, prefix=drop.prefix))
 
+    def _reloadable(self, key: str) -> bool:
+        """Whether sampler weights no worker holds can be loaded from storage: saved ones always, an ephemeral
+        snapshot from its copy (see `reload_ephemeral`)."""
+        return key.startswith("tinker://") or self.reload_ephemeral()
+
     def loads_for(self, item: WorkItem, queue: str, now: float, new_key: Callable[[str], str]) -> list[WorkItem]:
-        """Work that must run before `item` on `queue`: loading saved weights a sample call names. `new_key(path)`
-        names the load item (the Coordinator draws it from workflow.uuid4)."""
+        """Work that must run before `item` on `queue`: loading sampler weights a sample call names that `queue` does
+        not hold (saved ones by path, an ephemeral snapshot by its key). `new_key(path)` names the load item (the
+        Coordinator draws it from workflow.uuid4)."""
         key = item.snapshot if item.kind is WorkKind.SAMPLE else ""
-        if not key.startswith("tinker://") or self.s.snapshots.get(key) == queue:
+        if not key or self.s.snapshots.get(key) == queue or not self._reloadable(key):
             return []
         self.s.snapshots[key] = queue
         self.s.snapshot_used[key] = now

@@ -4,7 +4,11 @@ RL clients fire hundreds of concurrent samples; funnelling them as updates into 
 in-flight-update limit (docs/architecture.md §Temporal facts that shape the code). The API coalesces the calls on one
 sampler that arrive while its previous start is in flight into one of these workflows (one start, one signal to the
 Coordinator, one result), so Temporal work per sample shrinks as load grows; the Coordinator batches them into shared
-decode passes. Its result outlives it, so every future survives restarts of everything else."""
+decode passes. Its result outlives it, so every future survives restarts of everything else.
+
+A call lost with its JAX worker (killed or restarted while the call was queued on it or running) is sent again, once:
+sampling changes no state, the body carries the same seed, and the Coordinator loads the sampler's weights on a live
+worker first. Only a call that cannot be served then fails, saying why."""
 
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ from temporalio import workflow
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import Outcome, SampleParams, SampleStart, WorkKind, WorkResult
 from tinkerflow.workflows.requester import CoordinatorCalls
+
+# Calls answered worker-lost are sent again once. Patched: it signals the Coordinator where the calls were answered.
+PATCH_RERUN_LOST = "sample-rerun-lost-v1"
 
 
 @workflow.defn(name="SampleRequest")
@@ -31,14 +38,25 @@ class SampleRequestWorkflow:
                 SampleParams(sampler_id=sampler.sampler_id, samples=s, work=w)
                 for s, w in zip(start.samples, start.work, strict=True)
             ]
-        return await self._calls.call_many(
-            coordinator,
-            WorkKind.SAMPLE,
-            start.payloads,
-            session_id=names.session_of(sampler.sampler_id),
-            snapshot=sampler.snapshot,
-            item_params=[{"sample": c} for c in counted],
-        )
+        params = [{"sample": c} for c in counted]
+
+        async def send(which: list[int]) -> list[Outcome]:
+            return await self._calls.call_many(
+                coordinator,
+                WorkKind.SAMPLE,
+                [start.payloads[i] for i in which],
+                session_id=names.session_of(sampler.sampler_id),
+                snapshot=sampler.snapshot,
+                item_params=[params[i] for i in which],
+            )
+
+        outcomes = await send(list(range(len(start.payloads))))
+        lost = [i for i, o in enumerate(outcomes) if o.worker_lost]
+        if lost and workflow.patched(PATCH_RERUN_LOST):
+            workflow.logger.warning("%d sample call(s) lost with their JAX worker: sent again", len(lost))
+            for i, outcome in zip(lost, await send(lost), strict=True):
+                outcomes[i] = outcome
+        return outcomes
 
     @workflow.signal
     def deliver(self, result: WorkResult) -> None:

@@ -9,6 +9,7 @@ truncated or swapped object from the one the workflow recorded.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import logging
 import os
@@ -57,6 +58,37 @@ class ClaimCheckStore:
         self.fs.makedirs(f"{self.root}/{kind}", exist_ok=True)
         write_whole(self.fs, path, data)
         return BlobRef(uri=self._uri(path), size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def put_named(self, kind: str, name: str, data: bytes) -> None:
+        """Write `data` as `<root>/<kind>/<name>`, replacing what was there: for objects found by a name both sides
+        derive (an ephemeral snapshot's weights by its key), not by a ref carried in history."""
+        self.fs.makedirs(f"{self.root}/{kind}", exist_ok=True)
+        write_whole(self.fs, f"{self.root}/{kind}/{name}", data)
+
+    def get_named(self, kind: str, name: str) -> bytes:
+        path = f"{self.root}/{kind}/{name}"
+        try:
+            with self.fs.open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError as e:
+            raise StoreError(f"claim-check object {self._uri(path)} is gone (collected or never written)") from e
+
+    def delete_named(self, kind: str, prefix: str) -> int:
+        """Delete the objects of `kind` whose names start with `prefix`; how many went (best effort, like `delete`)."""
+        try:
+            names = self.fs.glob(f"{self.root}/{kind}/{glob.escape(prefix)}*")
+        except FileNotFoundError:
+            return 0
+        gone = 0
+        for name in names:
+            try:
+                self.fs.rm(name)
+                gone += 1
+            except FileNotFoundError:
+                pass
+            except Exception:  # collection is best effort; the retention sweep takes what is left
+                log.warning("could not delete claim-check object %s", name, exc_info=True)
+        return gone
 
     def get(self, ref: BlobRef) -> bytes:
         try:

@@ -79,6 +79,7 @@ def test_samples_follow_their_snapshot_and_saved_weights_load_first_on_the_least
     p.route(item(WorkKind.SNAPSHOT, "s:train:1", snapshot="s:sample:0"), set(), 10.0)
     queue, _ = p.route(item(WorkKind.SAMPLE, n=1, snapshot="s:sample:0", sample=SampleParams()), {"q2"}, 11.0)
     assert queue == "q2"  # where the snapshot lives, busy or not
+    p.reload_ephemeral = lambda: False  # as histories from before the reload patch
     with pytest.raises(ApplicationError, match="not loaded on any worker"):
         p.route(item(WorkKind.SAMPLE, n=2, snapshot="s:sample:9"), set(), 11.0)
     saved = item(WorkKind.SAMPLE, n=3, snapshot="tinker://s:train:0/sampler_weights/w")
@@ -88,6 +89,30 @@ def test_samples_follow_their_snapshot_and_saved_weights_load_first_on_the_least
     assert load.kind is WorkKind.LOAD_SNAPSHOT and load.load is not None and load.load.path == saved.snapshot
     assert p.loads_for(routed, queue, 13.0, lambda path: "again") == []  # loaded once per worker
     assert p.route(item(WorkKind.SAMPLE, n=4), {"q1"}, 0.0)[0] == "q2"  # the base model: the least busy worker
+
+
+def test_an_ephemeral_snapshot_no_worker_holds_is_loaded_from_its_copy_first() -> None:
+    """Its worker died, or its memory copy was collected: the least busy worker loads it by key (the copy its
+    snapshot op wrote) in the same batch; histories from before the patch answered it as an error."""
+    p = placement(worker("q1"), worker("q2"))
+    create(p, "s:train:0")
+    p.route(item(WorkKind.SNAPSHOT, "s:train:0", snapshot="s:sample:0"), set(), 1.0)
+    assert p.lose_worker("q1", "a")  # its holder died: the record forgets it
+    sample = item(WorkKind.SAMPLE, n=1, snapshot="s:sample:0", sample=SampleParams())
+    queue, routed = p.route(sample, set(), 2.0)
+    assert queue == "q2"
+    (load,) = p.loads_for(routed, queue, 2.0, lambda key: f"load-{key}")
+    assert load.kind is WorkKind.LOAD_SNAPSHOT and load.load is not None and load.load.path == "s:sample:0"
+    assert p.s.snapshots == {"s:sample:0": "q2"} and p.loads_for(routed, queue, 3.0, lambda key: "again") == []
+    p.after(load, ok=False)  # no copy to load: forgotten, the sample's error says why (the worker's answer)
+    assert p.s.snapshots == {}
+    p.lose_worker("q2", "a")
+    assert p.route(sample, set(), 4.0) == (None, sample)  # no worker at all: it waits for one to register
+
+    before = placement(worker("q1"))
+    before.reload_ephemeral = lambda: False
+    with pytest.raises(ApplicationError, match="not loaded on any worker"):
+        before.route(sample, set(), 2.0)
 
 
 def test_a_session_prefix_is_resolved_into_the_keys_the_record_holds() -> None:

@@ -224,3 +224,38 @@ async def test_save_weights_for_sampler_then_sample_from_them(tinker: Tinker) ->
 
 async def _snapshots_are(tinker: Tinker, n: int) -> bool:
     return (await tinker.describe_coordinator())["snapshots"] == n
+
+
+async def test_sample_calls_lost_with_their_worker_are_sent_again_and_their_snapshot_loaded_on_the_successor(
+    tinker: Tinker,
+) -> None:
+    """A batch of two sample calls on an ephemeral snapshot is lost with its worker (the mock refuses it as a
+    restarted worker refuses its predecessor's batches); the worker comes back as a new process. Both calls are
+    sent again, once, and the successor loads the snapshot by its key before sampling."""
+    sid, session = await tinker.start_session()
+    _model_id, run = await tinker.ready_run(sid, 1)
+    save = SaveRequest(sampling_session_seq_id=3)
+    saved = await tinker.op(run, TrainingOp(seq_id=1, kind="save_weights_for_sampler", body_hash="s", save=save))
+    assert saved.ok, saved
+    sampler_id = names.sampler_id_for(sid, 3)
+    info: SamplerInfo = await within(session.execute_update(SessionWorkflow.resolve_sampler, sampler_id))
+    payloads = [blob("mem://request/1/sample?lost"), blob("mem://r2")]
+    handle = await tinker.client.start_workflow(
+        SampleRequestWorkflow.run,
+        SampleStart(sampler=info, payloads=payloads),
+        id=names.sample_workflow_id(sampler_id, body_hash("lost")),
+        task_queue=tinker.workflow_queue,
+    )
+    tinker.started.append(handle)
+    await tinker.engine.wait_for(lambda: bool(tinker.engine.dead))
+    await eventually(lambda: _snapshots_are(tinker, 0))  # the dead worker's snapshot went with it
+    await tinker.register(tinker.queues[0])  # its successor
+
+    outcomes = await within(handle.result())
+    assert [o.ok for o in outcomes] == [True, True], outcomes
+    [load] = tinker.engine.of_kind("load_snapshot")
+    assert load.load == LoadCheckpoint(path=sampler_id)
+    last = tinker.engine.ran[-1]
+    assert [i.kind for i in last.items] == ["load_snapshot", "sample", "sample"]
+    assert [i.payload for i in last.items[1:]] == payloads  # the same bodies: the same seeds
+    assert len(tinker.engine.of_kind("sample")) == 4  # each call twice: lost once, then answered

@@ -146,10 +146,10 @@ class SamplerSnapshots:
         # key -> how many times weights were put under it: an inflight target is re-taken under its one key, and
         # the prefix cache must not serve keys and values computed under the weights it had before.
         self._versions: dict[str, int] = {}
+        self._pages: PageStore | None = None
 
     def version(self, key: str) -> int:
         return self._versions.get(key, 0)
-        self._pages: PageStore | None = None
 
     def __contains__(self, key: str) -> bool:
         return key in self.cache
