@@ -4,6 +4,7 @@
     .venv/bin/python -m tests.replay.record --add v2   # keeps the files there, adds <WorkflowType>-v2-<n>.json
     .venv/bin/python -m tests.replay.record --add paging --paging   # more runs than slots, added beside them
     .venv/bin/python -m tests.replay.record --add pipeline --pipeline   # runs stepping at once: batches pipelined
+    .venv/bin/python -m tests.replay.record --add samplers --sampler-restart   # samples in flight when a worker dies
 
 Brings up `tinkerflow up` (tiny model) and drives it with the unmodified SDK through what the workflows do in
 production: training (forward_backward, optim_step), sampling, checkpoints (save_state, a load into a new client,
@@ -134,6 +135,31 @@ def drive_pipeline(stack) -> None:
         future.result(timeout=900)
 
 
+def drive_sampler_restart(stack) -> None:
+    """Ephemeral, named and base-model sampling clients with samples in flight when the JAX worker is killed: the
+    lost calls are sent again and the ephemeral snapshot is loaded on the successor from its copy."""
+    from tinker import types
+
+    service, model, datum, adam = _client(stack)
+    training = service.create_lora_training_client(base_model=model, rank=4, seed=5).result()
+    training.forward_backward([datum], "cross_entropy").result(timeout=600)
+    training.optim_step(adam).result(timeout=600)
+    path = training.save_weights_for_sampler(name="replay").result(timeout=600).path
+    clients = [
+        training.save_weights_and_get_sampling_client().result(timeout=600),
+        service.create_sampling_client(model_path=path),
+        service.create_sampling_client(base_model=model),
+    ]
+    prompt, params = types.ModelInput.from_ints([10, 20]), types.SamplingParams(max_tokens=4, seed=1)
+    for c in clients:
+        c.sample(prompt, 1, params).result(timeout=600)
+    pending = [c.sample(prompt, 1, params) for c in clients for _ in range(3)]
+    old = stack.kill_part("jax-worker")
+    stack.wait_restarted("jax-worker", old)
+    for future in pending + [c.sample(prompt, 1, params) for c in clients]:
+        future.result(timeout=900)
+
+
 def patches_marked(path: Path) -> set[str]:
     """The patch ids a recorded history's markers hold."""
     import base64
@@ -196,11 +222,19 @@ def main() -> None:
         help="record the pipelined-dispatch scenario (several runs stepping at once, a worker killed with steps in "
         "flight) instead of the usual one; with --add",
     )
+    parser.add_argument(
+        "--sampler-restart",
+        action="store_true",
+        help="record the sampler-restart scenario (three kinds of sampling client with samples in flight when the "
+        "JAX worker is killed) instead of the usual one; with --add",
+    )
     args = parser.parse_args()
-    if (args.paging or args.pipeline) and not args.add:
-        parser.error("--paging and --pipeline add to the recorded histories: give them --add TAG")
-    if args.paging and args.pipeline:
-        parser.error("record one scenario at a time: --paging or --pipeline")
+    scenarios = [name for name in ("paging", "pipeline", "sampler_restart") if getattr(args, name)]
+    if scenarios and not args.add:
+        parser.error("--paging, --pipeline and --sampler-restart add to the recorded histories: give them --add TAG")
+    if len(scenarios) > 1:
+        parser.error("record one scenario at a time: --paging, --pipeline or --sampler-restart")
+    drive_scenario = {"paging": drive_paging, "pipeline": drive_pipeline, "sampler_restart": drive_sampler_restart}
 
     state = Path(tempfile.mkdtemp(prefix="tinkerflow-record-")) / "state"
     extra = ["--session-timeout-s", "20", "--auto-snapshot-every", "2", "--restart-backoff-s", "0.5"]
@@ -208,7 +242,7 @@ def main() -> None:
         extra += ["--max-lora-adapters", "2", "--max-live-runs-per-tenant", "5"]
     stack = launch(state, api_key=API_KEY, extra=extra)
     try:
-        (drive_paging if args.paging else drive_pipeline if args.pipeline else drive)(stack)
+        (drive_scenario[scenarios[0]] if scenarios else drive)(stack)
         time.sleep(2)  # let the last workflow tasks land in history
         if not args.add:
             shutil.rmtree(OUT, ignore_errors=True)
@@ -220,6 +254,10 @@ def main() -> None:
             marked = set().union(*(patches_marked(OUT / n) for n in written if n.startswith("Coordinator-")))
             if "coordinator-pipelined-dispatch-v1" not in marked:
                 raise SystemExit(f"no batch was pipelined in this recording (markers: {sorted(marked)}); record again")
+        if args.sampler_restart:  # only worth keeping if a call was lost and sent again
+            marked = set().union(*(patches_marked(OUT / n) for n in written if n.startswith("SampleRequest-")))
+            if "sample-rerun-lost-v1" not in marked:
+                raise SystemExit(f"no sample call was lost in this recording (markers: {sorted(marked)}); record again")
     finally:
         stack.stop()
 
