@@ -353,7 +353,7 @@ class ModelPhases:
         """Drop compiled programs, so the next call compiles under the environment as it is now."""
         steps, sampler = self.engine._steps, self.engine._sampler
         for cache in (steps.grad_step, steps.forward_step, *sampler.caches()):
-            cache._compiled.clear()
+            cache.clear()
 
     def _mem(self, key: str) -> float | None:
         import jax

@@ -100,6 +100,7 @@ def engine_figures(model_dir: str, repeats: int) -> dict:
     from transformers import AutoTokenizer
 
     from tinkerflow.workers.engine.engine import Engine
+    from tinkerflow.workers.engine.runtime.aot_cache import AotCache
     from tinkerflow.workers.engine.types import SampleInput, SampleResult
 
     engine = Engine.load(model_dir, max_lora_adapters=8, max_lora_rank=32, progress=False)
@@ -121,11 +122,11 @@ def engine_figures(model_dir: str, repeats: int) -> dict:
         return sum(len(s.tokens) for r in results if isinstance(r, SampleResult) for s in r.sequences)
 
     def compiled() -> int:
-        return sum(len(v._compiled) for v in vars(engine).values() if hasattr(v, "_compiled")) + sum(
-            len(v._compiled)
+        return sum(v.compiles for v in vars(engine).values() if isinstance(v, AotCache)) + sum(
+            v.compiles
             for obj in vars(engine).values()
             for v in getattr(obj, "__dict__", {}).values()
-            if hasattr(v, "_compiled")
+            if isinstance(v, AotCache)
         )
 
     _count_xla_compiles()

@@ -48,6 +48,7 @@ from tinkerflow.common.run_metrics import RunMetricsStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
+from tinkerflow.workers import host_memory
 from tinkerflow.workers.accelerator import AcceleratorMeter, publish_memory_plan
 from tinkerflow.workers.engine.types import (
     COMPILE_ONLY_KINDS,
@@ -318,6 +319,7 @@ def load_engine(settings: Settings, local_path: str):
     from tinkerflow.workers.engine.engine import Engine
     from tinkerflow.workers.engine.runtime.sharding import MeshConfig
 
+    host_memory.bound_programs(settings.max_programs, settings.program_memory_mb * 2**20)  # before anything compiles
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
     engine = Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
                          max_lora_rank=settings.max_lora_rank, mesh=mesh,

@@ -52,6 +52,9 @@ ENGINE_TOKENS_PER_S = Gauge("tinkerflow_engine_tokens_per_second", "tokens/s of 
 ADAPTER_SLOTS_USED = Gauge("tinkerflow_adapter_slots_used", "LoRA adapter slots holding a training run")
 ADAPTER_SLOTS_TOTAL = Gauge("tinkerflow_adapter_slots_total", "LoRA adapter slots on this worker")
 
+# --- host memory (JAX worker): memory mappings and compiled programs are read when Prometheus scrapes, by a collector
+# in workers/host_memory.py (tinkerflow_worker_*; docs/metrics.md §Host memory series).
+
 # --- accelerators (JAX worker; workers/accelerator.py says how MFU is estimated) --------------------------------------
 DEVICE_MEMORY_IN_USE = Gauge(
     "tinkerflow_device_memory_in_use_bytes",

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from tinkerflow.common.settings_schema import ENGINE_ENV, JAX_WORKER, MESH, MODEL, TEST_HOOK, parse_sizes, setting
 
 
+def _at_least_zero(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("0 (auto) or more")
+    return value
+
+
 def _pipeline_depth(raw: str) -> int:
     depth = int(raw)
     if depth not in (1, 2):
@@ -72,6 +79,18 @@ class JaxWorkerSettings:
     compilation_cache_dir: str = setting("", "XLA persistent compilation cache of the JAX worker, so a restarted "
                                          "worker compiles nothing it compiled before; 'off' disables it", MODEL,
                                          metavar="DIR", shown="<state-dir>/xla-cache")
+    # Compiled programs held in host memory (workers/engine/runtime/program_budget.py): on CPU each holds a few hundred
+    # memory mappings, and a long tail of shapes once ran a worker into vm.max_map_count (docs/operations.md §Host
+    # settings for a long-lived JAX worker). Auto: on CPU what vm.max_map_count leaves room for, at most 512, well
+    # past the bounded program set a workload uses (docs/architecture.md §The bounded program set).
+    max_programs: int = setting(0, "compiled XLA programs the JAX worker holds; past it the least recently used is "
+                                "dropped and compiled again (or read back from the compilation cache) when next "
+                                "needed", MODEL, metavar="N", parse=_at_least_zero,
+                                shown="0: auto, what vm.max_map_count allows on CPU, at most 512")
+    program_memory_mb: int = setting(4096, "host memory (MiB) the JAX worker's compiled programs' code may take, the "
+                                     "least recently used dropped past it (a backend that reports no code size, "
+                                     "CPU, counts 4 MiB a program)", MODEL, shown="4096; 0: no bound but "
+                                     "--max-programs")
     # What the JAX worker compiles ahead of traffic (workers/engine/runtime/warm_up.py): 'background' by default,
     # because compiling every shape before registering takes minutes on a small CPU where the first request's programs
     # take about a minute (figures: docs/benchmarks.md §Measurements behind the code).

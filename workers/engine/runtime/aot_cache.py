@@ -11,6 +11,8 @@ from typing import Any
 
 import jax
 
+from .program_budget import BUDGET, ProgramBudget, program_bytes
+
 log = logging.getLogger(__name__)
 
 
@@ -38,9 +40,14 @@ class AotCache:
     `prepare` may be called from several threads at once (the warm-up compiles several shapes side by side: XLA
     releases the GIL while it compiles): each shape is compiled once, a second caller of a shape being compiled
     waits for that compile, and compiles of different shapes do not wait for each other.
+
+    The executables are held under the process's program budget (program_budget.py): past `--max-programs` (or
+    `--program-memory-mb`) the least recently used of all caches is dropped and built again when next needed, so a
+    long tail of shapes cannot exhaust the host's memory mappings (`budget`: the process's; a test passes its own).
+    `compiles` counts every build (recompiles included); `compiled_count` is what is held now.
     """
 
-    def __init__(self, name: str, fn: Callable, donate: tuple[str, ...] = ()):
+    def __init__(self, name: str, fn: Callable, donate: tuple[str, ...] = (), budget: ProgramBudget = BUDGET):
         self.name = name
         self._fn = fn
         self._donate = donate
@@ -49,8 +56,29 @@ class AotCache:
         # as much CPU as a small step (it is asked before every micro-batch the memory plan admits).
         self._needed: dict[Hashable, int] = {}
         self.compile_seconds: dict[str, float] = {}
+        # Programs built since this cache was made, recompiles after an eviction included: what a caller that asks
+        # "did this compile anything?" compares (len(_compiled) can fall while programs are built).
+        self.compiles = 0
         self._lock = threading.Lock()  # guards _building
         self._building: dict[Hashable, threading.Lock] = {}  # one lock per shape, held while it compiles
+        self._token = budget.register(self)
+        self._budget = budget
+
+    @property
+    def compiled_count(self) -> int:
+        """Executables held now (the budget may have dropped some of those built)."""
+        return len(self._compiled)
+
+    def drop(self, key: Hashable) -> None:
+        """Forget one executable (the budget's eviction; a caller running it keeps its own reference until done).
+        Its `_needed` stays: a small int, and the memory plan reads it without building the program again."""
+        self._compiled.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every executable, so the next call of each shape compiles (benchmarks that change the
+        environment between runs)."""
+        self._budget.forget(self._token)
+        self._compiled.clear()
 
     def prepare(self, label: str, *args: Any, **static: Any) -> Callable:
         """The executable for these arguments' shapes, compiled now if it was not yet; nothing runs (a warm-up can
@@ -58,6 +86,7 @@ class AotCache:
         key = _program_key(args, static)
         compiled = self._compiled.get(key)
         if compiled is not None:
+            self._budget.touch(self._token, key)
             return compiled
         with self._lock:
             building = self._building.setdefault(key, threading.Lock())
@@ -70,8 +99,14 @@ class AotCache:
                 seconds = time.perf_counter() - t0
                 desc = f"{label} {static}" if static else label
                 self.compile_seconds[desc] = seconds
+                # Read once, here: the budget weighs the program by its code, the memory plan asks what it needs.
+                stats = _memory_analysis(compiled)
+                self._needed.setdefault(key, _needed_bytes(stats))
                 self._compiled[key] = compiled
-                log.info("compiled %s for %s in %.2fs", self.name, desc, seconds)
+                self.compiles += 1
+                again = self._budget.admit(self, self._token, key, program_bytes(stats), seconds)
+                note = " (again: the program budget had dropped it)" if again else ""
+                log.info("compiled %s for %s in %.2fs%s", self.name, desc, seconds, note)
         return compiled
 
     def needed_bytes(self, label: str, *args: Any, **static: Any) -> int:
@@ -80,17 +115,26 @@ class AotCache:
         key = _program_key(args, static)
         needed = self._needed.get(key)
         if needed is None:
-            stats = self.prepare(label, *args, **static).memory_analysis()
-            needed = (
-                0
-                if stats is None
-                else max(0, stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes)
-            )
-            self._needed[key] = needed
+            self.prepare(label, *args, **static)
+            needed = self._needed[key]  # read as `prepare` built the program, before it could return it
         return needed
 
     def __call__(self, label: str, *args: Any, **static: Any) -> Any:
         return self.prepare(label, *args, **static)(*args)
+
+
+def _memory_analysis(compiled: Any) -> Any:
+    """XLA's memory analysis of an executable, or None where the backend has none (it answers None, or raises)."""
+    try:
+        return compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 (a backend without the analysis raises its own error type: weigh it as unknown)
+        return None
+
+
+def _needed_bytes(stats: Any) -> int:
+    if stats is None:
+        return 0
+    return max(0, stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes)
 
 
 def abstract(tree: Any) -> Any:
