@@ -218,7 +218,7 @@ def activity_worker(
 def warm_up_plan(settings: Settings) -> WarmUpPlan:
     return WarmUpPlan(
         train=TrainWarmUp(rows=settings.warm_up_train_rows, seq_lens=settings.warm_up_train_lens),
-        sampler=SamplerWarmUp(cache_lens=settings.warm_up_cache_lens, prompt_lens=settings.warm_up_prompt_lens),
+        sampler=SamplerWarmUp(cache_lens=settings.warm_up_cache_lens),
     )
 
 

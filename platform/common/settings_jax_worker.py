@@ -114,13 +114,10 @@ class JaxWorkerSettings:
     warm_up_train_lens: tuple[int, ...] = setting((32, 64, 128), "tokens per datum to compile ahead (rounded up "
                                                   "to the buckets 16, 24, 32, 48, 64, 96, 128, ...)", MODEL,
                                                   shown="32,64,128", metavar="N[,N...]", parse=parse_sizes)
-    warm_up_prompt_lens: tuple[int, ...] = setting((16, 32, 64), "sampling prompt lengths to compile ahead "
-                                                   "(rounded up like --warm-up-train-lens), each at every "
-                                                   "--warm-up-cache-lens", MODEL, shown="16,32,64",
-                                                   metavar="N[,N...]", parse=parse_sizes)
-    warm_up_cache_lens: tuple[int, ...] = setting((128, 256), "sampling prompt + max_tokens totals to compile "
-                                                  "ahead (rounded up to the buckets 128, 192, 256, 384, ...)", MODEL,
-                                                  shown="128,256", metavar="N[,N...]", parse=parse_sizes)
+    warm_up_cache_lens: tuple[int, ...] = setting((128, 512), "sampling prompt + max_tokens totals to compile "
+                                                  "ahead, each a family serving every prompt length (rounded up to "
+                                                  "the cache lengths 128, 512, 2048, ...)", MODEL, shown="128,512",
+                                                  metavar="N[,N...]", parse=parse_sizes)
 
     # --- one JAX worker process: num_processes > 1 joins jax.distributed at coordinator_address;
     # process 0 takes activities and drives the others through the same steps.

@@ -149,27 +149,37 @@ def test_the_prefix_cache_is_exact_and_counted(engine):
     assert len(index) <= index.blocks
 
 
-def test_an_admission_pads_the_uncached_suffix_to_a_bucket_the_warm_up_built():
-    """Where the rows start in the cache, the suffix an admission computes is padded to a warmed suffix bucket; in a
-    warmed family with no such bucket, whole prompts are prefilled instead (nothing read from the cache, nothing
-    compiled mid-workload); an unwarmed family computes the suffix in its own bucket."""
+def test_an_admission_is_chunks_of_one_length_from_where_each_row_starts_in_the_cache():
+    """Whatever the prompt lengths and cache hits, an admission is chunks of one shape: a row that starts in the
+    cache copies its cached blocks in its first chunk and computes from there; each chunk writes the pool blocks of
+    the whole blocks it computes; a row whose prompt ended is a padding row of the later chunks."""
+    index = PrefixIndex(blocks=32)
+    cached = np.arange(100, dtype=np.int32)
+    index.plan_writes(("ns",), cached[: 2 * BLOCK + 1], [], set())  # blocks 0 and 1 of it are in the cache
 
-    def admit(prompt_len: int, cached_blocks: int, full: int, warmed: tuple[int, ...]):
-        index = PrefixIndex(blocks=16)
-        prompt = np.arange(prompt_len, dtype=np.int32)
-        index.plan_writes(("ns",), prompt[: cached_blocks * BLOCK + 1], [], set())
-        row = SampleRow(prompt=prompt, max_tokens=1, temperature=1.0, top_k=-1, top_p=1.0, seed=(0, 0),
-                        sample_index=0, stop_ids=[], adapter=-1, scale=1.0, cache_namespace=("ns",),
-                        needs_from=prompt_len - 1)  # fmt: skip
-        adm = admission.plan([row], [0], 1, full, index, 16, warmed)
-        return adm.starts[0], adm.suffix_len, index.hits
+    def row(prompt: np.ndarray) -> SampleRow:
+        return SampleRow(prompt=prompt, max_tokens=1, temperature=1.0, top_k=-1, top_p=1.0, seed=(0, 0),
+                         sample_index=0, stop_ids=[], adapter=-1, scale=1.0, cache_namespace=("ns",),
+                         needs_from=len(prompt) - 1)  # fmt: skip
 
-    warmed = (16, 32, 64)
-    assert admit(30, 1, 32, warmed) == (16, 16, 16)  # a group's later sample: the smallest bucket
-    assert admit(60, 2, 64, warmed) == (32, 32, 32)  # 28 uncached tokens: the warmed 32
-    assert admit(60, 1, 64, warmed) == (0, 64, 0)  # 44: no warmed bucket below 64: the whole prompt, no hit
-    assert admit(144, 4, 192, warmed) == (64, 96, 64)  # an unwarmed family: the suffix's own bucket
-    assert admit(60, 1, 64, ()) == (16, 48, 16)  # no warm-up: every bucket
+    rows = [row(cached), row(np.arange(500, 520, dtype=np.int32))]
+    adm = admission.plan(rows, [0, 1], [5, 6], index)
+    assert adm.starts == [2 * BLOCK, 0] and adm.read[0] == [0, 1] and index.hits == 2 * BLOCK
+    c, r, cache, slots, pool = 64, 2, 256, 8, 32
+    chunks = list(adm.chunks(rows, r, c, cache, slots, pool))
+    assert len(chunks) == 2  # row 0: 68 uncached tokens in two chunks of 64; row 1: 20 tokens in one
+    first, second = chunks
+    assert first.chunk.shape == second.chunk.shape == (r, c) and first.read.shape == (r, cache // BLOCK)
+    assert first.start.tolist() == [2 * BLOCK, 0] and first.cached.tolist() == [2 * BLOCK, 0]
+    assert first.read[0, :2].tolist() == [0, 1] and first.index.tolist() == [5, 6]
+    assert first.final.tolist() == [False, True]
+    np.testing.assert_array_equal(first.chunk[0], cached[32:96])
+    np.testing.assert_array_equal(first.nexts[0], cached[33:97])
+    assert first.nexts[1, 19] == -1  # nothing follows a prompt's last token
+    assert (first.write[0] < pool).tolist() == [True] * 4 and (first.write[1] < pool).sum() == 1  # whole blocks
+    assert second.start.tolist()[0] == 96 and second.final.tolist() == [True, False]
+    assert second.index.tolist() == [5, slots] and second.cached.tolist() == [0, 0]  # row 1 is padding now
+    assert (second.write[0] < pool).sum() == 0  # 96..99 is no whole block
 
 
 def test_prefix_index_evicts_leaves_least_recently_used_first():

@@ -28,10 +28,10 @@ from tinkerflow.workers.engine.types import (
 )
 
 
-# Small shapes, so the test compiles little: train buckets (1, 4) x 32 tokens, prompts of 16 and 32 tokens.
+# Small shapes, so the test compiles little: train buckets (1, 4) x 32 tokens, one sampler family (caches of 128).
 def _settings() -> Settings:
     return Settings(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, warm_up="ready", warm_up_train_rows=(1, 4),
-                    warm_up_train_lens=(32,), warm_up_prompt_lens=(16, 32), warm_up_cache_lens=(128,))  # fmt: skip
+                    warm_up_train_lens=(32,), warm_up_cache_lens=(128,))  # fmt: skip
 
 
 def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
@@ -52,7 +52,7 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
     first, later = jax_worker.warm_up_pieces(settings)
     pieces = split_by_slot_bucket(later, engine.slot_buckets)
-    assert sum(p.kind == "sampler" for p in pieces) == 2 * len(engine.slot_buckets)
+    assert sum(p.kind == "sampler" for p in pieces) == len(engine.slot_buckets)  # one family, every prompt length
     built = engine.warm_up(first, 2)
     # (train buckets and sampler families as the background builds them: from the state's shapes, beside the
     # traffic, so the programs traffic runs must be exactly the ones built from shapes)
@@ -137,14 +137,14 @@ def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_onc
     # ... right after, back to back: the 8-datum bucket, the lifecycle's own (its forward step), the first sampler
     # family's other slot buckets.
     plan = jax_worker.warm_up_plan(settings)
-    assert [(p.kind, p.rows, p.seq, p.cache_len, p.prompt_len) for p in later[: plan.first_user() - 2]] == [
-        ("train", 8, 32, 0, 0), ("train", 1, 32, 0, 0), ("sampler", 0, 0, 128, 16)]  # fmt: skip
+    assert [(p.kind, p.rows, p.seq, p.cache_len) for p in later[: plan.first_user() - 2]] == [
+        ("train", 8, 32, 0), ("train", 1, 32, 0), ("sampler", 0, 0, 128)]  # fmt: skip
     assert sorted(first + later, key=plan.pieces().index) == list(plan.pieces())
     assert len(set(plan.pieces())) == len(plan.pieces())
     trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
     assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
-    families = {(p.cache_len, p.prompt_len) for p in later if p.kind == "sampler"}
-    assert families == {(c, p) for c in (128, 256) for p in (16, 32, 64)}
+    families = {p.cache_len for p in later if p.kind == "sampler"}
+    assert families == {128, 512}  # a family per cache length: it serves every prompt length
     # A restart (warm persistent cache): everything after registering (its recovery first), in the plan's order.
     assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), plan.pieces())
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
@@ -241,7 +241,7 @@ def test_a_first_sample_before_the_background_warm_up_compiles_its_own_slot_buck
     """`--warm-up background` schedules the first sampler family: a first 1-row sample that comes before the warm-up
     built it compiles the smallest slot bucket's programs (empty slots, admission, decode chunk), not every bucket's;
     the warm-up's pieces then build the others, and the same family at any concurrency compiles nothing more."""
-    settings = dataclasses.replace(_settings(), warm_up="background", warm_up_prompt_lens=(16,))
+    settings = dataclasses.replace(_settings(), warm_up="background")
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
     sampler = engine.engine.sampler
     assert len(engine.slot_buckets) > 1
@@ -263,7 +263,7 @@ def test_a_sampler_family_compiled_from_shapes_touches_nothing_a_call_uses(qwen3
     the sampler as it left it; the programs it built are the ones a sample then runs (nothing more compiles)."""
     import threading
 
-    settings = dataclasses.replace(_settings(), warm_up="background", warm_up_prompt_lens=(16,))
+    settings = dataclasses.replace(_settings(), warm_up="background")
     engine = jax_worker.start_engine(settings, str(qwen3_dir), pieces=())
     sampler = engine.engine.sampler
     plan = jax_worker.warm_up_plan(settings)

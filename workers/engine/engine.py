@@ -329,35 +329,35 @@ class Engine:
         self,
         *,
         cache_lens: tuple[int, ...] = SamplerWarmUp.cache_lens,
-        prompt_lens: tuple[int, ...] = SamplerWarmUp.prompt_lens,
         num_adapters: tuple[int, ...] = SamplerWarmUp.num_adapters,
         prompt_logprobs: tuple[bool, ...] = SamplerWarmUp.prompt_logprobs,
     ) -> int:
-        """Compile the sampler's decode chunk and admissions for every slot bucket, ahead of traffic: for each cache
-        length bucket (a power of two >= 128: prompt + max_tokens), prompt bucket (16, 24, 32, 48, 64, ...) and
-        adapter-stack size (distinct snapshots in a batch, a power of two). Default stop lists (<= 8 ids). Returns
-        the number of programs compiled (0 when all were already). The JAX worker calls it before it registers."""
+        """Compile the sampler's decode chunk and admission for every slot bucket, ahead of traffic: for each cache
+        length (128, 512, 2,048, ...: prompt + max_tokens) and adapter-stack size (distinct snapshots in a batch, a
+        power of two). Default stop lists (<= 8 ids). Returns the number of programs compiled (0 when all were
+        already). The JAX worker calls it before it registers."""
         return sample_requests.warm_up(
-            self._sampler, self._sampler_snapshots, self._base, cache_lens=cache_lens, prompt_lens=prompt_lens,
-            num_adapters=num_adapters, prompt_logprobs=prompt_logprobs,
-        )  # fmt: skip
+            self._sampler,
+            self._sampler_snapshots,
+            self._base,
+            cache_lens=cache_lens,
+            num_adapters=num_adapters,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     def prefer_buckets(self, plan: WarmUpPlan) -> None:
-        """Round training sequences, sampling prompts and cache lengths up to the buckets `plan` warms, where one
-        fits, so a workload within them compiles nothing (from now on, whether or not the warm-up ran yet)."""
+        """Round training sequences and sampling cache lengths up to the buckets `plan` warms, where one fits, so a
+        workload within them compiles nothing (from now on, whether or not the warm-up ran yet)."""
         pieces = plan.pieces()
         self._steps.warmed_seqs = frozenset(p.seq for p in pieces if p.kind == "train")
         self._steps.warmed_rows = frozenset(p.rows for p in pieces if p.kind == "train")
-        self._sampler.warmed_prompts = frozenset(p.prompt_len for p in pieces if p.kind == "sampler")
         self._sampler.warmed_caches = frozenset(p.cache_len for p in pieces if p.kind == "sampler")
 
     def schedule_warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> None:
         """The sampler families among `pieces` are about to be warmed up in the background: a request that comes
         first compiles only its own slot bucket of them (sampler.py)."""
         self._sampler.scheduled_families = frozenset(
-            (p.cache_len, MIN_STOP_IDS, p.prompt_len, p.prompt_logprobs, p.adapters)
-            for p in pieces
-            if p.kind == "sampler"
+            (p.cache_len, MIN_STOP_IDS, p.prompt_logprobs, p.adapters) for p in pieces if p.kind == "sampler"
         )
 
     def warm_up(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; raised by this name)
 
-from .model.config import round_up_pow2, round_up_seq_len
+from .model.config import round_up_cache_len, round_up_pow2, round_up_seq_len
 
 OptimizerName = Literal["adamw", "dimuon"]
 OPTIMIZERS: tuple[OptimizerName, ...] = ("adamw", "dimuon")
@@ -155,14 +155,12 @@ class ModelInfo:
 @dataclass(frozen=True)
 class SamplerWarmUp:
     """The shape families `Engine.warm_up_sampler` compiles, each for every slot bucket; the JAX worker warms these
-    before it registers. The defaults are a first request's usual shape: prompt + max_tokens within 128 tokens, a
-    prompt of up to 16 (a quick start, the test suite), the base model or one snapshot per batch, no prompt
-    logprobs. Each further prompt bucket costs one admission compile per slot bucket at every worker start (about
-    4 CPU-seconds each for the tiny test model), so longer prompts are left to compile their family at first use
-    (all slot buckets at once, so never again mid-workload)."""
+    before it registers. A family serves every prompt length (prompts are prefilled in chunks); the defaults are a
+    first request's usual shape: prompt + max_tokens within 128 tokens, the base model or one snapshot per batch, no
+    prompt logprobs. Longer caches compile their family at first use (all slot buckets at once, so never again
+    mid-workload)."""
 
-    cache_lens: tuple[int, ...] = (128,)  # powers of two >= 128 (sampler.MIN_CACHE_LEN): prompt + max_tokens
-    prompt_lens: tuple[int, ...] = (16,)  # prompt buckets (16, 24, 32, 48, 64, ...)
+    cache_lens: tuple[int, ...] = (128,)  # rounded up to the sampler's cache lengths: 128, 512, 2,048, ...
     num_adapters: tuple[int, ...] = (1,)  # distinct snapshots in a batch (stack sizes are powers of two)
     prompt_logprobs: tuple[bool, ...] = (False,)
 
@@ -195,14 +193,10 @@ class WarmUpPlan:
         lens = sorted({round_up_seq_len(n) for n in self.train.seq_lens})
         s = self.sampler
         families = [
-            WarmUpPiece(
-                "sampler", cache_len=c, prompt_len=round_up_seq_len(p), adapters=round_up_pow2(a), prompt_logprobs=plp
-            )
+            WarmUpPiece("sampler", cache_len=c, adapters=round_up_pow2(a), prompt_logprobs=plp)
             for a in s.num_adapters
-            for c in s.cache_lens
-            for p in s.prompt_lens
+            for c in dict.fromkeys(round_up_cache_len(c) for c in s.cache_lens)
             for plp in s.prompt_logprobs
-            if round_up_seq_len(p) <= c
         ]
         trains = [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
         first_batches = [
@@ -212,7 +206,7 @@ class WarmUpPlan:
         out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0]), *first_batches]
         out += (
             families[:1]
-            + [WarmUpPiece("lifecycle_sample", cache_len=s.cache_lens[0], prompt_len=s.prompt_lens[0])]
+            + [WarmUpPiece("lifecycle_sample", cache_len=round_up_cache_len(s.cache_lens[0]))]
             + trains
             + families[1:]
         )
@@ -233,7 +227,6 @@ class WarmUpPiece:
     rows: int = 0
     seq: int = 0
     cache_len: int = 0
-    prompt_len: int = 0
     adapters: int = 1
     prompt_logprobs: bool = False
     slots: int = 0  # a sampler piece: one slot bucket of the family (0: every bucket)

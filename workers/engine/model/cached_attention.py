@@ -69,9 +69,10 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
 
 
 def suffix_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer, positions: jax.Array,
-                     block: int = 256) -> jax.Array:  # fmt: skip
+                     block: int = 256, rows: jax.Array | None = None) -> jax.Array:  # fmt: skip
     """Several query tokens per row (q [B, T, H, D], at `positions` [B, T]) continuing rows whose earlier keys and
-    values are in cache[layer] (k/v caches [L, B, S, KV, D]): a prompt's suffix after its cached prefix. A query at
+    values are in cache[layer] (k/v caches [L, N, S, KV, D]; row b is cache row `rows[b]`, or b when `rows` is
+    None): a prompt's suffix after its cached prefix, or one chunk of a prompt prefilled in chunks. A query at
     position p sees the cache entries 0..p (its own key included, written before the call). Like `decode_attention`,
     a loop over key blocks up to the furthest position with an online softmax; entries past a row's furthest query are
     selected out. Float32 [B, T, H * D]."""
@@ -83,11 +84,15 @@ def suffix_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
     qc = q.reshape(b, t, kvh, g, d).astype(cd)
     furthest = jnp.max(positions, axis=1)  # [B]
 
+    def read(cache: jax.Array, j) -> jax.Array:  # key or value block j of every row: [B, blk, KV, D]
+        if rows is None:
+            return jax.lax.dynamic_slice(cache, (layer, 0, j * blk, 0, 0), (1, b, blk, kvh, d))[0]
+        cols = j * blk + jnp.arange(blk)
+        return cache.at[layer, rows[:, None], cols[None, :]].get(mode="fill", fill_value=0)
+
     def step(j, carry):
         m, den, acc = carry  # [B, T, KV, G], [B, T, KV, G], [B, T, KV, G, D]
-        start = (layer, 0, j * blk, 0, 0)
-        kj = jax.lax.dynamic_slice(k_cache, start, (1, b, blk, kvh, d))[0]
-        vj = jax.lax.dynamic_slice(v_cache, start, (1, b, blk, kvh, d))[0]
+        kj, vj = read(k_cache, j), read(v_cache, j)
         index = j * blk + jnp.arange(blk)
         visible = index[None, None, :] <= positions[:, :, None]  # [B, T, blk]
         scores = jnp.einsum("btkgd,bskd->btkgs", qc, kj, preferred_element_type=jnp.float32) * (d**-0.5)

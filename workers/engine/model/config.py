@@ -169,6 +169,15 @@ def round_down_seq_len(n: int, minimum: int = 16) -> int:
     return top + top // 2 if n >= top + top // 2 and top >= 2 else top
 
 
+def round_up_cache_len(n: int, minimum: int = 128, growth: int = 4) -> int:
+    """The sampler's KV-cache lengths below a model's context: `minimum` times powers of `growth` (128, 512, 2,048,
+    8,192, ...; sampling/buckets.py adds the context itself as the last)."""
+    out = minimum
+    while out < n:
+        out *= growth
+    return out
+
+
 def round_up_pow2(n: int, minimum: int = 1) -> int:
     n = max(n, minimum)
     return 1 << (n - 1).bit_length()

@@ -42,6 +42,16 @@ class LayerCache(NamedTuple):
     v: jax.Array
 
 
+class RowCache(NamedTuple):
+    """A `LayerCache` of many slots seen through `rows` (int32 [R]): batch row r of a call reads and writes slot
+    rows[r] in place, so a chunk of a few rows' prompts continues them in the shared decode cache without a copy of
+    their caches. A row index past the cache (a padding row) reads zeros and writes nothing."""
+
+    k: jax.Array
+    v: jax.Array
+    rows: jax.Array
+
+
 def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32, sharding=None) -> LayerCache:
     """Zero keys/values; `dtype` is the model's compute dtype (its param_dtype), in which attention reads them."""
     shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
@@ -96,10 +106,10 @@ class Attention(nnx.Module):
         positions: jax.Array,
         rope: tuple[jax.Array, jax.Array],
         routing: LoraRouting,
-        cache: LayerCache | None,
+        cache: LayerCache | RowCache | None,
         layer: jax.Array | int = 0,
         segments: Segments | None = None,
-    ) -> tuple[jax.Array, LayerCache | None]:
+    ) -> tuple[jax.Array, LayerCache | RowCache | None]:
         """Without a cache: causal attention within `segments` (packed rows; None: each row one segment).
         With a cache (every layer's, [L, B, S, ...]): one token per row decodes against the row's filled part of
         cache[layer]; several tokens per row write their keys/values at cache[layer] and, with `segments`, prefill
@@ -121,13 +131,18 @@ class Attention(nnx.Module):
         if cache is not None:
             # Each row writes its new keys at its own positions, so rows of different prompt lengths share one
             # cache; slots past a row's position are masked when read and overwritten before they become visible.
-            rows = jnp.arange(b)[:, None]
-            cache = LayerCache(cache.k.at[layer, rows, positions].set(k), cache.v.at[layer, rows, positions].set(v))
-            if t == 1:
+            # Positions past the cache's end (a chunk's padding) write nothing.
+            view = cache.rows if isinstance(cache, RowCache) else None
+            rows = (jnp.arange(b) if view is None else view)[:, None]
+            cache = cache._replace(
+                k=cache.k.at[layer, rows, positions].set(k, mode="drop"),
+                v=cache.v.at[layer, rows, positions].set(v, mode="drop"),
+            )
+            if t == 1 and view is None:
                 out = decode_attention(q, cache.k, cache.v, layer, positions[:, 0])
                 return self.o_proj(out, routing), cache
             if segments is None:
-                out = suffix_attention(q, cache.k, cache.v, layer, positions)
+                out = suffix_attention(q, cache.k, cache.v, layer, positions, rows=view)
                 return self.o_proj(out, routing), cache
         seg = segments if segments is not None else Segments.whole(b, t)
         out = attention(q, k, v, seg.ids, seg.ids, single_segment=seg.single)
@@ -218,7 +233,7 @@ class DecoderStack(DecoderLayer):
     def __iter__(self):
         return (self[i] for i in range(self.num_layers))
 
-    def scan(self, x, positions, rope, routing, cache: LayerCache | None, *, remat: bool, act_sharding,
+    def scan(self, x, positions, rope, routing, cache: LayerCache | RowCache | None, *, remat: bool, act_sharding,
              segments: Segments | None = None):  # fmt: skip
         """Every layer in order as one `jax.lax.scan` over the layer axis; the cache (all layers') rides in the
         carry and each layer writes its slice in place.
@@ -306,11 +321,11 @@ class CausalLM(nnx.Module):
         tokens: jax.Array,
         positions: jax.Array,
         routing: LoraRouting | StackedLoraRouting,
-        cache: LayerCache | None = None,
+        cache: LayerCache | RowCache | None = None,
         segments: Segments | None = None,
         *,
         remat: bool | None = None,
-    ) -> tuple[jax.Array, LayerCache | None]:
+    ) -> tuple[jax.Array, LayerCache | RowCache | None]:
         """Final-norm hidden states [B, T, H] (and the updated cache when one is given). `segments`: which datum
         each token belongs to (packed rows; None: one datum per row, every token real). `remat` overrides the
         model's gradient checkpointing for this call (the training step turns it on by length)."""

@@ -54,17 +54,18 @@ def target_logprobs(model: Any, h: jax.Array, targets: jax.Array, routing: Any, 
     return _chunked(one, h, targets, chunk)
 
 
-def scored_prompt(model: Any, h: jax.Array, prompt: jax.Array, routing: Any, k: int, chunk: int):
-    """Prompt scoring for the sampler: for positions 0..P-2 of h [R, P, H], the log-prob of the next prompt token
-    [R, P-1] and the k most likely next tokens (ids int32, log-probs) [R, P-1, k], chunk by chunk."""
+def scored_next(model: Any, h: jax.Array, nexts: jax.Array, routing: Any, k: int, chunk: int):
+    """Prompt scoring for the sampler: at every position of h [R, T, H], the log-prob of the token that follows it
+    (`nexts` [R, T]; a negative id scores token 0, for the caller to ignore) [R, T] and the k most likely next tokens
+    (ids int32, log-probs) [R, T, k], chunk by chunk."""
 
     def one(hx, nx):
         logp = jax.nn.log_softmax(model.logits(hx, routing), axis=-1)
-        token_lp = jnp.take_along_axis(logp, nx[..., None], axis=-1)[..., 0]
+        token_lp = jnp.take_along_axis(logp, jnp.maximum(nx, 0)[..., None], axis=-1)[..., 0]
         top_lp, top_ids = jax.lax.top_k(logp, k)
         return jnp.concatenate([token_lp[..., None], top_lp, top_ids.astype(jnp.float32)], axis=-1)
 
     # One array per position (the map's output): next-token log-prob, k log-probs, k ids (exact in float32 for any
     # vocabulary below 2**24).
-    packed = _chunked(one, h[:, :-1], prompt[:, 1:], chunk)
+    packed = _chunked(one, h, nexts, chunk)
     return packed[..., 0], packed[..., 1 + k :].astype(jnp.int32), packed[..., 1 : 1 + k]

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCRATCH_SNAPSHOT = "__warm-up__"
+# The lifecycle's sample: a short prompt (any length runs the same programs: prompts are prefilled in chunks).
+LIFECYCLE_PROMPT = 16
 
 
 class WarmUpEngine(EngineApi, Protocol):
@@ -172,9 +174,9 @@ def _sampler(engine: WarmUpEngine, piece: WarmUpPiece, *, from_shapes: bool = Fa
         lora, base = snapshots.stack_spec(piece.adapters), abstract(base)
     else:
         lora = snapshots.zero_stack(piece.adapters)
-    engine.sampler.warm_up(lora, base, cache_lens=(piece.cache_len,), prompt_lens=(piece.prompt_len,),
-                           stop_width=MIN_STOP_IDS, prompt_logprobs=(piece.prompt_logprobs,),
-                           buckets=(piece.slots,) if piece.slots else None, from_shapes=from_shapes)  # fmt: skip
+    engine.sampler.warm_up(lora, base, cache_lens=(piece.cache_len,), stop_width=MIN_STOP_IDS,
+                           prompt_logprobs=(piece.prompt_logprobs,), buckets=(piece.slots,) if piece.slots else None,
+                           from_shapes=from_shapes)  # fmt: skip
 
 
 def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) -> tuple[WarmUpPiece, ...]:
@@ -239,8 +241,8 @@ def _lifecycle_sample(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
             raise RuntimeError(f"warm-up paging failed: {moved.failed}")
         engine.snapshot(slot, SCRATCH_SNAPSHOT)
         engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
-        prompt = np.arange(piece.prompt_len, dtype=np.int32) % engine.info.vocab_size
-        max_tokens = max(1, min(4, piece.cache_len - piece.prompt_len))
+        prompt = np.arange(LIFECYCLE_PROMPT, dtype=np.int32) % engine.info.vocab_size
+        max_tokens = max(1, min(4, piece.cache_len - LIFECYCLE_PROMPT))
         for snapshot in (SCRATCH_SNAPSHOT, None):
             _expect_ok(engine.sample([SampleInput(prompt=prompt, max_tokens=max_tokens, seed=0, snapshot=snapshot)]))
     finally:

@@ -1,56 +1,96 @@
 """One admission, host side: which queued rows go in together, where their prompts start in the prefix cache, and
-the arrays `decode.admit` takes for them.
+the arrays of each prompt chunk `decode.admit` prefills for them.
 
 Rows are taken from the front of the queue; a row whose prompt starts like one already taken (same cache namespace,
 same first block) waits for the next admission, where it finds that row's blocks in the cache: the samples of one
-request (a GRPO group) prefill their prompt once, and the others only its last partial block. A row's prompt starts
-in the cache up to the block before the first position whose hidden state it needs (`SampleRow.needs_from`: its last
-token to sample from, earlier ones when it scores the prompt).
+request (a GRPO group) prefill their prompt once, and the others only what follows the cached blocks. A row's
+prompt starts in the cache up to the block before the first position whose hidden state it needs
+(`SampleRow.needs_from`: its last token to sample from, earlier ones when it scores the prompt).
 
-The part of the prompts an admission computes after its rows' cached blocks is padded to a *suffix bucket*: the
-smallest bucket or a prompt bucket the warm-up compiled (`suffix_buckets`), below the whole prompt's, so a workload
-with prefix hits runs programs the warm-up built. Where none holds the suffix, a family the warm-up built prefills
-whole prompts instead (its rows take nothing from the cache: no program is compiled mid-workload), and any other
-family computes the suffix in its own bucket (its programs are compiled at first use anyway). A suffix only the
-whole prompt's bucket holds saves no compute: whole prompts too.
+An admission's rows are prefilled in chunks of one length (the sampler's chunk for the cache length): chunk k of a
+row covers its prompt positions start + k·C .. start + (k+1)·C - 1, so every prompt length and every cache hit runs
+the same program. The admission is done once its longest remaining prompt is; a row whose prompt ended earlier is a
+padding row of the later chunks.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.config import round_up_pow2, round_up_seq_len
+from ..model.config import round_up_pow2
 from .prefix_cache import BLOCK, PrefixIndex
 from .rows import SampleRow
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """The arrays of one `decode.admit` call (names as its arguments), and which admitted rows it finishes."""
+
+    chunk: np.ndarray  # int32 [R, C]
+    nexts: np.ndarray  # int32 [R, C]
+    start: np.ndarray  # int32 [R]
+    prompt_len: np.ndarray  # int32 [R]
+    index: np.ndarray  # int32 [R]
+    final: np.ndarray  # bool [R]
+    cached: np.ndarray  # int32 [R]
+    read: np.ndarray  # int32 [R, NB]
+    write: np.ndarray  # int32 [R, C / BLOCK]
+    targets: np.ndarray  # int32 [R, C, K]
+
+
 @dataclass
 class Admission:
+    """Rows admitted together into their slots, and where each one's prompt starts in the prefix cache."""
+
     chosen: list[int]  # rows, in the order of the arrays
-    starts: list[int]  # prompt tokens each chosen row takes from the cache
-    prompt: np.ndarray  # int32 [R, S]: each row's prompt from its start on
-    prompt_len: np.ndarray  # int32 [R]: whole prompt lengths
-    start: np.ndarray  # int32 [R]
-    read: np.ndarray  # int32 [R, NB]
-    write: np.ndarray  # int32 [R, NB]
-    targets: np.ndarray  # int32 [R, S - 1, K]
-    prefix: bool  # some row starts in the cache
+    slots: list[int]  # the slot each takes
+    starts: list[int]  # prompt tokens each takes from the cache
+    read: list[list[int]]  # the pool blocks of those tokens
+    writes: list[list[int]]  # per prompt block from the row's first computed one on: the pool block (-1: none)
     prompt_logprobs: bool
     alt_k: int
+    target_width: int  # K of the targets (a power of two; 0: no row asks)
 
-    @property
-    def suffix_len(self) -> int:
-        return int(self.prompt.shape[1])
+    def chunk_count(self, rows: list[SampleRow], c: int) -> int:
+        return max(-(-(len(rows[i].prompt) - s) // c) for i, s in zip(self.chosen, self.starts))
 
+    def chunks(self, rows: list[SampleRow], r: int, c: int, cache_len: int, slots: int, pool_blocks: int
+               ) -> Iterator[Chunk]:  # fmt: skip
+        """The admission's chunks in order, each padded to `r` rows of `c` tokens (module docstring)."""
+        for k in range(self.chunk_count(rows, c)):
+            yield self.chunk(rows, k, r, c, cache_len, slots, pool_blocks)
 
-def suffix_buckets(full: int, warmed: Collection[int]) -> list[int]:
-    """The suffix buckets an admission of whole prompts of `full` tokens may compute when its rows start in the
-    cache: the smallest bucket and the `warmed` prompt buckets, below `full`."""
-    return sorted(s for s in {round_up_seq_len(1), *warmed} if s < full)
+    def chunk(self, rows: list[SampleRow], k: int, r: int, c: int, cache_len: int, slots: int, pool_blocks: int
+              ) -> Chunk:  # fmt: skip
+        nb, per = cache_len // BLOCK, c // BLOCK
+        out = blank(r, c, cache_len, slots, pool_blocks, self.target_width)
+        for j, (i, slot, s) in enumerate(zip(self.chosen, self.slots, self.starts)):
+            row, first = rows[i], s + k * c
+            p = len(row.prompt)
+            if first >= p:
+                continue  # its prompt is done: a padding row of this chunk
+            piece = row.prompt[first : first + c]
+            out.chunk[j, : len(piece)] = piece
+            after = row.prompt[first + 1 : first + c + 1]
+            out.nexts[j, : len(after)] = after
+            out.start[j], out.prompt_len[j], out.index[j] = first, p, slot
+            out.final[j] = first + c >= p
+            if k == 0 and s:
+                out.cached[j] = s
+                out.read[j, : len(self.read[j])] = self.read[j]
+            block0 = first // BLOCK - s // BLOCK  # this chunk's first block, counted from the row's first computed
+            for b in range(per):
+                if 0 <= block0 + b < len(self.writes[j]) and self.writes[j][block0 + b] >= 0:
+                    out.write[j, b] = self.writes[j][block0 + b]
+            if row.target_ids is not None:  # row t of target_ids predicts prompt token t + 1
+                t = row.target_ids[first : first + c]
+                out.targets[j, : len(t), : t.shape[1]] = t
+        assert nb == out.read.shape[1]
+        return out
 
 
 def choose(rows: list[SampleRow], queue: deque[int], count: int, caching: bool) -> list[int]:
@@ -75,11 +115,9 @@ def choose(rows: list[SampleRow], queue: deque[int], count: int, caching: bool) 
     return chosen
 
 
-def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: PrefixIndex | None,
-         pool_blocks: int, warmed: Collection[int] = ()) -> Admission:  # fmt: skip
-    """The arrays of one admission of `chosen` padded to `r` rows, whose whole prompts fit `full` tokens; the part
-    computed after cached blocks is padded to a suffix bucket (module docstring), `warmed` the warm-up's."""
-    nb = -(-full // BLOCK)
+def plan(rows: list[SampleRow], chosen: list[int], slots: list[int], index: PrefixIndex | None) -> Admission:
+    """Where each chosen row's prompt starts in the prefix cache, and the pool blocks its computed whole blocks go
+    to (registered now: the admission that writes them is done before any later one reads them)."""
     cached: list[list[int]] = []
     for i in chosen:
         row = rows[i]
@@ -87,53 +125,39 @@ def plan(rows: list[SampleRow], chosen: list[int], r: int, full: int, index: Pre
             cached.append([])
         else:
             cached.append(index.lookup(row.cache_namespace, row.prompt, min(row.needs_from, len(row.prompt) - 1)))
-    slen = full
-    if any(cached):
-        suffix = round_up_seq_len(max(len(rows[i].prompt) - len(c) * BLOCK for i, c in zip(chosen, cached)))
-        # A suffix bucket the warm-up built; in a family it built, whole prompts rather than a program it did not
-        # (a family it did not build compiles anyway: there the suffix's own bucket).
-        fits = [b for b in suffix_buckets(full, warmed) if b >= suffix]
-        slen = fits[0] if fits else full if full in warmed else suffix
-        if slen >= full:  # the cache would save nothing: whole prompts, and their blocks are not read
-            slen, cached = full, [[] for _ in chosen]
     if index is not None:
         index.hits += sum(len(c) for c in cached) * BLOCK
     pinned = {b for c in cached for b in c}
-    starts = [len(c) * BLOCK for c in cached]
-    prefix = any(starts)
-    kg = max((t.shape[1] for i in chosen if (t := rows[i].target_ids) is not None), default=0)
-    kg = round_up_pow2(kg) if kg else 0
-    alt = max((rows[i].prompt_alt_tokens_k for i in chosen), default=0)
-    prompt, prompt_len = np.zeros((r, slen), np.int32), np.ones((r,), np.int32)
-    start = np.zeros((r,), np.int32)
-    read = np.zeros((r, nb), np.int32)
-    write = np.full((r, nb), pool_blocks, np.int32)  # out of range: nothing written
-    targets = np.full((r, slen - 1, kg), -1, np.int32)
-    for j, (i, c, s) in enumerate(zip(chosen, cached, starts)):
+    writes = []
+    for i, c in zip(chosen, cached):
         row = rows[i]
-        prompt[j, : len(row.prompt) - s] = row.prompt[s:]
-        prompt_len[j], start[j] = len(row.prompt), s
-        read[j, : len(c)] = c
-        if index is not None and row.cache_namespace is not None:
-            for b, block in enumerate(index.plan_writes(row.cache_namespace, row.prompt, c, pinned), start=len(c)):
-                if block >= 0:
-                    write[j, b] = block
-        if row.target_ids is not None:
-            t = row.target_ids[s:]
-            targets[j, : len(t), : t.shape[1]] = t
+        ok = index is not None and row.cache_namespace is not None
+        writes.append(index.plan_writes(row.cache_namespace, row.prompt, c, pinned) if ok else [])  # type: ignore[union-attr]
+    kg = max((t.shape[1] for i in chosen if (t := rows[i].target_ids) is not None), default=0)
+    alt = max((rows[i].prompt_alt_tokens_k for i in chosen), default=0)
     return Admission(
-        chosen=chosen, starts=starts, prompt=prompt, prompt_len=prompt_len, start=start, read=read, write=write,
-        targets=targets, prefix=prefix, prompt_logprobs=any(rows[i].prompt_logprobs for i in chosen),
+        chosen=chosen,
+        slots=slots,
+        starts=[len(c) * BLOCK for c in cached],
+        read=cached,
+        writes=writes,
+        prompt_logprobs=any(rows[i].prompt_logprobs for i in chosen),
         alt_k=round_up_pow2(alt) if alt else 0,
-    )  # fmt: skip
+        target_width=round_up_pow2(kg) if kg else 0,
+    )
 
 
-def blank(r: int, full: int, pool_blocks: int, suffix: int | None = None) -> Admission:
-    """An admission of no rows, to compile its program: whole prompts of `full` tokens, or (`suffix`) rows that
-    start in the cache and compute `suffix` tokens of them."""
-    adm = plan([], [], r, full, None, pool_blocks)
-    if suffix is not None:
-        adm.prompt = np.zeros((r, suffix), np.int32)
-        adm.targets = np.full((r, suffix - 1, 0), -1, np.int32)
-        adm.prefix = True
-    return adm
+def blank(r: int, c: int, cache_len: int, slots: int, pool_blocks: int, target_width: int = 0) -> Chunk:
+    """A chunk of padding rows only (the arrays every chunk starts from, and what a compile runs on)."""
+    return Chunk(
+        chunk=np.zeros((r, c), np.int32),
+        nexts=np.full((r, c), -1, np.int32),
+        start=np.zeros((r,), np.int32),
+        prompt_len=np.ones((r,), np.int32),
+        index=np.full((r,), slots, np.int32),
+        final=np.zeros((r,), bool),
+        cached=np.zeros((r,), np.int32),
+        read=np.zeros((r, cache_len // BLOCK), np.int32),
+        write=np.full((r, c // BLOCK), pool_blocks, np.int32),
+        targets=np.full((r, c, target_width), -1, np.int32),
+    )

@@ -30,10 +30,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..model.attention import Segments
 from ..model.config import ModelConfig
-from ..model.decoder import LayerCache, empty_cache
-from ..model.logprobs import chunk_tokens, scored_prompt
+from ..model.decoder import LayerCache, RowCache, empty_cache
+from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..runtime.sharding import DeviceLayout
 from .prefix_cache import BLOCK
@@ -202,73 +201,79 @@ def admit(
     lora: Any,
     base: Any,
     slots: Slots,
-    prompt: jax.Array,  # int32 [R, P]
+    pool: LayerCache,  # the prefix cache's blocks [L, N, BLOCK, KV, D]
+    chunk: jax.Array,  # int32 [R, C]: prompt tokens at positions start .. start + C - 1 (anything past the prompt)
+    nexts: jax.Array,  # int32 [R, C]: the prompt token after each of those positions (-1: none), for scoring
+    start: jax.Array,  # int32 [R]: the position of chunk[:, 0]
     prompt_len: jax.Array,  # int32 [R]
-    index: jax.Array,  # int32 [R]: the slot each row goes to; out of range (= slots) for padding rows
+    index: jax.Array,  # int32 [R]: the slot each row fills; out of range (= slots) for padding rows
+    final: jax.Array,  # bool [R]: the row's last prompt token is in this chunk: its first token is sampled
     params: RowParams,  # [R]
     adapter: jax.Array,  # int32 [R]
     scale: jax.Array,  # float32 [R]
-    pool: LayerCache,  # the prefix cache's blocks [L, N, BLOCK, KV, D]
-    start: jax.Array,  # int32 [R]: prompt tokens already in the pool (a multiple of BLOCK; 0 = none)
-    read: jax.Array,  # int32 [R, NB]: the pool blocks of prompt blocks 0..start/BLOCK-1 (anything past them)
-    write: jax.Array,  # int32 [R, NB]: the pool block each prompt block is written to (out of range: none)
-    targets: jax.Array,  # int32 [R, S-1, K]: target ids per scored position (-1: none; K = 0: none asked)
+    cached: jax.Array,  # int32 [R]: prompt tokens copied from the pool into the slot before this chunk (0: none)
+    read: jax.Array,  # int32 [R, NB]: the pool blocks of those tokens (NB = cache length / BLOCK)
+    write: jax.Array,  # int32 [R, C / BLOCK]: the pool block of each whole block of this chunk (out of range: none)
+    targets: jax.Array,  # int32 [R, C, K]: target ids per position, predicting the next token (-1: none; K = 0: none)
     *,
     prompt_logprobs: bool,
-    prefix: bool = False,
     alt_k: int = 0,
 ) -> tuple[Slots, LayerCache, dict[str, jax.Array]]:
-    """Prefill R new rows, sample their first token and write them (cache, parameters, state) into their slots.
+    """Prefill one chunk of C prompt tokens of R rows straight into their slots of the shared KV cache; rows whose
+    prompt ends in it sample their first token and have their state written into their slots.
 
-    `prompt` holds each row's prompt from position `start` on ([R, S], S = the suffix bucket; `prompt_len` counts
-    all of it): with `prefix`, the cached blocks are gathered first and only the suffix is computed (attending to
-    them); without, every start is 0. The prompt's whole blocks are then written to the pool where `write` says.
+    A prompt of any length is prefilled in chunks of one size, so one program per (slots, cache length) serves every
+    prompt length, with or without prefix-cache hits (sampler.py: the bounded program set). A row that starts in the
+    prefix cache has its cached blocks copied from the pool into its slot first (`cached`, `read`: its first chunk
+    only) and is prefilled from there; every whole block a chunk computes is written to the pool where `write` says.
 
-    What is scored comes back by name for suffix positions 0..S-2 (entry t predicts the token at start + t + 1):
-    with `prompt_logprobs`, `token_lp` [R, S-1] and the MAX_TOPK_PROMPT_LOGPROBS most likely tokens `top_ids`,
-    `top_lp` [R, S-1, K]; with targets, `target_lp` [R, S-1, K]; with `alt_k`, `alt_ids`, `alt_lp` [R, S-1, alt_k].
+    What is scored comes back by name for the chunk's positions (entry t predicts the token at start + t + 1): with
+    `prompt_logprobs`, `token_lp` [R, C] and the MAX_TOPK_PROMPT_LOGPROBS most likely tokens `top_ids`, `top_lp`
+    [R, C, K]; with targets, `target_lp` [R, C, K]; with `alt_k`, `alt_ids`, `alt_lp` [R, C, alt_k].
     """
     model = nnx.merge(graphdef, lora, base)
-    r, slen = prompt.shape
-    nb = read.shape[1]
-    plen = nb * BLOCK  # the whole prompt's buffer
+    r, c = chunk.shape
+    b = slots.done.shape[0]
     routing = StackedLoraRouting(adapter=adapter, scale=scale)
-    positions = start[:, None] + jnp.arange(slen, dtype=jnp.int32)[None, :]
-    if prefix:
-        # Each row's cached blocks, then zeros (a pool block past a row's start may be anyone's: never read).
-        cols = jnp.arange(plen)[None, :] < start[:, None]  # [R, plen]
 
-        def gather(x):
-            got = x[:, read].reshape(x.shape[0], r, plen, *x.shape[3:])
-            return jnp.where(cols[None, :, :, None, None], got, jnp.zeros((), x.dtype))
+    def copy_in(cache: LayerCache) -> LayerCache:  # rows' cached prompt blocks, from the pool into their slots
+        nb = read.shape[1]
+        cols = jnp.arange(nb * BLOCK)[None, :] < cached[:, None]  # [R, S]
 
-        local = LayerCache(gather(pool.k), gather(pool.v))
-        h, local = model.hidden(prompt, positions, routing, local)
-    else:
-        local = empty_cache(model.config, r, plen, model.dtype)
-        h, local = model.hidden(prompt, positions, routing, local, Segments.right_padded(prompt_len, slen))
-    last = jnp.take_along_axis(h, (prompt_len - start - 1)[:, None, None], axis=1)  # [R, 1, H]
+        def one(dst, src):
+            got = src[:, read].reshape(src.shape[0], r, nb * BLOCK, *src.shape[3:]).astype(dst.dtype)
+            old = dst.at[:, index].get(mode="fill", fill_value=0)
+            return dst.at[:, index].set(jnp.where(cols[None, :, :, None, None], got, old), mode="drop")
+
+        return LayerCache(one(cache.k, pool.k), one(cache.v, pool.v))
+
+    cache = jax.lax.cond(jnp.any(cached > 0), copy_in, lambda x: x, slots.cache)
+    positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
+    h, view = model.hidden(chunk, positions, routing, RowCache(cache.k, cache.v, index))
+    assert isinstance(view, RowCache)
+    cache = LayerCache(view.k, view.v)
+
+    def copy_out(pool: LayerCache) -> LayerCache:  # this chunk's whole blocks, from the slots into the pool
+        def one(dst, src):
+            got = src.at[:, index[:, None], positions].get(mode="fill", fill_value=0)  # [L, R, C, KV, D]
+            blocks = got.reshape(src.shape[0], r * (c // BLOCK), BLOCK, *src.shape[3:])
+            return dst.at[:, write.reshape(-1)].set(blocks.astype(dst.dtype), mode="drop")
+
+        return LayerCache(one(pool.k, cache.k), one(pool.v, cache.v))
+
+    pool = jax.lax.cond(jnp.any(write < pool.k.shape[1]), copy_out, lambda x: x, pool)
+
+    last = jnp.take_along_axis(h, jnp.clip(prompt_len - start - 1, 0, c - 1)[:, None, None], axis=1)  # [R, 1, H]
     logits = model.logits(last, routing)[:, 0]
     token, lp = _choose(logits, params, jnp.zeros((r,), jnp.int32))
     top_ids, top_lp = _top(logits, slots.top_ids.shape[2])
     hit = _is_stop(token, params)
     length = slots.tokens.shape[1]
+    into = jnp.where(final, index, b)  # only rows whose prompt ended take their slot's state now
 
     def put(dst, src):
-        return dst.at[index].set(src.astype(dst.dtype), mode="drop")
+        return dst.at[into].set(src.astype(dst.dtype), mode="drop")
 
-    cols = jnp.arange(plen)[None, :]
-    old = slots.cache
-    cache = LayerCache(
-        old.k.at[:, index[:, None], cols].set(local.k.astype(old.k.dtype), mode="drop"),
-        old.v.at[:, index[:, None], cols].set(local.v.astype(old.v.dtype), mode="drop"),
-    )
-
-    def stash(dst, src):  # the prompt's blocks into the pool; an out-of-range block id writes nothing
-        blocks = src.reshape(src.shape[0], r * nb, BLOCK, *src.shape[3:])
-        return dst.at[:, write.reshape(-1)].set(blocks.astype(dst.dtype), mode="drop")
-
-    pool = LayerCache(stash(pool.k, local.k), stash(pool.v, local.v))
     out = Slots(
         cache=cache,
         params=jax.tree.map(put, slots.params, params),
@@ -284,18 +289,18 @@ def admit(
         top_ids=put(slots.top_ids, jnp.zeros((r, length, top_ids.shape[1]), jnp.int32).at[:, 0].set(top_ids)),
         top_lp=put(slots.top_lp, jnp.zeros((r, length, top_lp.shape[1]), jnp.float32).at[:, 0].set(top_lp)),
     )
-    # The vocabulary read in chunks of positions: a long prompt's logits never exist whole.
+    # The vocabulary read in chunks of positions: a long chunk's logits never exist whole.
     vocab = model.config.vocab_size
-    chunk = chunk_tokens(r, vocab)
+    per = chunk_tokens(r, vocab)
     scores: dict[str, jax.Array] = {}
     if prompt_logprobs:
         k = min(MAX_TOPK_PROMPT_LOGPROBS, vocab)
-        scores["token_lp"], scores["top_ids"], scores["top_lp"] = scored_prompt(model, h, prompt, routing, k, chunk)
+        scores["token_lp"], scores["top_ids"], scores["top_lp"] = scored_next(model, h, nexts, routing, k, per)
     if targets.shape[2]:
-        scores["target_lp"] = target_prompt_logprobs(model, h, targets, routing, chunk)
+        scores["target_lp"] = target_prompt_logprobs(model, h, targets, routing, per)
     if alt_k:
         scores["alt_ids"], scores["alt_lp"] = alt_tokens(
-            model, h, routing, alt_k, params.temperature, params.seed, max(1, chunk // alt_k)
+            model, h, routing, alt_k, params.temperature, params.seed, max(1, per // alt_k), positions
         )
     return _constrain(out, placement), pool, placement.constrain_batch(scores)
 

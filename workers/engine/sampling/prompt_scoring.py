@@ -22,8 +22,8 @@ ALT_STREAM = 0x5A17
 
 
 def target_prompt_logprobs(model: Any, h: jax.Array, targets: jax.Array, routing: Any, chunk: int) -> jax.Array:
-    """float32 [R, T-1, K]: log p(targets[r, t, j]) at the position after t, from hidden states h [R, T, H] and
-    target ids [R, T-1, K] (-1: none, answered 0)."""
+    """float32 [R, T, K]: log p(targets[r, t, j]) at the position after t, from hidden states h [R, T, H] and
+    target ids [R, T, K] (-1: none, answered 0)."""
 
     def one(hx, tx):
         logits = model.logits(hx, routing)
@@ -31,16 +31,22 @@ def target_prompt_logprobs(model: Any, h: jax.Array, targets: jax.Array, routing
         got = jnp.take_along_axis(logits, jnp.maximum(tx, 0), axis=-1) - lse
         return jnp.where(tx >= 0, got, 0.0)
 
-    return _chunked(one, h[:, :-1], targets, chunk)
+    return _chunked(one, h, targets, chunk)
 
 
 def alt_tokens(
-    model: Any, h: jax.Array, routing: Any, k: int, temperature: jax.Array, seed: jax.Array, chunk: int
+    model: Any,
+    h: jax.Array,
+    routing: Any,
+    k: int,
+    temperature: jax.Array,
+    seed: jax.Array,
+    chunk: int,
+    positions: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    """k tokens drawn at each of positions 0..T-2 of h [R, T, H] (ids int32 [R, T-1, k], their log-probs float32),
-    independently, at each row's temperature [R] with its seed words [R, 2] (module docstring)."""
-    r, t = h.shape[:2]
-    positions = jnp.broadcast_to(jnp.arange(t - 1, dtype=jnp.int32), (r, t - 1))
+    """k tokens drawn at every position of h [R, T, H] (ids int32 [R, T, k], their log-probs float32), each drawn
+    from the row's seed words [R, 2] and its prompt position (`positions` [R, T]), independently, at each row's
+    temperature [R] (module docstring)."""
 
     def one(hx, px):
         logits = model.logits(hx, routing)  # [R, c, V]
@@ -60,5 +66,5 @@ def alt_tokens(
         lps = jnp.take_along_axis(logp, ids, axis=-1)
         return jnp.concatenate([ids.astype(jnp.float32), lps], axis=-1)  # ids exact in float32 below 2**24
 
-    packed = _chunked(one, h[:, :-1], positions, chunk)
+    packed = _chunked(one, h, positions, chunk)
     return packed[..., :k].astype(jnp.int32), packed[..., k:]

@@ -1,9 +1,9 @@
 """The sampler's host-side records: one `SampleRow` per sample it is asked for, one `RowOutput` per row it answers,
 and the host's helpers around them (seed words, stop strings, cutting an admission's prompt scores to one row).
 
-A row's prompt may start in the prefix cache (`prefix_cache.py`): the admission then computes only its suffix, and
-whatever is scored on the prompt (log-probs, top-k, targets, alternative draws) comes back for the suffix's positions
-only; `prompt_scores` puts those rows back at their prompt positions.
+A row's prompt is prefilled in chunks and may start in the prefix cache (`prefix_cache.py`): whatever is scored on
+the prompt (log-probs, top-k, targets, alternative draws) comes back chunk by chunk for the positions computed, and
+`PromptScores` puts them at their prompt positions.
 """
 
 from __future__ import annotations
@@ -79,27 +79,47 @@ def first_stop_string_end(tokenizer: Any, tokens: list[int], stops: list[str], c
     return len(tokens)
 
 
-def prompt_scores(row: SampleRow, j: int, start: int, host: dict[str, np.ndarray]) -> RowOutput:
-    """Row j's prompt scores from an admission's host arrays (suffix coordinates: entry t predicts the prompt token
-    at start + t + 1), placed at prompt positions 1..P-1 with NaN / padding before `start + 1`."""
-    n = len(row.prompt) - 1
-    m = n - start  # positions the admission scored for this row
-    out = RowOutput([], [], "length", cache_hit_tokens=start, scored_from=start + 1)
-    if row.prompt_logprobs:
-        lp = np.full((n,), np.nan, np.float32)
-        lp[start:] = host["token_lp"][j, :m]
-        out.prompt_logprobs = lp.tolist()
-        k = row.topk_prompt_logprobs
-        if k > 0:
-            ids, lps = np.zeros((n, k), np.int32), np.full((n, k), TOPK_PAD_LOGPROB, np.float32)
-            ids[start:], lps[start:] = host["top_ids"][j, :m, :k], host["top_lp"][j, :m, :k]
-            out.topk_prompt_logprobs = (ids, lps)
-    if row.target_ids is not None:
-        kg = row.target_ids.shape[1]
-        tl = np.zeros((n, kg), np.float32)
-        tl[start:] = host["target_lp"][j, :m, :kg]
-        out.target_logprobs = np.where(row.target_ids >= 0, tl, 0.0).astype(np.float32)
-    if row.prompt_alt_tokens_k > 0:
-        k = row.prompt_alt_tokens_k
-        out.prompt_alt_tokens = (host["alt_ids"][j, :m, :k].astype(np.int64), host["alt_lp"][j, :m, :k].copy())
-    return out
+class PromptScores:
+    """One row's prompt scores, gathered chunk by chunk from the admission's host arrays (entry t of a chunk that
+    starts at prompt position `first` predicts the prompt token at first + t + 1) into prompt positions 1..P-1, with
+    NaN / padding where the row took its prompt from the prefix cache (before `start + 1`)."""
+
+    def __init__(self, row: SampleRow, start: int):
+        self.row, self.start = row, start
+        n = len(row.prompt) - 1
+        self.out = RowOutput([], [], "length", cache_hit_tokens=start, scored_from=start + 1)
+        self._lp = np.full((n,), np.nan, np.float32) if row.prompt_logprobs else None
+        k = row.topk_prompt_logprobs if row.prompt_logprobs else 0
+        self._top = (np.zeros((n, k), np.int32), np.full((n, k), TOPK_PAD_LOGPROB, np.float32)) if k > 0 else None
+        kg = row.target_ids.shape[1] if row.target_ids is not None else 0
+        self._targets = np.zeros((n, kg), np.float32) if row.target_ids is not None else None
+        ka = row.prompt_alt_tokens_k
+        self._alt = (np.zeros((n, ka), np.int64), np.zeros((n, ka), np.float32)) if ka > 0 else None
+
+    def add(self, j: int, first: int, host: dict[str, np.ndarray]) -> None:
+        """Row j of one chunk's host arrays, the chunk starting at prompt position `first`."""
+        m = min(host[next(iter(host))].shape[1], len(self.row.prompt) - 1 - first)
+        if m <= 0:
+            return
+        at = slice(first, first + m)
+        if self._lp is not None:
+            self._lp[at] = host["token_lp"][j, :m]
+        if self._top is not None:
+            k = self._top[0].shape[1]
+            self._top[0][at], self._top[1][at] = host["top_ids"][j, :m, :k], host["top_lp"][j, :m, :k]
+        if self._targets is not None:
+            self._targets[at] = host["target_lp"][j, :m, : self._targets.shape[1]]
+        if self._alt is not None:
+            k = self._alt[0].shape[1]
+            self._alt[0][at], self._alt[1][at] = host["alt_ids"][j, :m, :k], host["alt_lp"][j, :m, :k]
+
+    def result(self) -> RowOutput:
+        out = self.out
+        if self._lp is not None:
+            out.prompt_logprobs = self._lp.tolist()
+        out.topk_prompt_logprobs = self._top
+        if self._targets is not None:
+            assert self.row.target_ids is not None
+            out.target_logprobs = np.where(self.row.target_ids >= 0, self._targets, 0.0).astype(np.float32)
+        out.prompt_alt_tokens = self._alt
+        return out

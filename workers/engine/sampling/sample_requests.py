@@ -116,15 +116,15 @@ def sample(
 
 def warm_up(
     sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, *, cache_lens: tuple[int, ...],
-    prompt_lens: tuple[int, ...], num_adapters: tuple[int, ...], prompt_logprobs: tuple[bool, ...],
+    num_adapters: tuple[int, ...], prompt_logprobs: tuple[bool, ...],
 ) -> int:  # fmt: skip
-    """Compile the decode chunk and admissions of every slot bucket for each (cache length, prompt length, adapter
-    count, prompt_logprobs) family, default stop lists; returns the number of programs compiled."""
+    """Compile the decode chunk and admission of every slot bucket for each (cache length, adapter count,
+    prompt_logprobs) family, default stop lists; returns the number of programs compiled."""
     t0 = time.perf_counter()
     before = sampler.compile_count()
     for n in num_adapters:
-        sampler.warm_up(snapshots.zero_stack(round_up_pow2(n)), base, cache_lens=cache_lens, prompt_lens=prompt_lens,
-                        stop_width=MIN_STOP_IDS, prompt_logprobs=prompt_logprobs)  # fmt: skip
+        stack = snapshots.zero_stack(round_up_pow2(n))
+        sampler.warm_up(stack, base, cache_lens=cache_lens, stop_width=MIN_STOP_IDS, prompt_logprobs=prompt_logprobs)
     compiled = sampler.compile_count() - before
     log.info("sampler warm-up: %d programs in %.1fs", compiled, time.perf_counter() - t0)
     return compiled

@@ -2,25 +2,27 @@
 decoding.
 
 Every sample of every request is one *row*. A `sample` call queues its rows; `SlotSampler.run` admits them into a
-fixed number of decode slots (a row bucket such as 8/64/256), prefills the newly admitted rows (their keys and values
-are written into their slots' part of the one shared KV cache), and runs jitted decode chunks over all slots at once.
-A row that finishes frees its slot; waiting rows are admitted at the next chunk boundary. Rows of different
+fixed number of decode slots (a row bucket such as 8/64/256), prefills the newly admitted rows' prompts in chunks of
+one length straight into their slots' part of the one shared KV cache, and runs jitted decode chunks over all slots
+at once. A row that finishes frees its slot; waiting rows are admitted at the next chunk boundary. Rows of different
 snapshots share decode steps: each slot carries its adapter index into a small stack of snapshot LoRAs, its own
 position, sampling parameters, PRNG stream and stop ids. The device programs (slot state, sampling maths, the
 jitted admit and decode steps) are in `decode.py`; this module schedules rows onto them.
 
-Shapes are bucketed so a steady workload compiles nothing new: slots (a few row buckets), cache length (a power of
-two, at least MIN_CACHE_LEN), prompt length (round_up_seq_len), stop-id width and adapter-stack size (powers of
-two); admissions always take slots/8 rows (several calls fill the slots). With `eager_buckets` the first use of a
-(cache, prompt, adapters, stops) family compiles the decode chunk and the admissions (of whole prompts, and of
-prompts that start in the prefix cache) for every slot bucket, so coordinator batches of varying size (4 rows, then
-252, ...) never compile in the middle of a workload; `warm_up` does the same ahead of time, or from shapes alone
-beside the traffic. A family the JAX worker's background warm-up is about to build (`scheduled_families`) is the
-exception: a request that comes first compiles its own slot bucket only.
+The program set is bounded by design: a program's shapes never depend on a prompt's length or on where it starts in
+the prefix cache. A family is (cache length, stop-id width, adapter-stack size, prompt logprobs); each has, per slot
+bucket, its empty slots, one admission (a chunk of `chunk_len(cache)` tokens of slots/8 rows) and one decode
+chunk. Cache lengths are powers of four from MIN_CACHE_LEN (128, 512, 2,048, 8,192, ...), up to the model's context:
+a row's cache is at most four times what it needs, and a model of 40,960 positions has six. docs/architecture.md
+§The bounded program set counts them. With `eager_buckets` the first use of a family compiles every slot bucket's
+programs, so coordinator batches of varying size (4 rows, then 252, ...) never compile in the middle of a workload;
+`warm_up` does the same ahead of time, or from shapes alone beside the traffic. A family the JAX worker's background
+warm-up is about to build (`scheduled_families`) is the exception: a request that comes first compiles its own slot
+bucket only.
 
 Stop token ids are checked on device; stop strings here, on the host, between chunks (only when some row has them).
-Which rows go into one admission and where their prompts start in the prefix cache is `admission.py`'s; the
-records of rows and their outputs are `rows.py`'s.
+Which rows go into one admission, where their prompts start in the prefix cache and the arrays of each chunk are
+`admission.py`'s; the records of rows and their outputs are `rows.py`'s.
 """
 
 from __future__ import annotations
@@ -39,12 +41,22 @@ from flax import nnx
 
 from tinkerflow.common.settings import env_setting
 
-from ..model.config import ModelConfig, round_up_pow2, round_up_seq_len
-from ..runtime.aot_cache import AotCache, warmed_bucket
+from ..model.config import ModelConfig, round_up_pow2
+from ..runtime.aot_cache import AotCache, abstract, warmed_bucket
 from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
 from . import admission
-from .admission import Admission
+from .admission import Admission, Chunk
+from .buckets import (
+    DEFAULT_SAMPLE_SLOTS,
+    MIN_CACHE_LEN,
+    MIN_STOP_IDS,
+    admission_rows,
+    cache_bucket,
+    chunk_len,
+    slot_buckets,
+    stop_width,
+)
 
 # The device programs; MAX_TOPK_PROMPT_LOGPROBS, RowParams and Slots are re-exported for code that imported them here.
 from .decode import (
@@ -58,41 +70,29 @@ from .decode import (
     pool_program,
 )
 from .prefix_cache import BLOCK, PrefixIndex
-from .rows import RowOutput, SampleRow, first_stop_string_end, prompt_scores, seed_words
+from .rows import PromptScores, RowOutput, SampleRow, first_stop_string_end, seed_words
 
 __all__ = [
-    "DEFAULT_SAMPLE_SLOTS", "MAX_TOPK_PROMPT_LOGPROBS", "MIN_CACHE_LEN", "MIN_STOP_IDS", "STOP_STRING_CHUNK",
-    "RowOutput", "RowParams", "SampleRow", "SlotSampler", "Slots", "admission_rows", "first_stop_string_end",
-    "seed_words", "slot_buckets",
-]  # fmt: skip
+    "DEFAULT_SAMPLE_SLOTS",
+    "MAX_TOPK_PROMPT_LOGPROBS",
+    "MIN_CACHE_LEN",
+    "MIN_STOP_IDS",
+    "STOP_STRING_CHUNK",
+    "RowOutput",
+    "RowParams",
+    "SampleRow",
+    "SlotSampler",
+    "Slots",
+    "admission_rows",
+    "first_stop_string_end",
+    "seed_words",
+    "slot_buckets",
+]
 
 log = logging.getLogger(__name__)
 
-# Largest number of decode slots (rows decoded together); smaller buckets are powers of 8 below it.
-DEFAULT_SAMPLE_SLOTS = 256
 # Decode steps between host checks of stop strings (only when some row has stop strings).
 STOP_STRING_CHUNK = 16
-# Smallest KV-cache length bucket (cache lengths are powers of two).
-MIN_CACHE_LEN = 128
-# Smallest stop-id width (stop lists are padded with -1 to a power of two).
-MIN_STOP_IDS = 8
-# Prompt buckets longer than this compile only the slot bucket in use, not the family (rare, and long to compile).
-EAGER_PROMPT_LEN = 2048
-
-
-def slot_buckets(max_slots: int, placement: DeviceLayout) -> list[int]:
-    """Row buckets: powers of 8 below max_slots, then max_slots (e.g. 8, 64, 256), each a multiple of fsdp."""
-    out, b = [], 8
-    while b < max_slots:
-        out.append(b)
-        b *= 8
-    out.append(max_slots)
-    return sorted({placement.round_rows(x) for x in out})
-
-
-def admission_rows(slots: int, placement: DeviceLayout) -> int:
-    """Rows per admission call (slots / 8): filling every slot takes 8 calls, a refill one; one program per bucket."""
-    return placement.round_rows(max(1, slots // 8))
 
 
 class SlotSampler:
@@ -105,7 +105,7 @@ class SlotSampler:
         self.config = config
         self.tokenizer = tokenizer
         self.max_slots = DEFAULT_SAMPLE_SLOTS
-        # Compile every slot bucket and admission size of a shape family at its first use (see module docstring).
+        # Compile every slot bucket of a shape family at its first use (see module docstring).
         # (TINKERFLOW_SAMPLER_EAGER_BUCKETS=0, an env-only Settings field, compiles each bucket when first needed.)
         self.eager_buckets = bool(env_setting("sampler_eager_buckets"))
         self._admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots", "pool"))
@@ -113,12 +113,11 @@ class SlotSampler:
         self._empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
         self._idle: dict[tuple[int, ...], tuple[Slots, np.ndarray]] = {}  # (B, L, M, K) -> slots, pending release
         self._families: set[tuple] = set()
-        # Prompt and cache-length buckets the warm-up compiles (Engine.prefer_buckets): rows round up to them where
-        # they fit. Fixed at start, whatever the warm-up got to, so a row's shapes never depend on timing.
-        self.warmed_prompts: frozenset[int] = frozenset()
+        # Cache lengths the warm-up compiles (Engine.prefer_buckets): rows round up to them where they fit. Fixed at
+        # start, whatever the warm-up got to, so a row's shapes never depend on timing.
         self.warmed_caches: frozenset[int] = frozenset()
-        # (cache, stops, prompt, prompt_logprobs, adapters) families a background warm-up builds at every bucket soon.
-        self.scheduled_families: frozenset[tuple[int, int, int, bool, int]] = frozenset()
+        # (cache, stops, prompt_logprobs, adapters) families a background warm-up builds at every bucket soon.
+        self.scheduled_families: frozenset[tuple[int, int, bool, int]] = frozenset()
         self._buckets_built: set[tuple] = set()
         # The device-memory plan (Engine sets it): slot buckets and prefill rows are sized to fit it.
         self.memory: MemoryPlan | None = None
@@ -133,7 +132,8 @@ class SlotSampler:
         return [self._admit, self._decode, self._empty]
 
     def compile_count(self) -> int:
-        return sum(len(c._compiled) for c in self.caches())
+        """Programs the sampler built so far, recompiles included: only grows, so a difference counts compiles."""
+        return sum(c.compiles for c in self.caches())
 
     # -------------------------------------------------------------- buckets
 
@@ -147,24 +147,24 @@ class SlotSampler:
         fit = [b for b in every if b <= cap]
         return fit or [self.placement.round_rows(1 << (max(1, cap).bit_length() - 1))]
 
-    def admission_rows(self, b: int, cache_len: int, prompt_len: int) -> int:
-        """Rows one admission prefills in bucket `b`: slots / 8, fewer when their prompts' prefill would not fit
+    def admission_rows(self, b: int, cache_len: int) -> int:
+        """Rows one admission call prefills in bucket `b`: slots / 8, fewer when their chunk's prefill would not fit
         beside the slots' KV caches (memory plan)."""
         rows = admission_rows(b, self.placement)
         if self.memory is not None:
-            fit = self.memory.prefill_rows(prompt_len, b, cache_len)
+            fit = self.memory.prefill_rows(chunk_len(cache_len), b, cache_len)
             rows = min(rows, self.placement.round_rows(1 << (fit.bit_length() - 1)))
         return rows
 
-    @staticmethod
-    def cache_len(rows: list[SampleRow]) -> int:
-        """The KV-cache length bucket of rows: their longest prompt + max_tokens, two significant bits (128, 192,
-        256, 384, ...), so a cache is at most a third longer than its longest row needs."""
-        return round_up_seq_len(max(len(r.prompt) + r.max_tokens for r in rows), minimum=MIN_CACHE_LEN)
+    def cache_len(self, rows: list[SampleRow]) -> int:
+        """The KV-cache length bucket of rows: their longest prompt + max_tokens, rounded up to the next of the few
+        cache lengths (buckets.py)."""
+        need = max(len(r.prompt) + r.max_tokens for r in rows)
+        return cache_bucket(need, self.config.max_position_embeddings)
 
     @staticmethod
     def stop_width(rows: list[SampleRow]) -> int:
-        return round_up_pow2(max(1, *(len(r.stop_ids) for r in rows)), minimum=MIN_STOP_IDS)
+        return stop_width(rows)
 
     @staticmethod
     def topk_width(rows: list[SampleRow]) -> int:
@@ -175,8 +175,8 @@ class SlotSampler:
     def _take(self, b: int, length: int, m: int, kt: int = 0) -> tuple[Slots, np.ndarray]:
         got = self._idle.pop((b, length, m, kt), None)
         if got is None:
-            got = (self._empty(f"slots={b} cache={length} stops={m} topk={kt}", slots=b, cache_len=length, stops=m,
-                               topk=kt), np.zeros((b,), bool))  # fmt: skip
+            label = f"slots={b} cache={length} stops={m} topk={kt}"
+            got = (self._empty(label, slots=b, cache_len=length, stops=m, topk=kt), np.zeros((b,), bool))
         return got
 
     def _keep(self, slots: Slots, release: np.ndarray, length: int, m: int) -> None:
@@ -202,21 +202,19 @@ class SlotSampler:
 
     # -------------------------------------------------------------- compiled calls
 
-    def _admit_call(self, lora, base, slots: Slots, rows: list[SampleRow], adm: Admission, index: list[int],
-                    *, compile_only: bool = False, pool: Any = None):  # fmt: skip
+    def _admit_call(self, lora, base, slots: Slots, rows: list[SampleRow], adm: Admission | None, chunk: Chunk, *,
+                    plp: bool, alt_k: int, compile_only: bool = False, pool: Any = None):  # fmt: skip
         b = int(slots.done.shape[0])
         m = int(slots.params.stop_ids.shape[1])
-        r = len(adm.prompt_len)
-        idx = np.full((r,), b, np.int32)
+        r, c = chunk.chunk.shape
         adapter = np.full((r,), -1, np.int32)
         scale = np.zeros((r,), np.float32)
         temp, top_p = np.ones((r,), np.float32), np.ones((r,), np.float32)
         top_k, sample_index, max_tokens = np.full((r,), -1, np.int32), np.zeros((r,), np.int32), np.ones((r,), np.int32)
         seeds = np.zeros((r, 2), np.uint32)
         stop_ids = np.full((r, m), -1, np.int32)
-        for i, (row_i, slot) in enumerate(zip(adm.chosen, index)):
+        for i, row_i in enumerate(adm.chosen if adm is not None else []):
             row = rows[row_i]
-            idx[i] = slot
             adapter[i], scale[i] = row.adapter, row.scale
             temp[i], top_k[i], top_p[i] = row.temperature, row.top_k, row.top_p
             seeds[i] = row.seed
@@ -228,12 +226,11 @@ class SlotSampler:
         params = put(RowParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seeds, sample_index=sample_index,  # pyright: ignore[reportArgumentType]
                                max_tokens=max_tokens, stop_ids=stop_ids))  # fmt: skip  # pyright: ignore[reportArgumentType]
         length = int(slots.tokens.shape[1])
-        label = (f"slots={b} cache={length} adapters={_stack_size(lora)} stops={m} rows={r} "
-                 f"prompt={adm.read.shape[1] * BLOCK} suffix={adm.suffix_len}")  # fmt: skip
-        args = (lora, base, slots, put(adm.prompt), put(adm.prompt_len), put(idx), params, put(adapter), put(scale),
-                self.pool() if pool is None else pool, put(adm.start), put(adm.read), put(adm.write),
-                put(adm.targets))  # fmt: skip
-        static = dict(prompt_logprobs=adm.prompt_logprobs, prefix=adm.prefix, alt_k=adm.alt_k)
+        label = f"slots={b} cache={length} adapters={_stack_size(lora)} stops={m} rows={r} chunk={c}"
+        args = (lora, base, slots, self.pool() if pool is None else pool, put(chunk.chunk), put(chunk.nexts),
+                put(chunk.start), put(chunk.prompt_len), put(chunk.index), put(chunk.final), params, put(adapter),
+                put(scale), put(chunk.cached), put(chunk.read), put(chunk.write), put(chunk.targets))  # fmt: skip
+        static = dict(prompt_logprobs=plp, alt_k=alt_k)
         if compile_only:
             self._admit.prepare(label, *args, **static)
             return slots, {}
@@ -250,37 +247,38 @@ class SlotSampler:
             return slots
         return self._decode(label, *args)
 
-    def _ensure_family(self, lora, base, length: int, m: int, plen: int, plp: bool) -> None:
-        """Compile every slot bucket's decode chunk and admissions for this family (the buckets whose KV caches fit
-        the memory plan)."""
-        family = (length, m, plen, plp, _stack_size(lora), tuple(self.buckets(length)))
+    def _ensure_family(self, lora, base, length: int, m: int, plp: bool, using: int | None = None) -> None:
+        """Compile every slot bucket's decode chunk and admission for this family (the buckets whose KV caches fit
+        the memory plan). Only bucket `using` (None: the smallest) gets its slots allocated and kept: the others are
+        compiled from shapes, so a family of long caches never holds every bucket's KV caches at once."""
+        family = (length, m, plp, _stack_size(lora), tuple(self.buckets(length)))
         if family in self._families:
             return
         self._families.add(family)
         t0 = time.perf_counter()
         before = self.compile_count()
-        for b in self.buckets(length):
-            self.warm_bucket(lora, base, b, length, m, plen, plp)
+        buckets = self.buckets(length)
+        using = buckets[0] if using is None else using
+        for b in buckets:
+            shapes = b != using
+            self.warm_bucket(abstract(lora) if shapes else lora, abstract(base) if shapes else base, b, length, m,
+                             plp, from_shapes=shapes)  # fmt: skip
         if self.compile_count() > before:
-            log.info("sampler: compiled %d programs for cache=%d stops=%d prompt=%d prompt_logprobs=%s adapters=%d "
-                     "in %.1fs", self.compile_count() - before, length, m, plen, plp, family[4],
-                     time.perf_counter() - t0)  # fmt: skip
+            log.info("sampler: compiled %d programs for cache=%d stops=%d prompt_logprobs=%s adapters=%d in %.1fs",
+                     self.compile_count() - before, length, m, plp, family[3], time.perf_counter() - t0)  # fmt: skip
 
-    def _ensure_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool) -> None:
-        """Compile (by running on no rows) one slot bucket of a family, once."""
-        key = (b, length, m, plen, plp, _stack_size(lora))
+    def _ensure_bucket(self, lora, base, b: int, length: int, m: int, plp: bool) -> None:
+        """Compile one slot bucket of a family, once."""
+        key = (b, length, m, plp, _stack_size(lora))
         if key not in self._buckets_built:
             self._buckets_built.add(key)
-            self.warm_bucket(lora, base, b, length, m, plen, plp)
+            self.warm_bucket(lora, base, b, length, m, plp)
 
-    def warm_bucket(self, lora, base, b: int, length: int, m: int, plen: int, plp: bool, *,
-                    from_shapes: bool = False) -> None:  # fmt: skip
+    def warm_bucket(self, lora, base, b: int, length: int, m: int, plp: bool, *, from_shapes: bool = False) -> None:
         """One slot bucket of a family: its empty slots (kept for the next call), its admission and decode chunk
-        compiled, not run (a long prompt's prefill would take as long as a real one). With the prefix cache on, the
-        admissions of rows that start in it too, at each suffix bucket (admission.py; not for prompt logprobs, whose
-        rows score their whole prompt and so take nothing from the cache). `from_shapes` (`lora`, `base`: `abstract`
-        of them): nothing allocated or kept, no state a call uses read or changed, so safe on another thread beside
-        any call; a call that needs one of these programs meanwhile waits for that compile alone (AotCache)."""
+        compiled, not run. `from_shapes` (`lora`, `base`: `abstract` of them): nothing allocated or kept, no state a
+        call uses read or changed, so safe on another thread beside any call; a call that needs one of these
+        programs meanwhile waits for that compile alone (AotCache)."""
         if from_shapes:  # the pool's shapes from its program, compiled (cheap) and not run
             pool = pool_program(self._config, self._dtype, self.prefix_tokens).lower().compile().out_info
             slots = self._empty.prepare(f"slots={b} cache={length} stops={m} topk=0", slots=b, cache_len=length,
@@ -288,34 +286,44 @@ class SlotSampler:
             release = None
         else:
             (slots, release), pool = self._take(b, length, m), self.pool()
-        r = self.admission_rows(b, length, plen)
-        caching = self.prefix_tokens >= BLOCK and not plp  # the pool's index exists (pool()) exactly then
-        suffixes = admission.suffix_buckets(plen, self.warmed_prompts) if caching else []
-        for suffix in (None, *suffixes):
-            adm = admission.blank(r, plen, pool.k.shape[1], suffix)
-            adm.prompt_logprobs = plp
-            self._admit_call(lora, base, slots, [], adm, [], compile_only=True, pool=pool)
+        r, c = self.admission_rows(b, length), chunk_len(length)
+        blank = admission.blank(r, c, length, b, pool.k.shape[1])
+        self._admit_call(lora, base, slots, [], None, blank, plp=plp, alt_k=0, compile_only=True, pool=pool)
         self._decode_call(lora, base, slots, np.zeros((b,), bool), 0, 0, compile_only=True)
         if release is not None:
             self._keep(slots, release, length, m)
 
-    def warm_up(self, lora, base, *, cache_lens, prompt_lens, stop_width: int = MIN_STOP_IDS,
+    def warm_up(self, lora, base, *, cache_lens, stop_width: int = MIN_STOP_IDS,
                 prompt_logprobs: tuple[bool, ...] = (False,), buckets: tuple[int, ...] | None = None,
                 from_shapes: bool = False) -> None:  # fmt: skip
         """Compile the families of these shapes; only the slot `buckets` named (None: all, and the family counts
         as done, unless `from_shapes`: then nothing is recorded, see `warm_bucket`)."""
         for length in cache_lens:
-            for plen in prompt_lens:
-                for plp in prompt_logprobs:
-                    if plen > length:
-                        continue
-                    if buckets is None and not from_shapes:
-                        self._ensure_family(lora, base, length, stop_width, plen, plp)
-                        continue
-                    for b in buckets or self.buckets(length):
-                        self.warm_bucket(lora, base, b, length, stop_width, plen, plp, from_shapes=from_shapes)
+            for plp in prompt_logprobs:
+                if buckets is None and not from_shapes:
+                    self._ensure_family(lora, base, length, stop_width, plp)
+                    continue
+                for b in buckets or self.buckets(length):
+                    self.warm_bucket(lora, base, b, length, stop_width, plp, from_shapes=from_shapes)
 
     # -------------------------------------------------------------- the loop
+
+    def _prefill(self, lora, base, slots: Slots, rows: list[SampleRow], adm: Admission, r: int,
+                 results: list[RowOutput | None]) -> Slots:  # fmt: skip
+        """Every chunk of one admission, in order; rows that score their prompt gather their scores chunk by chunk."""
+        b, length = (int(x) for x in slots.tokens.shape)
+        scoring = {j: PromptScores(rows[i], adm.starts[j]) for j, i in enumerate(adm.chosen) if rows[i].scores_prompt}
+        c = chunk_len(length)
+        for chunk in adm.chunks(rows, r, c, length, b, self.pool().k.shape[1]):
+            slots, scores = self._admit_call(lora, base, slots, rows, adm, chunk, plp=adm.prompt_logprobs,
+                                             alt_k=adm.alt_k)  # fmt: skip
+            host = self.placement.to_host(scores) if scores else {}
+            for j, acc in scoring.items():
+                if chunk.index[j] < b:
+                    acc.add(j, int(chunk.start[j]), host)
+        for j, acc in scoring.items():
+            results[adm.chosen[j]] = acc.result()
+        return slots
 
     def run(self, rows: list[SampleRow], lora: Any, base: Any) -> list[RowOutput]:
         n = len(rows)
@@ -324,8 +332,7 @@ class SlotSampler:
             length = warmed_bucket(length, self.warmed_caches)
         buckets = self.buckets(length)
         b = next((x for x in buckets if x >= n), buckets[-1])
-        longest = round_up_seq_len(max(len(r.prompt) for r in rows))
-        small = self.admission_rows(b, length, warmed_bucket(longest, self.warmed_prompts, limit=length))
+        small = self.admission_rows(b, length)
         slots, release = self._take(b, length, m, kt)
         self.pool()
         queue = deque(range(n))
@@ -338,28 +345,21 @@ class SlotSampler:
         while queue or occupant:
             while queue and free:
                 chosen = admission.choose(rows, queue, min(len(free), small), self.prefix is not None)
-                index = [free.popleft() for _ in chosen]
-                plen = warmed_bucket(round_up_seq_len(max(len(rows[i].prompt) for i in chosen)),
-                                     self.warmed_prompts, limit=length)  # fmt: skip
-                adm = admission.plan(rows, chosen, small, plen, self.prefix, self.pool().k.shape[1],
-                                     self.warmed_prompts)  # fmt: skip
-                plain = not (kt or adm.alt_k or adm.targets.shape[2])  # the family warm-up builds
+                adm = admission.plan(rows, chosen, [free.popleft() for _ in chosen], self.prefix)
+                plain = not (kt or adm.alt_k or adm.target_width)  # the family warm-up builds
                 if self.eager_buckets and plain:
                     plp = adm.prompt_logprobs
                     self._keep(slots, release, length, m)
-                    if (length, m, plen, plp, _stack_size(lora)) in self.scheduled_families or plen > EAGER_PROMPT_LEN:
-                        self._ensure_bucket(lora, base, b, length, m, plen, plp)
+                    if (length, m, plp, _stack_size(lora)) in self.scheduled_families:
+                        self._ensure_bucket(lora, base, b, length, m, plp)
                     else:
-                        self._ensure_family(lora, base, length, m, plen, plp)
+                        self._ensure_family(lora, base, length, m, plp, using=b)
                     slots, release = self._take(b, length, m, kt)
-                slots, scores = self._admit_call(lora, base, slots, rows, adm, index)
-                host = self.placement.to_host(scores) if scores else {}
-                for j, (i, s) in enumerate(zip(chosen, index)):
+                slots = self._prefill(lora, base, slots, rows, adm, small, results)
+                for i, s, start in zip(adm.chosen, adm.slots, adm.starts):
                     occupant[s] = i
                     release[s] = False
-                    hits[i] = adm.starts[j]
-                    if rows[i].scores_prompt:
-                        results[i] = prompt_scores(rows[i], j, adm.starts[j], host)
+                    hits[i] = start
             strings = any(rows[i].stop_strings for i in occupant.values())
             steps = STOP_STRING_CHUNK if strings else length
             target = b if not queue else min(b, b - len(occupant) + min(len(queue), small))
