@@ -314,3 +314,39 @@ def test_topk_prompt_logprobs_are_the_trainers_top_tokens(engine, trained_snapsh
 def test_topk_prompt_logprobs_beyond_the_limit_is_refused(engine):
     [res] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=1, topk_prompt_logprobs=10_000)])
     assert isinstance(res, InputError) and "topk_prompt_logprobs must be in [0, 20]" in str(res)
+
+
+def test_a_call_over_more_snapshots_than_a_stack_holds_runs_in_batches_with_each_rows_own_weights(engine, rng):
+    """17 snapshots of different weights in one call (a stack holds 16): decoded in two batches, every request's
+    tokens and logprobs those it gets alone (atol 1e-5, the batch-composition tolerance above)."""
+    from tinkerflow.workers.engine.sampling.buckets import STACK_SIZES
+
+    n = STACK_SIZES[-1] + 1
+    engine.create_adapter(1, LoraConfig(rank=2, seed=3))
+    shapes = engine.export_slot(1)
+    keys = [f"many:{i}" for i in range(n)]
+    try:
+        for key in keys:
+            weights = {k: (0.05 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in shapes.weights.items()}
+            engine.load_snapshot(key, shapes.config, weights)
+        reqs = [SampleInput(prompt=PROMPT, max_tokens=6, seed=11, snapshot=k, stop_token_ids=[]) for k in keys]
+        together = engine.sample(reqs)
+        assert len({tuple(r.sequences[0].tokens) for r in together}) > 1, "snapshots should sample differently"
+        for req, got in zip(reqs, together):
+            [alone] = engine.sample([req])
+            assert _tokens(alone) == _tokens(got)
+            np.testing.assert_allclose(alone.sequences[0].logprobs, got.sequences[0].logprobs, atol=1e-5)
+    finally:
+        for key in keys:
+            engine.drop_snapshot(key)
+        engine.free_adapter(1)
+
+
+def test_a_stop_list_past_the_one_width_is_refused_naming_the_limit(engine):
+    from tinkerflow.workers.engine.sampling.buckets import STOP_IDS
+
+    stops = list(range(1, STOP_IDS + 1))
+    [refused] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=2, stop_token_ids=stops)])
+    assert isinstance(refused, InputError) and f"at most {STOP_IDS}" in str(refused)
+    [ok] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=2, stop_token_ids=stops[: STOP_IDS // 2])])
+    assert not isinstance(ok, Exception)

@@ -26,8 +26,9 @@ from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
 from .runtime.page_store import PageStore, default_host_budget_bytes
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
+from .sampling.buckets import STOP_IDS, stack_size
 from .sampling.prefix_cache import BLOCK
-from .sampling.sampler import MIN_STOP_IDS, SlotSampler
+from .sampling.sampler import SlotSampler
 from .sampling.snapshots import SamplerSnapshots, Snapshot
 from .training import trainer
 from .training.adapter_pages import AdapterPager
@@ -357,7 +358,7 @@ class Engine:
         """The sampler families among `pieces` are about to be warmed up in the background: a request that comes
         first compiles only its own slot bucket of them (sampler.py)."""
         self._sampler.scheduled_families = frozenset(
-            (p.cache_len, MIN_STOP_IDS, p.prompt_logprobs, p.adapters) for p in pieces if p.kind == "sampler"
+            (p.cache_len, STOP_IDS, p.prompt_logprobs, stack_size(p.adapters)) for p in pieces if p.kind == "sampler"
         )
 
     def warm_up(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:

@@ -161,7 +161,7 @@ class SamplerWarmUp:
     mid-workload)."""
 
     cache_lens: tuple[int, ...] = (128,)  # rounded up to the sampler's cache lengths: 128, 512, 2,048, ...
-    num_adapters: tuple[int, ...] = (1,)  # distinct snapshots in a batch (stack sizes are powers of two)
+    num_adapters: tuple[int, ...] = (1,)  # distinct snapshots in a batch (stacks of 1, 4 or 16)
     prompt_logprobs: tuple[bool, ...] = (False,)
 
 
@@ -193,7 +193,7 @@ class WarmUpPlan:
         lens = sorted({round_up_seq_len(n) for n in self.train.seq_lens})
         s = self.sampler
         families = [
-            WarmUpPiece("sampler", cache_len=c, adapters=round_up_pow2(a), prompt_logprobs=plp)
+            WarmUpPiece("sampler", cache_len=c, adapters=a, prompt_logprobs=plp)
             for a in s.num_adapters
             for c in dict.fromkeys(round_up_cache_len(c) for c in s.cache_lens)
             for plp in s.prompt_logprobs

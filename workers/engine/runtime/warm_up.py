@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..interface import EngineApi
-from ..sampling.sampler import MIN_STOP_IDS
+from ..sampling.sampler import STOP_IDS
 from ..training.steps import pack
 from ..types import (
     AdamConfig,
@@ -174,7 +174,7 @@ def _sampler(engine: WarmUpEngine, piece: WarmUpPiece, *, from_shapes: bool = Fa
         lora, base = snapshots.stack_spec(piece.adapters), abstract(base)
     else:
         lora = snapshots.zero_stack(piece.adapters)
-    engine.sampler.warm_up(lora, base, cache_lens=(piece.cache_len,), stop_width=MIN_STOP_IDS,
+    engine.sampler.warm_up(lora, base, cache_lens=(piece.cache_len,), stop_width=STOP_IDS,
                            prompt_logprobs=(piece.prompt_logprobs,), buckets=(piece.slots,) if piece.slots else None,
                            from_shapes=from_shapes)  # fmt: skip
 

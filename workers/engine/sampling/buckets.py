@@ -8,7 +8,7 @@ programs is fixed per model and device once its families are (docs/architecture.
 
 from __future__ import annotations
 
-from ..model.config import round_up_cache_len, round_up_pow2
+from ..model.config import round_up_cache_len
 from ..runtime.sharding import DeviceLayout
 from .prefix_cache import BLOCK
 from .rows import SampleRow
@@ -21,8 +21,12 @@ CACHE_GROWTH = 4
 # Prompt tokens per admission chunk: a quarter of the cache length, between these (multiples of BLOCK, dividing
 # every cache length): short caches take short chunks, so a short prompt pays little padding.
 MIN_CHUNK, MAX_CHUNK = 32, 512
-# Smallest stop-id width (stop lists are padded with -1 to a power of two).
-MIN_STOP_IDS = 8
+# Stop token ids a row carries (its list, the model's end-of-sequence ids included, padded with -1): one width for
+# every request, so a stop list never selects a program; a longer list is the request's error.
+STOP_IDS = 64
+# Adapter-stack sizes: the distinct sampler snapshots one decode batch routes its rows into (padded with zero
+# adapters); a sample call naming more than the largest is decoded in several batches.
+STACK_SIZES = (1, 4, 16)
 
 
 def slot_buckets(max_slots: int, placement: DeviceLayout) -> list[int]:
@@ -66,7 +70,14 @@ def cache_bucket(need: int, context: int) -> int:
 
 
 def stop_width(rows: list[SampleRow]) -> int:
-    return round_up_pow2(max(1, *(len(r.stop_ids) for r in rows)), minimum=MIN_STOP_IDS)
+    """The stop-id width of rows: always STOP_IDS (sample_requests refuses a longer list)."""
+    assert all(len(r.stop_ids) <= STOP_IDS for r in rows)
+    return STOP_IDS
+
+
+def stack_size(snapshots: int) -> int:
+    """The adapter-stack size for this many distinct snapshots (at most the largest of STACK_SIZES)."""
+    return next(s for s in STACK_SIZES if s >= min(max(1, snapshots), STACK_SIZES[-1]))
 
 
 assert MIN_CHUNK % BLOCK == 0 and MAX_CHUNK % BLOCK == 0 and MIN_CACHE_LEN % MIN_CHUNK == 0

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from ..model.config import round_up_pow2
 from ..runtime.memory_plan import MemoryPlan
 from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
 from ..validation import check_sample
-from .sampler import MIN_STOP_IDS, SampleRow, SlotSampler, seed_words
+from .buckets import STACK_SIZES, STOP_IDS
+from .sampler import SampleRow, SlotSampler, seed_words
 from .snapshots import SamplerSnapshots, evicted_message
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,41 @@ def sample(
             need = len(prompt) + min(req.max_tokens, max_len - len(prompt))
             if memory is not None and need > memory.max_sample_tokens:
                 raise InputError(memory.sample_limit_message(need))
+            if len(stops := stop_ids(req, info.eos_token_ids)) > STOP_IDS:
+                raise InputError(
+                    f"stop_token_ids has {len(stops)} distinct ids with the model's end-of-sequence ones; at most "
+                    f"{STOP_IDS} are allowed"
+                )
         except InputError as e:
             results[r] = e
             continue
         valid.append((r, prompt))
-    if not valid:
-        return results  # type: ignore[return-value]
+    # One decode batch routes its rows into at most STACK_SIZES[-1] snapshots: a call naming more runs in several.
+    groups: list[list[tuple[int, np.ndarray]]] = []
+    keys: list[set[str]] = []
+    for r, p in valid:
+        key = requests[r].snapshot
+        fits = next((g for g, k in enumerate(keys) if key is None or key in k or len(k) < STACK_SIZES[-1]), None)
+        if fits is None:
+            groups.append([])
+            keys.append(set())
+            fits = len(groups) - 1
+        groups[fits].append((r, p))
+        if key is not None:
+            keys[fits].add(key)
+    for group in groups:
+        results_of = _sample_group(sampler, snapshots, base, requests, group, info)
+        for r, res in results_of.items():
+            results[r] = res
+    return results  # type: ignore[return-value]
 
+
+def _sample_group(
+    sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, requests: list[SampleInput],
+    valid: list[tuple[int, np.ndarray]], info: ModelInfo,
+) -> dict[int, SampleResult]:  # fmt: skip
+    """One decode batch: every sample of every request in `valid` (their snapshots fit one stack) as rows."""
+    max_len = info.max_position_embeddings
     keys = tuple(dict.fromkeys(key for r, _ in valid if (key := requests[r].snapshot) is not None))
     stack_index = {k: i for i, k in enumerate(keys)}
     rows: list[SampleRow] = []
@@ -109,9 +137,7 @@ def sample(
             res.topk_prompt_logprobs = (ids, lps)
         res.target_prompt_logprobs = out.target_logprobs
         res.prompt_alt_tokens = out.prompt_alt_tokens
-    for r, res in answers.items():
-        results[r] = res
-    return results  # type: ignore[return-value]
+    return answers
 
 
 def warm_up(
@@ -123,8 +149,8 @@ def warm_up(
     t0 = time.perf_counter()
     before = sampler.compile_count()
     for n in num_adapters:
-        stack = snapshots.zero_stack(round_up_pow2(n))
-        sampler.warm_up(stack, base, cache_lens=cache_lens, stop_width=MIN_STOP_IDS, prompt_logprobs=prompt_logprobs)
+        stack = snapshots.zero_stack(n)
+        sampler.warm_up(stack, base, cache_lens=cache_lens, stop_width=STOP_IDS, prompt_logprobs=prompt_logprobs)
     compiled = sampler.compile_count() - before
     log.info("sampler warm-up: %d programs in %.1fs", compiled, time.perf_counter() - t0)
     return compiled

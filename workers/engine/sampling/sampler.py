@@ -41,7 +41,7 @@ from flax import nnx
 
 from tinkerflow.common.settings import env_setting
 
-from ..model.config import ModelConfig, round_up_pow2
+from ..model.config import ModelConfig
 from ..runtime.aot_cache import AotCache, abstract, warmed_bucket
 from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
@@ -50,7 +50,7 @@ from .admission import Admission, Chunk
 from .buckets import (
     DEFAULT_SAMPLE_SLOTS,
     MIN_CACHE_LEN,
-    MIN_STOP_IDS,
+    STOP_IDS,
     admission_rows,
     cache_bucket,
     chunk_len,
@@ -76,7 +76,7 @@ __all__ = [
     "DEFAULT_SAMPLE_SLOTS",
     "MAX_TOPK_PROMPT_LOGPROBS",
     "MIN_CACHE_LEN",
-    "MIN_STOP_IDS",
+    "STOP_IDS",
     "STOP_STRING_CHUNK",
     "RowOutput",
     "RowParams",
@@ -168,9 +168,9 @@ class SlotSampler:
 
     @staticmethod
     def topk_width(rows: list[SampleRow]) -> int:
-        """Top tokens the slots keep per sampled position: 0 unless some row asks (a power of two, at most MAX)."""
-        k = max(r.topk_sample_logprobs for r in rows)
-        return min(round_up_pow2(k), MAX_TOPK_SAMPLE_LOGPROBS) if k else 0
+        """Top tokens the slots keep per sampled position: 0 unless some row asks, then the most any may ask (one
+        width, so how many a row asks for never selects a program)."""
+        return MAX_TOPK_SAMPLE_LOGPROBS if any(r.topk_sample_logprobs for r in rows) else 0
 
     def _take(self, b: int, length: int, m: int, kt: int = 0) -> tuple[Slots, np.ndarray]:
         got = self._idle.pop((b, length, m, kt), None)
@@ -293,7 +293,7 @@ class SlotSampler:
         if release is not None:
             self._keep(slots, release, length, m)
 
-    def warm_up(self, lora, base, *, cache_lens, stop_width: int = MIN_STOP_IDS,
+    def warm_up(self, lora, base, *, cache_lens, stop_width: int = STOP_IDS,
                 prompt_logprobs: tuple[bool, ...] = (False,), buckets: tuple[int, ...] | None = None,
                 from_shapes: bool = False) -> None:  # fmt: skip
         """Compile the families of these shapes; only the slot `buckets` named (None: all, and the family counts

@@ -28,12 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..model.config import round_up_pow2
 from ..model.lora import LORA_ALPHA
 from ..runtime.aot_cache import abstract
 from ..runtime.page_store import Page, PageStore
 from ..training.adapter_slots import leaf_name
 from ..types import LoraConfig
+from .buckets import STACK_SIZES, stack_size
 
 if TYPE_CHECKING:
     from ..training.adapter_slots import AdapterSlots
@@ -233,18 +233,20 @@ class SamplerSnapshots:
             log.debug("paged sampler snapshot %s back in", key)
 
     def lora_stack(self, keys: tuple[str, ...]) -> Any:
-        """The snapshots' LoRA state stacked on a leading axis [len(keys) padded to a power of two, at least 1]."""
+        """The snapshots' LoRA state stacked on a leading axis [len(keys) padded to its stack size (buckets.py)]."""
+        assert len(keys) <= STACK_SIZES[-1], "sample_requests splits a call over more snapshots than a stack holds"
         if self._stack_cache is not None and self._stack_cache[0] == keys:
             return self._stack_cache[1]
-        stacked = self._stack(tuple(self.cache[k].lora for k in keys), self._slots.lora, round_up_pow2(len(keys)))
+        stacked = self._stack(tuple(self.cache[k].lora for k in keys), self._slots.lora, stack_size(len(keys)))
         self._stack_cache = (keys, stacked)
         return stacked
 
-    def zero_stack(self, size: int) -> Any:
-        """A stack of `size` (a power of two) zero adapters, shaped like a real one: for compiling ahead of traffic."""
-        return self._stack((), self._slots.lora, size)
+    def zero_stack(self, snapshots: int) -> Any:
+        """The stack a batch of this many distinct snapshots runs with, of zero adapters, shaped like a real one: for
+        compiling ahead of traffic."""
+        return self._stack((), self._slots.lora, stack_size(snapshots))
 
-    def stack_spec(self, size: int) -> Any:
+    def stack_spec(self, snapshots: int) -> Any:
         """`zero_stack`'s shapes and shardings, from the slots' shapes alone: nothing runs or is read, so it is safe
         beside a call that donates the slots."""
-        return self._stack.lower((), abstract(self._slots.lora), size).compile().out_info
+        return self._stack.lower((), abstract(self._slots.lora), stack_size(snapshots)).compile().out_info
