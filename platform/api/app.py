@@ -29,6 +29,7 @@ from tinkerflow.api import (
 )
 from tinkerflow.api.body_limits import BodyLimit
 from tinkerflow.api.caller import metrics_caller
+from tinkerflow.api.json_depth import JsonDepthLimit
 from tinkerflow.api.json_wire import WireJSONResponse
 from tinkerflow.api.observe import Observe
 from tinkerflow.api.reachability import RETRY_AFTER_S, check_store, check_temporal
@@ -116,6 +117,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
 
     app.add_middleware(Observe, settings=settings)  # counts and times every answer; 503 for a dependency down
 
+    # Inside BodyLimit, which bounds what it reads; outside the rest: a body nested too deep never reaches a parser.
+    app.add_middleware(JsonDepthLimit)
     # Added last, so outermost: a body over its route's limit is refused before anything reads it.
     app.add_middleware(BodyLimit, settings=settings)
 

@@ -87,21 +87,15 @@ def _too_large(e: BaseException) -> bool:
 
 async def _refuse(send, size: int, limit: int, flag: str, streamed: bool = False) -> None:
     what = f"more than {limit:,} bytes" if streamed else f"{size:,} bytes"
-    body = json.dumps(
-        {
-            "detail": f"request body of {what} is over this route's limit of {limit:,} bytes ({flag}); "
-            "send less per request"
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    detail = f"request body of {what} is over this route's limit of {limit:,} bytes ({flag}); send less per request"
+    await send_detail(send, 413, detail, close=True)  # close: the rest of the body is never read
+
+
+async def send_detail(send, status: int, detail: str, close: bool = False) -> None:
+    """An error answered from middleware, in the app's error shape ({"detail": ...}): the SDK retries an empty 400."""
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -22,7 +22,7 @@ async def json_body(request: Request) -> dict:
     raw = await request.body()  # outside the try: a body over its route's limit is a 413 (body_limits), not a 400
     try:
         body = json.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+    except (ValueError, RecursionError):  # RecursionError: too deep (json_depth.py refuses those first, with 400)
         raise http_error(400, "request body is not valid JSON (or is nested too deeply)") from None
     if not isinstance(body, dict):
         raise http_error(400, "request body must be a JSON object")
