@@ -38,8 +38,8 @@ from tinkerflow.workers.engine.runtime.program_budget import (
 log = logging.getLogger(__name__)
 
 MAPS = "/proc/self/maps"
-# The fix to print: enough for the default budget (512 programs: 214,800) with room to spare.
-RECOMMENDED_MAX_MAP_COUNT = 262_144
+# The fix to print: enough for the default budget (512 programs: 266,000) with room to spare.
+RECOMMENDED_MAX_MAP_COUNT = 524_288
 
 
 def memory_mappings(path: str = MAPS) -> int | None:

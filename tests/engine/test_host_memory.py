@@ -39,18 +39,18 @@ def test_a_low_max_map_count_warns_with_the_numbers_and_the_fix(monkeypatch, cap
     assert message is not None and [r.getMessage() for r in caplog.records] == [message]
     needed = host_memory.BASE_MAPPINGS + host_memory.MAPPINGS_PER_PROGRAM * 512
     assert "65,530" in message and f"{needed:,}" in message and "--max-programs 512" in message
-    assert "sysctl -w vm.max_map_count=262144" in message
+    assert "sysctl -w vm.max_map_count=524288" in message
     assert (
         f"lower --max-programs to {(65530 - host_memory.BASE_MAPPINGS) // host_memory.MAPPINGS_PER_PROGRAM}" in message
     )
-    # A budget 262,144 cannot hold: the fix names a limit that can.
-    big = host_memory.check_map_count(1000, "cpu", limit=65530)
-    assert big is not None and "sysctl -w vm.max_map_count=458752" in big
+    # A budget 524,288 cannot hold: the fix names a limit that can.
+    big = host_memory.check_map_count(1100, "cpu", limit=65530)
+    assert big is not None and "sysctl -w vm.max_map_count=589824" in big
 
 
 def test_a_high_or_unknown_limit_or_another_backend_says_nothing(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=host_memory.__name__):
-        assert host_memory.check_map_count(512, "cpu", limit=262144) is None
+        assert host_memory.check_map_count(512, "cpu", limit=524288) is None
         monkeypatch.setattr(host_memory, "max_map_count", lambda path=host_memory.MAX_MAP_COUNT: None)
         assert host_memory.check_map_count(512, "cpu") is None  # not Linux
         assert host_memory.check_map_count(512, "gpu", limit=65530) is None  # not measured there
@@ -94,7 +94,7 @@ def test_metrics_carry_the_mappings_and_the_programs():
 
 
 def test_the_automatic_bound_leaves_the_mappings_room_on_cpu_and_is_the_ceiling_elsewhere():
-    assert host_memory.default_max_programs("cpu", 65_530) == (65_530 - 10_000) // 400 == 138
-    assert host_memory.default_max_programs("cpu", 262_144) == 512  # at most the ceiling
+    assert host_memory.default_max_programs("cpu", 65_530) == (65_530 - 10_000) // 500 == 111
+    assert host_memory.default_max_programs("cpu", 524_288) == 512  # at most the ceiling
     assert host_memory.default_max_programs("cpu", 1_000) == 16  # a floor: a worker that can run at all
     assert host_memory.default_max_programs("gpu", 65_530) == host_memory.default_max_programs("cpu", None) == 512
