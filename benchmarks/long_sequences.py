@@ -8,6 +8,8 @@ Figures (one JSON line each; the report plots them):
   length under 16K, whose first compiles; the first above it, where the compile is a small part).
 * `long_sequences_sample_s`: 1 token sampled after a prompt of tokens - 1 tokens (prefill then one decode step), the
   same way; beside it SkyRL tx 0.4.0's figure on this machine and model where one was taken (2K, 8K, 16K).
+* `long_sequences_first_sample_s`: the same sample, the first of its length (its compile, if any, included: what a
+  user's first prompt of that length meets), beside SkyRL tx's figure, which includes its compiles too.
 * `long_sequences_memory_gb`: the JAX worker's memory high-water (VmHWM) once that length has trained and sampled,
   against the engine-alone process's (ru_maxrss); both also hold what shorter lengths left behind.
 * `long_sequences_reference_attention`: the materialised attention (TINKERFLOW_ATTENTION=reference) at short lengths
@@ -75,8 +77,8 @@ def engine_figures(model: Path, lengths: list[int]) -> dict[int, dict[str, float
             return engine.sample([SampleInput(prompt=tokens(n, seed)[: n - 1], max_tokens=1, seed=0)])
 
         fb = _seconds(fb_call, n)
-        sm = _seconds(sample_call, n)
-        out[n] = {"fb": fb, "sample": sm, "rss_gb": _high_water(os.getpid()) / 2**30}
+        first, sm = _first_and_warm(sample_call)
+        out[n] = {"fb": fb, "sample": sm, "sample_first": first, "rss_gb": _high_water(os.getpid()) / 2**30}
         print(f"engine {n}: {out[n]}", file=sys.stderr, flush=True)
     out[0] = {"packing": packing_ratio(engine)}
     return out
@@ -87,6 +89,12 @@ def _seconds(call, n: int) -> float:
     before would be a prefix-cache hit, another program); from 16K the first, where the compile is a small part."""
     first = _once(lambda: call(1))
     return first if n >= 16384 else _once(lambda: call(2))
+
+
+def _first_and_warm(call) -> tuple[float, float]:
+    """Seconds of the first call of a length (what a user's first prompt of it meets: any compile included) and of
+    the next, on other tokens (a prompt seen before would be a prefix-cache hit)."""
+    return _once(lambda: call(1)), _once(lambda: call(2))
 
 
 def packing_ratio(engine) -> float:
@@ -131,8 +139,8 @@ def sdk_figures(model: Path, lengths: list[int]) -> dict[int, dict[str, float]]:
                     return sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1, seed=0)).result()
 
                 fb = _seconds(fb_call, n)
-                sm = _seconds(sample_call, n)
-                out[n] = {"fb": fb, "sample": sm, "rss_gb": _high_water(pid) / 2**30}
+                first, sm = _first_and_warm(sample_call)
+                out[n] = {"fb": fb, "sample": sm, "sample_first": first, "rss_gb": _high_water(pid) / 2**30}
                 print(f"sdk {n}: {out[n]}", file=sys.stderr, flush=True)
 
             def many():
@@ -208,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         emit_pair("long_sequences_forward_backward_s", "s", s["fb"], e["fb"], tokens=n)
         emit_pair("long_sequences_sample_s", "s", s["sample"], e["sample"], tokens=n, skyrl_tx=SKYRL_SAMPLE_S.get(n))
+        first_sample = dict(tokens=n, skyrl_tx=SKYRL_SAMPLE_S.get(n))
+        emit_pair("long_sequences_first_sample_s", "s", s["sample_first"], e["sample_first"], **first_sample)
         emit_pair("long_sequences_memory_gb", "GB", s["rss_gb"], e["rss_gb"], tokens=n)
     if sdk:
         emit_pair("packing_64x50_vs_1x3200", "×", sdk[0]["packing"], engine[0]["packing"])

@@ -58,14 +58,16 @@ class Admission:
     def chunk_count(self, rows: list[SampleRow], c: int) -> int:
         return max(-(-(len(rows[i].prompt) - s) // c) for i, s in zip(self.chosen, self.starts))
 
-    def chunks(self, rows: list[SampleRow], r: int, c: int, cache_len: int, slots: int, pool_blocks: int
-               ) -> Iterator[Chunk]:  # fmt: skip
+    def chunks(
+        self, rows: list[SampleRow], r: int, c: int, cache_len: int, slots: int, pool_blocks: int
+    ) -> Iterator[Chunk]:
         """The admission's chunks in order, each padded to `r` rows of `c` tokens (module docstring)."""
         for k in range(self.chunk_count(rows, c)):
             yield self.chunk(rows, k, r, c, cache_len, slots, pool_blocks)
 
-    def chunk(self, rows: list[SampleRow], k: int, r: int, c: int, cache_len: int, slots: int, pool_blocks: int
-              ) -> Chunk:  # fmt: skip
+    def chunk(
+        self, rows: list[SampleRow], k: int, r: int, c: int, cache_len: int, slots: int, pool_blocks: int
+    ) -> Chunk:
         nb, per = cache_len // BLOCK, c // BLOCK
         out = blank(r, c, cache_len, slots, pool_blocks, self.target_width)
         for j, (i, slot, s) in enumerate(zip(self.chosen, self.slots, self.starts)):

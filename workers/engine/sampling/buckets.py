@@ -21,6 +21,9 @@ CACHE_GROWTH = 4
 # Prompt tokens per admission chunk: a quarter of the cache length, between these (multiples of BLOCK, dividing
 # every cache length): short caches take short chunks, so a short prompt pays little padding.
 MIN_CHUNK, MAX_CHUNK = 32, 512
+# Families of caches longer than this compile only the slot bucket a batch uses at its first use, not every bucket:
+# their programs take long to compile, and a long prompt's first sample should not wait for buckets it does not use.
+EAGER_CACHE_LEN = 2048
 # Stop token ids a row carries (its list, the model's end-of-sequence ids included, padded with -1): one width for
 # every request, so a stop list never selects a program; a longer list is the request's error.
 STOP_IDS = 64

@@ -17,8 +17,8 @@ a row's cache is at most four times what it needs, and a model of 40,960 positio
 §The bounded program set counts them. With `eager_buckets` the first use of a family compiles every slot bucket's
 programs, so coordinator batches of varying size (4 rows, then 252, ...) never compile in the middle of a workload;
 `warm_up` does the same ahead of time, or from shapes alone beside the traffic. A family the JAX worker's background
-warm-up is about to build (`scheduled_families`) is the exception: a request that comes first compiles its own slot
-bucket only.
+warm-up is about to build (`scheduled_families`), and a family of caches past EAGER_CACHE_LEN, are the exceptions: a
+request compiles its own slot bucket only.
 
 Stop token ids are checked on device; stop strings here, on the host, between chunks (only when some row has them).
 Which rows go into one admission, where their prompts start in the prefix cache and the arrays of each chunk are
@@ -49,6 +49,7 @@ from . import admission
 from .admission import Admission, Chunk
 from .buckets import (
     DEFAULT_SAMPLE_SLOTS,
+    EAGER_CACHE_LEN,
     MIN_CACHE_LEN,
     STOP_IDS,
     admission_rows,
@@ -350,7 +351,7 @@ class SlotSampler:
                 if self.eager_buckets and plain:
                     plp = adm.prompt_logprobs
                     self._keep(slots, release, length, m)
-                    if (length, m, plp, _stack_size(lora)) in self.scheduled_families:
+                    if (length, m, plp, _stack_size(lora)) in self.scheduled_families or length > EAGER_CACHE_LEN:
                         self._ensure_bucket(lora, base, b, length, m, plp)
                     else:
                         self._ensure_family(lora, base, length, m, plp, using=b)
