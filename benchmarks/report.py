@@ -41,6 +41,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "paging": [],
     "prefix_cache": ["--repeats", "5"],
     "duty_cycle": [],
+    # A short soak for the report (the user's day is `--minutes 60`): every recipe at least once on a warm stack.
+    "recipe_soak": ["--minutes", "10"],
 }
 FINDINGS = Path(__file__).resolve().parent / "findings.md"
 RUNNING = Path(__file__).resolve().parent / "README.md"
@@ -97,7 +99,7 @@ TARGETS: dict[str, Target | tuple[Target, ...]] = {
     ),
 }
 #: Keys of a table line that say which variant of its figure it is (shown beside the figure's name).
-QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants", "tokens", "runs")
+QUALIFIERS = ("start", "concurrency", "tenants", "vs_concurrency", "vs_tenants", "tokens", "runs", "recipe")
 
 
 # --- running ----------------------------------------------------------------------------------------------------
