@@ -39,7 +39,7 @@ _EVICTED_REMEMBERED = 65536
 
 MAX_MAP_COUNT = "/proc/sys/vm/max_map_count"
 # Mappings one compiled program holds on CPU: 370 to 392 measured per engine program, but a worker with the old
-# sampler died of "Unable to allocate section memory" after 130 compiles (benchmarks/program_count.py), where 400 each
+# sampler died of "Unable to allocate section memory" after 120 programs (benchmarks/program_count.py), where 400 each
 # would have left room for 138: the small programs JAX builds beside them count too. 500 keeps that margin.
 MAPPINGS_PER_PROGRAM = 500
 # Mappings of everything else: the interpreter and its libraries, the weights, JAX's own small programs (745 for the
