@@ -32,6 +32,8 @@ from .sampler import SampleRow, SlotSampler, seed_words
 from .snapshots import SamplerSnapshots, evicted_message
 
 log = logging.getLogger(__name__)
+# A request that passed its checks: its index, its prompt, and the stop ids of its rows (sample's checks computed them).
+Valid = tuple[int, np.ndarray, list[int]]
 
 
 def sample(
@@ -40,7 +42,7 @@ def sample(
 ) -> list[SampleResult | InputError]:  # fmt: skip
     results: list[SampleResult | InputError | None] = [None] * len(requests)
     max_len = info.max_position_embeddings
-    valid: list[tuple[int, np.ndarray]] = []
+    valid: list[Valid] = []
     for r, req in enumerate(requests):
         try:
             if req.target_prompt_logprobs is not None:  # int64 off the wire; -1 and ids within the vocabulary
@@ -59,18 +61,18 @@ def sample(
         except InputError as e:
             results[r] = e
             continue
-        valid.append((r, prompt))
+        valid.append((r, prompt, stops))
     # One decode batch routes its rows into at most STACK_SIZES[-1] snapshots: a call naming more runs in several.
-    groups: list[list[tuple[int, np.ndarray]]] = []
+    groups: list[list[Valid]] = []
     keys: list[set[str]] = []
-    for r, p in valid:
-        key = requests[r].snapshot
+    for entry in valid:
+        key = requests[entry[0]].snapshot
         fits = next((g for g, k in enumerate(keys) if key is None or key in k or len(k) < STACK_SIZES[-1]), None)
         if fits is None:
             groups.append([])
             keys.append(set())
             fits = len(groups) - 1
-        groups[fits].append((r, p))
+        groups[fits].append(entry)
         if key is not None:
             keys[fits].add(key)
     for group in groups:
@@ -82,18 +84,17 @@ def sample(
 
 def _sample_group(
     sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, requests: list[SampleInput],
-    valid: list[tuple[int, np.ndarray]], info: ModelInfo,
+    valid: list[Valid], info: ModelInfo,
 ) -> dict[int, SampleResult]:  # fmt: skip
     """One decode batch: every sample of every request in `valid` (their snapshots fit one stack) as rows."""
     max_len = info.max_position_embeddings
-    keys = tuple(dict.fromkeys(key for r, _ in valid if (key := requests[r].snapshot) is not None))
+    keys = tuple(dict.fromkeys(key for r, *_ in valid if (key := requests[r].snapshot) is not None))
     stack_index = {k: i for i, k in enumerate(keys)}
     rows: list[SampleRow] = []
     owner: list[int] = []
-    for r, p in valid:
+    for r, p, stops in valid:
         req = requests[r]
         seed = seed_words(int(req.seed if req.seed is not None else secrets.randbits(64)))
-        stops = stop_ids(req, info.eos_token_ids)
         adapter, scale = -1, 0.0  # the base model
         if req.snapshot is not None:
             adapter, scale = stack_index[req.snapshot], snapshots[req.snapshot].scale
@@ -118,7 +119,7 @@ def _sample_group(
     t0 = time.perf_counter()
     outputs = sampler.run(rows, snapshots.lora_stack(keys), base)
     log.debug("sample: %d rows in %.3fs", len(rows), time.perf_counter() - t0)
-    answers = {r: SampleResult(sequences=[]) for r, _ in valid}
+    answers = {r: SampleResult(sequences=[]) for r, *_ in valid}
     for r, out in zip(owner, outputs):
         res, req = answers[r], requests[r]
         res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason,
