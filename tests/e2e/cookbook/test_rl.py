@@ -26,12 +26,13 @@ if TYPE_CHECKING:
     from tinker.types import LossFnType
 
 PROMPT_TEXTS = ["Say something:", "Tell me a story:", "Write a word:", "Go on:"]
-# The default set's run. At 6 steps stable_reinforce's final reward ranged 0.48 to 0.995 over runs here and once
-# stayed within the margin of the base in CI: its trust region drops most tokens while the policy is still near the
-# base, so it takes off later than importance_sampling (logged 0.008, 0.010, 0.008, 0.047, 0.083, 0.148 in one run).
-# 10 steps give both losses room past that take-off.
-STEPS = 10
-# The slow matrix: a gentler, longer run. At 2e-2 a single stale or unlucky step can throw the tiny model's policy
+# The default set's run, at the slow matrix's gentler rate. At 2e-2 (10 steps) importance_sampling once rose to
+# 0.08 at step 2 and then lost the target tokens for good in CI (logged 0.0 from step 7; final 0.0 vs base 0.025),
+# the collapse the slow matrix had already shown for ppo. At 1e-2 over 14 steps, twice here: importance_sampling
+# reached 1.0 by steps 7 and 8, stable_reinforce (whose trust region drops most tokens while the policy is near the
+# base, so it takes off later) by step 7 once and 0.91 at step 13 the other time, its final checkpoint 0.964.
+STEPS, DEFAULT_LR = 14, 1e-2
+# The slow matrix: a gentle, longer run. At 2e-2 a single stale or unlucky step can throw the tiny model's policy
 # off the target tokens for good (seen with ppo, and with one-step-off-policy stable_reinforce, whose trust region
 # then drops most tokens); 10 steps at 1e-2 leave room for the noise of 16 samples per step.
 SLOW_STEPS, SLOW_LR = 10, 1e-2
@@ -73,7 +74,7 @@ def make_config(
     *,
     loss_fn: LossFnType,
     steps: int = STEPS,
-    learning_rate: float = 2e-2,
+    learning_rate: float = DEFAULT_LR,
     **extra,
 ):
     from tinker_cookbook.rl import train
