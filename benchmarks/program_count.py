@@ -6,8 +6,9 @@ program set).
 
 The workload (engine alone, the embedded tiny model with `--positions` positions): sample calls with prompts of
 1 … `--max-prompt` tokens, 1 … 64 rows, 0 … 16 distinct sampler snapshots in one call, with and without stop
-tokens, prompt logprobs, top-k sample logprobs and prefix-cache hits (prompts repeated in one cache namespace), and
-forward_backward calls of one datum of 1 … 4,096 tokens; then a second pass, drawn afresh from the same kinds.
+tokens, prompt logprobs, target logprobs, prompt draws, top-k sample logprobs and prefix-cache hits (prompts repeated
+in one cache namespace), and forward_backward and forward calls of 1 … 8 datums of 1 … 4,096 tokens each; then a
+second pass, drawn afresh from the same kinds. `tests/engine/test_program_set.py` runs a shorter one.
 
 Figures (one JSON line each):
 * `programs_compiled`: programs built over the first pass, by AotCache (`sample_admit`, `sample_decode`,
@@ -63,7 +64,8 @@ def workload(rng: np.random.Generator, n: int, max_prompt: int, vocab: int) -> l
     calls = []
     for _ in range(n):
         if rng.random() < 0.25:
-            calls.append({"kind": "train", "tokens": rng.integers(1, vocab, int(rng.choice(TRAIN_LENGTHS)) + 1)})
+            datums = [rng.integers(1, vocab, int(rng.choice(TRAIN_LENGTHS)) + 1) for _ in range(rng.integers(1, 9))]
+            calls.append({"kind": "train", "datums": datums, "forward_only": bool(rng.random() < 0.3)})
             continue
         if seen and rng.random() < 0.3:  # a prefix-cache hit: an earlier prompt, a new ending
             base = seen[int(rng.integers(len(seen)))]
@@ -81,6 +83,8 @@ def workload(rng: np.random.Generator, n: int, max_prompt: int, vocab: int) -> l
                 if rng.random() < 0.5
                 else None,
                 "prompt_logprobs": bool(rng.random() < 0.2),
+                "targets": int(rng.choice((1, 3, 64))) if rng.random() < 0.1 else 0,
+                "alt": int(rng.choice((1, 4, 20))) if rng.random() < 0.1 else 0,
                 "topk": int(rng.choice((1, 5, 20))) if rng.random() < 0.2 else 0,
                 "max_tokens": int(rng.choice((1, 8, 32))),
             }
@@ -93,9 +97,9 @@ def run(engine, calls: list[dict], snapshots: list[str]) -> None:
 
     for call in calls:
         if call["kind"] == "train":
-            s = call["tokens"].astype(np.int32)
-            datum = Datum(s[:-1], {"target_tokens": s[1:]})
-            [res] = engine.forward_backward([ForwardBackwardInput(slot=0, data=[datum], loss_fn="cross_entropy")])
+            data = [Datum(s[:-1].astype(np.int32), {"target_tokens": s[1:].astype(np.int32)}) for s in call["datums"]]
+            req = ForwardBackwardInput(slot=0, data=data, loss_fn="cross_entropy", forward_only=call["forward_only"])
+            [res] = engine.forward_backward([req])
             assert not isinstance(res, Exception), res
             continue
         n = call["snapshots"]
@@ -110,6 +114,8 @@ def run(engine, calls: list[dict], snapshots: list[str]) -> None:
                 snapshot=key,
                 stop_token_ids=call["stops"],
                 include_prompt_logprobs=call["prompt_logprobs"],
+                target_prompt_logprobs=_targets(call["prompt"], call["targets"]) if call["targets"] else None,
+                prompt_alt_tokens_k=call["alt"],
                 topk_sample_logprobs=call["topk"],
                 cache_namespace="bench",
             )
@@ -117,6 +123,15 @@ def run(engine, calls: list[dict], snapshots: list[str]) -> None:
         ]
         for res in engine.sample(requests):
             assert not isinstance(res, Exception), res
+
+
+def _targets(prompt: np.ndarray, k: int) -> np.ndarray | None:
+    """Target ids for every prompt position after the first: the next prompt token, then -1 (none)."""
+    if len(prompt) < 2:
+        return None
+    out = np.full((len(prompt) - 1, k), -1, np.int64)
+    out[:, 0] = prompt[1:]
+    return out
 
 
 def counts(engine) -> dict[str, int]:

@@ -218,7 +218,10 @@ def activity_worker(
 def warm_up_plan(settings: Settings) -> WarmUpPlan:
     return WarmUpPlan(
         train=TrainWarmUp(rows=settings.warm_up_train_rows, seq_lens=settings.warm_up_train_lens),
-        sampler=SamplerWarmUp(cache_lens=settings.warm_up_cache_lens),
+        sampler=SamplerWarmUp(
+            num_adapters=settings.warm_up_sampler_stacks,
+            scoring=(False, True) if settings.warm_up_scoring else (False,),
+        ),
     )
 
 

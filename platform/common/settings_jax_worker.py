@@ -107,17 +107,20 @@ class JaxWorkerSettings:
     # help on a host with many idle cores (docs/benchmarks.md §Measurements behind the code).
     warm_up_threads: int = setting(1, "threads the JAX worker's warm-up compiles train buckets on, side by side "
                                    "(XLA releases the GIL while it compiles)", MODEL, metavar="N")
-    warm_up_train_rows: tuple[int, ...] = setting((1, 2, 4, 8), "datums per forward_backward/forward to compile "
-                                                  "ahead (rounded up to powers of two), each at every "
-                                                  "--warm-up-train-lens", MODEL, shown="1,2,4,8", metavar="N[,N...]",
-                                                  parse=parse_sizes)
-    warm_up_train_lens: tuple[int, ...] = setting((32, 64, 128), "tokens per datum to compile ahead (rounded up "
-                                                  "to the buckets 16, 24, 32, 48, 64, 96, 128, ...)", MODEL,
-                                                  shown="32,64,128", metavar="N[,N...]", parse=parse_sizes)
-    warm_up_cache_lens: tuple[int, ...] = setting((128, 512), "sampling prompt + max_tokens totals to compile "
-                                                  "ahead, each a family serving every prompt length (rounded up to "
-                                                  "the cache lengths 128, 512, 2048, ...)", MODEL, shown="128,512",
+    warm_up_train_rows: tuple[int, ...] = setting((1, 4, 16, 64), "rows per forward_backward/forward micro-batch to "
+                                                  "compile ahead (rounded up to powers of four), each at every "
+                                                  "--warm-up-train-lens its tokens fit", MODEL, shown="1,4,16,64",
                                                   metavar="N[,N...]", parse=parse_sizes)
+    warm_up_train_lens: tuple[int, ...] = setting((256, 1024, 4096), "row lengths to compile ahead (rounded up to "
+                                                  "the row lengths 256, 1024, 4096; longer datums to two "
+                                                  "significant bits)", MODEL, shown="256,1024,4096",
+                                                  metavar="N[,N...]", parse=parse_sizes)
+    warm_up_sampler_stacks: tuple[int, ...] = setting((1, 4, 16), "sampler families to compile ahead, by snapshots "
+                                                      "per decode batch (stacks of 1, 4, 16), each for every slot "
+                                                      "bucket, with and without prompt scoring (--warm-up-scoring)",
+                                                      MODEL, shown="1,4,16", metavar="N[,N...]", parse=parse_sizes)
+    warm_up_scoring: bool = setting(True, "also compile ahead the sampler admissions that score prompts (prompt "
+                                    "logprobs, target logprobs, prompt draws: DPO and distillation recipes)", MODEL)
 
     # --- one JAX worker process: num_processes > 1 joins jax.distributed at coordinator_address;
     # process 0 takes activities and drives the others through the same steps.

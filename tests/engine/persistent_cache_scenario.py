@@ -35,7 +35,7 @@ def main(model_dir: str, cache_dir: str) -> None:
     )
 
     settings = Settings(max_lora_adapters=2, max_lora_rank=8, warm_up="ready", warm_up_train_rows=(1,),
-                        warm_up_train_lens=(16,), warm_up_cache_lens=(128,))  # fmt: skip
+                        warm_up_train_lens=(16,), warm_up_sampler_stacks=(1,), warm_up_scoring=False)  # fmt: skip
     engine = jax_worker.start_engine(settings, model_dir)
     warmed = persistent_cache.counts()
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))

@@ -15,7 +15,7 @@ from test_training import assert_grads_close
 from tinkerflow.workers.engine.model import logprobs
 from tinkerflow.workers.engine.model.config import round_up_seq_len
 from tinkerflow.workers.engine.runtime import memory_plan
-from tinkerflow.workers.engine.training.steps import pack
+from tinkerflow.workers.engine.training.steps import pack, plan_micro_batches
 from tinkerflow.workers.engine.types import (
     Datum,
     ForwardBackwardInput,
@@ -93,13 +93,16 @@ def test_a_micro_batch_that_cannot_fit_free_memory_is_refused_before_anything_ru
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     engine.create_adapter(1, LoraConfig(rank=4, seed=1))
     before = engine.accumulated_grads(1)
-    short, long_ = _ce(0, rng, 16), _ce(1, rng, 240)
+    # One datum against 16 of the model's whole context: one row of 256 tokens against a micro-batch of 16 rows.
+    short = _ce(0, rng, 16)
+    long_ = ForwardBackwardInput(slot=1, data=[d for _ in range(16) for d in _ce(1, rng, 240).data],
+                                 loss_fn="cross_entropy")  # fmt: skip
     steps = engine.steps
     need = {}
     for name, req in (("short", short), ("long", long_)):
         rows = forward_backward_rows(req, slot_scale=1.0, vocab=engine.info.vocab_size, max_len=10**6)
-        n = len(rows[0].tokens)
-        batch = steps.placement.put_batch(pack(rows, [[0]], 1, round_up_seq_len(n), 1))
+        [plan] = plan_micro_batches(rows, 16384)
+        batch = steps.placement.put_batch(pack(rows, plan.packed, plan.rows, plan.seq, 1))
         need[name] = steps.needed_bytes(engine.adapters.lora, engine.base, engine.adapters.grads, batch, train=True)
     assert need["long"] > need["short"] > 0
     monkeypatch.setattr(engine, "_room", lambda needed: (need["short"] + need["long"]) // 2)
@@ -111,11 +114,16 @@ def test_a_micro_batch_that_cannot_fit_free_memory_is_refused_before_anything_ru
 
 
 def test_decode_slots_fit_the_plan_and_rows_past_them_wait_their_turn(engine):
+    from tinkerflow.workers.engine.runtime.memory_plan import SLOT_BUFFER_BYTES_PER_TOKEN
+
     plan = engine.memory
-    cache = 256
-    engine.memory = dataclasses.replace(plan, work_bytes=int(8 * cache * (plan.kv_bytes_per_token + 8) / 0.9) + 1)
+    tokens = 8 * 256  # KV tokens the plan fits: 8 slots of the model's 256 positions
+    engine.memory = dataclasses.replace(
+        plan, work_bytes=int(tokens * (plan.kv_bytes_per_token + SLOT_BUFFER_BYTES_PER_TOKEN) / 0.9) + 1
+    )
     try:
-        assert engine.sampler.buckets(cache) == [8]  # the 64- and 256-slot buckets' caches would not fit
+        # The 64- and 256-slot buckets' shares would be shorter than the shortest cache.
+        assert [(b.slots, b.cache_len) for b in engine.sampler.buckets()] == [(8, 256)]
         prompt = np.arange(1, 121, dtype=np.int32)
         results = engine.sample([SampleInput(prompt=prompt, num_samples=20, max_tokens=100, seed=1, stop_token_ids=[])])
     finally:

@@ -28,10 +28,11 @@ from tinkerflow.workers.engine.types import (
 )
 
 
-# Small shapes, so the test compiles little: train buckets (1, 4) x 32 tokens, one sampler family (caches of 128).
+# Small shapes, so the test compiles little: train buckets (1, 4) x 256 tokens, one sampler family (one snapshot,
+# no scoring).
 def _settings() -> Settings:
     return Settings(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, warm_up="ready", warm_up_train_rows=(1, 4),
-                    warm_up_train_lens=(32,), warm_up_cache_lens=(128,))  # fmt: skip
+                    warm_up_train_lens=(32,), warm_up_sampler_stacks=(1,), warm_up_scoring=False)  # fmt: skip
 
 
 def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
@@ -132,19 +133,20 @@ def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_onc
     # Before registering: what a first user needs to train and to sample (the adapter lifecycle: create,
     # forward_backward, optim_step, then export, import, snapshots and a sample, which builds the slot bucket a
     # first sample uses) ...
-    assert [(p.kind, p.rows, p.seq, p.cache_len) for p in first] == [("lifecycle", 1, 32, 0),
-                                                                      ("lifecycle_sample", 0, 0, 128)]  # fmt: skip
+    assert [(p.kind, p.rows, p.seq) for p in first] == [("lifecycle", 1, 256), ("lifecycle_sample", 0, 0)]
     # ... right after, back to back: the 8-datum bucket, the lifecycle's own (its forward step), the first sampler
     # family's other slot buckets.
     plan = jax_worker.warm_up_plan(settings)
-    assert [(p.kind, p.rows, p.seq, p.cache_len) for p in later[: plan.first_user() - 2]] == [
-        ("train", 8, 32, 0), ("train", 1, 32, 0), ("sampler", 0, 0, 128)]  # fmt: skip
+    assert [(p.kind, p.rows, p.seq, p.adapters, p.scoring) for p in later[: plan.first_user() - 2]] == [
+        ("train", 64, 256, 1, False), ("train", 1, 256, 1, False), ("sampler", 0, 0, 1, False)]  # fmt: skip
     assert sorted(first + later, key=plan.pieces().index) == list(plan.pieces())
     assert len(set(plan.pieces())) == len(plan.pieces())
     trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
-    assert trains == {(r, n) for r in (1, 2, 4, 8) for n in (32, 64, 128)}
-    families = {p.cache_len for p in later if p.kind == "sampler"}
-    assert families == {128, 512}  # a family per cache length: it serves every prompt length
+    # The whole training set for datums up to 4,096 tokens: every (rows, length) a 16,384-token micro-batch holds.
+    assert trains == {(r, n) for r in (1, 4, 16, 64) for n in (256, 1024, 4096) if r * n <= 16384}
+    # The whole sampler set: a family per stack size and scoring variant, each serving every prompt length.
+    families = {(p.adapters, p.scoring) for p in later if p.kind == "sampler"}
+    assert families == {(a, scoring) for a in (1, 4, 16) for scoring in (False, True)}
     # A restart (warm persistent cache): everything after registering (its recovery first), in the plan's order.
     assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), plan.pieces())
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())

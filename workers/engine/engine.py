@@ -26,7 +26,7 @@ from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
 from .runtime.page_store import PageStore, default_host_budget_bytes
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
-from .sampling.buckets import STOP_IDS, stack_size
+from .sampling.buckets import stack_size
 from .sampling.prefix_cache import BLOCK
 from .sampling.sampler import SlotSampler
 from .sampling.snapshots import SamplerSnapshots, Snapshot
@@ -46,7 +46,6 @@ from .types import (
     PageReport,
     SampleInput,
     SampleResult,
-    SamplerWarmUp,
     SlotState,
     WarmUpPiece,
     WarmUpPlan,
@@ -116,7 +115,7 @@ class Engine:
         )  # fmt: skip
         if not gradient_checkpointing:
             self._steps.remat_min_tokens = self._memory.remat_min_tokens
-        self._sampler.memory = self._memory
+        self.memory = self._memory
 
     @property
     def memory(self) -> MemoryPlan:
@@ -127,6 +126,7 @@ class Engine:
     def memory(self, plan: MemoryPlan) -> None:
         self._memory = plan
         self._sampler.memory = plan
+        self._steps.max_seq = plan.max_train_tokens
 
     @property
     def adapters(self) -> AdapterSlots:
@@ -324,41 +324,21 @@ class Engine:
     @property
     def slot_buckets(self) -> list[int]:
         """The sampler's decode-slot buckets (rows decoded together), smallest first."""
-        return self._sampler.buckets()
-
-    def warm_up_sampler(
-        self,
-        *,
-        cache_lens: tuple[int, ...] = SamplerWarmUp.cache_lens,
-        num_adapters: tuple[int, ...] = SamplerWarmUp.num_adapters,
-        prompt_logprobs: tuple[bool, ...] = SamplerWarmUp.prompt_logprobs,
-    ) -> int:
-        """Compile the sampler's decode chunk and admission for every slot bucket, ahead of traffic: for each cache
-        length (128, 512, 2,048, ...: prompt + max_tokens) and adapter-stack size (distinct snapshots in a batch, a
-        power of two). Default stop lists (<= 8 ids). Returns the number of programs compiled (0 when all were
-        already). The JAX worker calls it before it registers."""
-        return sample_requests.warm_up(
-            self._sampler,
-            self._sampler_snapshots,
-            self._base,
-            cache_lens=cache_lens,
-            num_adapters=num_adapters,
-            prompt_logprobs=prompt_logprobs,
-        )
+        return [b.slots for b in self._sampler.buckets()]
 
     def prefer_buckets(self, plan: WarmUpPlan) -> None:
-        """Round training sequences and sampling cache lengths up to the buckets `plan` warms, where one fits, so a
-        workload within them compiles nothing (from now on, whether or not the warm-up ran yet)."""
+        """Round training sequences up to the buckets `plan` warms, where one fits, so a workload within them
+        compiles nothing (from now on, whether or not the warm-up ran yet). The sampler's shapes are fixed already
+        (sampling/buckets.py)."""
         pieces = plan.pieces()
         self._steps.warmed_seqs = frozenset(p.seq for p in pieces if p.kind == "train")
         self._steps.warmed_rows = frozenset(p.rows for p in pieces if p.kind == "train")
-        self._sampler.warmed_caches = frozenset(p.cache_len for p in pieces if p.kind == "sampler")
 
     def schedule_warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> None:
         """The sampler families among `pieces` are about to be warmed up in the background: a request that comes
         first compiles only its own slot bucket of them (sampler.py)."""
         self._sampler.scheduled_families = frozenset(
-            (p.cache_len, STOP_IDS, p.prompt_logprobs, stack_size(p.adapters)) for p in pieces if p.kind == "sampler"
+            (stack_size(p.adapters), p.scoring) for p in pieces if p.kind == "sampler"
         )
 
     def warm_up(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:

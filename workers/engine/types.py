@@ -14,7 +14,7 @@ import numpy as np
 
 from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; raised by this name)
 
-from .model.config import round_up_cache_len, round_up_pow2, round_up_seq_len
+from .model.config import round_up_pow4, train_seq_len
 
 OptimizerName = Literal["adamw", "dimuon"]
 OPTIMIZERS: tuple[OptimizerName, ...] = ("adamw", "dimuon")
@@ -154,26 +154,25 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class SamplerWarmUp:
-    """The shape families `Engine.warm_up_sampler` compiles, each for every slot bucket; the JAX worker warms these
-    before it registers. A family serves every prompt length (prompts are prefilled in chunks); the defaults are a
-    first request's usual shape: prompt + max_tokens within 128 tokens, the base model or one snapshot per batch, no
-    prompt logprobs. Longer caches compile their family at first use (all slot buckets at once, so never again
-    mid-workload)."""
+    """The sampler families the warm-up compiles, each for every slot bucket (whose cache lengths are fixed:
+    sampling/buckets.py). A family serves every prompt length, stop list and top-k: it is an adapter-stack
+    size (distinct snapshots in one decode batch: 1, 4 or 16) and whether its admissions score prompts. The
+    defaults are the whole set, the first user's family (one snapshot, no scoring) first."""
 
-    cache_lens: tuple[int, ...] = (128,)  # rounded up to the sampler's cache lengths: 128, 512, 2,048, ...
-    num_adapters: tuple[int, ...] = (1,)  # distinct snapshots in a batch (stacks of 1, 4 or 16)
-    prompt_logprobs: tuple[bool, ...] = (False,)
+    num_adapters: tuple[int, ...] = (1, 4, 16)
+    scoring: tuple[bool, ...] = (False, True)
 
 
 @dataclass(frozen=True)
 class TrainWarmUp:
-    """forward_backward / forward buckets compiled ahead of traffic: every (rows, sequence) pair. Rows are datums per
-    micro-batch, rounded up to a power of two; sequence lengths to the buckets 16, 24, 32, 48, 64, 96, 128, ...
-    The defaults cover a first call of up to 8 datums of up to 128 tokens (the cookbook's small recipes, the
-    tests and benchmarks here)."""
+    """forward_backward / forward buckets compiled ahead of traffic: every (rows, sequence) pair whose tokens fit
+    `token_budget` (a micro-batch's). Rows are rounded up to powers of four, sequence lengths to the row lengths
+    256, 1,024, 4,096 (model/config.py train_seq_len). The defaults are the whole set for datums up to 4,096
+    tokens at the default budget: what any mix of such datums runs."""
 
-    rows: tuple[int, ...] = (1, 2, 4, 8)
-    seq_lens: tuple[int, ...] = (32, 64, 128)
+    rows: tuple[int, ...] = (1, 4, 16, 64)
+    seq_lens: tuple[int, ...] = (256, 1024, 4096)
+    token_budget: int = 16384
 
 
 @dataclass(frozen=True)
@@ -189,27 +188,19 @@ class WarmUpPlan:
         then the other train buckets, then the other sampler families. With `--warm-up background` the JAX worker
         runs the lifecycle's training half before it registers, the other first-user pieces right after, back to
         back, and the rest in the pauses of the traffic."""
-        rows = sorted({round_up_pow2(r) for r in self.train.rows})
-        lens = sorted({round_up_seq_len(n) for n in self.train.seq_lens})
+        rows = sorted({round_up_pow4(r) for r in self.train.rows})
+        lens = sorted({train_seq_len(n) for n in self.train.seq_lens})
         s = self.sampler
-        families = [
-            WarmUpPiece("sampler", cache_len=c, adapters=a, prompt_logprobs=plp)
-            for a in s.num_adapters
-            for c in dict.fromkeys(round_up_cache_len(c) for c in s.cache_lens)
-            for plp in s.prompt_logprobs
-        ]
-        trains = [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows]
+        families = [WarmUpPiece("sampler", adapters=a, scoring=sc) for a in s.num_adapters for sc in s.scoring]
+        budget = self.train.token_budget
+        fits = [r for r in rows if r * lens[0] <= budget] or rows[:1]
+        trains = [WarmUpPiece("train", rows=r, seq=n) for n in lens for r in rows if r * n <= budget or r == rows[0]]
         first_batches = [
-            WarmUpPiece("train", rows=rows[-1], seq=lens[0]),
+            WarmUpPiece("train", rows=fits[-1], seq=lens[0]),
             WarmUpPiece("train", rows=rows[0], seq=lens[0]),
         ]
         out = [WarmUpPiece("lifecycle", rows=rows[0], seq=lens[0]), *first_batches]
-        out += (
-            families[:1]
-            + [WarmUpPiece("lifecycle_sample", cache_len=round_up_cache_len(s.cache_lens[0]))]
-            + trains
-            + families[1:]
-        )
+        out += families[:1] + [WarmUpPiece("lifecycle_sample")] + trains + families[1:]
         return tuple(dict.fromkeys(out))
 
     def first_user(self) -> int:
@@ -226,9 +217,8 @@ class WarmUpPiece:
     kind: Literal["lifecycle", "lifecycle_sample", "train", "sampler"]
     rows: int = 0
     seq: int = 0
-    cache_len: int = 0
     adapters: int = 1
-    prompt_logprobs: bool = False
+    scoring: bool = False
     slots: int = 0  # a sampler piece: one slot bucket of the family (0: every bucket)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .sampling.decode import MAX_TOPK_PROMPT_LOGPROBS, MAX_TOPK_SAMPLE_LOGPROBS
+from .sampling.decode import MAX_TARGET_PROMPT_LOGPROBS, MAX_TOPK_PROMPT_LOGPROBS, MAX_TOPK_SAMPLE_LOGPROBS
 from .training.losses import (
     LOSS_CONFIG_DEFAULTS,
     LOSS_ID,
@@ -207,11 +207,6 @@ def check_sample(req: SampleInput, *, vocab: int, max_len: int, snapshots: set[s
         raise InputError(f"unknown sampler snapshot {req.snapshot!r}")
     _check_sample_extras(req, len(prompt), vocab)
     return prompt
-
-
-# target_prompt_logprobs: token ids scored per prompt position at most (its cost is len(prompt) x this, as a top-k
-# width's is len(prompt) x k).
-MAX_TARGET_PROMPT_LOGPROBS = 64
 
 
 def _check_sample_extras(req: SampleInput, p: int, vocab: int) -> None:

@@ -161,6 +161,31 @@ def round_up_seq_len(n: int, minimum: int = 16) -> int:
     return -(-n // step) * step
 
 
+# Training rows are 256 x 4^k tokens long up to 4,096 (PACK_TOKENS: packed rows are mostly full, a lone datum pads
+# at most 4x), so datums of 1..4,096 tokens run three lengths; longer ones round to two significant bits, the
+# buckets the memory plan's limits are.
+MIN_TRAIN_SEQ, TRAIN_SEQ_TOP = 256, 4096
+
+
+def train_seq_len(n: int, limit: int | None = None) -> int:
+    """The row length of a training micro-batch whose rows need `n` tokens (see above); where a 4x bucket would pass
+    `limit` (the memory plan's most tokens per row), the two-significant-bit one."""
+    b = MIN_TRAIN_SEQ
+    while b < n:
+        b *= 4
+    if n <= TRAIN_SEQ_TOP and (limit is None or b <= limit):
+        return b
+    return round_up_seq_len(n)
+
+
+def round_up_pow4(n: int, cap: int | None = None) -> int:
+    """The smallest power of four >= n (rows of a micro-batch, target widths), at most `cap` when given."""
+    out = 1
+    while out < n:
+        out *= 4
+    return out if cap is None else max(n, min(out, cap))
+
+
 def round_down_seq_len(n: int, minimum: int = 16) -> int:
     """The largest bucket of `round_up_seq_len` that is at most n (at least `minimum`)."""
     if n <= minimum:

@@ -42,6 +42,9 @@ TRAIN_SHARE = 0.9
 # Without gradient checkpointing a micro-batch keeps every layer's activations; it turns on once they would pass
 # this share of the work memory.
 NO_REMAT_SHARE = 0.25
+# A decode slot's buffers per cache position besides its KV: the token and its logprob, and room for the 20 top
+# tokens and their logprobs (sampling/decode.py: MAX_TOPK_SAMPLE_LOGPROBS).
+SLOT_BUFFER_BYTES_PER_TOKEN = 8 + 8 * 20
 FLAGS = "--device-memory-gb (TINKERFLOW_DEVICE_MEMORY_GB), --max-lora-adapters, --max-lora-rank, --snapshot-budget-mb"
 
 
@@ -78,7 +81,7 @@ class MemoryPlan:
 
     def kv_slots(self, cache_len: int) -> int:
         """Decode slots whose KV caches of `cache_len` fit the work memory (with their prefill's activations)."""
-        per_slot = cache_len * (self.kv_bytes_per_token + 8)  # + the slot's token and logprob buffers
+        per_slot = cache_len * (self.kv_bytes_per_token + SLOT_BUFFER_BYTES_PER_TOKEN)
         return max(0, int(self.work_bytes * TRAIN_SHARE) // max(1, per_slot))
 
     def prefill_rows(self, prompt_len: int, slots: int, cache_len: int) -> int:
@@ -206,7 +209,7 @@ def make_plan(
         max_train = chunk + (room - train_fixed - chunk * costs["train"]) // costs["train"]
     else:
         max_train = room // (costs["train"] + logits_token)
-    max_sample = int(work * TRAIN_SHARE) // (costs["kv"] + costs["prefill"] + 8)
+    max_sample = int(work * TRAIN_SHARE) // (costs["kv"] + costs["prefill"] + SLOT_BUFFER_BYTES_PER_TOKEN)
     # Rows are padded to length buckets: the limits are bucket lengths, so whatever fits them fits padded.
     max_train, max_sample = round_down_seq_len(max_train), round_down_seq_len(max_sample, minimum=128)
     if max_position:

@@ -12,10 +12,9 @@ A warm-up is a list of pieces, each small enough to run between two activities o
   zeroed and unallocated, the snapshots dropped.
 - `train`: the forward+backward and forward-only steps of one (rows, sequence) bucket, compiled and not run (from
   the state's shapes alone with `compile_ahead`: beside the traffic, without a turn on the engine).
-- `sampler`: one sampler shape family (cache length, prompt bucket, snapshots per batch, prompt logprobs) for
-  every slot bucket (or one, `slots`: the background warm-up takes them one at a time), run on empty slots; with
-  the prefix cache on, its admissions of prompts that start in the cache too (a GRPO group's samples after the
-  first, a conversation's next turn), one per suffix bucket (sampling/admission.py).
+- `sampler`: one sampler family (snapshots per batch, whether admissions score prompts) for every slot bucket (or
+  one, `slots`: the background warm-up takes them one at a time): its empty slots, admission and decode chunk. A
+  family serves every prompt length, prefix-cache hit, stop list and top-k (sampling/buckets.py).
 
 The JAX worker runs all of them before it registers with `--warm-up ready`; with `--warm-up background` (the
 default) the whole lifecycle before it registers (its sample builds the slot bucket a first sample uses) and the
@@ -36,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..interface import EngineApi
-from ..sampling.sampler import STOP_IDS
 from ..training.steps import pack
 from ..types import (
     AdamConfig,
@@ -174,9 +172,8 @@ def _sampler(engine: WarmUpEngine, piece: WarmUpPiece, *, from_shapes: bool = Fa
         lora, base = snapshots.stack_spec(piece.adapters), abstract(base)
     else:
         lora = snapshots.zero_stack(piece.adapters)
-    engine.sampler.warm_up(lora, base, cache_lens=(piece.cache_len,), stop_width=STOP_IDS,
-                           prompt_logprobs=(piece.prompt_logprobs,), buckets=(piece.slots,) if piece.slots else None,
-                           from_shapes=from_shapes)  # fmt: skip
+    buckets = (piece.slots,) if piece.slots else None
+    engine.sampler.warm_up(lora, base, scoring=(piece.scoring,), buckets=buckets, from_shapes=from_shapes)
 
 
 def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) -> tuple[WarmUpPiece, ...]:
@@ -227,8 +224,8 @@ def _lifecycle(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
 def _lifecycle_sample(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
     """The rest of an adapter's life: export and import of its state (checkpoints, and the restore after a worker
     died), paging it out and back in, a sampler snapshot of it, a snapshot loaded from weights (sampling a saved
-    checkpoint), a sample through it and one of the base model (the sampler family of `piece`'s shapes, at every
-    slot bucket, unless earlier pieces built it), then the snapshots dropped and the slot freed."""
+    checkpoint), a sample through it and one of the base model (the first sampler family, at every slot bucket,
+    unless earlier pieces built it), then the snapshots dropped and the slot freed."""
     slot = _scratch_slot(engine)
     if slot is None:
         return
@@ -242,9 +239,8 @@ def _lifecycle_sample(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
         engine.snapshot(slot, SCRATCH_SNAPSHOT)
         engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
         prompt = np.arange(LIFECYCLE_PROMPT, dtype=np.int32) % engine.info.vocab_size
-        max_tokens = max(1, min(4, piece.cache_len - LIFECYCLE_PROMPT))
         for snapshot in (SCRATCH_SNAPSHOT, None):
-            _expect_ok(engine.sample([SampleInput(prompt=prompt, max_tokens=max_tokens, seed=0, snapshot=snapshot)]))
+            _expect_ok(engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=0, snapshot=snapshot)]))
     finally:
         engine.drop_snapshot(SCRATCH_SNAPSHOT)
         engine.drop_snapshot(SCRATCH_SNAPSHOT + "loaded")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.config import round_up_pow2
+from .decode import MAX_TARGET_PROMPT_LOGPROBS
 from .prefix_cache import BLOCK, PrefixIndex
 from .rows import SampleRow
 
@@ -51,9 +51,13 @@ class Admission:
     starts: list[int]  # prompt tokens each takes from the cache
     read: list[list[int]]  # the pool blocks of those tokens
     writes: list[list[int]]  # per prompt block from the row's first computed one on: the pool block (-1: none)
-    prompt_logprobs: bool
-    alt_k: int
-    target_width: int  # K of the targets (a power of two; 0: no row asks)
+    # Some row asks for: prompt logprobs, target logprobs, prompt draws. Any of them makes a scoring admission (its
+    # program computes each of them only when some row asks: data, not a shape).
+    wants: tuple[bool, bool, bool]
+
+    @property
+    def scoring(self) -> bool:
+        return any(self.wants)
 
     def chunk_count(self, rows: list[SampleRow], c: int) -> int:
         return max(-(-(len(rows[i].prompt) - s) // c) for i, s in zip(self.chosen, self.starts))
@@ -69,7 +73,7 @@ class Admission:
         self, rows: list[SampleRow], k: int, r: int, c: int, cache_len: int, slots: int, pool_blocks: int
     ) -> Chunk:
         nb, per = cache_len // BLOCK, c // BLOCK
-        out = blank(r, c, cache_len, slots, pool_blocks, self.target_width)
+        out = blank(r, c, cache_len, slots, pool_blocks, self.scoring)
         for j, (i, slot, s) in enumerate(zip(self.chosen, self.slots, self.starts)):
             row, first = rows[i], s + k * c
             p = len(row.prompt)
@@ -135,22 +139,23 @@ def plan(rows: list[SampleRow], chosen: list[int], slots: list[int], index: Pref
         row = rows[i]
         ok = index is not None and row.cache_namespace is not None
         writes.append(index.plan_writes(row.cache_namespace, row.prompt, c, pinned) if ok else [])  # type: ignore[union-attr]
-    kg = max((t.shape[1] for i in chosen if (t := rows[i].target_ids) is not None), default=0)
-    alt = max((rows[i].prompt_alt_tokens_k for i in chosen), default=0)
     return Admission(
         chosen=chosen,
         slots=slots,
         starts=[len(c) * BLOCK for c in cached],
         read=cached,
         writes=writes,
-        prompt_logprobs=any(rows[i].prompt_logprobs for i in chosen),
-        alt_k=round_up_pow2(alt) if alt else 0,
-        target_width=round_up_pow2(kg) if kg else 0,
+        wants=(
+            any(rows[i].prompt_logprobs for i in chosen),
+            any(rows[i].target_ids is not None for i in chosen),
+            any(rows[i].prompt_alt_tokens_k > 0 for i in chosen),
+        ),
     )
 
 
-def blank(r: int, c: int, cache_len: int, slots: int, pool_blocks: int, target_width: int = 0) -> Chunk:
-    """A chunk of padding rows only (the arrays every chunk starts from, and what a compile runs on)."""
+def blank(r: int, c: int, cache_len: int, slots: int, pool_blocks: int, scoring: bool = False) -> Chunk:
+    """A chunk of padding rows only (the arrays every chunk starts from, and what a compile runs on); a scoring
+    one has room for MAX_TARGET_PROMPT_LOGPROBS target ids per position."""
     return Chunk(
         chunk=np.zeros((r, c), np.int32),
         nexts=np.full((r, c), -1, np.int32),
@@ -161,5 +166,5 @@ def blank(r: int, c: int, cache_len: int, slots: int, pool_blocks: int, target_w
         cached=np.zeros((r,), np.int32),
         read=np.zeros((r, cache_len // BLOCK), np.int32),
         write=np.full((r, c // BLOCK), pool_blocks, np.int32),
-        targets=np.full((r, c, target_width), -1, np.int32),
+        targets=np.full((r, c, MAX_TARGET_PROMPT_LOGPROBS if scoring else 0), -1, np.int32),
     )

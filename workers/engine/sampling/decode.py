@@ -35,6 +35,7 @@ from ..model.decoder import LayerCache, RowCache, empty_cache
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..runtime.sharding import DeviceLayout
+from .buckets import STOP_IDS
 from .prefix_cache import BLOCK
 from .prompt_scoring import alt_tokens, target_prompt_logprobs
 
@@ -43,9 +44,14 @@ _CDF_BLOCK = 64
 # Prompt scoring always computes this many top tokens per prompt position (one compiled program whatever k a
 # request asks for); each row keeps its own k <= this. Distillation recipes ask for k around 20.
 MAX_TOPK_PROMPT_LOGPROBS = 20
-# Sampled positions keep at most this many top tokens (topk_sample_logprobs); slots are built for a power of two of
-# them up to it, only when some row asks.
+# Sampled positions keep at most this many top tokens (topk_sample_logprobs): every slot set has room for them, and
+# they are computed only in steps where some row asks (one program whether or not any does).
 MAX_TOPK_SAMPLE_LOGPROBS = 20
+# Prompt draws a scoring admission computes per position (`prompt_alt_tokens_k`: each row keeps its first k), and
+# the target ids it scores per position (`target_prompt_logprobs`; a request naming more is its error; its cost is
+# len(prompt) x this): one width each, so what a row asks never selects a program.
+MAX_ALT_TOKENS = 20
+MAX_TARGET_PROMPT_LOGPROBS = 64
 
 
 @jax.tree_util.register_dataclass
@@ -60,6 +66,7 @@ class RowParams:
     sample_index: jax.Array  # int32 [B]
     max_tokens: jax.Array  # int32 [B]
     stop_ids: jax.Array  # int32 [B, M]; -1 = unused
+    topk: jax.Array  # int32 [B]: top tokens the row keeps per sampled position (0: none)
 
 
 @jax.tree_util.register_dataclass
@@ -78,7 +85,7 @@ class Slots:
     hit_stop_id: jax.Array  # bool [B]: finished on a stop token (vs. max_tokens)
     tokens: jax.Array  # int32 [B, L]
     logprobs: jax.Array  # float32 [B, L]
-    top_ids: jax.Array  # int32 [B, L, K]: the K most likely tokens at each sampled position (K = 0: not kept)
+    top_ids: jax.Array  # int32 [B, L, K]: the K most likely tokens at each sampled position (zeros unless asked)
     top_lp: jax.Array  # float32 [B, L, K]
 
 
@@ -130,12 +137,22 @@ def _inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.where(jnp.any(positive, axis=-1), blk * _CDF_BLOCK + within, jnp.argmax(weights, axis=-1))
 
 
-def _top(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """The k most likely tokens per row (ids int32 [B, k], log-probs [B, k]); k = 0: empty."""
-    if k == 0:
-        return jnp.zeros((logits.shape[0], 0), jnp.int32), jnp.zeros((logits.shape[0], 0), jnp.float32)
-    lp, ids = jax.lax.top_k(logits, k)
-    return ids.astype(jnp.int32), lp - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+def _top(logits: jax.Array, k: int, asked: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The k most likely tokens per row (ids int32 [B, k], log-probs [B, k]), computed only when `asked` (a traced
+    bool: some row wants them), zeros otherwise."""
+
+    def top(x):
+        lp, ids = jax.lax.top_k(x, k)
+        return ids.astype(jnp.int32), lp - jax.nn.logsumexp(x, axis=-1, keepdims=True)
+
+    return _when(asked, top, logits)
+
+
+def _when(flag: jax.Array, fn, *args):
+    """fn(*args) where the traced `flag` holds, zeros of its shapes where not: one program, the work only when
+    asked (how the sampler keeps optional outputs from being shapes)."""
+    zeros = lambda *a: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *a))  # noqa: E731
+    return jax.lax.cond(flag, fn, zeros, *args)
 
 
 def _choose(logits: jax.Array, p: RowParams, step: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -163,15 +180,13 @@ def _constrain(slots: Slots, placement: DeviceLayout) -> Slots:
     return Slots(cache=cache, **rest)
 
 
-def empty_slots(
-    config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slots: int, cache_len: int, stops: int, topk: int = 0
-) -> Slots:
+def empty_slots(config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slots: int, cache_len: int) -> Slots:
     b = slots
     zeros = lambda shape, dt: jnp.zeros(shape, dt)  # noqa: E731
     params = RowParams(
         temperature=zeros((b,), jnp.float32), top_k=zeros((b,), jnp.int32), top_p=jnp.ones((b,), jnp.float32),
         seed=zeros((b, 2), jnp.uint32), sample_index=zeros((b,), jnp.int32), max_tokens=jnp.ones((b,), jnp.int32),
-        stop_ids=jnp.full((b, stops), -1, jnp.int32),
+        stop_ids=jnp.full((b, STOP_IDS), -1, jnp.int32), topk=zeros((b,), jnp.int32),
     )  # fmt: skip
     out = Slots(
         cache=empty_cache(config, b, cache_len, dtype), params=params,
@@ -179,7 +194,8 @@ def empty_slots(
         last_token=zeros((b,), jnp.int32), pos=zeros((b,), jnp.int32), n_gen=zeros((b,), jnp.int32),
         done=jnp.ones((b,), bool), hit_stop_id=zeros((b,), bool),
         tokens=zeros((b, cache_len), jnp.int32), logprobs=zeros((b, cache_len), jnp.float32),
-        top_ids=zeros((b, cache_len, topk), jnp.int32), top_lp=zeros((b, cache_len, topk), jnp.float32),
+        top_ids=zeros((b, cache_len, MAX_TOPK_SAMPLE_LOGPROBS), jnp.int32),
+        top_lp=zeros((b, cache_len, MAX_TOPK_SAMPLE_LOGPROBS), jnp.float32),
     )  # fmt: skip
     return _constrain(out, placement)
 
@@ -215,39 +231,47 @@ def admit(
     read: jax.Array,  # int32 [R, NB]: the pool blocks of those tokens (NB = cache length / BLOCK)
     write: jax.Array,  # int32 [R, C / BLOCK]: the pool block of each whole block of this chunk (out of range: none)
     targets: jax.Array,  # int32 [R, C, K]: target ids per position, predicting the next token (-1: none; K = 0: none)
+    wants: jax.Array,  # bool [3]: some row asks for prompt logprobs, target logprobs, prompt draws
     *,
-    prompt_logprobs: bool,
-    alt_k: int = 0,
+    scoring: bool,
 ) -> tuple[Slots, LayerCache, dict[str, jax.Array]]:
     """Prefill one chunk of C prompt tokens of R rows straight into their slots of the shared KV cache; rows whose
     prompt ends in it sample their first token and have their state written into their slots.
 
-    A prompt of any length is prefilled in chunks of one size, so one program per (slots, cache length) serves every
-    prompt length, with or without prefix-cache hits (sampler.py: the bounded program set). A row that starts in the
+    A prompt of any length is prefilled in chunks of one size, so one program per slot bucket serves every prompt
+    length, with or without prefix-cache hits (sampler.py: the bounded program set). A row that starts in the
     prefix cache has its cached blocks copied from the pool into its slot first (`cached`, `read`: its first chunk
-    only) and is prefilled from there; every whole block a chunk computes is written to the pool where `write` says.
+    only, a chunk's length at a time up to the longest hit) and is prefilled from there; every whole block a chunk
+    computes is written to the pool where `write` says.
 
-    What is scored comes back by name for the chunk's positions (entry t predicts the token at start + t + 1): with
-    `prompt_logprobs`, `token_lp` [R, C] and the MAX_TOPK_PROMPT_LOGPROBS most likely tokens `top_ids`, `top_lp`
-    [R, C, K]; with targets, `target_lp` [R, C, K]; with `alt_k`, `alt_ids`, `alt_lp` [R, C, alt_k].
+    A `scoring` admission also returns, by name, what is scored on the chunk's positions (entry t predicts the
+    token at start + t + 1), each computed only when `wants` says some row asks and zeros otherwise: `token_lp`
+    [R, C] and the MAX_TOPK_PROMPT_LOGPROBS most likely tokens `top_ids`, `top_lp` [R, C, K]; `target_lp`
+    [R, C, MAX_TARGET_PROMPT_LOGPROBS]; MAX_ALT_TOKENS draws `alt_ids`, `alt_lp` [R, C, MAX_ALT_TOKENS].
     """
     model = nnx.merge(graphdef, lora, base)
     r, c = chunk.shape
     b = slots.done.shape[0]
     routing = StackedLoraRouting(adapter=adapter, scale=scale)
 
-    def copy_in(cache: LayerCache) -> LayerCache:  # rows' cached prompt blocks, from the pool into their slots
-        nb = read.shape[1]
-        cols = jnp.arange(nb * BLOCK)[None, :] < cached[:, None]  # [R, S]
+    # Rows' cached prompt blocks, from the pool into their slots: C tokens (C / BLOCK blocks) at a time, up to the
+    # longest hit, so the copy follows what was cached and not the cache's length.
+    groups = read.reshape(r, -1, c // BLOCK)
+
+    def copy_in(g, cache: LayerCache) -> LayerCache:
+        cols = g * c + jnp.arange(c)
+        keep = (cols[None, :] < cached[:, None])[None, :, :, None, None]  # [1, R, C, 1, 1]
+        blocks = jax.lax.dynamic_index_in_dim(groups, g, axis=1, keepdims=False)  # [R, C / BLOCK]
 
         def one(dst, src):
-            got = src[:, read].reshape(src.shape[0], r, nb * BLOCK, *src.shape[3:]).astype(dst.dtype)
-            old = dst.at[:, index].get(mode="fill", fill_value=0)
-            return dst.at[:, index].set(jnp.where(cols[None, :, :, None, None], got, old), mode="drop")
+            got = src[:, blocks].reshape(src.shape[0], r, c, *src.shape[3:]).astype(dst.dtype)
+            at = (slice(None), index[:, None], cols[None, :])
+            old = dst.at[at].get(mode="fill", fill_value=0)
+            return dst.at[at].set(jnp.where(keep, got, old), mode="drop")
 
         return LayerCache(one(cache.k, pool.k), one(cache.v, pool.v))
 
-    cache = jax.lax.cond(jnp.any(cached > 0), copy_in, lambda x: x, slots.cache)
+    cache = jax.lax.fori_loop(0, (jnp.max(cached) + c - 1) // c, copy_in, slots.cache)
     positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
     h, view = model.hidden(chunk, positions, routing, RowCache(cache.k, cache.v, index))
     assert isinstance(view, RowCache)
@@ -266,7 +290,7 @@ def admit(
     last = jnp.take_along_axis(h, jnp.clip(prompt_len - start - 1, 0, c - 1)[:, None, None], axis=1)  # [R, 1, H]
     logits = model.logits(last, routing)[:, 0]
     token, lp = _choose(logits, params, jnp.zeros((r,), jnp.int32))
-    top_ids, top_lp = _top(logits, slots.top_ids.shape[2])
+    top_ids, top_lp = _top(logits, slots.top_ids.shape[2], jnp.any(final & (params.topk > 0)))
     hit = _is_stop(token, params)
     length = slots.tokens.shape[1]
     into = jnp.where(final, index, b)  # only rows whose prompt ended take their slot's state now
@@ -293,15 +317,18 @@ def admit(
     vocab = model.config.vocab_size
     per = chunk_tokens(r, vocab)
     scores: dict[str, jax.Array] = {}
-    if prompt_logprobs:
+    if scoring:
         k = min(MAX_TOPK_PROMPT_LOGPROBS, vocab)
-        scores["token_lp"], scores["top_ids"], scores["top_lp"] = scored_next(model, h, nexts, routing, k, per)
-    if targets.shape[2]:
-        scores["target_lp"] = target_prompt_logprobs(model, h, targets, routing, per)
-    if alt_k:
-        scores["alt_ids"], scores["alt_lp"] = alt_tokens(
-            model, h, routing, alt_k, params.temperature, params.seed, max(1, per // alt_k), positions
+        scores["token_lp"], scores["top_ids"], scores["top_lp"] = _when(
+            wants[0], lambda x: scored_next(model, x, nexts, routing, k, per), h
         )
+        scores["target_lp"] = _when(wants[1], lambda x: target_prompt_logprobs(model, x, targets, routing, per), h)
+
+        def draws(x):
+            chunk = max(1, per // MAX_ALT_TOKENS)
+            return alt_tokens(model, x, routing, MAX_ALT_TOKENS, params.temperature, params.seed, chunk, positions)
+
+        scores["alt_ids"], scores["alt_lp"] = _when(wants[2], draws, h)
     return _constrain(out, placement), pool, placement.constrain_batch(scores)
 
 
@@ -328,8 +355,8 @@ def decode(
         h, cache = model.hidden(s.last_token[:, None], s.pos[:, None], routing, s.cache)
         logits = model.logits(h, routing)[:, 0]
         token, lp = _choose(logits, p, s.n_gen)
-        top_ids, top_lp = _top(logits, s.top_ids.shape[2])
         active = ~s.done
+        top_ids, top_lp = _top(logits, s.top_ids.shape[2], jnp.any(active & (p.topk > 0)))
         col = jnp.minimum(s.n_gen, length - 1)
         hit = _is_stop(token, p) & active
         n_gen = s.n_gen + active

@@ -28,7 +28,8 @@ from ..runtime.memory_plan import MemoryPlan
 from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
 from ..validation import check_sample
 from .buckets import STACK_SIZES, STOP_IDS
-from .sampler import SampleRow, SlotSampler, seed_words
+from .rows import SampleRow, seed_words
+from .sampler import SlotSampler
 from .snapshots import SamplerSnapshots, evicted_message
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def sample(
                 raise InputError(evicted_message(req.snapshot, snapshots.cache.budget_bytes))
             prompt = check_sample(req, vocab=info.vocab_size, max_len=max_len, snapshots=snapshots.keys())
             need = len(prompt) + min(req.max_tokens, max_len - len(prompt))
-            if memory is not None and need > memory.max_sample_tokens:
+            if memory is not None and need > min(memory.max_sample_tokens, sampler.max_cache_len()):
                 raise InputError(memory.sample_limit_message(need))
             if len(stops := stop_ids(req, info.eos_token_ids)) > STOP_IDS:
                 raise InputError(
@@ -139,22 +140,6 @@ def _sample_group(
         res.target_prompt_logprobs = out.target_logprobs
         res.prompt_alt_tokens = out.prompt_alt_tokens
     return answers
-
-
-def warm_up(
-    sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, *, cache_lens: tuple[int, ...],
-    num_adapters: tuple[int, ...], prompt_logprobs: tuple[bool, ...],
-) -> int:  # fmt: skip
-    """Compile the decode chunk and admission of every slot bucket for each (cache length, adapter count,
-    prompt_logprobs) family, default stop lists; returns the number of programs compiled."""
-    t0 = time.perf_counter()
-    before = sampler.compile_count()
-    for n in num_adapters:
-        stack = snapshots.zero_stack(n)
-        sampler.warm_up(stack, base, cache_lens=cache_lens, stop_width=STOP_IDS, prompt_logprobs=prompt_logprobs)
-    compiled = sampler.compile_count() - before
-    log.info("sampler warm-up: %d programs in %.1fs", compiled, time.perf_counter() - t0)
-    return compiled
 
 
 def stop_ids(req: SampleInput, eos: tuple[int, ...]) -> list[int]:

@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from ..model.attention import Segments, single_segment_matters
-from ..model.config import round_up_pow2, round_up_seq_len
+from ..model.config import round_up_pow4, train_seq_len
 from ..model.logprobs import chunk_tokens, target_logprobs
 from ..model.lora import LoraRouting
 from ..runtime.aot_cache import AotCache
@@ -161,9 +161,11 @@ def plan_micro_batches(
     warmed_seqs: Collection[int] = (),
     pack_tokens: int = PACK_TOKENS,
     warmed_rows: Collection[int] = (),
+    max_seq: int | None = None,
 ) -> list[MicroBatch]:
     """Pack each slot's datums into rows and cut the rows into micro-batches of at most `token_budget` tokens (rows a
-    power of two, one length per micro-batch), longest rows first. A slot's row length is the bucket of its longest
+    power of four up to what the budget holds, one length per micro-batch: model/config.py train_seq_len), longest
+    rows first. A slot's row length is the bucket of its longest
     datum, or of its total when that is longer, up to `pack_tokens` (0: no packing, one datum per row). Where the
     longest datum fits a warmed bucket (`warmed_seqs`, `warmed_rows`: what the warm-up compiled), rows take warmed
     shapes: the smallest warmed length that holds the packed rows, else the longest warmed one with more rows, so a
@@ -173,8 +175,8 @@ def plan_micro_batches(
         by_slot.setdefault((r.slot, r.scale), {})[i] = len(r.tokens)
     by_seq: dict[int, list[list[int]]] = {}
     for group in by_slot.values():
-        longest = round_up_seq_len(max(group.values()))
-        seq = max(longest, min(round_up_seq_len(sum(group.values())), max(pack_tokens, longest)))
+        longest = train_seq_len(max(group.values()), max_seq)
+        seq = max(longest, min(train_seq_len(sum(group.values()), max_seq), max(pack_tokens, longest)))
         fitting = [w for w in warmed_seqs if w >= longest]
         if fitting:
             seq = min((w for w in fitting if w >= seq), default=max(fitting))
@@ -191,7 +193,7 @@ def plan_micro_batches(
         single = single_segment_matters() and all(len(b) == 1 for b in bins)
         for start in range(0, len(bins), cap):
             chunk = bins[start : start + cap]
-            n = round_up_pow2(len(chunk))
+            n = round_up_pow4(len(chunk), cap)
             n = min((w for w in warmed_rows if n <= w <= cap), default=n)
             plans.append(MicroBatch(chunk, n, seq, single))
     return plans
@@ -222,6 +224,9 @@ class StepFunctions:
         self.warmed_seqs: frozenset[int] = frozenset()
         self.warmed_rows: frozenset[int] = frozenset()
         self.pack_tokens = PACK_TOKENS  # rows are packed up to this many tokens (see plan_micro_batches)
+        # The most tokens one row may have (the memory plan's; None: no limit): a row length bucket past it is not
+        # taken where a tighter one holds the row (model/config.py train_seq_len).
+        self.max_seq: int | None = None
         # Micro-batches of at least this many tokens recompute each layer in the backward pass instead of keeping
         # its activations (the device-memory plan sets it; 0 with --gradient-checkpointing: always).
         self.remat_min_tokens = 0 if gradient_checkpointing else DEFAULT_REMAT_MIN_TOKENS
@@ -285,9 +290,10 @@ def run_rows(
     and its memory checked against it first: one that cannot fit raises DoesNotFit before any program runs, so
     nothing is half-applied."""
     outputs: list[RowOutput | None] = [None] * len(rows)
-    k = max(r.targets.shape[1] for r in rows)
+    k = round_up_pow4(max(r.targets.shape[1] for r in rows))  # target widths 1, 4, 16, ...: a few programs
     work = []
-    for plan in plan_micro_batches(rows, token_budget, steps.warmed_seqs, steps.pack_tokens, steps.warmed_rows):
+    for plan in plan_micro_batches(rows, token_budget, steps.warmed_seqs, steps.pack_tokens, steps.warmed_rows,
+                                   steps.max_seq):  # fmt: skip
         batch = pack(rows, plan.packed, steps.placement.round_rows(plan.rows), plan.seq, k, single=plan.single)
         batch = steps.placement.put_batch(batch)
         train = any(rows[i].train for members in plan.packed for i in members)
