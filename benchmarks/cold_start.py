@@ -1,13 +1,16 @@
 """Cold start: `tinkerflow up` until healthy, then the first answers a new user waits for: creating a
 rank-8 run, the first forward_backward (8 datums), the first optim_step, the first sample (1 x 16 tokens, on the
 sampler of a fresh save_weights_and_get_sampling_client) and the sample right after it (another prompt: whatever
-the background warm-up is compiling then must not be in its way). Twice: a first start on an empty state dir (so an
-empty XLA compilation cache: it lives in the state dir), then a restart of `up` on the same state dir.
+the background warm-up is compiling then must not be in its way); then the steady state: from `up` until the
+background warm-up has built the whole program set and a further QUIET_S passed with no compile (`steady_s`),
+sampling every few seconds meanwhile (`slowest_sample_until_steady_s`: what a user sampling through the warm-up
+waits at worst). Twice: a first start on an empty state dir (so an empty XLA compilation cache: it lives in the
+state dir), then a restart of `up` on the same state dir.
 
 The engine alone does the same in a fresh process each time (`--engine-child`): Engine.load, the same first
-forward_backward / optim_step / sample, with the persistent compilation cache in a directory that is empty the
-first time and kept for the second. `up` to healthy is set beside Engine.load (the stack loads the same model, then
-starts its other parts around it).
+forward_backward / optim_step / sample, then the whole warm-up plan (its `steady_s`), with the persistent
+compilation cache in a directory that is empty the first time and kept for the second. `up` to healthy is set
+beside Engine.load (the stack loads the same model, then starts its other parts around it).
 
     python -m benchmarks.cold_start [--keep DIR] [--logs DIR]
 """
@@ -47,7 +50,11 @@ FIGURES = (
     "first_optim_step_s",
     "first_sample_s",
     "second_sample_s",
+    "steady_s",
+    "slowest_sample_until_steady_s",
 )
+# The steady state: this long with no program compiled, after the background warm-up said it was done.
+QUIET_S = 60.0
 
 
 def stack_start(state_dir: Path) -> tuple[dict, str]:
@@ -89,11 +96,43 @@ def stack_start(state_dir: Path) -> tuple[dict, str]:
             )
         model_dir = training.get_info().model_data.tokenizer_id
         assert model_dir is not None
+
+        def one_sample(i: int):
+            prompt = types.ModelInput.from_ints([9 + i % 50, 10, 11])
+            return sampler.sample(prompt, num_samples=1, sampling_params=params).result(timeout=900)
+
+        out.update(_until_steady(state_dir, t0, one_sample))
         out["programs_built"] = programs_built(state_dir) - built_before
         out.update(_xla_cache_at_ready(state_dir))
     finally:
         stack.stop()
     return out, model_dir
+
+
+def _until_steady(state_dir: Path, t0: float, sample, timeout_s: float = 1800.0) -> dict:
+    """Sample every few seconds until the background warm-up is done and QUIET_S passed with no compile: `steady_s`
+    (from `t0`: the `up`, to the last compile before the quiet), the slowest of those samples, and the programs
+    compiled during the quiet (0 in a steady state)."""
+    slowest, i, done_at, compiled = 0.0, 0, None, programs_built(state_dir)
+    last_compile = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        s0 = time.perf_counter()
+        sample(i)
+        slowest, i = max(slowest, time.perf_counter() - s0), i + 1
+        now = programs_built(state_dir)
+        if now != compiled:
+            compiled, last_compile = now, time.perf_counter()
+        text = jax_worker_log(state_dir)
+        if done_at is None and ("background warm-up done" in text or ", 0 after" in text):
+            done_at = time.perf_counter()
+        if done_at is not None and time.perf_counter() - last_compile >= QUIET_S:
+            return {
+                "steady_s": last_compile - t0,
+                "slowest_sample_until_steady_s": slowest,
+                "samples_until_steady": i,
+            }
+        time.sleep(3.0)
+    raise TimeoutError(f"no steady state within {timeout_s:.0f} s: see {state_dir / 'logs'}")
 
 
 def _xla_cache_at_ready(state_dir: Path) -> dict:
@@ -122,10 +161,10 @@ def engine_child(model_dir: str, cache_dir: str) -> None:
 
     persistent_cache.enable(Path(cache_dir))
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.types import AdamConfig, ForwardBackwardInput, LoraConfig, SampleInput
+    from tinkerflow.workers.engine.types import AdamConfig, ForwardBackwardInput, LoraConfig, SampleInput, WarmUpPlan
 
     out = {}
-    t0 = time.perf_counter()
+    t0 = start = time.perf_counter()
     engine = Engine.load(model_dir, max_lora_adapters=8, max_lora_rank=32, progress=False)
     out["up_to_healthy_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -149,6 +188,11 @@ def engine_child(model_dir: str, cache_dir: str) -> None:
         [SampleInput(prompt=np.asarray([5, 6, 7, 8], np.int32), max_tokens=16, stop_token_ids=[], snapshot="s")]
     )
     out["second_sample_s"] = time.perf_counter() - t0
+    # The engine's steady state: the whole warm-up plan built (what the stack's background warm-up builds), timed
+    # from the load like the stack's; its slowest sample is the first (nothing runs beside it here).
+    engine.warm_up(WarmUpPlan().pieces())
+    out["steady_s"] = time.perf_counter() - start
+    out["slowest_sample_until_steady_s"] = out["first_sample_s"]
     print(json.dumps(out), flush=True)
 
 
