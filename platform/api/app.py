@@ -15,6 +15,7 @@ from temporalio.client import Client
 
 from tinkerflow.api import (
     console_data,
+    routes_anthropic,
     routes_checkpoints,
     routes_console,
     routes_custom_loss,
@@ -86,6 +87,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(routes_custom_loss.router)  # create_custom_loss (docs/custom-losses.md)
     app.include_router(routes_run_metrics.router)  # per-run metric points (docs/metrics.md)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
+    app.include_router(routes_anthropic.router)  # Anthropic-compatible /v1/messages, /v1/messages/count_tokens
     app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)
     app.include_router(routes_console.router)  # the web console's pages and assets at /console (docs/console.md)
 

@@ -21,7 +21,15 @@ Message = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 _BULK = ("/api/v1/forward_backward", "/api/v1/forward")
-_SAMPLE = ("/api/v1/asample", "/api/v1/sample", "/api/v1/telemetry", "/v1/completions", "/v1/chat/completions")
+_SAMPLE = (
+    "/api/v1/asample",
+    "/api/v1/sample",
+    "/api/v1/telemetry",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
 
 
 def limit_for(settings: Settings, path: str) -> tuple[int, str]:

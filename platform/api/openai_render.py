@@ -26,6 +26,7 @@ class Rendered:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     completion_tokens: int
+    stop_sequence: str | None = None  # the stop sequence the text was cut at (Anthropic's answer names it)
 
 
 def token_pieces(tokenizer: Any, tokens: list[int]) -> list[str]:
@@ -63,7 +64,8 @@ def render(
     pieces = token_pieces(tokenizer, tokens)
     text = "".join(pieces)
     finish = "stop" if stop_reason == "stop" else "length"
-    cut = min((i for i in (text.find(s) for s in stops or ()) if i >= 0), default=-1)
+    found = [(at, s) for s in stops or () if (at := text.find(s)) >= 0]
+    cut, matched = min(found, key=lambda f: f[0]) if found else (-1, None)
     if cut >= 0:
         kept, length = [], 0
         for piece in pieces:
@@ -73,7 +75,7 @@ def render(
             length += len(piece)
         pieces, text, finish = kept, text[:cut], "stop"
     lps = list(logprobs or [0.0] * len(tokens))[: len(pieces)]
-    return Rendered(text, pieces, lps, finish, len(tokens))
+    return Rendered(text, pieces, lps, finish, len(tokens), matched)
 
 
 def completion_logprobs(r: Rendered, offset: int = 0) -> dict[str, Any]:

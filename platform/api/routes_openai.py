@@ -6,7 +6,8 @@ the same 404 for another tenant's private checkpoint as create_sampling_session)
 sampling path: the same caps, the same queue limit (429 + Retry-After), the same claim-check store and SampleBatcher
 (so they share decode batches with SDK calls), on a sampler of the tenant's one OpenAI session (openai_samplers).
 Errors use OpenAI's body shape. Streaming sends OpenAI's chunks after the engine has returned the whole sequences
-(the engine does not stream tokens), one chunk per token, then `data: [DONE]`.
+(the engine does not stream tokens), one chunk per token, then `data: [DONE]`. The steps the Anthropic-compatible
+routes share with these (resolve `model`, caps, submit, wait) are endpoint_sampling's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -23,12 +23,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
-from temporalio.client import WorkflowFailureError
-from tinker.proto.response_conv import deserialize_sample_response
-from tinker.types import SampleRequest
 
 from tinkerflow.api.caller import metrics_caller, services
-from tinkerflow.api.lookups import checkpoint_of_caller, json_body
+from tinkerflow.api.endpoint_sampling import (
+    RETRY_AFTER_S,
+    check_request_caps,
+    resolve_target,
+    results,
+    samplers_of,
+    submit,
+    token_budget,
+)
+from tinkerflow.api.lookups import json_body
 from tinkerflow.api.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,14 +50,9 @@ from tinkerflow.api.openai_render import (
     render,
     usage,
 )
-from tinkerflow.api.openai_samplers import OpenAISamplers
 from tinkerflow.api.openai_stream import stream as _stream
-from tinkerflow.api.request_ids import BatchItemRef
-from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
 from tinkerflow.workflows.messages import ModelCard
-
-RETRY_AFTER_S = 1
 
 
 def _stops(req: _Common) -> list[str] | None:
@@ -86,43 +87,6 @@ class OpenAIRoute(APIRoute):
 router = APIRouter(prefix="/v1", route_class=OpenAIRoute)
 
 
-def _state(request: Request) -> OpenAISamplers:
-    state = getattr(request.app.state, "openai_samplers", None)
-    if state is None:
-        state = request.app.state.openai_samplers = OpenAISamplers()
-    return state
-
-
-@dataclass(frozen=True)
-class Target:
-    card: ModelCard
-    model_path: str  # "" for the base model
-
-
-async def _target(svc: Services, model: str, who: str) -> Target:
-    if model.startswith("tinker://"):
-        try:
-            base = (await checkpoint_of_caller(svc, model, who)).base_model
-        except HTTPException as e:  # 404: unknown, expired or another tenant's private checkpoint
-            raise OpenAIError(404 if e.status_code == 404 else 400, str(e.detail), "model", "model_not_found") from None
-        card = await svc.registry.get(base)
-        if card is None:
-            raise OpenAIError(
-                404, f"{model} needs base model {base}, which no JAX worker serves", "model", "model_not_found"
-            )
-        return Target(card, model)
-    card = await svc.registry.get(model)
-    if card is None:
-        raise OpenAIError(
-            404,
-            f"the model {model!r} does not exist: use a served base model (GET /v1/models) or a "
-            "tinker:// path of your saved weights",
-            "model",
-            "model_not_found",
-        )
-    return Target(card, "")
-
-
 def _parse(model: type[_Common], raw: dict[str, Any]) -> Any:
     try:
         req = model.model_validate(raw)
@@ -132,78 +96,6 @@ def _parse(model: type[_Common], raw: dict[str, Any]) -> Any:
     if bad:
         raise OpenAIError(400, bad[1], bad[0], "unsupported_parameter")
     return req
-
-
-def _caps(svc: Services, n: int, max_tokens: int | None, tokens_field: str) -> None:
-    try:
-        check_caps(svc, n, max_tokens, samples_field="n", tokens_field=tokens_field)
-    except HTTPException as e:
-        param = "n" if str(e.detail).startswith("n ") else tokens_field
-        raise OpenAIError(400, str(e.detail), param, "invalid_value") from None
-
-
-def _budget(svc: Services, card: ModelCard, prompt: list[int], max_tokens: int | None, field: str) -> int:
-    """max_tokens checked against the context (prompt + completion), or what the context leaves when unset."""
-    room = card.max_context - len(prompt)
-    asked = max_tokens if max_tokens is not None else min(room, svc.settings.max_sample_tokens)
-    if room < 1 or len(prompt) + asked > card.max_context:
-        raise OpenAIError(
-            400,
-            f"this model's context is {card.max_context} tokens; the prompt has {len(prompt)} and "
-            f"{field} asks for {asked}",
-            field if room >= 1 else "prompt",
-            "context_length_exceeded",
-        )
-    return asked
-
-
-async def _sample(
-    svc: Services,
-    samplers: OpenAISamplers,
-    who: str,
-    target: Target,
-    prompt: list[int],
-    req: _Common,
-    max_tokens: int,
-    topk_prompt: int | None = None,
-) -> BatchItemRef:
-    """Submit one prompt; `topk_prompt` (not None) also scores the prompt, with that many alternatives per token."""
-    info = await samplers.sampler(svc, who, target.card.name, target.model_path)
-    raw: dict[str, Any] = {
-        "sampling_session_id": info.sampler_id,
-        "seq_id": 0,
-        "num_samples": req.n,
-        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
-        "sampling_params": {
-            "max_tokens": max_tokens,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "top_k": req.top_k,
-            "seed": req.seed,
-            "stop": req.stop,
-        },
-    }
-    if topk_prompt is not None:
-        raw.update(prompt_logprobs=True, topk_prompt_logprobs=topk_prompt)
-    ref = await submit_sample(svc, info, raw, SampleRequest.model_validate(raw))
-    if isinstance(ref, QueueFull):
-        raise OpenAIError(429, ref.message, None, "rate_limit_exceeded")
-    return ref
-
-
-async def _results(svc: Services, ref: BatchItemRef) -> Any:
-    """Wait for the outcome of one submitted request (what retrieve_future long-polls), as the SDK's SampleResponse."""
-    try:
-        outcome = await svc.batch_results.outcome(ref.workflow_id, ref.index)
-    except WorkflowFailureError as e:
-        raise OpenAIError(
-            500, f"sampling failed: {getattr(e.cause, 'message', None) or e}", None, "server_error"
-        ) from None
-    if not outcome.ok:
-        status = 400 if outcome.category == "user" else 500
-        raise OpenAIError(status, outcome.error or "sampling failed", None, "sampling_failed")
-    assert outcome.blob is not None
-    return deserialize_sample_response(await asyncio.to_thread(svc.store.get, outcome.blob))
 
 
 def _tokens(prompt: str | list[int], tokenizer: Any, card: ModelCard) -> list[int]:
@@ -227,16 +119,16 @@ async def completions(
 ) -> dict | Response:
     req: CompletionRequest = _parse(CompletionRequest, await json_body(request))
     prompts = req.prompts()
-    _caps(svc, req.n * len(prompts), req.max_tokens, "max_tokens")
-    target = await _target(svc, req.model, who)
-    samplers = _state(request)
+    check_request_caps(svc, req.n * len(prompts), req.max_tokens, "max_tokens")
+    target = await resolve_target(svc, req.model, who)
+    samplers = samplers_of(request)
     tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
     token_lists = [_tokens(p, tokenizer, target.card) for p in prompts]
-    budgets = [_budget(svc, target.card, t, req.max_tokens, "max_tokens") for t in token_lists]
+    budgets = [token_budget(svc, target.card, t, req.max_tokens, "max_tokens") for t in token_lists]
     # echo scores the prompt (lm-eval-harness's loglikelihood); max_tokens 0 samples one token and drops it.
     score = req.logprobs if req.echo and req.logprobs is not None else None
     refs = [
-        await _sample(svc, samplers, who, target, t, req, max(b, 1), score)
+        await submit(svc, samplers, who, target, t, req, max(b, 1), score)
         for t, b in zip(token_lists, budgets, strict=True)
     ]
     prompt_tokens = sum(len(t) for t in token_lists)
@@ -244,7 +136,7 @@ async def completions(
 
     async def choices() -> list[Rendered]:
         out = []
-        responses.extend(await asyncio.gather(*(_results(svc, r) for r in refs)))
+        responses.extend(await asyncio.gather(*(results(svc, r) for r in refs)))
         for response in responses:
             out.extend(
                 render(tokenizer, s.tokens, s.logprobs, s.stop_reason, _stops(req))
@@ -295,9 +187,9 @@ async def chat_completions(
     req: ChatCompletionRequest = _parse(ChatCompletionRequest, await json_body(request))
     limit = req.token_limit()
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    _caps(svc, req.n, limit, field)
-    target = await _target(svc, req.model, who)
-    samplers = _state(request)
+    check_request_caps(svc, req.n, limit, field)
+    target = await resolve_target(svc, req.model, who)
+    samplers = samplers_of(request)
     tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(
@@ -313,10 +205,10 @@ async def chat_completions(
     except Exception as e:  # the template itself raises on conversations it does not accept (roles, order)
         raise OpenAIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
     prompt = list(tokenizer.encode(text, add_special_tokens=False))
-    ref = await _sample(svc, samplers, who, target, prompt, req, _budget(svc, target.card, prompt, limit, field))
+    ref = await submit(svc, samplers, who, target, prompt, req, token_budget(svc, target.card, prompt, limit, field))
 
     async def choices() -> list[Rendered]:
-        response = await _results(svc, ref)
+        response = await results(svc, ref)
         return [render(tokenizer, s.tokens, s.logprobs, s.stop_reason, _stops(req)) for s in response.sequences]
 
     meta = {

@@ -1,0 +1,247 @@
+"""Anthropic's Messages API on the wire, for routes_anthropic.py: the request bodies of /v1/messages and
+/v1/messages/count_tokens as pydantic models, the error body, the `Message` answer and the stream's events.
+
+Only what this server can honour is accepted. Content is text: any other content block type (image, document,
+tool_use, tool_result, thinking, ...) is refused with a 400 naming the type, and so is every parameter these models do
+not declare (tools, thinking, service_tier, ...): Anthropic's own API refuses unknown fields too, and accepting one it
+would act on (tools, thinking) while doing nothing would give a different answer than the client asked for. Types
+are JSON's, strictly: `true` is not a max_tokens and "0.5" is not a temperature.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tinkerflow.api.openai_models import MAX_STOPS
+from tinkerflow.api.openai_render import Rendered
+
+# Anthropic's error `type` for each HTTP status it answers with; other 4xx are the request's fault, other 5xx ours.
+ERROR_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+# Anthropic bounds metadata.user_id at 256 characters.
+MAX_USER_ID = 256
+
+
+class AnthropicError(Exception):
+    """An error answered in Anthropic's body shape: {"type": "error", "error": {"type", "message"}}."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+    @property
+    def kind(self) -> str:
+        return ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": self.kind, "message": self.message}}
+
+
+class CacheControl(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+    # A prompt-caching hint (Claude clients mark their system prompt with it): caching changes what a call costs,
+    # never its answer, and the engine's prefix cache reuses a shared prompt prefix anyway. Accepted so those clients
+    # work unchanged; nothing reads it.
+    cache_control: CacheControl | None = None
+
+
+def _as_blocks(v: Any) -> Any:
+    """Content as a list of text blocks: a string is one block; a block of another type is refused by name here,
+    before pydantic would report it as a mismatch against the text block's fields."""
+    if isinstance(v, str):
+        return [{"type": "text", "text": v}]
+    if not isinstance(v, list):
+        raise ValueError("content must be a string or a list of content blocks")
+    for block in v:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text":
+            named = f"of type {kind!r}" if isinstance(kind, str) else "without a string `type`"
+            raise ValueError(f"content blocks {named} are not supported: this server accepts text blocks only")
+    return v
+
+
+TextContent = Annotated[list[TextBlock], BeforeValidator(_as_blocks)]
+# `system` may be absent or null: no blocks (a plain list, so an error's path names no union member).
+SystemContent = Annotated[list[TextBlock], BeforeValidator(lambda v: [] if v is None else _as_blocks(v))]
+
+
+def text_of(blocks: list[TextBlock]) -> str:
+    """The blocks' text joined as it is (no separator, as the OpenAI endpoint joins text parts)."""
+    return "".join(b.text for b in blocks)
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["user", "assistant"]
+    content: TextContent
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    # Anthropic reads user_id to attribute abuse to an end user; this server has no such policing and the value
+    # changes no answer, so it is bounded like Anthropic's and then deliberately not used. Other keys are refused.
+    user_id: str | None = Field(default=None, max_length=MAX_USER_ID)
+
+
+class PromptRequest(BaseModel):
+    """What both routes render into a prompt: the body of /v1/messages/count_tokens."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str = Field(min_length=1)
+    messages: list[InputMessage] = Field(min_length=1)
+    system: SystemContent = Field(default_factory=list)
+    cache_control: CacheControl | None = None  # top-level prompt caching: see TextBlock.cache_control
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> PromptRequest:
+        last = len(self.messages) - 1
+        for i, m in enumerate(self.messages):
+            # Anthropic's own rule: an empty final assistant turn asks for a fresh answer; an empty turn elsewhere
+            # would render as a turn with nothing said, which no chat template expects.
+            if not text_of(m.content) and not (i == last and m.role == "assistant"):
+                raise ValueError(
+                    f"messages.{i}: all messages must have non-empty content except for the optional final "
+                    "assistant message"
+                )
+        return self
+
+    def turns(self) -> list[dict[str, str]]:
+        """The conversation as a chat template reads it: the system prompt first when there is one."""
+        system = text_of(self.system)
+        out = [{"role": "system", "content": system}] if system else []
+        return out + [{"role": m.role, "content": text_of(m.content)} for m in self.messages]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """A Messages request's sampling parameters as the shared submission reads them (endpoint_sampling.Knobs)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: list[str] | None
+    n: int = 1  # one answer per request: the Messages API has no `n`
+    seed: int | None = None  # the Messages API has no seed; temperature 0 is greedy, hence repeatable
+
+
+class MessagesRequest(PromptRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOPS)
+    # Anthropic's range is 0..1 (not OpenAI's 0..2); its default is 1.
+    temperature: float = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    metadata: Metadata | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(not s for s in v):
+            raise ValueError("stop sequences must be non-empty strings")
+        return v or None
+
+    def knobs(self) -> Knobs:
+        return Knobs(
+            temperature=self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,  # -1: no top-k cut, the engine's "off"
+            stop=self.stop_sequences,
+        )
+
+
+def first_error(e: ValidationError, accepted: list[str]) -> AnthropicError:
+    """A 400 naming the first bad field by its path (`messages.0.content`, `temperature`), as Anthropic's do."""
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ()))
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        if "." in where:
+            msg = "this field is not supported here"
+        else:
+            msg = f"this parameter is not supported by this server (it accepts {', '.join(accepted)})"
+    return AnthropicError(400, f"{where}: {msg}" if where else msg)
+
+
+def stop_reason(r: Rendered) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of one rendered answer: a stop sequence the text was cut at, else the engine's
+    reason: "stop" is the model's end-of-sequence token (end_turn), "length" is max_tokens."""
+    if r.stop_sequence is not None:
+        return "stop_sequence", r.stop_sequence
+    return ("end_turn", None) if r.finish_reason == "stop" else ("max_tokens", None)
+
+
+def message_shell(message_id: str, model: str, input_tokens: int) -> dict[str, Any]:
+    """The Message before its content: what a stream's message_start carries."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    }
+
+
+def message(message_id: str, model: str, input_tokens: int, r: Rendered) -> dict[str, Any]:
+    """The whole Message: one text block (empty when the model ended its turn at once), why it stopped, usage."""
+    reason, sequence = stop_reason(r)
+    return {
+        **message_shell(message_id, model, input_tokens),
+        "content": [{"type": "text", "text": r.text}],
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": {"input_tokens": input_tokens, "output_tokens": r.completion_tokens},
+    }
+
+
+def event(name: str, data: dict[str, Any]) -> str:
+    """One server-sent event with its `event:` line: Anthropic's clients dispatch on it (and skip unnamed ones)."""
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, separators=(',', ':'))}\n\n"
+
+
+def answer_events(r: Rendered) -> list[str]:
+    """A Message's stream after message_start: its one text block (a delta per token piece), then why it stopped."""
+    reason, sequence = stop_reason(r)
+    block = 0
+    out = [event("content_block_start", {"index": block, "content_block": {"type": "text", "text": ""}})]
+    out += [
+        event("content_block_delta", {"index": block, "delta": {"type": "text_delta", "text": piece}})
+        for piece in r.pieces
+        if piece
+    ]
+    out.append(event("content_block_stop", {"index": block}))
+    out.append(
+        event(
+            "message_delta",
+            {
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"output_tokens": r.completion_tokens},
+            },
+        )
+    )
+    out.append(event("message_stop", {}))
+    return out
