@@ -9,7 +9,8 @@ Figures (one JSON line each; the report plots them):
 * `long_sequences_sample_s`: 1 token sampled after a prompt of tokens - 1 tokens (prefill then one decode step), the
   same way; beside it SkyRL tx 0.4.0's figure on this machine and model where one was taken (2K, 8K, 16K).
 * `long_sequences_first_sample_s`: the same sample, the first of its length (its compile, if any, included: what a
-  user's first prompt of that length meets), beside SkyRL tx's figure, which includes its compiles too.
+  user's first prompt of that length meets once the worker's warm-up is done; the engine alone after the same
+  warm-up), beside SkyRL tx's figure, which includes its compiles too.
 * `long_sequences_memory_gb`: the JAX worker's memory high-water (VmHWM) once that length has trained and sampled,
   against the engine-alone process's (ru_maxrss); both also hold what shorter lengths left behind.
 * `long_sequences_reference_attention`: the materialised attention (TINKERFLOW_ATTENTION=reference) at short lengths
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import emit, emit_pair
+from benchmarks.common import emit, emit_pair, wait_for_steady_state
 
 # SkyRL tx 0.4.0, same machine and model, 1-token sample after a prompt this long (seconds).
 SKYRL_SAMPLE_S = {2048: 1.5, 8192: 3.1, 16384: 27.0}
@@ -61,9 +62,10 @@ def _once(fn) -> float:
 
 def engine_figures(model: Path, lengths: list[int]) -> dict[int, dict[str, float]]:
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, LoraConfig, SampleInput
+    from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, LoraConfig, SampleInput, WarmUpPlan
 
     engine = Engine.load(str(model), max_lora_adapters=2, max_lora_rank=8, progress=False)
+    engine.warm_up(WarmUpPlan().pieces())  # as the stack's worker does before its steady state
     engine.create_adapter(0, LoraConfig(rank=8, seed=0))
     out: dict[int, dict[str, float]] = {}
     for n in lengths:
@@ -122,9 +124,12 @@ def sdk_figures(model: Path, lengths: list[int]) -> dict[int, dict[str, float]]:
 
     out: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="tinkerflow-bench-long-") as d:
-        stack = launch(Path(d) / "state", api_key=API_KEY,
-                       extra=["--base-model", str(model), "--max-lora-adapters", "2", "--warm-up", "off"])  # fmt: skip
+        extra = ["--base-model", str(model), "--max-lora-adapters", "2"]
+        stack = launch(Path(d) / "state", api_key=API_KEY, extra=extra)
         try:
+            # A user's first prompt of a length meets a worker past its warm-up (the whole program set built): what
+            # `sample_first` times is whatever that prompt still compiles, which the bounded set makes nothing.
+            wait_for_steady_state(stack)
             service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
             training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
             sampler = training.save_weights_and_get_sampling_client().result()
