@@ -159,11 +159,13 @@ def _param(error: openai.APIStatusError) -> Any:
 
 
 def _openai_sessions(stack) -> int:
+    """Distinct OpenAI-endpoint sessions (workflow ids): a tenant's session that ended idle and was started again
+    under its id is one session in two executions (the Anthropic routes, whose tests run first, share it)."""
     from temporalio.client import Client
 
     async def count() -> int:
         client = await Client.connect(stack.temporal_address)
-        return len([w async for w in client.list_workflows("WorkflowId STARTS_WITH 'session/openai-'")])
+        return len({w.id async for w in client.list_workflows("WorkflowId STARTS_WITH 'session/openai-'")})
 
     return asyncio.run(count())
 
