@@ -55,7 +55,7 @@ def total(ledger: dict[str, OpUsage]) -> OpUsage:
 
 
 def test_usage_adds_field_by_field_and_an_empty_one_is_false() -> None:
-    assert FWD + SAMPLE + SAVE == OpUsage(3, 5, 2, 4, 1, 1234)
+    assert OpUsage(3, 5, 2, 4, 1, 1234) == FWD + SAMPLE + SAVE
     assert not OpUsage() and SAMPLE
     assert SAMPLE.prefill_uncached_tokens == 3
 
