@@ -1,5 +1,7 @@
 """`tinkerflow usage`: a tenant's metered usage by day and kind, read from a running API with tinker's own AdminClient,
 and with `--prices FILE` what the same usage would cost at per-million-token prices (docs/operations.md §Metering).
+It asks the API at TINKER_BASE_URL with TINKER_API_KEY, as every tinker program does: a tenant's key shows its own
+usage, the operator's (--admin-api-key) everyone's.
 
 The price file is TOML: one table per base model as the API names it (or `default` for the rest), each with USD
 prices per million tokens for `prefill` (not served from the prefix cache), `prefill_cached`, `sample` and `train`,
@@ -10,7 +12,6 @@ A kind without a price is shown unpriced, never as free."""
 from __future__ import annotations
 
 import argparse
-import os
 import tomllib
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -33,11 +34,6 @@ def add_parser(sub: Any) -> None:
         "--days", type=int, default=7, help=f"the last N UTC days, today included (1..{MAX_DAYS}; default 7)"
     )
     p.add_argument("--prices", type=Path, help=f"TOML price table in USD per million tokens (example: {EXAMPLE})")
-    p.add_argument("--base-url", help="the API (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
-    p.add_argument(
-        "--api-key",
-        help="the tenant's key, or the operator's (--admin-api-key) for every tenant (default: $TINKER_API_KEY)",
-    )
 
 
 def load_prices(path: Path) -> dict[str, dict[str, float]]:
@@ -91,12 +87,10 @@ def run_usage(args: argparse.Namespace) -> int:
     if not 1 <= args.days <= MAX_DAYS:
         raise SystemExit(f"--days {args.days}: give 1 to {MAX_DAYS}")
     prices = load_prices(args.prices) if args.prices else None
-    base_url = args.base_url or os.environ.get("TINKER_BASE_URL") or "http://127.0.0.1:8000"
-    api_key = args.api_key or os.environ.get("TINKER_API_KEY") or "tml-local-key"
     now = datetime.now(UTC)
     end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     start = end.replace(hour=0) - timedelta(days=args.days - 1)
-    admin = tinker.AdminClient(base_url=base_url, api_key=api_key)
+    admin = tinker.AdminClient()  # TINKER_BASE_URL and TINKER_API_KEY, as every tinker program reads them
     usage = admin.get_billing_usage(start, end).result()
     rows = tally(usage.data)
     if not rows:
