@@ -260,7 +260,6 @@ class TrainingRunWorkflow(RunCheckpoints):
             )
             if outcome.ok:
                 self._log(LoggedOp(WorkKind.FORWARD_BACKWARD, payload=op.payload))
-            if outcome.ok:
                 self._meter(outcome.usage)  # before the answer is slimmed below: the SDK never sees usage
             if outcome.ok and outcome.json:
                 self.s.fwdbwd_count += 1
