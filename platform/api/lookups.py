@@ -7,6 +7,7 @@ import asyncio
 import json
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from tinkerflow.api.errors import from_error, from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id, check_session_id
@@ -17,9 +18,15 @@ from tinkerflow.workflows.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
+# nginx's "client closed request": nobody reads the answer, but the route ends as an answer, not an ASGI error.
+CLIENT_CLOSED = 499
+
 
 async def json_body(request: Request) -> dict:
-    raw = await request.body()  # outside the try: a body over its route's limit is a 413 (body_limits), not a 400
+    try:  # a body over its route's limit is a 413 (body_limits), not a 400: raised through, not caught here
+        raw = await request.body()
+    except ClientDisconnect:  # an SDK that ended (a recipe done) while its long poll's body was on the way
+        raise http_error(CLIENT_CLOSED, "the client closed the request before its body arrived") from None
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):  # RecursionError: too deep (json_depth.py refuses those first, with 400)

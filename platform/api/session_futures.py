@@ -96,6 +96,15 @@ async def _state(svc: Services, request_id: str, who: str, wait_s: float) -> str
     return "finished" if outcome.ok else "failed"
 
 
+def _forget(svc: Services, path: str) -> None:
+    """Remove a retrieved future's record; one a concurrent poll of the same sampler removed first is gone already
+    (the SDK's poll retried while the first was still listening)."""
+    try:
+        svc.store.fs.rm(path)
+    except FileNotFoundError:
+        pass
+
+
 async def poll(svc: Services, sampler_id: str, clone: int, who: str, prev_cursor: int, timeout: float | None,
                retrieved: list[str]) -> tuple[list[dict], int]:  # fmt: skip
     """(completions, cursor) for one retrieve_futures call (module docstring)."""
@@ -106,7 +115,7 @@ async def poll(svc: Services, sampler_id: str, clone: int, who: str, prev_cursor
         records = await asyncio.to_thread(_records, svc, folder)
         for path, rec in list(records.items()):
             if rec["request_id"] in done_ids:
-                await asyncio.to_thread(svc.store.fs.rm, path)
+                await asyncio.to_thread(_forget, svc, path)
                 del records[path]
         again = {p: r for p, r in records.items() if 0 < r.get("reported", 0) > prev_cursor}
         pending = {p: r for p, r in records.items() if not r.get("reported")}

@@ -1,5 +1,5 @@
 """One admission, host side: which queued rows go in together, where their prompts start in the prefix cache, and
-the arrays of each prompt chunk `decode.admit` prefills for them.
+the arrays of each prompt chunk `decode.admit` prefills for them (their sampling settings among them: `row_params`).
 
 Rows are taken from the front of the queue; a row whose prompt starts like one already taken (same cache namespace,
 same first block) waits for the next admission, where it finds that row's blocks in the cache: the samples of one
@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from .buckets import STOP_IDS
 from .decode import MAX_TARGET_PROMPT_LOGPROBS
 from .prefix_cache import BLOCK, PrefixIndex
 from .rows import SampleRow
+from .token_choice import RowParams
 
 
 @dataclass(frozen=True)
@@ -167,4 +170,26 @@ def blank(r: int, c: int, cache_len: int, slots: int, pool_blocks: int, scoring:
         read=np.zeros((r, cache_len // BLOCK), np.int32),
         write=np.full((r, c // BLOCK), pool_blocks, np.int32),
         targets=np.full((r, c, MAX_TARGET_PROMPT_LOGPROBS if scoring else 0), -1, np.int32),
+    )
+
+
+def row_params(rows: list[SampleRow], r: int) -> RowParams:
+    """The sampling settings of an admission's rows, padded to `r` rows (numpy leaves; the caller places them)."""
+    n = len(rows)
+    stop_ids: Any = np.full((r, STOP_IDS), -1, np.int32)
+    for i, row in enumerate(rows):
+        stop_ids[i, : len(row.stop_ids)] = row.stop_ids
+
+    def col(values, pad, dtype) -> Any:
+        return np.array(list(values) + [pad] * (r - n), dtype)
+
+    return RowParams(
+        temperature=col((x.temperature for x in rows), 1.0, np.float32),
+        top_k=col((x.top_k for x in rows), -1, np.int32),
+        top_p=col((x.top_p for x in rows), 1.0, np.float32),
+        seed=col((x.seed for x in rows), (0, 0), np.uint32).reshape(r, 2),
+        sample_index=col((x.sample_index for x in rows), 0, np.int32),
+        max_tokens=col((x.max_tokens for x in rows), 1, np.int32),
+        stop_ids=stop_ids,
+        topk=col((x.topk_sample_logprobs for x in rows), 0, np.int32),
     )

@@ -1,24 +1,16 @@
-"""The sampler's device programs: decode-slot state, the sampling maths, and the jitted admit and decode steps.
+"""The sampler's device programs: decode-slot state and the jitted admit and decode steps.
 
 The host scheduler in `sampler.py` (`SlotSampler`) decides which row goes into which slot and when; everything here
-runs on the device, under `jax.jit`, on fixed shapes. Kept apart so the numerics (what a token and its logprob are)
-can be read and checked without the scheduling around them.
+runs on the device, under `jax.jit`, on fixed shapes. How a token and its logprob are chosen is `token_choice.py`'s,
+kept apart so the numerics can be read and checked without the programs around them.
 
 `Slots` is the state of a fixed number of decode slots: one shared KV cache, each slot's sampling parameters
 (`RowParams`), adapter index into a small stack of snapshot LoRAs (dense matmuls over the stack, see
-`StackedLoraRouting`), position, generated tokens and logprobs (and, in slots built for it, the top-k tokens at
-every sampled position). `admit` prefills newly admitted rows into their slots, from the prefix cache's blocks where
-a row's prompt starts with cached ones (prefix_cache.py), optionally scoring the prompt (prompt_scoring.py);
-`decode` runs a chunk of decode steps over all slots at once.
-
-A row's randomness depends only on (seed, sample index, token index): one uniform per row and step, turned into a
-token by inverse-CDF over the (temperature-scaled, top-k/top-p-filtered) distribution, so a seed reproduces its
-samples whatever else is in the batch. top-k/top-p filtering (a full-vocab sort) runs only in steps where some row
-uses it. Stop token ids are checked here, on device.
-
-Reported logprobs are log_softmax of the unmodified logits (temperature 1, no top-k/top-p), the quantity the
-trainer computes, so sampler and trainer agree for the same weights.
-"""
+`StackedLoraRouting`), position, generated tokens and logprobs, and room for the top-k tokens at every sampled
+position (filled where a row asks). `admit` prefills newly admitted rows into their slots, from the prefix cache's
+blocks where a row's prompt starts with cached ones (prefix_cache.py), and in a scoring admission scores the prompt
+(prompt_scoring.py); `decode` runs a chunk of decode steps over all slots at once. Stop token ids are checked here,
+on device."""
 
 from __future__ import annotations
 
@@ -38,9 +30,8 @@ from ..runtime.sharding import DeviceLayout
 from .buckets import STOP_IDS
 from .prefix_cache import BLOCK
 from .prompt_scoring import alt_tokens, target_prompt_logprobs
+from .token_choice import RowParams, choose, is_stop, top_tokens, when
 
-# Block size of the two-level inverse-CDF search.
-_CDF_BLOCK = 64
 # Prompt scoring always computes this many top tokens per prompt position (one compiled program whatever k a
 # request asks for); each row keeps its own k <= this. Distillation recipes ask for k around 20.
 MAX_TOPK_PROMPT_LOGPROBS = 20
@@ -52,21 +43,6 @@ MAX_TOPK_SAMPLE_LOGPROBS = 20
 # len(prompt) x this): one width each, so what a row asks never selects a program.
 MAX_ALT_TOKENS = 20
 MAX_TARGET_PROMPT_LOGPROBS = 64
-
-
-@jax.tree_util.register_dataclass
-@dataclass
-class RowParams:
-    """Per-row sampling settings."""
-
-    temperature: jax.Array  # float32 [B]; 0 = greedy
-    top_k: jax.Array  # int32 [B]; <= 0 = off
-    top_p: jax.Array  # float32 [B]; 1 = off
-    seed: jax.Array  # uint32 [B, 2] (low, high words)
-    sample_index: jax.Array  # int32 [B]
-    max_tokens: jax.Array  # int32 [B]
-    stop_ids: jax.Array  # int32 [B, M]; -1 = unused
-    topk: jax.Array  # int32 [B]: top tokens the row keeps per sampled position (0: none)
 
 
 @jax.tree_util.register_dataclass
@@ -89,88 +65,6 @@ class Slots:
     top_lp: jax.Array  # float32 [B, L, K]
 
 
-def _filter_top_k_top_p(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Mask logits outside each row's top-k, then outside the smallest set whose probability reaches top_p."""
-    vocab = scaled.shape[-1]
-    k = jnp.where(top_k <= 0, vocab, jnp.minimum(top_k, vocab))
-    ordered = -jnp.sort(-scaled, axis=-1)
-    kth = jnp.take_along_axis(ordered, (k - 1)[:, None], axis=-1)
-    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
-    ordered = jnp.where(jnp.arange(vocab)[None, :] < k[:, None], ordered, -jnp.inf)
-    probs = jax.nn.softmax(ordered, axis=-1)
-    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]  # the most likely token is always kept
-    last_kept = jnp.maximum(jnp.sum(keep, axis=-1) - 1, 0)
-    threshold = jnp.take_along_axis(ordered, last_kept[:, None], axis=-1)
-    return jnp.where(scaled < threshold, -jnp.inf, scaled)
-
-
-def _uniforms(p: RowParams, step: jax.Array) -> jax.Array:
-    """One uniform in [0, 1) per row from (seed, sample index, token index) alone."""
-
-    def one(seed, index, t):
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed[0]), seed[1]), index), t)
-        return jax.random.uniform(key, (), jnp.float32)
-
-    return jax.vmap(one)(p.seed, p.sample_index, step)
-
-
-def _last_true(mask: jax.Array) -> jax.Array:
-    return mask.shape[-1] - 1 - jnp.argmax(mask[..., ::-1], axis=-1)
-
-
-def _inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
-    """Index i with P(i) = weights[i] / sum(weights) for u ~ U[0, 1), per row; O(vocab) with a two-level search
-    (block sums, then a cumulative sum inside the chosen block). Never returns a zero-weight index."""
-    b, vocab = weights.shape
-    pad = (-vocab) % _CDF_BLOCK
-    blocks = jnp.pad(weights, ((0, 0), (0, pad))).reshape(b, -1, _CDF_BLOCK)
-    sums = jnp.sum(blocks, axis=-1)  # [B, NB]
-    ends = jnp.cumsum(sums, axis=-1)
-    target = u * ends[:, -1]
-    blk = jnp.minimum(jnp.sum(ends <= target[:, None], axis=-1), blocks.shape[1] - 1)
-    inner = jnp.take_along_axis(blocks, blk[:, None, None], axis=1)[:, 0]  # [B, BLOCK]
-    start = jnp.take_along_axis(ends - sums, blk[:, None], axis=-1)
-    positive = inner > 0
-    hit = ((start + jnp.cumsum(inner, axis=-1)) > target[:, None]) & positive
-    within = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), _last_true(positive))
-    # Rounding can only land on a block without weight when the row's mass is all elsewhere: take its mode.
-    return jnp.where(jnp.any(positive, axis=-1), blk * _CDF_BLOCK + within, jnp.argmax(weights, axis=-1))
-
-
-def _top(logits: jax.Array, k: int, asked: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The k most likely tokens per row (ids int32 [B, k], log-probs [B, k]), computed only when `asked` (a traced
-    bool: some row wants them), zeros otherwise."""
-
-    def top(x):
-        lp, ids = jax.lax.top_k(x, k)
-        return ids.astype(jnp.int32), lp - jax.nn.logsumexp(x, axis=-1, keepdims=True)
-
-    return _when(asked, top, logits)
-
-
-def _when(flag: jax.Array, fn, *args):
-    """fn(*args) where the traced `flag` holds, zeros of its shapes where not: one program, the work only when
-    asked (how the sampler keeps optional outputs from being shapes)."""
-    zeros = lambda *a: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *a))  # noqa: E731
-    return jax.lax.cond(flag, fn, zeros, *args)
-
-
-def _choose(logits: jax.Array, p: RowParams, step: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Next token per row and its log-prob under the unmodified model distribution."""
-    scaled = logits / jnp.maximum(p.temperature, 1e-6)[:, None]
-    filtering = jnp.any((p.top_k > 0) | (p.top_p < 1))
-    scaled = jax.lax.cond(filtering, _filter_top_k_top_p, lambda s, k, q: s, scaled, p.top_k, p.top_p)
-    weights = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
-    drawn = _inverse_cdf(weights, _uniforms(p, step))
-    token = jnp.where(p.temperature == 0, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    return token, jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0] - lse
-
-
-def _is_stop(token: jax.Array, p: RowParams) -> jax.Array:
-    return jnp.any(token[:, None] == p.stop_ids, axis=-1)
-
-
 def _constrain(slots: Slots, placement: DeviceLayout) -> Slots:
     """Pin the slots to their layout (cache rows on fsdp and kv heads on tp, the rest rows on fsdp), so every
     compiled function takes and returns the same shardings."""
@@ -184,19 +78,30 @@ def empty_slots(config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slo
     b = slots
     zeros = lambda shape, dt: jnp.zeros(shape, dt)  # noqa: E731
     params = RowParams(
-        temperature=zeros((b,), jnp.float32), top_k=zeros((b,), jnp.int32), top_p=jnp.ones((b,), jnp.float32),
-        seed=zeros((b, 2), jnp.uint32), sample_index=zeros((b,), jnp.int32), max_tokens=jnp.ones((b,), jnp.int32),
-        stop_ids=jnp.full((b, STOP_IDS), -1, jnp.int32), topk=zeros((b,), jnp.int32),
-    )  # fmt: skip
+        temperature=zeros((b,), jnp.float32),
+        top_k=zeros((b,), jnp.int32),
+        top_p=jnp.ones((b,), jnp.float32),
+        seed=zeros((b, 2), jnp.uint32),
+        sample_index=zeros((b,), jnp.int32),
+        max_tokens=jnp.ones((b,), jnp.int32),
+        stop_ids=jnp.full((b, STOP_IDS), -1, jnp.int32),
+        topk=zeros((b,), jnp.int32),
+    )
     out = Slots(
-        cache=empty_cache(config, b, cache_len, dtype), params=params,
-        adapter=jnp.full((b,), -1, jnp.int32), scale=zeros((b,), jnp.float32),
-        last_token=zeros((b,), jnp.int32), pos=zeros((b,), jnp.int32), n_gen=zeros((b,), jnp.int32),
-        done=jnp.ones((b,), bool), hit_stop_id=zeros((b,), bool),
-        tokens=zeros((b, cache_len), jnp.int32), logprobs=zeros((b, cache_len), jnp.float32),
+        cache=empty_cache(config, b, cache_len, dtype),
+        params=params,
+        adapter=jnp.full((b,), -1, jnp.int32),
+        scale=zeros((b,), jnp.float32),
+        last_token=zeros((b,), jnp.int32),
+        pos=zeros((b,), jnp.int32),
+        n_gen=zeros((b,), jnp.int32),
+        done=jnp.ones((b,), bool),
+        hit_stop_id=zeros((b,), bool),
+        tokens=zeros((b, cache_len), jnp.int32),
+        logprobs=zeros((b, cache_len), jnp.float32),
         top_ids=zeros((b, cache_len, MAX_TOPK_SAMPLE_LOGPROBS), jnp.int32),
         top_lp=zeros((b, cache_len, MAX_TOPK_SAMPLE_LOGPROBS), jnp.float32),
-    )  # fmt: skip
+    )
     return _constrain(out, placement)
 
 
@@ -289,9 +194,9 @@ def admit(
 
     last = jnp.take_along_axis(h, jnp.clip(prompt_len - start - 1, 0, c - 1)[:, None, None], axis=1)  # [R, 1, H]
     logits = model.logits(last, routing)[:, 0]
-    token, lp = _choose(logits, params, jnp.zeros((r,), jnp.int32))
-    top_ids, top_lp = _top(logits, slots.top_ids.shape[2], jnp.any(final & (params.topk > 0)))
-    hit = _is_stop(token, params)
+    token, lp = choose(logits, params, jnp.zeros((r,), jnp.int32))
+    top_ids, top_lp = top_tokens(logits, slots.top_ids.shape[2], jnp.any(final & (params.topk > 0)))
+    hit = is_stop(token, params)
     length = slots.tokens.shape[1]
     into = jnp.where(final, index, b)  # only rows whose prompt ended take their slot's state now
 
@@ -319,16 +224,16 @@ def admit(
     scores: dict[str, jax.Array] = {}
     if scoring:
         k = min(MAX_TOPK_PROMPT_LOGPROBS, vocab)
-        scores["token_lp"], scores["top_ids"], scores["top_lp"] = _when(
+        scores["token_lp"], scores["top_ids"], scores["top_lp"] = when(
             wants[0], lambda x: scored_next(model, x, nexts, routing, k, per), h
         )
-        scores["target_lp"] = _when(wants[1], lambda x: target_prompt_logprobs(model, x, targets, routing, per), h)
+        scores["target_lp"] = when(wants[1], lambda x: target_prompt_logprobs(model, x, targets, routing, per), h)
 
         def draws(x):
             chunk = max(1, per // MAX_ALT_TOKENS)
             return alt_tokens(model, x, routing, MAX_ALT_TOKENS, params.temperature, params.seed, chunk, positions)
 
-        scores["alt_ids"], scores["alt_lp"] = _when(wants[2], draws, h)
+        scores["alt_ids"], scores["alt_lp"] = when(wants[2], draws, h)
     return _constrain(out, placement), pool, placement.constrain_batch(scores)
 
 
@@ -354,11 +259,11 @@ def decode(
         i, s = carry
         h, cache = model.hidden(s.last_token[:, None], s.pos[:, None], routing, s.cache)
         logits = model.logits(h, routing)[:, 0]
-        token, lp = _choose(logits, p, s.n_gen)
+        token, lp = choose(logits, p, s.n_gen)
         active = ~s.done
-        top_ids, top_lp = _top(logits, s.top_ids.shape[2], jnp.any(active & (p.topk > 0)))
+        top_ids, top_lp = top_tokens(logits, s.top_ids.shape[2], jnp.any(active & (p.topk > 0)))
         col = jnp.minimum(s.n_gen, length - 1)
-        hit = _is_stop(token, p) & active
+        hit = is_stop(token, p) & active
         n_gen = s.n_gen + active
         return i + 1, Slots(
             cache=cache,

@@ -5,7 +5,7 @@ position (`prompt_alt_tokens_k`).
 Both read the vocabulary in chunks of positions (`logprobs._chunked`), so a long prompt's logits never exist whole.
 Log-probs are log_softmax of the unmodified logits, the quantity the trainer computes (as for sampled tokens); the
 draws are at the row's temperature (0: the most likely token, k times). A row's draws depend only on its seed and the
-position: stream `ALT_STREAM` of the seed, apart from the sampled tokens' (decode._uniforms).
+position: stream `ALT_STREAM` of the seed, apart from the sampled tokens' (token_choice._uniforms).
 """
 
 from __future__ import annotations

@@ -38,9 +38,14 @@ Valid = tuple[int, np.ndarray, list[int]]
 
 
 def sample(
-    sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, requests: list[SampleInput], *, info: ModelInfo,
+    sampler: SlotSampler,
+    snapshots: SamplerSnapshots,
+    base: Any,
+    requests: list[SampleInput],
+    *,
+    info: ModelInfo,
     memory: MemoryPlan | None = None,
-) -> list[SampleResult | InputError]:  # fmt: skip
+) -> list[SampleResult | InputError]:
     results: list[SampleResult | InputError | None] = [None] * len(requests)
     max_len = info.max_position_embeddings
     valid: list[Valid] = []
@@ -84,9 +89,13 @@ def sample(
 
 
 def _sample_group(
-    sampler: SlotSampler, snapshots: SamplerSnapshots, base: Any, requests: list[SampleInput],
-    valid: list[Valid], info: ModelInfo,
-) -> dict[int, SampleResult]:  # fmt: skip
+    sampler: SlotSampler,
+    snapshots: SamplerSnapshots,
+    base: Any,
+    requests: list[SampleInput],
+    valid: list[Valid],
+    info: ModelInfo,
+) -> dict[int, SampleResult]:
     """One decode batch: every sample of every request in `valid` (their snapshots fit one stack) as rows."""
     max_len = info.max_position_embeddings
     keys = tuple(dict.fromkeys(key for r, *_ in valid if (key := requests[r].snapshot) is not None))
@@ -105,16 +114,28 @@ def _sample_group(
         targets = req.target_prompt_logprobs
         for j in range(req.num_samples):
             scoring = (bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0
-            rows.append(SampleRow(
-                prompt=p, max_tokens=min(req.max_tokens, max_len - len(p)), temperature=float(req.temperature),
-                top_k=int(req.top_k), top_p=float(req.top_p), seed=seed, sample_index=j, stop_ids=stops,
-                adapter=adapter, scale=scale, prompt_logprobs=scoring,
-                topk_prompt_logprobs=int(req.topk_prompt_logprobs) if j == 0 else 0,
-                stop_strings=list(req.stop_strings), topk_sample_logprobs=int(req.topk_sample_logprobs),
-                target_ids=targets.astype(np.int32) if targets is not None and j == 0 else None,
-                prompt_alt_tokens_k=int(req.prompt_alt_tokens_k) if j == 0 else 0,
-                cache_namespace=namespace, needs_from=_needs_from(req, len(p)) if j == 0 else len(p) - 1,
-            ))  # fmt: skip
+            rows.append(
+                SampleRow(
+                    prompt=p,
+                    max_tokens=min(req.max_tokens, max_len - len(p)),
+                    temperature=float(req.temperature),
+                    top_k=int(req.top_k),
+                    top_p=float(req.top_p),
+                    seed=seed,
+                    sample_index=j,
+                    stop_ids=stops,
+                    adapter=adapter,
+                    scale=scale,
+                    prompt_logprobs=scoring,
+                    topk_prompt_logprobs=int(req.topk_prompt_logprobs) if j == 0 else 0,
+                    stop_strings=list(req.stop_strings),
+                    topk_sample_logprobs=int(req.topk_sample_logprobs),
+                    target_ids=targets.astype(np.int32) if targets is not None and j == 0 else None,
+                    prompt_alt_tokens_k=int(req.prompt_alt_tokens_k) if j == 0 else 0,
+                    cache_namespace=namespace,
+                    needs_from=_needs_from(req, len(p)) if j == 0 else len(p) - 1,
+                )
+            )
             owner.append(r)
 
     t0 = time.perf_counter()
@@ -123,8 +144,14 @@ def _sample_group(
     answers = {r: SampleResult(sequences=[]) for r, *_ in valid}
     for r, out in zip(owner, outputs):
         res, req = answers[r], requests[r]
-        res.sequences.append(SampledSequence(tokens=out.tokens, logprobs=out.logprobs, stop_reason=out.stop_reason,
-                                             topk_logprobs=out.topk_sample_logprobs))  # fmt: skip
+        res.sequences.append(
+            SampledSequence(
+                tokens=out.tokens,
+                logprobs=out.logprobs,
+                stop_reason=out.stop_reason,
+                topk_logprobs=out.topk_sample_logprobs,
+            )
+        )
         if len(res.sequences) > 1:
             continue
         res.prompt_cache_hit_tokens = out.cache_hit_tokens  # the prompt's, counted once (row 0)

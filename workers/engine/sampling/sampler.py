@@ -47,8 +47,8 @@ from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
 from . import admission
 from .admission import Admission, Chunk
-from .buckets import DEFAULT_SAMPLE_SLOTS, STOP_IDS, SlotBucket, pick_bucket, slot_buckets
-from .decode import RowParams, Slots, admit, decode, empty_slots, pool_program
+from .buckets import DEFAULT_SAMPLE_SLOTS, SlotBucket, pick_bucket, slot_buckets
+from .decode import Slots, admit, decode, empty_slots, pool_program
 from .prefix_cache import BLOCK, PrefixIndex
 from .rows import PromptScores, RowOutput, SampleRow, first_stop_string_end
 
@@ -104,10 +104,12 @@ class SlotSampler:
         plan."""
         memory = self.memory
         return slot_buckets(
-            self.max_slots, self.config.max_position_embeddings, self.placement,
+            self.max_slots,
+            self.config.max_position_embeddings,
+            self.placement,
             kv_tokens=None if memory is None else memory.kv_slots(1),
             prefill_rows=None if memory is None else memory.prefill_rows,
-        )  # fmt: skip
+        )
 
     def max_cache_len(self) -> int:
         """The most positions (prompt + max_tokens) one row can be sampled with."""
@@ -138,11 +140,22 @@ class SlotSampler:
 
     # -------------------------------------------------------------- compiled calls
 
-    def _admit_call(self, lora, base, bucket: SlotBucket, slots: Slots, rows: list[SampleRow], adm: Admission | None,
-                    chunk: Chunk, *, compile_only: bool = False, pool: Any = None):  # fmt: skip
+    def _admit_call(
+        self,
+        lora,
+        base,
+        bucket: SlotBucket,
+        slots: Slots,
+        rows: list[SampleRow],
+        adm: Admission | None,
+        chunk: Chunk,
+        *,
+        compile_only: bool = False,
+        pool: Any = None,
+    ):
         r = chunk.chunk.shape[0]
         chosen = [rows[i] for i in adm.chosen] if adm is not None else []
-        params = self.placement.put_batch(_row_params(chosen, r))
+        params = self.placement.put_batch(admission.row_params(chosen, r))
         adapter = np.full((r,), -1, np.int32)
         scale = np.zeros((r,), np.float32)
         for i, row in enumerate(chosen):
@@ -152,8 +165,21 @@ class SlotSampler:
         label = f"{bucket.label} adapters={_stack_size(lora)} rows={r} chunk={chunk.chunk.shape[1]}"
         c = chunk
         arrays = (c.chunk, c.nexts, c.start, c.prompt_len, c.index, c.final)
-        args = (lora, base, slots, self.pool() if pool is None else pool, *map(put, arrays), params, put(adapter),
-                put(scale), put(c.cached), put(c.read), put(c.write), put(c.targets), jnp.asarray(wants))  # fmt: skip
+        args = (
+            lora,
+            base,
+            slots,
+            self.pool() if pool is None else pool,
+            *map(put, arrays),
+            params,
+            put(adapter),
+            put(scale),
+            put(c.cached),
+            put(c.read),
+            put(c.write),
+            put(c.targets),
+            jnp.asarray(wants),
+        )
         scoring = bool(chunk.targets.shape[2])  # a scoring chunk has room for target ids
         label += " scoring" if scoring else ""
         if compile_only:
@@ -162,8 +188,18 @@ class SlotSampler:
         slots, self._pool, scores = self._admit(label, *args, scoring=scoring)
         return slots, scores
 
-    def _decode_call(self, lora, base, bucket: SlotBucket, slots: Slots, release: np.ndarray, steps: int,
-                     target: int, *, compile_only: bool = False) -> Slots:  # fmt: skip
+    def _decode_call(
+        self,
+        lora,
+        base,
+        bucket: SlotBucket,
+        slots: Slots,
+        release: np.ndarray,
+        steps: int,
+        target: int,
+        *,
+        compile_only: bool = False,
+    ) -> Slots:
         label = f"{bucket.label} adapters={_stack_size(lora)}"
         args = (lora, base, slots, self.placement.put_batch(release), jnp.int32(steps), jnp.int32(target))
         if compile_only:
@@ -184,11 +220,17 @@ class SlotSampler:
         t0, before = time.perf_counter(), self.compile_count()
         for b in buckets:
             shapes = b != using
-            self.warm_bucket(abstract(lora) if shapes else lora, abstract(base) if shapes else base, b, scoring,
-                             from_shapes=shapes)  # fmt: skip
+            self.warm_bucket(
+                abstract(lora) if shapes else lora, abstract(base) if shapes else base, b, scoring, from_shapes=shapes
+            )
         if self.compile_count() > before:
-            log.info("sampler: compiled %d programs for adapters=%d scoring=%s in %.1fs",
-                     self.compile_count() - before, _stack_size(lora), scoring, time.perf_counter() - t0)  # fmt: skip
+            log.info(
+                "sampler: compiled %d programs for adapters=%d scoring=%s in %.1fs",
+                self.compile_count() - before,
+                _stack_size(lora),
+                scoring,
+                time.perf_counter() - t0,
+            )
 
     def _ensure_bucket(self, lora, base, bucket: SlotBucket, scoring: bool) -> None:
         """Compile one slot bucket of a family, once."""
@@ -214,8 +256,15 @@ class SlotSampler:
         if release is not None:
             self._keep(bucket, slots, release)
 
-    def warm_up(self, lora, base, *, scoring: tuple[bool, ...] = (False,), buckets: tuple[int, ...] | None = None,
-                from_shapes: bool = False) -> None:  # fmt: skip
+    def warm_up(
+        self,
+        lora,
+        base,
+        *,
+        scoring: tuple[bool, ...] = (False,),
+        buckets: tuple[int, ...] | None = None,
+        from_shapes: bool = False,
+    ) -> None:
         """Compile the families of this stack (`lora`) and these scoring variants; only the slot `buckets` named
         (None: all, and the family counts as done, unless `from_shapes`: then nothing is recorded, see
         `warm_bucket`)."""
@@ -230,8 +279,16 @@ class SlotSampler:
 
     # -------------------------------------------------------------- the loop
 
-    def _prefill(self, lora, base, bucket: SlotBucket, slots: Slots, rows: list[SampleRow], adm: Admission,
-                 results: list[RowOutput | None]) -> Slots:  # fmt: skip
+    def _prefill(
+        self,
+        lora,
+        base,
+        bucket: SlotBucket,
+        slots: Slots,
+        rows: list[SampleRow],
+        adm: Admission,
+        results: list[RowOutput | None],
+    ) -> Slots:
         """Every chunk of one admission, in order; rows that score their prompt gather their scores chunk by chunk."""
         scoring = {j: PromptScores(rows[i], adm.starts[j]) for j, i in enumerate(adm.chosen) if rows[i].scores_prompt}
         b, c = bucket.slots, bucket.chunk
@@ -285,7 +342,8 @@ class SlotSampler:
             slots = self._decode_call(lora, base, bucket, slots, release, steps, target)
             release = np.zeros((b,), bool)
             done, n_gen, hit, tokens, logprobs = self.placement.to_host(
-                (slots.done, slots.n_gen, slots.hit_stop_id, slots.tokens, slots.logprobs))  # fmt: skip
+                (slots.done, slots.n_gen, slots.hit_stop_id, slots.tokens, slots.logprobs)
+            )
             top = self.placement.to_host((slots.top_ids, slots.top_lp)) if top_k else None
             for s, i in list(occupant.items()):
                 row, k = rows[i], int(n_gen[s])
@@ -303,36 +361,17 @@ class SlotSampler:
                 out = results[i] or RowOutput([], [], reason)
                 kk = row.topk_sample_logprobs
                 results[i] = dataclasses.replace(
-                    out, tokens=tokens[s, :k].tolist(), logprobs=logprobs[s, :k].tolist(), stop_reason=reason,
+                    out,
+                    tokens=tokens[s, :k].tolist(),
+                    logprobs=logprobs[s, :k].tolist(),
+                    stop_reason=reason,
                     cache_hit_tokens=hits[i],
                     topk_sample_logprobs=(top[0][s, :k, :kk].copy(), top[1][s, :k, :kk].copy()) if top and kk else None,
-                )  # fmt: skip
+                )
                 del occupant[s]
                 free.append(s)
         self._keep(bucket, slots, release)
         return results  # type: ignore[return-value]
-
-
-def _row_params(rows: list[SampleRow], r: int) -> RowParams:
-    """The sampling settings of an admission's rows, padded to `r` rows (numpy leaves; the caller places them)."""
-    n = len(rows)
-    stop_ids: Any = np.full((r, STOP_IDS), -1, np.int32)
-    for i, row in enumerate(rows):
-        stop_ids[i, : len(row.stop_ids)] = row.stop_ids
-
-    def col(values, pad, dtype) -> Any:
-        return np.array(list(values) + [pad] * (r - n), dtype)
-
-    return RowParams(
-        temperature=col((x.temperature for x in rows), 1.0, np.float32),
-        top_k=col((x.top_k for x in rows), -1, np.int32),
-        top_p=col((x.top_p for x in rows), 1.0, np.float32),
-        seed=col((x.seed for x in rows), (0, 0), np.uint32).reshape(r, 2),
-        sample_index=col((x.sample_index for x in rows), 0, np.int32),
-        max_tokens=col((x.max_tokens for x in rows), 1, np.int32),
-        stop_ids=stop_ids,
-        topk=col((x.topk_sample_logprobs for x in rows), 0, np.int32),
-    )
 
 
 def _stack_size(lora: Any) -> int:
