@@ -48,6 +48,7 @@ from tinkerflow.workers.engine.types import (
 )
 from tinkerflow.workflows.errors import ErrorType
 from tinkerflow.workflows.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
+from tinkerflow.workflows.usage import OpUsage
 
 log = logging.getLogger(__name__)
 REMEMBERED_ANSWERS = 4096
@@ -285,7 +286,9 @@ class EngineActivities:
             overwrite=save.overwrite,
             age_recipients=list(save.age_recipients),
         )
-        return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes})
+        # Metered here, with the answer; the run counts it unless it is an automatic snapshot (run_checkpoints.py).
+        usage = OpUsage(checkpoints=1, checkpoint_bytes=manifest.size_bytes)
+        return Outcome(json={"path": manifest.tinker_path, "size_bytes": manifest.size_bytes}, usage=usage)
 
     def _load_checkpoint(self, item: WorkItem) -> Outcome:
         if item.load is None:
@@ -325,6 +328,7 @@ class EngineActivities:
             return Outcome(
                 blob=self.store.put(wire.forward_backward_output(res), "results"),
                 json={"loss": float(res.metrics.get("loss:sum", 0.0)), "tokens": tokens},
+                usage=OpUsage(training_tokens=tokens),
             )
 
         return self._one_engine_call(items, decode, timer.wrap(self.engine.forward_backward), encode)
@@ -347,7 +351,12 @@ class EngineActivities:
                 point = {"num_samples": len(res.sequences), "tokens_generated": tokens, "wall_s": timer.seconds}
                 self.points.sample(item, point)
             stability.record(self.store, item, body, res)  # asked with record_stability_info: before the answer
-            return Outcome(blob=self.store.put(wire.sample_output(res, body), "results"), json={"tokens": tokens})
+            # The prompt is prefilled once for all its samples; the engine says how much of it the prefix cache held.
+            prompt = len(inp.prompt)
+            cached = min(res.prompt_cache_hit_tokens, prompt)
+            usage = OpUsage(prefill_tokens=prompt, prefill_cached_tokens=cached, sampled_tokens=tokens)
+            blob = self.store.put(wire.sample_output(res, body), "results")
+            return Outcome(blob=blob, json={"tokens": tokens}, usage=usage)
 
         return self._one_engine_call(items, decode, timer.wrap(self.engine.sample), encode)
 

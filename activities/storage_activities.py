@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 # writes for retrieve_futures (api/session_futures.py), cancel_future's markers, and the stability records of calls
 # that set record_stability_info (common/stability.py), and the copies of ephemeral sampler snapshots'
 # weights (activities/sampler_weights.py).
-CLAIM_CHECK_KINDS = ("requests", "results", "futures", "cancelled", "stability", "sampler-weights")
+CLAIM_CHECK_KINDS = ("requests", "results", "futures", "cancelled", "stability", "sampler-weights", "audit")
 
 
 class StorageActivities:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinkerflow.workflows.usage import OpUsage
 from tinkerflow.workflows.work import (
     AdamSpec,
     DropSnapshots,
@@ -71,6 +72,7 @@ class Outcome:
     error: str = ""
     category: str = ""  # "user" | "server" when error is set
     worker_lost: bool = False  # failed because the JAX worker holding the adapter died or restarted
+    usage: OpUsage | None = None  # what the op consumed, counted by the JAX worker (workflows/usage.py)
 
     @property
     def ok(self) -> bool:
@@ -239,6 +241,7 @@ class RunState:
     auto_snapshot: str = ""
     since_snapshot: list[LoggedOp] = field(default_factory=lambda: list[LoggedOp]())
     recoveries: int = 0
+    usage: dict[str, OpUsage] = field(default_factory=dict[str, OpUsage])  # UTC hour -> metered (usage.py)
 
     @property
     def lora_spec(self) -> LoraSpec:

@@ -29,6 +29,7 @@ from tinkerflow.workflows.messages import (
     WorkKind,
 )
 from tinkerflow.workflows.requester import CoordinatorCalls
+from tinkerflow.workflows.usage import OpUsage, add_to, hour_of
 
 # kind="inflight" saves take the run's one inflight key instead of a snapshot per sampler.
 PATCH_INFLIGHT = "sampling-inflight-v1"
@@ -77,9 +78,15 @@ class RunCheckpoints:
             model_id=start.model_id,
             save=SaveCheckpoint(path=path, manifest=manifest, overwrite=save.overwrite, age_recipients=recipients),
         )
-        if outcome.ok and "/auto_weights/" not in path:
+        if outcome.ok and "/auto_weights/" not in path:  # automatic snapshots are the service's, not the user's
+            self._meter(outcome.usage)
             await self._schedule_expiry(path, expires_at)
         return outcome
+
+    def _meter(self, usage: OpUsage | None) -> None:
+        """Record an accepted op's usage in the run's hourly ledger: state only (no command), carried across
+        continue-as-new, read by the API through the `usage` query."""
+        add_to(self.s.usage, hour_of(workflow.now()), usage)
 
     async def _schedule_expiry(self, path: str, expires_at: str | None) -> None:
         """A durable timer per checkpoint with a TTL; a re-save of the name moves or clears an existing one."""

@@ -17,9 +17,12 @@ from temporalio import workflow
 from tinkerflow.workflows import names
 from tinkerflow.workflows.messages import Outcome, SampleParams, SampleStart, WorkKind, WorkResult
 from tinkerflow.workflows.requester import CoordinatorCalls
+from tinkerflow.workflows.usage import OpUsage, add_to, hour_of, ledger_memo
 
 # Calls answered worker-lost are sent again once. Patched: it signals the Coordinator where the calls were answered.
 PATCH_RERUN_LOST = "sample-rerun-lost-v1"
+# The calls' metered usage recorded in the memo (two upserts, new commands: patched).
+PATCH_USAGE_MEMO = "sample-usage-memo-v1"
 
 
 @workflow.defn(name="SampleRequest")
@@ -56,7 +59,33 @@ class SampleRequestWorkflow:
             workflow.logger.warning("%d sample call(s) lost with their JAX worker: sent again", len(lost))
             for i, outcome in zip(lost, await send(lost), strict=True):
                 outcomes[i] = outcome
+        if workflow.patched(PATCH_USAGE_MEMO):
+            self._record_usage(start, outcomes)
         return outcomes
+
+    @staticmethod
+    def _record_usage(start: SampleStart, outcomes: list[Outcome]) -> None:
+        """Meter the calls' final answers (a call sent again counts once: only its last answer is here) into this
+        workflow's memo, with the owner and session as search attributes: the billing routes find every batch of a
+        tenant in one visibility listing, memo included, without a query per workflow."""
+        ledger: dict[str, OpUsage] = {}
+        add_to(ledger, hour_of(workflow.now()), sum((o.usage or OpUsage() for o in outcomes if o.ok), OpUsage()))
+        if not ledger:
+            return
+        sampler = start.sampler
+        workflow.upsert_memo(
+            {
+                "usage": ledger_memo(ledger),
+                "session_id": names.session_of(sampler.sampler_id),
+                "base_model": sampler.base_model,
+            }
+        )
+        workflow.upsert_search_attributes(  # pyright: ignore[reportUnknownMemberType] (temporalio's bare generic)
+            [
+                names.OWNER.value_set(names.owner_value(sampler.owner)),
+                names.SESSION_ID.value_set(names.session_of(sampler.sampler_id)),
+            ]
+        )
 
     @workflow.signal
     def deliver(self, result: WorkResult) -> None:

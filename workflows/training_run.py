@@ -33,6 +33,7 @@ from tinkerflow.workflows.messages import (
 )
 from tinkerflow.workflows.requester import CoordinatorCalls
 from tinkerflow.workflows.run_checkpoints import RunCheckpoints, rfc3339
+from tinkerflow.workflows.usage import OpUsage
 
 ANSWERED_KEPT = 128
 # How long a run whose JAX worker died waits for a live worker to restore its adapter on.
@@ -211,6 +212,11 @@ class TrainingRunWorkflow(RunCheckpoints):
     def describe(self) -> RunState:
         return self.s
 
+    @workflow.query
+    def usage(self) -> dict[str, OpUsage]:
+        """The run's metered usage by UTC hour (workflows/usage.py); the billing routes read it."""
+        return self.s.usage
+
     # --- ops -----------------------------------------------------------------------------------------------------
 
     async def _execute(self, op: TrainingOp) -> Outcome:
@@ -254,6 +260,7 @@ class TrainingRunWorkflow(RunCheckpoints):
             )
             if outcome.ok:
                 self._log(LoggedOp(WorkKind.FORWARD_BACKWARD, payload=op.payload))
+                self._meter(outcome.usage)  # before the answer is slimmed below: the SDK never sees usage
             if outcome.ok and outcome.json:
                 self.s.fwdbwd_count += 1
                 self.s.tokens_seen += int(outcome.json.get("tokens", 0))

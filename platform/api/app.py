@@ -15,6 +15,7 @@ from temporalio.client import Client
 
 from tinkerflow.api import (
     console_data,
+    routes_admin,
     routes_anthropic,
     routes_checkpoints,
     routes_console,
@@ -88,6 +89,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(routes_run_metrics.router)  # per-run metric points (docs/metrics.md)
     app.include_router(routes_openai.router)  # OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models
     app.include_router(routes_anthropic.router)  # Anthropic-compatible /v1/messages, /v1/messages/count_tokens
+    app.include_router(routes_admin.router)  # tinker's AdminClient: billing usage, checkpoint storage, audit log
     app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)
     app.include_router(routes_console.router)  # the web console's pages and assets at /console (docs/console.md)
 

@@ -106,6 +106,7 @@ async def publish(run: str, checkpoint_id: str, svc: Services = Depends(services
     p = _path(run, checkpoint_id)
     await _owned(svc, p, who)
     await asyncio.to_thread(svc.checkpoints.update, p, public=True)
+    await svc.audit("checkpoint_published", who, str(p))
     return {}
 
 
@@ -114,6 +115,7 @@ async def unpublish(run: str, checkpoint_id: str, svc: Services = Depends(servic
     p = _path(run, checkpoint_id)
     await _owned(svc, p, who)
     await asyncio.to_thread(svc.checkpoints.update, p, public=False)
+    await svc.audit("checkpoint_unpublished", who, str(p))
     return {}
 
 
@@ -131,6 +133,7 @@ async def set_ttl(
     expires_at = expiry_after(ttl)
     await asyncio.to_thread(svc.checkpoints.update, p, expires_at=expires_at)
     await _set_expiry_timer(svc, str(p), expires_at, m.base_model)
+    await svc.audit("checkpoint_ttl_set", who, str(p), ttl_seconds=ttl, expires_at=expires_at)
     return {}
 
 
@@ -167,6 +170,7 @@ async def delete(run: str, checkpoint_id: str, svc: Services = Depends(services)
     m = await _owned(svc, p, who)
     await asyncio.to_thread(svc.checkpoints.delete, p)
     await _forget(svc, m)
+    await svc.audit("checkpoint_deleted", who, str(p), size_bytes=m.size_bytes)
     return {}
 
 

@@ -18,6 +18,7 @@ from temporalio.client import Client
 
 from tinkerflow.api.batch_results import BatchResults
 from tinkerflow.api.queue_depths import QueueDepths
+from tinkerflow.common.audit import AuditLog
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
@@ -74,10 +75,16 @@ class Services:
     samplers: dict[str, SamplerInfo] = field(default_factory=dict)  # immutable once created: safe to cache
     queue_depths: QueueDepths = field(init=False)  # one Coordinator queue-depth query at a time
     batch_results: BatchResults = field(init=False)  # one shared result wait per sample batch workflow
+    audit_log: AuditLog = field(init=False)  # in the claim-check store (common/audit.py)
 
     def __post_init__(self) -> None:
         self.queue_depths = QueueDepths(self.client)
         self.batch_results = BatchResults(self.client)
+        self.audit_log = AuditLog(self.store)
+
+    async def audit(self, event: str, who: str, obj: str, **details: object) -> None:
+        """Record what a key did to `obj` (common/audit.py); after the change, so a refused request records nothing."""
+        await asyncio.to_thread(self.audit_log.record, event, who, obj, **details)
 
     async def queued_samples(self, coordinator_id: str) -> tuple[int, int]:
         """(samples, tokens of work) waiting in a coordinator's queue, from one query shared by concurrent callers."""

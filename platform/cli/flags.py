@@ -15,6 +15,8 @@ NOT_SETTINGS = {
     "--with-stack": "`ray`: also run Temporal, the workflow worker and the API on the driver's node",
     "--seed": "`make-tiny-model`: the weights' seed",
     "--moe": "`make-tiny-model`: write the mixture-of-experts variant",
+    "--days": "`usage`: the last N UTC days",
+    "--prices": "`usage`: a price table to estimate costs with",
     "-h": "argparse's own help",
     "--help": "argparse's own help",
 }

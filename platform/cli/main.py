@@ -22,6 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
+from tinkerflow.cli import usage
 from tinkerflow.cli.flags import add_settings_flags, settings_from
 from tinkerflow.common.logs import setup_logging
 from tinkerflow.common.settings import (
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the tiny Qwen3-MoE (8 routed experts, top-2) instead; serve it with --base-model D",
     )
 
+    usage.add_parser(sub)  # a client of a running API: no settings flags of its own
+
     for name, groups in COMMAND_GROUPS.items():
         p = sub.choices[name]
         add_settings_flags(p, groups)
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(make_tiny_model(args.directory, seed=args.seed, progress=True, moe=args.moe))
         return 0
+    if args.command == "usage":
+        return usage.run_usage(args)
     if args.command == "up":
         from tinkerflow.cli.up import run_up
 

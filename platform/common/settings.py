@@ -140,6 +140,8 @@ class Settings(LauncherSettings, ApiSettings, JaxWorkerSettings, CommonSettings)
                 line = line.split("#", 1)[0].strip()
                 if line:
                     keys.append(line)
+        if self.admin_api_key:  # the operator's key is a key too: a tenant of its own that also sees all usage
+            keys.append(self.admin_api_key)
         return tuple(dict.fromkeys(keys))
 
     @property

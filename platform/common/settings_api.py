@@ -20,6 +20,9 @@ class ApiSettings:
                                         aliases=("--api-key",), shown="none: any key is accepted, with a warning")
     api_keys_file: str = setting("", "file of accepted API keys, one per line ('#' comments allowed), merged with "
                                  "--api-key; read once when the API starts", API, shown="none")
+    admin_api_key: str = setting("", "operator key: accepted like --api-key (its own tenant) and, on the billing "
+                                 "and audit routes (tinker's AdminClient), sees every tenant's usage", API,
+                                 shown="none: each key sees only its own usage")
     session_timeout_s: float = setting(120.0, "end a session after this long without a heartbeat", API)
     max_queued_samples: int = setting(1024, "answer asample with HTTP 429 (the SDK backs off and retries) while "
                                       "this many samples are queued for one base model", API)

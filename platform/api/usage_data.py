@@ -1,0 +1,138 @@
+"""Reading the metered usage and the derived audit events back: from the ledgers the workflows keep
+(workflows/usage.py), the checkpoint manifests and Temporal's visibility. Nothing here writes.
+
+- Training runs: one visibility listing of the tenant's runs (the latest execution of each: a run carries its
+  ledger across continue-as-new), then the `usage` query of each run that could hold usage in the window.
+- Sampling: one visibility listing of the tenant's SampleRequest workflows; each carries its usage in its memo.
+- Storage: the tenant's current checkpoints (manifests), their bytes times the hours each bucket saw them stored.
+
+`owner` None is the operator (every tenant)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from tinkerflow.api.services import Services
+from tinkerflow.common.audit import AuditEvent
+from tinkerflow.common.checkpoints import Manifest, parse_time
+from tinkerflow.workflows import names
+from tinkerflow.workflows.training_run import TrainingRunWorkflow
+from tinkerflow.workflows.usage import OpUsage, hour_start, ledger_from_memo
+
+log = logging.getLogger(__name__)
+GB = 1e9  # storage is billed in decimal gigabytes
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One hour of one session's usage on one base model."""
+
+    hour: str  # workflows/usage.py hour_of
+    owner: str  # owner id ("open" when the API takes any key)
+    session_id: str
+    base_model: str
+    usage: OpUsage
+
+
+def _rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _owner_clause(owner: str | None) -> str:
+    return "" if owner is None else f" AND {names.OWNER.name} = '{names.owner_value(owner)}'"
+
+
+async def usage_rows(svc: Services, owner: str | None, start: datetime, end: datetime) -> list[UsageRow]:
+    """Every metered hour in [start, end) of `owner`'s runs and sample batches, summed per (hour, session, model)."""
+    rows: dict[tuple[str, str, str, str], OpUsage] = {}
+
+    def add(hour: str, who: str, session_id: str, base_model: str, usage: OpUsage) -> None:
+        if start <= hour_start(hour) < end and usage:
+            key = (hour, who, session_id, base_model)
+            rows[key] = rows.get(key, OpUsage()) + usage
+
+    client = svc.client
+    runs = (
+        f"WorkflowType = 'TrainingRun' AND ExecutionStatus != 'ContinuedAsNew' AND StartTime < '{_rfc3339(end)}'"
+        + _owner_clause(owner)
+    )
+    async for wf in client.list_workflows(runs):
+        if wf.close_time is not None and wf.close_time < start:
+            continue  # closed before the window: nothing of it is in it
+        attrs = wf.typed_search_attributes
+        try:
+            ledger = await client.get_workflow_handle(wf.id, run_id=wf.run_id).query(TrainingRunWorkflow.usage)
+        except Exception as e:  # a run whose history cannot be replayed answers no usage rather than no page
+            log.warning("usage: %s did not answer its usage query: %s", wf.id, e)
+            continue
+        model_id = wf.id.removeprefix("training-run/")
+        for hour, usage in ledger.items():
+            add(
+                hour,
+                attrs.get(names.OWNER) or "open",
+                names.session_of(model_id),
+                attrs.get(names.BASE_MODEL) or "",
+                usage,
+            )
+    samples = f"WorkflowType = 'SampleRequest' AND CloseTime >= '{_rfc3339(start)}'" + _owner_clause(owner)
+    async for wf in client.list_workflows(samples):
+        memo = await wf.memo()
+        who = wf.typed_search_attributes.get(names.OWNER) or "open"
+        for hour, usage in ledger_from_memo(memo.get("usage")).items():
+            add(hour, who, str(memo.get("session_id") or ""), str(memo.get("base_model") or ""), usage)
+    return [UsageRow(h, o, s, m, u) for (h, o, s, m), u in sorted(rows.items())]
+
+
+async def checkpoints_of(svc: Services, owner: str | None) -> list[Manifest]:
+    """The current (committed, unexpired) checkpoints of `owner`, or of everyone."""
+    manifests = await asyncio.to_thread(svc.checkpoints.list)
+    return [m for m in manifests if owner is None or names.owner_value(m.owner) == names.owner_value(owner)]
+
+
+def storage_gigabyte_hours(manifests: list[Manifest], hour: datetime, now: datetime) -> list[tuple[Manifest, float]]:
+    """GB-hours each checkpoint was stored during the hour starting at `hour` (up to `now`)."""
+    out: list[tuple[Manifest, float]] = []
+    for m in manifests:
+        saved = parse_time(m.time)
+        if saved is None:
+            continue
+        stored = min(hour + timedelta(hours=1), now) - max(hour, saved)
+        if stored > timedelta(0) and m.size_bytes:
+            out.append((m, m.size_bytes / GB * stored.total_seconds() / 3600))
+    return out
+
+
+async def derived_audit(svc: Services, owner: str | None, day_start: datetime) -> list[AuditEvent]:
+    """The audit events whose record already lives elsewhere: checkpoints committed (their manifests), sessions and
+    runs created and ended (Temporal's visibility), within the UTC day starting at `day_start`."""
+    day_end = day_start + timedelta(days=1)
+    events: list[AuditEvent] = []
+    for m in await checkpoints_of(svc, owner):
+        saved = parse_time(m.time)
+        if saved is not None and day_start <= saved < day_end:
+            details = {"size_bytes": m.size_bytes, "base_model": m.base_model}
+            events.append(AuditEvent(saved, "checkpoint_created", names.owner_value(m.owner), m.tinker_path, details))
+    window = (
+        f"StartTime < '{_rfc3339(day_end)}' AND (CloseTime >= '{_rfc3339(day_start)}' OR ExecutionStatus = 'Running')"
+    )
+    for workflow_type, resource, prefix in (
+        ("Session", "session", "session/"),
+        ("TrainingRun", "run", "training-run/"),
+    ):
+        query = f"WorkflowType = '{workflow_type}' AND {window}" + _owner_clause(owner)
+        async for wf in svc.client.list_workflows(query):
+            who, obj = wf.typed_search_attributes.get(names.OWNER) or "open", wf.id.removeprefix(prefix)
+            status = wf.status.name.lower() if wf.status is not None else ""
+            if (
+                wf.start_time is not None
+                and day_start <= wf.start_time < day_end
+                and wf.run_id == (wf.raw_info.first_run_id or wf.run_id)
+            ):
+                events.append(AuditEvent(wf.start_time, f"{resource}_created", who, obj))
+            ended = wf.close_time is not None and status != "continued_as_new"
+            if ended and wf.close_time is not None and day_start <= wf.close_time < day_end:
+                events.append(AuditEvent(wf.close_time, f"{resource}_ended", who, obj, {"status": status}))
+    return events
