@@ -48,6 +48,8 @@ def sample(
 ) -> list[SampleResult | InputError]:
     results: list[SampleResult | InputError | None] = [None] * len(requests)
     max_len = info.max_position_embeddings
+    # The most positions a row may need: what the memory plan fits, and the longest slot bucket's cache (once a call).
+    room = None if memory is None else min(memory.max_sample_tokens, sampler.max_cache_len())
     valid: list[Valid] = []
     for r, req in enumerate(requests):
         try:
@@ -57,7 +59,7 @@ def sample(
                 raise InputError(evicted_message(req.snapshot, snapshots.cache.budget_bytes))
             prompt = check_sample(req, vocab=info.vocab_size, max_len=max_len, snapshots=snapshots.keys())
             need = len(prompt) + min(req.max_tokens, max_len - len(prompt))
-            if memory is not None and need > min(memory.max_sample_tokens, sampler.max_cache_len()):
+            if memory is not None and room is not None and need > room:
                 raise InputError(memory.sample_limit_message(need))
             if len(stops := stop_ids(req, info.eos_token_ids)) > STOP_IDS:
                 raise InputError(
