@@ -1,10 +1,10 @@
 """The JAX worker process: loads one base model into the engine and takes `run_batch` activities on its own queue.
 
-At start it registers with the Coordinator of its base model (signal-with-start), which then routes to this
-worker's task queue the work for the adapters it placed here. Batches run one at a time, in the order the Coordinator
-dispatched them: the engine holds device state and is not re-entrant, and JAX already uses every core for one step.
-The worker takes the next batch while it runs one (pipelined dispatch: workflows/pipeline.py), so the next starts
-the moment the last ends.
+At start it registers with the Coordinator of its base model (signal-with-start), which then routes to this worker's
+task queue the work for the adapters it placed here. Batches run one at a time, in the order the Coordinator dispatched
+them: the engine holds device state and is not re-entrant, and JAX already uses every core for one step. The worker
+takes the next batch while it runs one (pipelined dispatch: workflows/coordinator/dispatch.py), so the next starts the
+moment the last ends.
 
 Multi-host (`--num-processes N > 1`, one process per host): every process joins jax.distributed and loads the engine
 on a mesh over all their devices; process 0 alone talks to Temporal, through a `DrivenEngine` that has the others
@@ -59,9 +59,10 @@ from tinkerflow.workers.engine.types import (
 )
 from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
+from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.coordinator.workflow import Coordinator
 from tinkerflow.workflows.messages import ModelCard, WorkerInfo
-from tinkerflow.workflows.pipeline import PIPELINE_DEPTH
 
 if TYPE_CHECKING:
     from tinkerflow.workers.engine.runtime.engine_lock import EngineLock

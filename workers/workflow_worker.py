@@ -17,7 +17,7 @@ from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
-from tinkerflow.workflows.coordinator import Coordinator
+from tinkerflow.workflows.coordinator.workflow import Coordinator
 from tinkerflow.workflows.janitor import WORKFLOW_ID as JANITOR_ID
 from tinkerflow.workflows.janitor import StoreJanitor
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow

@@ -144,7 +144,7 @@ async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(mon
 
 async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> None:
     """An RL loop makes one sampler snapshot per step; the coordinator must not keep them all on the worker."""
-    import tinkerflow.workflows.placement as placement_module
+    import tinkerflow.workflows.coordinator.placement as placement_module
     from tinkerflow.workflows.messages import SaveRequest, TrainingOp
 
     monkeypatch.setattr(placement_module, "EPHEMERAL_SNAPSHOT_IDLE_S", 1.0)

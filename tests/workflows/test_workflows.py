@@ -33,7 +33,7 @@ from wf_harness import (
 )
 
 from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import PATCH_FAIL_RESTARTED_BATCH
+from tinkerflow.workflows.coordinator.workflow import PATCH_FAIL_RESTARTED_BATCH
 from tinkerflow.workflows.messages import (
     AdamSpec,
     Batch,

@@ -35,7 +35,8 @@ from temporalio.worker import Worker
 
 from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
-from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.coordinator.workflow import Coordinator
 from tinkerflow.workflows.janitor import StoreJanitor
 from tinkerflow.workflows.messages import (
     Batch,

@@ -7,7 +7,7 @@ write, in place on the donated trees) and restores the slot's `LoraConfig`. Noth
 so a run paged out and back continues exactly as one that stayed resident, in whatever slot it lands (tests/engine/
 test_adapter_pages.py checks losses and weights for equality, not closeness). The gradient accumulator is copied
 only when it holds something (between a forward_backward and its optim_step); otherwise the slot's zeros are
-written back. Which runs are resident is the Coordinator's decision (workflows/placement.py); this module only
+written back. Which runs are resident is the Coordinator's decision (workflows/coordinator/paging.py); this module only
 moves what it is told to.
 """
 

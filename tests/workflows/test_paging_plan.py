@@ -1,4 +1,4 @@
-"""Slots as a cache (workflows/residency.py) alone: no server, no workflow, milliseconds.
+"""Slots as a cache (workflows/coordinator/paging.py) alone: no server, no workflow, milliseconds.
 
 A hypothesis state machine registers, restarts and loses workers (each with a few slots and a page capacity),
 creates, trains in batches and ends runs, fails page moves, and replays every batch's page item on a model of the
@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from temporalio.exceptions import ApplicationError
 
+from tinkerflow.workflows.coordinator.paging import BatchPlan
+from tinkerflow.workflows.coordinator.placement import PlacementPolicy
+from tinkerflow.workflows.coordinator.state import CoordinatorState
 from tinkerflow.workflows.messages import LoraSpec, ModelCard, TenantLimit, WorkerInfo, WorkItem, WorkKind
-from tinkerflow.workflows.placement import CoordinatorState, PlacementPolicy
-from tinkerflow.workflows.residency import BatchPlan
 
 CARD = ModelCard(name="m", arch="qwen3", local_path="/m", vocab_size=64, max_context=128)
 QUEUES = ["q1", "q2"]
