@@ -46,9 +46,9 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
-from tinkerflow.workflows.usage import OpUsage
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
+from tinkerflow.workflows.protocol.usage import OpUsage
 
 log = logging.getLogger(__name__)
 REMEMBERED_ANSWERS = 4096

@@ -19,7 +19,7 @@ from collections import deque
 from tinkerflow.common import metrics
 from tinkerflow.workers.engine.interface import EngineApi
 from tinkerflow.workers.engine.types import InputError, PageMoves, PageReport
-from tinkerflow.workflows.messages import Outcome, WorkItem
+from tinkerflow.workflows.protocol.messages import Outcome, WorkItem
 
 WINDOW_S = 60.0
 

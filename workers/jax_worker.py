@@ -58,11 +58,11 @@ from tinkerflow.workers.engine.types import (
     WarmUpPlan,
 )
 from tinkerflow.workers.models import resolve_base_model
-from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
 from tinkerflow.workflows.coordinator.state import CoordinatorState
 from tinkerflow.workflows.coordinator.workflow import Coordinator
-from tinkerflow.workflows.messages import ModelCard, WorkerInfo
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import ModelCard, WorkerInfo
 
 if TYPE_CHECKING:
     from tinkerflow.workers.engine.runtime.engine_lock import EngineLock

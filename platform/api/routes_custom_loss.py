@@ -22,7 +22,7 @@ from tinkerflow.api.op_checks import describe
 from tinkerflow.api.protobuf_header import ForwardBackwardHeader
 from tinkerflow.api.services import Services
 from tinkerflow.common import custom_loss
-from tinkerflow.workflows import names
+from tinkerflow.workflows.protocol import names
 
 router = APIRouter(prefix="/api/v1")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from tinkerflow.workflows.errors import ErrorType
+from tinkerflow.workflows.protocol.errors import ErrorType
 
 
 class Category(StrEnum):

@@ -55,8 +55,8 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.common.checkpoints import CheckpointStore
     from tinkerflow.common.store import ClaimCheckStore
-    from tinkerflow.workflows.messages import WorkItem
-    from tinkerflow.workflows.work import WorkKind
+    from tinkerflow.workflows.protocol.messages import WorkItem
+    from tinkerflow.workflows.protocol.work import WorkKind
 
     path = "tinker://s:train:0/sampler_weights/w"
     reloaded, sampled = [], []

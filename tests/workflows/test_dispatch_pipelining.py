@@ -16,12 +16,12 @@ from temporalio.worker import Replayer
 from test_paging import SlotEngine
 from wf_harness import ALL_WORKFLOWS, MockEngine, Tinker, eventually, fwd_seq, within
 
-from tinkerflow.workflows import names
 from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
 from tinkerflow.workflows.coordinator.workflow import PATCH_PIPELINE
-from tinkerflow.workflows.messages import Batch, RunState
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import Batch, RunState
+from tinkerflow.workflows.protocol.work import WorkKind
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from tinkerflow.workflows.work import WorkKind
 
 pytestmark = pytest.mark.timeout(90)
 

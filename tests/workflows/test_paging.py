@@ -14,9 +14,9 @@ from wf_harness import MockEngine, Tinker, eventually, fwd_flags, within
 
 from tinkerflow.workflows.coordinator.placement import SLOT_KINDS
 from tinkerflow.workflows.coordinator.workflow import PATCH_PAGING
-from tinkerflow.workflows.messages import AdamSpec, Batch, BatchResult, Outcome, RunState, TrainingOp, WorkItem
+from tinkerflow.workflows.protocol.messages import AdamSpec, Batch, BatchResult, Outcome, RunState, TrainingOp, WorkItem
+from tinkerflow.workflows.protocol.work import OpKind, WorkKind
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from tinkerflow.workflows.work import OpKind, WorkKind
 
 
 class SlotEngine(MockEngine):

@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 from tinkerflow.workflows.coordinator.paging import BatchPlan
 from tinkerflow.workflows.coordinator.placement import PlacementPolicy
 from tinkerflow.workflows.coordinator.state import CoordinatorState
-from tinkerflow.workflows.messages import LoraSpec, ModelCard, TenantLimit, WorkerInfo, WorkItem, WorkKind
+from tinkerflow.workflows.protocol.messages import LoraSpec, ModelCard, TenantLimit, WorkerInfo, WorkItem, WorkKind
 
 CARD = ModelCard(name="m", arch="qwen3", local_path="/m", vocab_size=64, max_context=128)
 QUEUES = ["q1", "q2"]

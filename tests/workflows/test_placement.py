@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows.coordinator.placement import EPHEMERAL_SNAPSHOT_IDLE_S, PlacementPolicy
 from tinkerflow.workflows.coordinator.state import CoordinatorState
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol.messages import (
     DropSnapshots,
     LoraSpec,
     ModelCard,

@@ -27,8 +27,8 @@ from typing import Any
 
 from temporalio import workflow
 
-from tinkerflow.workflows.messages import WorkItem, WorkKind
-from tinkerflow.workflows.work import KIND_LABELS
+from tinkerflow.workflows.protocol.messages import WorkItem, WorkKind
+from tinkerflow.workflows.protocol.work import KIND_LABELS
 
 # The running batch and one queued behind it: enough that the worker never waits for the Coordinator, while
 # everything that arrives later still gathers into the batch after (deeper would split the queue into more, smaller

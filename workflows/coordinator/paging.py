@@ -25,7 +25,7 @@ from dataclasses import replace
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows.coordinator.state import CoordinatorState
-from tinkerflow.workflows.messages import PageMoves, SlotMove, WorkItem, WorkKind
+from tinkerflow.workflows.protocol.messages import PageMoves, SlotMove, WorkItem, WorkKind
 
 
 def live_per_worker(state: CoordinatorState) -> Counter[str]:

@@ -17,8 +17,8 @@ from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows.coordinator.paging import home_for, lost_in_paging
 from tinkerflow.workflows.coordinator.state import CoordinatorState, WorkerSlots
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import DropSnapshots, LoadCheckpoint, WorkerInfo, WorkItem, WorkKind
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import DropSnapshots, LoadCheckpoint, WorkerInfo, WorkItem, WorkKind
 
 # An ephemeral sampler snapshot (save_weights_and_get_sampling_client) is collected once a newer one of the same run
 # exists and it has not been sampled for this long: RL loops make one per step, and none is reused for long.

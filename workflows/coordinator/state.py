@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinkerflow.workflows.messages import WorkerInfo, WorkItem
+from tinkerflow.workflows.protocol.messages import WorkerInfo, WorkItem
 
 
 @dataclass

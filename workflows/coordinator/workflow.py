@@ -26,8 +26,8 @@ from tinkerflow.workflows.coordinator.fairness import fair_order, growing
 from tinkerflow.workflows.coordinator.paging import BatchPlan, live_per_worker
 from tinkerflow.workflows.coordinator.placement import SLOT_KINDS, PlacementPolicy
 from tinkerflow.workflows.coordinator.state import CoordinatorState
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import (
     Batch,
     BatchResult,
     DropSnapshots,
