@@ -2,7 +2,7 @@
 engine, the runs it could not page answered as worker-lost, and the figures as Prometheus series.
 
 The Coordinator decides which runs are resident (workflows/coordinator/paging.py) and puts the moves at the head of the
-batch that needs them; Engine.page makes them (workers/engine/training/adapter_pages.py). A move that fails leaves that
+batch that needs them; Engine.page makes them (workers/engine/training/adapter_paging.py). A move that fails leaves that
 run without an adapter here: its later items are answered at once as worker-lost (in this batch, and in a batch the
 coordinator queued behind it before it heard), so the run restores its adapter from its latest snapshot and retries,
 instead of running on a slot that does not hold it. The run is back once a create or a page-in gives it an adapter

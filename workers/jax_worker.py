@@ -337,7 +337,7 @@ def load_engine(settings: Settings, local_path: str):
 def page_store(settings: Settings):
     """Where this process keeps the adapters it pages out: host memory, then files in the checkpoint store under
     `.paging/<worker id>-<process>/`, emptied at start (a restarted worker's Coordinator forgot what is there)."""
-    from tinkerflow.workers.engine.runtime.page_store import PageStore, default_host_budget_bytes
+    from tinkerflow.workers.engine.runtime.paging_store import PageStore, default_host_budget_bytes
 
     host = settings.adapter_host_memory_mb * 2**20 or default_host_budget_bytes(int(settings.device_memory_gb * 2**30))
     root = settings.resolved_checkpoint_root.rstrip("/")

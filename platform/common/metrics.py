@@ -86,7 +86,7 @@ ENGINE_FLOPS = Counter(
     "tinkerflow_engine_flops_total", "model FLOPs of engine calls (estimate from the config)", ["kind"]
 )
 
-# --- paging: more training runs than adapter slots (JAX worker; workers/engine/runtime/page_store.py) ----------------
+# --- paging: more training runs than adapter slots (JAX worker; workers/engine/runtime/paging_store.py) ---------------
 ADAPTER_RUNS_PAGED = Gauge(
     "tinkerflow_adapter_runs_paged", "training runs' adapters paged out of the device (host memory or files)"
 )

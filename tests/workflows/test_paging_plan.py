@@ -58,7 +58,7 @@ def test_the_least_recently_used_run_without_work_in_the_batch_is_paged_out() ->
     assert (p.s.page_ins, p.s.page_outs) == (1, 2)
 
 
-class ResidencyMachine(RuleBasedStateMachine):
+class PagingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.p = PlacementPolicy(CoordinatorState(base_model="m", pool="default"), "coordinator/m/default")
@@ -195,5 +195,5 @@ class ResidencyMachine(RuleBasedStateMachine):
         assert set(s.placements) == set(self.live)
 
 
-TestResidencyMachine = ResidencyMachine.TestCase
-TestResidencyMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestPagingMachine = PagingMachine.TestCase
+TestPagingMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

@@ -70,7 +70,7 @@ def home_for(state: CoordinatorState, item: WorkItem) -> str | None:
 
 
 class BatchPlan:
-    """The residency one batch on worker `queue` needs (see the module doc); `admit` each item in batch order."""
+    """The paging one batch on worker `queue` needs (see the module doc); `admit` each item in batch order."""
 
     def __init__(
         self,

@@ -138,7 +138,7 @@ class PlacementPolicy:
             if item.model_id in self.s.placements:
                 queue, slot = self.s.placements[item.model_id]
                 return queue, replace(item, slot=slot)
-            if self.pages():  # the slot is given when the batch is formed (residency.BatchPlan)
+            if self.pages():  # the slot is given when the batch is formed (paging.BatchPlan)
                 home = home_for(self.s, item)
                 return home, item
             queue, slot = self.allocate(item.model_id)
