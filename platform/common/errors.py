@@ -49,7 +49,7 @@ class InputError(UserError):
 
 class CustomLossError(InputError):
     """A server-side custom loss this server refuses, when it is created or when it runs; the message names the node
-    and the op (tinkerflow.common.custom_loss)."""
+    and the op (tinkerflow.common.custom_loss_graph)."""
 
 
 class UnknownModelError(UserError):
