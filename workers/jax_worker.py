@@ -42,6 +42,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from tinkerflow.activities.accelerator_metrics import AcceleratorMeter, publish_memory_plan
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.run_metrics import RunMetricsStore
@@ -49,7 +50,6 @@ from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
 from tinkerflow.workers import host_memory
-from tinkerflow.workers.accelerator import AcceleratorMeter, publish_memory_plan
 from tinkerflow.workers.engine.types import (
     COMPILE_ONLY_KINDS,
     SamplerWarmUp,
