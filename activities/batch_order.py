@@ -1,10 +1,10 @@
 """The JAX worker's batches, one at a time and in the order the Coordinator dispatched them.
 
-With pipelined dispatch (workflows/pipeline.py) the worker takes a second batch while it runs one, so that the
-second starts the moment the first ends. Its task queue may hand the two over in either order, and the second
-may page out a run the first pages in, so each batch names the one it follows (`Batch.after`) and waits here until
-that one has run in this process. A batch whose predecessor never comes (the Coordinator took the worker for dead
-and cancelled both) leaves on its own cancellation, which the activity's heartbeats deliver.
+With pipelined dispatch (workflows/coordinator/dispatch.py) the worker takes a second batch while it runs one, so that
+the second starts the moment the first ends. Its task queue may hand the two over in either order, and the second may
+page out a run the first pages in, so each batch names the one it follows (`Batch.after`) and waits here until that one
+has run in this process. A batch whose predecessor never comes (the Coordinator took the worker for dead and cancelled
+both) leaves on its own cancellation, which the activity's heartbeats deliver.
 
 A batch's turn ends when its items have run, before its answers are confirmed delivered: the next batch's engine
 work does not wait for a signal's round trip.

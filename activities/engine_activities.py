@@ -27,6 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from tinkerflow.activities import checkpoint_io, stability, wire
+from tinkerflow.activities.accelerator_metrics import AcceleratorMeter
 from tinkerflow.activities.batch_order import BatchCancelled, BatchOrder
 from tinkerflow.activities.heartbeats import HEARTBEAT_EVERY_S, heartbeats
 from tinkerflow.activities.op_points import EngineTimer, OpPoints
@@ -37,7 +38,6 @@ from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
 from tinkerflow.common.storage_faults import storage_fault
 from tinkerflow.common.store import ClaimCheckStore
-from tinkerflow.workers.accelerator import AcceleratorMeter
 from tinkerflow.workers.engine.interface import EngineApi
 from tinkerflow.workers.engine.types import (
     ForwardBackwardInput,
@@ -46,9 +46,9 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
-from tinkerflow.workflows.usage import OpUsage
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
+from tinkerflow.workflows.protocol.usage import OpUsage
 
 log = logging.getLogger(__name__)
 REMEMBERED_ANSWERS = 4096

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from tinkerflow.common.checkpoints import CheckpointError, TinkerPath
 from tinkerflow.common.run_metrics import RunMetricsStore
-from tinkerflow.workflows.messages import WorkItem
+from tinkerflow.workflows.protocol.messages import WorkItem
 
 log = logging.getLogger(__name__)
 In = TypeVar("In")

@@ -1,12 +1,12 @@
 """The JAX worker's side of paging (more training runs than adapter slots): the batch's `page` item run on the
 engine, the runs it could not page answered as worker-lost, and the figures as Prometheus series.
 
-The Coordinator decides which runs are resident (workflows/residency.py) and puts the moves at the head of the batch
-that needs them; Engine.page makes them (workers/engine/training/adapter_pages.py). A move that fails leaves that
+The Coordinator decides which runs are resident (workflows/coordinator/paging.py) and puts the moves at the head of the
+batch that needs them; Engine.page makes them (workers/engine/training/adapter_paging.py). A move that fails leaves that
 run without an adapter here: its later items are answered at once as worker-lost (in this batch, and in a batch the
-coordinator queued behind it before it heard), so the run restores its adapter from its latest snapshot and
-retries, instead of running on a slot that does not hold it. The run is back once a create or a page-in gives it an
-adapter again.
+coordinator queued behind it before it heard), so the run restores its adapter from its latest snapshot and retries,
+instead of running on a slot that does not hold it. The run is back once a create or a page-in gives it an adapter
+again.
 
 Counters and histograms are for Prometheus's own rate() and quantiles; the console reads one scrape at a time, so
 two gauges also carry the last minute's page-ins per second and mean page-in latency."""
@@ -19,7 +19,7 @@ from collections import deque
 from tinkerflow.common import metrics
 from tinkerflow.workers.engine.interface import EngineApi
 from tinkerflow.workers.engine.types import InputError, PageMoves, PageReport
-from tinkerflow.workflows.messages import Outcome, WorkItem
+from tinkerflow.workflows.protocol.messages import Outcome, WorkItem
 
 WINDOW_S = 60.0
 

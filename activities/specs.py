@@ -1,10 +1,10 @@
-"""The one place the protocol's specs (workflows/work.py) become the engine's configs: explicit, field by field, so
-a field added on either side is a choice made here rather than a silent `**dict`."""
+"""The one place the protocol's specs (workflows/protocol/work.py) become the engine's configs: explicit, field by
+field, so a field added on either side is a choice made here rather than a silent `**dict`."""
 
 from __future__ import annotations
 
 from tinkerflow.workers.engine.types import OPTIMIZERS, AdamConfig, DimuonConfig, InputError, LoraConfig
-from tinkerflow.workflows.work import AdamSpec, LoraSpec
+from tinkerflow.workflows.protocol.work import AdamSpec, LoraSpec
 
 
 def lora_config(spec: LoraSpec) -> LoraConfig:

@@ -29,8 +29,8 @@ from tinkerflow.common import stability
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.training.losses import LOSSES_NEEDING_PROVENANCE
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputError, SampleResult
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import WorkItem
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import WorkItem
 
 log = logging.getLogger(__name__)
 # |datum logprob - recorded logprob| allowed: the documented agreement of the sampler's and the trainer's log-probs

@@ -93,7 +93,7 @@ def hop_timeline(windows: list[tuple[float, float]], events: dict[str, list[tupl
 def per_hop(stack, base_url: str, api_key: str, ops: int) -> None:
     import tinker
 
-    from tinkerflow.workflows import names
+    from tinkerflow.workflows.protocol import names
 
     service = tinker.ServiceClient(base_url=base_url, api_key=api_key)
     base_model = served_model(base_url, api_key)

@@ -1,20 +1,29 @@
-"""The layers' import rules (docs/architecture.md §The workflows, §Layout and import names), read from the source with
-`ast` so a violation fails here, not in review.
+"""The layers' import rules (docs/architecture.md §Layout and import names, §Where things live), read from the source
+with `ast` so a violation fails here, not in review. Every import counts, function-local ones included (they run too).
 
-- `platform/` (the API, CLI and common code) never imports the JAX side: `tinkerflow.activities` or
-  `tinkerflow.workers`.
-  The CLI is the one exception: it is the entry point that starts every process kind, the JAX worker included.
-- `workflows/` imports only the standard library, temporalio and itself (workflow code is replayed; anything else is a
-  determinism or sandbox risk).
-- `platform/common` (the bottom layer) imports neither the engine nor the API.
-- The engine's modules (`workers/engine/`) import each other without a cycle, counting every import: at the top, inside
-  functions and under `TYPE_CHECKING` alike (a cycle hidden in a function still ties the two modules together).
+The floors, bottom first; a layer imports from tinkerflow only the layers this table allows it (and itself):
+
+    protocol     workflows/protocol/   nothing: the stdlib and temporalio only (workflow code, shared by every layer)
+    workflows    workflows/            protocol; the stdlib and temporalio only (replayed: no jax, numpy or I/O)
+    common       platform/common/      protocol (settings, store, checkpoints, errors: the API's and workers' floor)
+    engine       workers/engine/       common (the JAX engine knows nothing of Temporal, its protocol or activities)
+    activities   activities/           protocol, common, engine (the JAX worker's activities drive the engine)
+    api          platform/api/         protocol, common, workflows (it starts and queries the workflows by type)
+    processes    workers/*.py          protocol, common, workflows, engine, activities (the worker processes)
+    cli          platform/cli/         everything: it is the launcher that starts every process kind. The one rule
+                                       on it: it reaches the JAX side (activities/, workers/) only through a process's
+                                       entry point, imported inside the command that runs it, so `tinkerflow api`,
+                                       `up` and `usage` never load JAX.
+
+So protocol < workflows, common < engine < activities < processes < cli, with api beside activities (above common
+and workflows, below cli). The engine's own modules also import each other without a cycle (the last test).
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,7 +42,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def _violations(folder: str, allowed, exclude: tuple[str, ...] = ()) -> list[str]:
+def _violations(folder: str, allowed: Callable[[str], bool], exclude: tuple[str, ...] = ()) -> list[str]:
     bad = []
     for path in sorted((REPO / folder).rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
@@ -47,51 +56,168 @@ def _top(mod: str) -> str:
     return mod.split(".")[0]
 
 
-def test_platform_does_not_import_the_jax_side():
-    def allowed(mod: str) -> bool:
-        return not mod.startswith(("tinkerflow.activities", "tinkerflow.workers"))
+# Each layer: its folder, the folders inside it that are other layers, and the import prefix that names it. The most
+# specific prefix is matched first (workflows.protocol before workflows, workers.engine before workers).
+LAYERS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "protocol": ("workflows/protocol", (), "tinkerflow.workflows.protocol"),
+    "workflows": ("workflows", ("workflows/protocol/",), "tinkerflow.workflows"),
+    "common": ("platform/common", (), "tinkerflow.common"),
+    "engine": ("workers/engine", (), "tinkerflow.workers.engine"),
+    "activities": ("activities", (), "tinkerflow.activities"),
+    "api": ("platform/api", (), "tinkerflow.api"),
+    "processes": ("workers", ("workers/engine/",), "tinkerflow.workers"),
+    "cli": ("platform/cli", (), "tinkerflow.cli"),
+}
+FLOORS: dict[str, set[str]] = {
+    "protocol": set(),
+    "workflows": {"protocol"},
+    "common": {"protocol"},
+    "engine": {"common"},
+    "activities": {"protocol", "common", "engine"},
+    "api": {"protocol", "common", "workflows"},
+    "processes": {"protocol", "common", "workflows", "engine", "activities"},
+}
+# Workflow code is replayed: anything beyond the standard library and temporalio is a determinism or sandbox risk.
+STDLIB_AND_TEMPORALIO_ONLY = {"protocol", "workflows"}
 
-    assert _violations("platform", allowed, exclude=("platform/cli/",)) == []
+
+def layer_of(mod: str) -> str | None:
+    """The layer a tinkerflow module belongs to (None for anything outside tinkerflow)."""
+    for name, (_, _, prefix) in sorted(LAYERS.items(), key=lambda kv: -len(kv[1][2])):
+        if mod == prefix or mod.startswith(prefix + "."):
+            return name
+    return None
 
 
-def test_common_imports_neither_engine_nor_api():
-    def allowed(mod: str) -> bool:
-        return not mod.startswith(("tinkerflow.activities", "tinkerflow.workers", "tinkerflow.api", "tinkerflow.cli"))
+def _floor_allows(layer: str, mod: str) -> bool:
+    if _top(mod) == "tinkerflow":
+        return layer_of(mod) in FLOORS[layer] | {layer}
+    if layer in STDLIB_AND_TEMPORALIO_ONLY:
+        return _top(mod) in sys.stdlib_module_names or _top(mod) == "temporalio"
+    return True
 
-    assert _violations("platform/common", allowed) == []
+
+def test_the_layers_cover_every_folder_of_code():
+    # A folder that is in no layer is held to no rule: adding one means placing it in the table above.
+    code = [p for d in ("workflows", "platform", "activities", "workers") for p in (REPO / d).rglob("*.py")]
+    folders = {p.parent.relative_to(REPO).as_posix() for p in code}
+    roots = [folder for folder, _, _ in LAYERS.values()]
+    assert sorted(f for f in folders if not any(f == r or f.startswith(r + "/") for r in roots)) == []
 
 
-def test_workflows_import_only_stdlib_temporalio_and_themselves():
-    def allowed(mod: str) -> bool:
-        return (
-            _top(mod) in sys.stdlib_module_names
-            or _top(mod) == "temporalio"
-            or mod == "tinkerflow.workflows"
-            or mod.startswith("tinkerflow.workflows.")
-        )
+@pytest.mark.parametrize("layer", list(FLOORS))
+def test_each_layer_imports_only_the_floors_below_it(layer):
+    folder, exclude, _ = LAYERS[layer]
+    assert _violations(folder, lambda mod: _floor_allows(layer, mod), exclude) == []
 
-    assert _violations("workflows", allowed) == []
+
+# What the launcher may start, by module: the two worker processes, and the tiny model `make-tiny-model` writes.
+ENTRY_POINTS = {
+    "tinkerflow.workers.jax_worker",
+    "tinkerflow.workers.workflow_worker",
+    "tinkerflow.workers.engine.model.tiny_model",
+}
+
+
+def _jax_side_imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, module, inside a function) for each import of activities/ or workers/; `from tinkerflow.workers import
+    jax_worker` names the module tinkerflow.workers.jax_worker."""
+    tree = ast.parse(path.read_text(), str(path))
+    local = {
+        id(inner)
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+        for inner in ast.walk(fn)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parent = node.module
+            mods = [f"{parent}.{alias.name}" if parent == "tinkerflow.workers" else parent for alias in node.names]
+        else:
+            continue
+        found += [
+            (node.lineno, m, id(node) in local) for m in mods if layer_of(m) in ("activities", "engine", "processes")
+        ]
+    return found
+
+
+def test_the_cli_reaches_the_jax_side_only_through_an_entry_point_inside_its_command():
+    folder = REPO / LAYERS["cli"][0]
+    bad = [
+        f"{path.relative_to(REPO).as_posix()}:{line} imports {mod}" + ("" if local else " at module level")
+        for path in sorted(folder.rglob("*.py"))
+        for line, mod, local in _jax_side_imports(path)
+        if mod not in ENTRY_POINTS or not local
+    ]
+    assert bad == []
+
+
+def test_the_launcher_does_start_the_jax_side():
+    """The rule above is not vacuous: the CLI does import the workers' entry points (if it ever stops, say by starting
+    them as `python -m`, tighten the cli row of the table instead)."""
+    folder = REPO / LAYERS["cli"][0]
+    seen = {mod for path in folder.rglob("*.py") for _, mod, _ in _jax_side_imports(path)}
+    assert {"tinkerflow.workers.jax_worker", "tinkerflow.workers.workflow_worker"} <= seen
+
+
+@pytest.mark.parametrize(
+    "layer, source, expected",
+    [
+        ("workflows", "import jax\n", ["x.py:1 imports jax"]),
+        ("workflows", "def f():\n    import numpy\n", ["x.py:2 imports numpy"]),
+        ("workflows", "from tinkerflow.common import store\n", ["x.py:1 imports tinkerflow.common"]),
+        ("workflows", "from . import names\nimport asyncio\nfrom tinkerflow.workflows.protocol import work\n", []),
+        (
+            "protocol",
+            "from tinkerflow.workflows.session import SessionWorkflow\n",
+            ["x.py:1 imports tinkerflow.workflows.session"],
+        ),
+        ("common", "from tinkerflow.workflows.protocol.messages import BlobRef\nimport numpy\n", []),
+        (
+            "common",
+            "from tinkerflow.workflows.requester import CoordinatorCalls\n",
+            ["x.py:1 imports tinkerflow.workflows.requester"],
+        ),
+        (
+            "engine",
+            "from tinkerflow.workflows.protocol import messages\n",
+            ["x.py:1 imports tinkerflow.workflows.protocol"],
+        ),
+        (
+            "activities",
+            "from tinkerflow.workers.accelerator import AcceleratorMeter\n",
+            ["x.py:1 imports tinkerflow.workers.accelerator"],
+        ),
+        ("activities", "from tinkerflow.workers.engine.types import Datum\n", []),
+        ("api", "from tinkerflow.workers.engine import model\n", ["x.py:1 imports tinkerflow.workers.engine"]),
+        ("processes", "from tinkerflow.api.app import create_app\n", ["x.py:1 imports tinkerflow.api.app"]),
+    ],
+)
+def test_the_rule_checker_sees_violations(tmp_path, monkeypatch, layer, source, expected):
+    # The checker itself must fail on what it forbids; a rule test that passes on everything proves nothing.
+    folder = tmp_path / LAYERS[layer][0]
+    folder.mkdir(parents=True)
+    (folder / "x.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    found = _violations(LAYERS[layer][0], lambda mod: _floor_allows(layer, mod))
+    assert [v.removeprefix(LAYERS[layer][0] + "/") for v in found] == expected
 
 
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("import jax\n", ["x.py:1 imports jax"]),
-        ("from tinkerflow.workers.engine import model\n", ["x.py:1 imports tinkerflow.workers.engine"]),
-        ("def f():\n    import numpy\n", ["x.py:2 imports numpy"]),
-        ("from . import names\nimport asyncio\n", []),
+        ("from tinkerflow.workers import jax_worker\n", [(1, "tinkerflow.workers.jax_worker", False)]),
+        ("def f():\n    from tinkerflow.workers import jax_worker\n", [(2, "tinkerflow.workers.jax_worker", True)]),
+        ("def f():\n    from tinkerflow.activities import wire\n", [(2, "tinkerflow.activities", True)]),
+        ("from tinkerflow.api.app import create_app\n", []),
     ],
 )
-def test_the_rule_checker_sees_violations(tmp_path, monkeypatch, source, expected):
-    # The checker itself must fail on what it forbids; a rule test that passes on everything proves nothing.
-    (tmp_path / "workflows").mkdir()
-    (tmp_path / "workflows" / "x.py").write_text(source)
-    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-
-    def allowed(mod: str) -> bool:
-        return _top(mod) in sys.stdlib_module_names or mod.startswith("tinkerflow.workflows")
-
-    assert [v.removeprefix("workflows/") for v in _violations("workflows", allowed)] == expected
+def test_the_cli_checker_sees_where_an_import_is(tmp_path, source, expected):
+    (tmp_path / "x.py").write_text(source)
+    assert _jax_side_imports(tmp_path / "x.py") == expected
 
 
 ENGINE = "tinkerflow.workers.engine"

@@ -1,10 +1,10 @@
 """The JAX worker process: loads one base model into the engine and takes `run_batch` activities on its own queue.
 
-At start it registers with the Coordinator of its base model (signal-with-start), which then routes to this
-worker's task queue the work for the adapters it placed here. Batches run one at a time, in the order the Coordinator
-dispatched them: the engine holds device state and is not re-entrant, and JAX already uses every core for one step.
-The worker takes the next batch while it runs one (pipelined dispatch: workflows/pipeline.py), so the next starts
-the moment the last ends.
+At start it registers with the Coordinator of its base model (signal-with-start), which then routes to this worker's
+task queue the work for the adapters it placed here. Batches run one at a time, in the order the Coordinator dispatched
+them: the engine holds device state and is not re-entrant, and JAX already uses every core for one step. The worker
+takes the next batch while it runs one (pipelined dispatch: workflows/coordinator/dispatch.py), so the next starts the
+moment the last ends.
 
 Multi-host (`--num-processes N > 1`, one process per host): every process joins jax.distributed and loads the engine
 on a mesh over all their devices; process 0 alone talks to Temporal, through a `DrivenEngine` that has the others
@@ -42,6 +42,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from tinkerflow.activities.accelerator_metrics import AcceleratorMeter, publish_memory_plan
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.run_metrics import RunMetricsStore
@@ -49,7 +50,6 @@ from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
 from tinkerflow.workers import host_memory
-from tinkerflow.workers.accelerator import AcceleratorMeter, publish_memory_plan
 from tinkerflow.workers.engine.types import (
     COMPILE_ONLY_KINDS,
     SamplerWarmUp,
@@ -58,10 +58,11 @@ from tinkerflow.workers.engine.types import (
     WarmUpPlan,
 )
 from tinkerflow.workers.models import resolve_base_model
-from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
-from tinkerflow.workflows.messages import ModelCard, WorkerInfo
-from tinkerflow.workflows.pipeline import PIPELINE_DEPTH
+from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.coordinator.workflow import Coordinator
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import ModelCard, WorkerInfo
 
 if TYPE_CHECKING:
     from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
@@ -336,7 +337,7 @@ def load_engine(settings: Settings, local_path: str):
 def page_store(settings: Settings):
     """Where this process keeps the adapters it pages out: host memory, then files in the checkpoint store under
     `.paging/<worker id>-<process>/`, emptied at start (a restarted worker's Coordinator forgot what is there)."""
-    from tinkerflow.workers.engine.runtime.page_store import PageStore, default_host_budget_bytes
+    from tinkerflow.workers.engine.runtime.paging_store import PageStore, default_host_budget_bytes
 
     host = settings.adapter_host_memory_mb * 2**20 or default_host_budget_bytes(int(settings.device_memory_gb * 2**30))
     root = settings.resolved_checkpoint_root.rstrip("/")

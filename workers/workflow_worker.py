@@ -15,11 +15,11 @@ from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
-from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
-from tinkerflow.workflows.coordinator import Coordinator
+from tinkerflow.workflows.coordinator.workflow import Coordinator
 from tinkerflow.workflows.janitor import WORKFLOW_ID as JANITOR_ID
 from tinkerflow.workflows.janitor import StoreJanitor
+from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
@@ -32,10 +32,10 @@ WORKFLOWS = [SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWor
 #: (docs/benchmarks.md). Passed through, they are imported once and shared; the workflows themselves stay
 #: sandboxed, so their determinism checks are unchanged.
 SHARED_MODULES = (
-    "tinkerflow.workflows.work",
-    "tinkerflow.workflows.messages",
-    "tinkerflow.workflows.names",
-    "tinkerflow.workflows.errors",
+    "tinkerflow.workflows.protocol.work",
+    "tinkerflow.workflows.protocol.messages",
+    "tinkerflow.workflows.protocol.names",
+    "tinkerflow.workflows.protocol.errors",
 )
 
 

@@ -1,6 +1,6 @@
 """Temporal workflows: SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWorkflow, CheckpointExpiry,
-StoreJanitor; the typed protocol they speak (work.py, messages.py) and the Coordinator's pure placement policy
-(placement.py).
+StoreJanitor. The Coordinator and the policies it runs on are the package `coordinator/`; the protocol the API, the
+workflows and the activities speak (messages, work items, names, error types) is the package `protocol/`.
 
 Deterministic and light by rule (docs/architecture.md §The workflows): nothing in this package imports jax or numpy
 or does I/O."""

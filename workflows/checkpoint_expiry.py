@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
-from tinkerflow.workflows import names
+from tinkerflow.workflows.protocol import names
 
 
 @dataclass(frozen=True)

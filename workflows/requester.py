@@ -7,7 +7,7 @@ from typing import Any
 
 from temporalio import workflow
 
-from tinkerflow.workflows.messages import BlobRef, Outcome, WorkItem, WorkKind, WorkResult
+from tinkerflow.workflows.protocol.messages import BlobRef, Outcome, WorkItem, WorkKind, WorkResult
 
 
 class CoordinatorCalls:

@@ -15,9 +15,9 @@ from temporalio import workflow
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
-from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import (
     LoadCheckpoint,
     LoggedOp,
     LoraSpec,
@@ -28,8 +28,8 @@ from tinkerflow.workflows.messages import (
     SaveRequest,
     WorkKind,
 )
+from tinkerflow.workflows.protocol.usage import OpUsage, add_to, hour_of
 from tinkerflow.workflows.requester import CoordinatorCalls
-from tinkerflow.workflows.usage import OpUsage, add_to, hour_of
 
 # kind="inflight" saves take the run's one inflight key instead of a snapshot per sampler.
 PATCH_INFLIGHT = "sampling-inflight-v1"

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import Outcome, SampleParams, SampleStart, WorkKind, WorkResult
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import Outcome, SampleParams, SampleStart, WorkKind, WorkResult
+from tinkerflow.workflows.protocol.usage import OpUsage, add_to, hour_of, ledger_memo
 from tinkerflow.workflows.requester import CoordinatorCalls
-from tinkerflow.workflows.usage import OpUsage, add_to, hour_of, ledger_memo
 
 # Calls answered worker-lost are sent again once. Patched: it signals the Coordinator where the calls were answered.
 PATCH_RERUN_LOST = "sample-rerun-lost-v1"

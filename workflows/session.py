@@ -12,9 +12,9 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import (
     DropSnapshots,
     SamplerInfo,
     SamplerRequest,

@@ -15,9 +15,9 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import (
     Answered,
     LoadCheckpoint,
     LoggedOp,
@@ -31,9 +31,9 @@ from tinkerflow.workflows.messages import (
     WorkKind,
     WorkResult,
 )
+from tinkerflow.workflows.protocol.usage import OpUsage
 from tinkerflow.workflows.requester import CoordinatorCalls
 from tinkerflow.workflows.run_checkpoints import RunCheckpoints, rfc3339
-from tinkerflow.workflows.usage import OpUsage
 
 ANSWERED_KEPT = 128
 # How long a run whose JAX worker died waits for a live worker to restore its adapter on.
@@ -214,7 +214,7 @@ class TrainingRunWorkflow(RunCheckpoints):
 
     @workflow.query
     def usage(self) -> dict[str, OpUsage]:
-        """The run's metered usage by UTC hour (workflows/usage.py); the billing routes read it."""
+        """The run's metered usage by UTC hour (workflows/protocol/usage.py); the billing routes read it."""
         return self.s.usage
 
     # --- ops -----------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any
 from temporalio.client import Client
 
 from tinkerflow.common.metrics import BATCH_RESULT_FETCHES, RESULT_REPOLLS
-from tinkerflow.workflows.messages import Outcome
+from tinkerflow.workflows.protocol.messages import Outcome
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from tinkerflow.api.caller import owner, services
 from tinkerflow.api.lookups import run_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.tenancy import tenant_mode
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.protocol.messages import RunState, SessionState
 
 _SESSION_ENDED = "session "  # how SessionWorkflow prefixes the reason it closes its runs with
 

@@ -23,7 +23,7 @@ from tinkerflow.api.openai_samplers import OpenAISamplers
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
-from tinkerflow.workflows.messages import ModelCard
+from tinkerflow.workflows.protocol.messages import ModelCard
 
 # What a 429 (the coordinator's queue is full) tells clients to wait: both SDKs back off and retry.
 RETRY_AFTER_S = 1

@@ -13,8 +13,8 @@ from tinkerflow.api.errors import from_error, from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id, check_session_id
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import CheckpointError, Manifest
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 

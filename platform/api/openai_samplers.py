@@ -26,8 +26,8 @@ from temporalio.exceptions import ApplicationError
 
 from tinkerflow.api.errors import from_temporal, is_not_found
 from tinkerflow.api.services import Services
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest, SessionStart
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import SamplerInfo, SamplerRequest, SessionStart
 from tinkerflow.workflows.session import SessionWorkflow
 
 log = logging.getLogger(__name__)

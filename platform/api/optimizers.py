@@ -13,7 +13,7 @@ from typing import Any
 from tinker.types import AdamParams
 
 from tinkerflow.api.op_checks import adam_problem
-from tinkerflow.workflows.work import AdamSpec
+from tinkerflow.workflows.protocol.work import AdamSpec
 
 FAMILIES = ("adamw", "dimuon")
 # DimuonParams' fields: the SDK's own (learning_rate, grad_clip_norm, beta1) and the two the public reference also

@@ -20,8 +20,8 @@ from tinkerflow.api.errors import http_error
 from tinkerflow.api.services import Services
 from tinkerflow.api.usage_data import checkpoints_of, derived_audit, storage_gigabyte_hours, usage_rows
 from tinkerflow.common.checkpoints import Manifest
-from tinkerflow.workflows import names
-from tinkerflow.workflows.usage import hour_end, hour_of, hour_start
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.usage import hour_end, hour_of, hour_start
 
 router = APIRouter(prefix="/api/v1")
 MAX_WINDOW = timedelta(days=14)  # what the SDK documents for get_billing_usage

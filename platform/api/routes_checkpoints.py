@@ -39,8 +39,8 @@ from tinkerflow.common.checkpoints import (
     now_rfc3339,
     scratch_dir,
 )
-from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart
+from tinkerflow.workflows.protocol import names
 
 router = APIRouter(prefix="/api/v1")
 CHUNK = 1 << 20

@@ -1,5 +1,5 @@
 """create_custom_loss: the SDK's traced per-datum loss, checked against the allow-list; its loss_id is the checked
-loss itself, signed for the caller and the session (tinkerflow.common.custom_loss, docs/custom-losses.md).
+loss itself, signed for the caller and the session (tinkerflow.common.custom_loss_graph, docs/custom-losses.md).
 
 The SDK sends it once /client/config turns `custom_loss_server_side` on, and treats the answer as a future: a graph
 the check refuses fails that future with a `user` error naming the node and the op; a body that is not a
@@ -21,8 +21,8 @@ from tinkerflow.api.lookups import json_body, session_of_caller
 from tinkerflow.api.op_checks import describe
 from tinkerflow.api.protobuf_header import ForwardBackwardHeader
 from tinkerflow.api.services import Services
-from tinkerflow.common import custom_loss
-from tinkerflow.workflows import names
+from tinkerflow.common import custom_loss_graph
+from tinkerflow.workflows.protocol import names
 
 router = APIRouter(prefix="/api/v1")
 
@@ -35,13 +35,13 @@ async def create_custom_loss(request: Request, svc: Services = Depends(services)
         raise http_error(400, f"create_custom_loss: {describe(e)}") from None
     await session_of_caller(svc, req.session_id, who)  # another tenant's session: 404
     try:
-        checked = custom_loss.check(
+        checked = custom_loss_graph.check(
             req.name, [i.model_dump() for i in req.inputs], [n.model_dump() for n in req.graph.nodes]
         )
-    except custom_loss.CustomLossError as e:
+    except custom_loss_graph.CustomLossError as e:
         ref: request_ids.FailedRef | request_ids.DoneRef = request_ids.FailedRef(str(e))
     else:
-        loss_id = custom_loss.loss_id(checked, req.session_id, svc.signing_key, who)
+        loss_id = custom_loss_graph.loss_id(checked, req.session_id, svc.signing_key, who)
         ref = request_ids.DoneRef({"loss_id": loss_id, "type": "create_custom_loss"})
     return {"request_id": request_ids.encode(ref, svc.signing_key, who)}
 
@@ -56,7 +56,7 @@ def custom_loss_problem(svc: Services, header: ForwardBackwardHeader, who: str) 
     extra = sorted(set(config) - {"loss_id"} | set(msg.loss_fn_config) - {"loss_id"})
     if extra:
         return f"loss_fn 'custom' takes loss_fn_config {{'loss_id'}} only, got also {extra}"
-    if not custom_loss.verify(value.text, names.session_of(header.model_id), svc.signing_key, who):
+    if not custom_loss_graph.verify(value.text, names.session_of(header.model_id), svc.signing_key, who):
         # Another tenant's, another session's or a made-up id: the same answer, naming none of them.
         return "unknown loss_id: create the loss with this session's ServiceClient.create_custom_loss"
     return ""

@@ -22,7 +22,7 @@ from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.services import Services
 from tinkerflow.common.store import StoreError
-from tinkerflow.workflows.messages import Outcome
+from tinkerflow.workflows.protocol.messages import Outcome
 
 router = APIRouter(prefix="/api/v1")
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ from tinkerflow.api.openai_render import (
 )
 from tinkerflow.api.openai_stream import stream as _stream
 from tinkerflow.api.services import Services
-from tinkerflow.workflows.messages import ModelCard
+from tinkerflow.workflows.protocol.messages import ModelCard
 
 
 def _stops(req: _Common) -> list[str] | None:

@@ -20,8 +20,8 @@ from tinkerflow.api.identifiers import check_project_id, check_session_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import TinkerPath
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 

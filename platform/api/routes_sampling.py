@@ -18,8 +18,8 @@ from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
 from tinkerflow.common import stability
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import SamplerInfo, SamplerRequest
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
 
 router = APIRouter(prefix="/api/v1")

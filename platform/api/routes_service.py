@@ -15,8 +15,8 @@ from tinkerflow.api.identifiers import check_session_id
 from tinkerflow.api.lookups import json_body, session_of_caller
 from tinkerflow.api.op_checks import check_metadata
 from tinkerflow.api.services import Services
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import SessionStart
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import SessionStart
 from tinkerflow.workflows.session import SessionWorkflow
 
 router = APIRouter(prefix="/api/v1")

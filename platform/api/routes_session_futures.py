@@ -17,7 +17,7 @@ from tinkerflow.api.lookups import json_body
 from tinkerflow.api.routes_sampling import resolve_sampler
 from tinkerflow.api.services import Services
 from tinkerflow.common.store import write_whole
-from tinkerflow.workflows import names
+from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.session import SessionWorkflow
 
 router = APIRouter(prefix="/api/v1")

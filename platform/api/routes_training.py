@@ -42,8 +42,8 @@ from tinkerflow.api.training_ops import request_id as _request_id
 from tinkerflow.api.training_ops import submit as _submit
 from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import (
     LoadCheckpoint,
     LoraSpec,
     OpKind,

@@ -16,8 +16,8 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
 from tinkerflow.common.metrics import SAMPLE_BATCHES
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import BlobRef, SamplerInfo, SampleStart
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import BlobRef, SamplerInfo, SampleStart
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 
 MAX_CALLS_PER_WORKFLOW = 64

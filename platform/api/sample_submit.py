@@ -18,8 +18,8 @@ from tinker.types import SampleRequest
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.services import Services
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import SamplerInfo
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import SamplerInfo
 
 # What the engine samples when a request names no max_tokens (activities/wire.py sample_input).
 DEFAULT_MAX_TOKENS = 16

@@ -22,7 +22,7 @@ from tinkerflow.common.audit import AuditLog
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
-from tinkerflow.workflows.messages import ModelCard, SamplerInfo
+from tinkerflow.workflows.protocol.messages import ModelCard, SamplerInfo
 
 if TYPE_CHECKING:
     from tinkerflow.api.sample_batches import SampleBatcher

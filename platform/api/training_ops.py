@@ -15,8 +15,8 @@ from tinkerflow.api import request_ids
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.services import Services
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import OpKind, TrainingOp
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import OpKind, TrainingOp
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 

@@ -1,5 +1,5 @@
 """Reading the metered usage and the derived audit events back: from the ledgers the workflows keep
-(workflows/usage.py), the checkpoint manifests and Temporal's visibility. Nothing here writes.
+(workflows/protocol/usage.py), the checkpoint manifests and Temporal's visibility. Nothing here writes.
 
 - Training runs: one visibility listing of the tenant's runs (the latest execution of each: a run carries its
   ledger across continue-as-new), then the `usage` query of each run that could hold usage in the window.
@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 from tinkerflow.api.services import Services
 from tinkerflow.common.audit import AuditEvent
 from tinkerflow.common.checkpoints import Manifest, parse_time
-from tinkerflow.workflows import names
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.usage import OpUsage, hour_start, ledger_from_memo
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from tinkerflow.workflows.usage import OpUsage, hour_start, ledger_from_memo
 
 log = logging.getLogger(__name__)
 GB = 1e9  # storage is billed in decimal gigabytes
@@ -30,7 +30,7 @@ GB = 1e9  # storage is billed in decimal gigabytes
 class UsageRow:
     """One hour of one session's usage on one base model."""
 
-    hour: str  # workflows/usage.py hour_of
+    hour: str  # workflows/protocol/usage.py hour_of
     owner: str  # owner id ("open" when the API takes any key)
     session_id: str
     base_model: str

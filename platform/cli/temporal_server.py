@@ -8,7 +8,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from tinkerflow.workflows import names
+from tinkerflow.workflows.protocol import names
 
 DYNAMIC_CONFIG = {
     # ~100 ms -> ~31 ms per update that runs one activity, with WAL on (docs/architecture.md §Temporal facts that shape

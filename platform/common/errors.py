@@ -1,11 +1,11 @@
 """One error taxonomy: every error tinkerflow raises on purpose, with its category and the HTTP status it implies.
 
-The bottom layer owns it so the API, the activities and the engine raise the same types. Two families:
+platform/common, under the API, the activities and the engine, owns it so all three raise the same types. Two families:
 
 - exceptions (`TinkerflowError` and below), raised in-process: the engine's bad input, a malformed or unknown
   checkpoint path, a forged request id, an unreachable claim-check store, an unknown base model;
-- Temporal `ApplicationError` types (`ErrorType`, which lives in `workflows/` because workflow code may import only
-  itself), raised by workflows and activities; `TEMPORAL_ERRORS` gives each its category and status.
+- Temporal `ApplicationError` types (`ErrorType`, which lives in `workflows/protocol/` because workflow code may import
+  only workflows/), raised by workflows and activities; `TEMPORAL_ERRORS` gives each its category and status.
 
 `category` is what a failed future reports to the SDK (docs/wire-contract.md §Futures: "user" or "server");
 `http_status` is what a synchronous route answers (docs/wire-contract.md §Errors and retries: the SDK retries
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from tinkerflow.workflows.errors import ErrorType
+from tinkerflow.workflows.protocol.errors import ErrorType
 
 
 class Category(StrEnum):
@@ -49,7 +49,7 @@ class InputError(UserError):
 
 class CustomLossError(InputError):
     """A server-side custom loss this server refuses, when it is created or when it runs; the message names the node
-    and the op (tinkerflow.common.custom_loss)."""
+    and the op (tinkerflow.common.custom_loss_graph)."""
 
 
 class UnknownModelError(UserError):

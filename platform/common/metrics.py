@@ -55,7 +55,7 @@ ADAPTER_SLOTS_TOTAL = Gauge("tinkerflow_adapter_slots_total", "LoRA adapter slot
 # --- host memory (JAX worker): memory mappings and compiled programs are read when Prometheus scrapes, by a collector
 # in workers/host_memory.py (tinkerflow_worker_*; docs/metrics.md §Host memory series).
 
-# --- accelerators (JAX worker; workers/accelerator.py says how MFU is estimated) --------------------------------------
+# --- accelerators (JAX worker; activities/accelerator_metrics.py says how MFU is estimated) ---------------------------
 DEVICE_MEMORY_IN_USE = Gauge(
     "tinkerflow_device_memory_in_use_bytes",
     "device memory in use (memory_stats; absent where JAX reports none)",
@@ -86,7 +86,7 @@ ENGINE_FLOPS = Counter(
     "tinkerflow_engine_flops_total", "model FLOPs of engine calls (estimate from the config)", ["kind"]
 )
 
-# --- paging: more training runs than adapter slots (JAX worker; workers/engine/runtime/page_store.py) ----------------
+# --- paging: more training runs than adapter slots (JAX worker; workers/engine/runtime/paging_store.py) ---------------
 ADAPTER_RUNS_PAGED = Gauge(
     "tinkerflow_adapter_runs_paged", "training runs' adapters paged out of the device (host memory or files)"
 )

@@ -52,7 +52,7 @@ class JaxWorkerSettings:
                                        "for prompts that start the same way (a prefix KV cache per sampling "
                                        "session, least recently used out); counted in the device-memory plan",
                                        MODEL, shown="65536; 0: off")
-    # More training runs than slots: the others' adapters wait off the device (workers/engine/runtime/page_store.py).
+    # More training runs than slots: the others' adapters wait off the device (workers/engine/runtime/paging_store.py).
     adapter_host_memory_mb: int = setting(0, "host memory (MiB) for training runs' adapters (and sampler snapshots) "
                                           "paged out of the device: runs beyond --max-lora-adapters wait here "
                                           "between their batches; the least recently used move to files past it",

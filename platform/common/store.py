@@ -20,7 +20,7 @@ from datetime import datetime
 import fsspec
 
 from tinkerflow.common.errors import InputError, StoreError
-from tinkerflow.workflows.messages import BlobRef
+from tinkerflow.workflows.protocol.messages import BlobRef
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from temporalio.common import SearchAttributeIndexedValueType
 from temporalio.service import TLSConfig
 
 from tinkerflow.common.settings import Settings
-from tinkerflow.workflows import names
+from tinkerflow.workflows.protocol import names
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from temporalio.testing import ActivityEnvironment
 from tinkerflow.activities.batch_order import BatchCancelled, BatchOrder
 from tinkerflow.activities.engine_activities import EngineActivities
 from tinkerflow.workers.engine.interface import EngineApi
-from tinkerflow.workflows.messages import Batch, DropSnapshots, WorkItem, WorkResult
-from tinkerflow.workflows.work import WorkKind
+from tinkerflow.workflows.protocol.messages import Batch, DropSnapshots, WorkItem, WorkResult
+from tinkerflow.workflows.protocol.work import WorkKind
 
 pytestmark = pytest.mark.timeout(30)
 

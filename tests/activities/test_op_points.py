@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tinkerflow.activities.op_points import OpPoints
 from tinkerflow.common.run_metrics import RunMetricsStore
-from tinkerflow.workflows.messages import WorkItem, WorkKind
+from tinkerflow.workflows.protocol.messages import WorkItem, WorkKind
 
 RUN = "s1:train:0"
 

@@ -18,7 +18,7 @@ from tinkerflow.activities import stability, wire
 from tinkerflow.common import stability as records
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import InputError, SampledSequence, SampleResult
-from tinkerflow.workflows.messages import BlobRef, SampleParams, WorkItem, WorkKind
+from tinkerflow.workflows.protocol.messages import BlobRef, SampleParams, WorkItem, WorkKind
 
 SESSION = "sess-a"
 CALL = f"sample/{SESSION}:sample:0/batch1#0"

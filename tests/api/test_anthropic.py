@@ -31,7 +31,7 @@ from tinkerflow.api.openai_render import Rendered, render
 from tinkerflow.api.openai_samplers import OpenAISamplers
 from tinkerflow.common.checkpoints import CheckpointNotFound
 from tinkerflow.common.settings import Settings
-from tinkerflow.workflows.messages import ModelCard
+from tinkerflow.workflows.protocol.messages import ModelCard
 
 KEY = "tml-unit"
 MODEL = "tiny"

@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from tinkerflow.api.batch_results import BatchResults
 from tinkerflow.common.metrics import BATCH_RESULT_FETCHES, RESULT_REPOLLS
-from tinkerflow.workflows.messages import Outcome
+from tinkerflow.workflows.protocol.messages import Outcome
 
 
 class _Handle:

@@ -19,8 +19,8 @@ from tinkerflow.api.app import create_app
 from tinkerflow.api.worker_metrics import WorkerMetrics, summarize, worker_metrics_urls
 from tinkerflow.cli.launch import free_port
 from tinkerflow.common.settings import Settings
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import LoraSpec, RunStart, RunState
 
 KEY = "tml-console"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinkerflow.common import custom_loss
-from tinkerflow.common.custom_loss_ops import SIGNATURES
+from tinkerflow.common import custom_loss_graph
+from tinkerflow.common.custom_loss_allowlist import SIGNATURES
 
 NAMES = st.sampled_from(["logprobs", "a", "b", "c", "out", "x"])
 TARGETS = st.sampled_from(["torch.exp", "operator.add", "operator.getitem", "sum", "mean", "getattr", "torch.where",
@@ -52,8 +52,8 @@ INPUTS = st.one_of(
 )
 def test_any_upload_is_checked_or_refused_by_name(name, inputs, nodes):
     try:
-        checked = custom_loss.check(name, inputs, nodes)
-    except custom_loss.CustomLossError as e:
+        checked = custom_loss_graph.check(name, inputs, nodes)
+    except custom_loss_graph.CustomLossError as e:
         assert str(e).startswith("custom loss")
         return
-    assert custom_loss.from_source(checked.source) == checked
+    assert custom_loss_graph.from_source(checked.source) == checked

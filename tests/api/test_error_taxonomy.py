@@ -14,7 +14,7 @@ from tinkerflow.api.errors import failure_category, from_error, from_temporal
 from tinkerflow.common import errors
 from tinkerflow.common.errors import TEMPORAL_ERRORS, Category, TinkerflowError
 from tinkerflow.common.settings import SettingsError
-from tinkerflow.workflows.errors import ErrorType
+from tinkerflow.workflows.protocol.errors import ErrorType
 
 # What the contract implies for each (docs/wire-contract.md §Futures, §Errors and retries; docs/architecture.md §What
 # tenancy promises): a user's mistake is a 4xx with a body that the SDK does not retry, except 409 (a seq_id conflict,

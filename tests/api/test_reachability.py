@@ -99,8 +99,8 @@ def test_a_save_on_a_read_only_checkpoint_root_says_the_checkpoint_store_refused
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.common.checkpoints import CheckpointStore
     from tinkerflow.common.store import ClaimCheckStore
-    from tinkerflow.workflows.messages import Batch, SaveCheckpoint, WorkItem
-    from tinkerflow.workflows.work import WorkKind
+    from tinkerflow.workflows.protocol.messages import Batch, SaveCheckpoint, WorkItem
+    from tinkerflow.workflows.protocol.work import WorkKind
 
     root = (tmp_path / "ckpts").as_uri()
 

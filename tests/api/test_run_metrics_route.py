@@ -16,7 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from tinkerflow.api.app import create_app
 from tinkerflow.common.run_metrics import RunMetricsStore
 from tinkerflow.common.settings import Settings
-from tinkerflow.workflows.messages import LoraSpec, RunStart, RunState
+from tinkerflow.workflows.protocol.messages import LoraSpec, RunStart, RunState
 
 ALICE, BOB = "tml-alice", "tml-bob"
 RUN = "sess-1:train:0"

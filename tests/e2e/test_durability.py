@@ -204,7 +204,7 @@ def test_jax_worker_killed_with_runs_paged_out_restores_every_run_exactly(parts)
     killed -9: every run is restored from its snapshot plus the ops since, on the restarted worker and again through
     its two slots, and each continues with the losses of a run of its seed that never saw a fault. rtol 1e-5 as
     above: the runs share forward_backward batches differently than their references did (packed rows, padding
-    buckets); bit-identity of paging itself is tests/engine/test_adapter_pages.py's."""
+    buckets); bit-identity of paging itself is tests/engine/test_adapter_paging.py's."""
     service = tinker.ServiceClient(base_url=parts.base_url, api_key=parts.api_key)
     model = parts.served_model()
     seeds = [21, 22, 23, 24, 25]

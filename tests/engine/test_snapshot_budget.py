@@ -8,7 +8,7 @@ from typing import cast
 import numpy as np
 
 from tinkerflow.workers.engine.interface import EngineApi
-from tinkerflow.workers.engine.runtime.page_store import PageStore
+from tinkerflow.workers.engine.runtime.paging_store import PageStore
 from tinkerflow.workers.engine.sampling.snapshots import SnapshotCache
 from tinkerflow.workers.engine.types import InputError, LoraConfig, SampleInput
 
@@ -28,7 +28,7 @@ def test_least_recently_used_is_evicted_first_and_the_newest_always_stays():
 
 def test_an_evicted_ephemeral_snapshot_with_no_room_to_page_fails_its_sample_saying_why(engine):
     """The real engine: snapshots of one slot under a budget of two and a page store with no room (full of training
-    adapters, say); the first one's sample fails clearly. (With room it is paged: test_adapter_pages.py.)"""
+    adapters, say); the first one's sample fails clearly. (With room it is paged: test_adapter_paging.py.)"""
     budget = engine.sampler_snapshots.cache.budget_bytes
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     engine.sampler_snapshots.attach_pages(PageStore(host_budget_bytes=0))
@@ -55,8 +55,8 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.common.checkpoints import CheckpointStore
     from tinkerflow.common.store import ClaimCheckStore
-    from tinkerflow.workflows.messages import WorkItem
-    from tinkerflow.workflows.work import WorkKind
+    from tinkerflow.workflows.protocol.messages import WorkItem
+    from tinkerflow.workflows.protocol.work import WorkKind
 
     path = "tinker://s:train:0/sampler_weights/w"
     reloaded, sampled = [], []

@@ -205,7 +205,7 @@ def test_references_resolve(overlay):
 
 def test_temporal_values_raise_the_update_limits_and_name_the_search_attributes():
     from tinkerflow.cli.temporal_server import DYNAMIC_CONFIG
-    from tinkerflow.workflows import names
+    from tinkerflow.workflows.protocol import names
 
     values = yaml.safe_load((K8S / "temporal" / "values.yaml").read_text())
     dynamic = values["server"]["dynamicConfig"]

@@ -22,7 +22,7 @@ def test_stdlib_platform_still_imports_from_repo_root():
 
 def test_store_roundtrip_and_integrity(tmp_path):
     from tinkerflow.common.store import ClaimCheckStore, StoreError
-    from tinkerflow.workflows.messages import BlobRef
+    from tinkerflow.workflows.protocol.messages import BlobRef
 
     store = ClaimCheckStore(tmp_path.as_uri())
     ref = store.put(b"hello tensors", "requests")

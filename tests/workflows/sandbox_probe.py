@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from tinkerflow.workflows.messages import Outcome
+from tinkerflow.workflows.protocol.messages import Outcome
 
 
 @workflow.defn(name="SandboxProbe")

@@ -20,9 +20,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from wf_harness import Tinker, body_hash, eventually, fwd_seq, unique_queue, within
 
-from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart, parse_rfc3339
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import (
     AdamSpec,
     LoadCheckpoint,
     LoraSpec,

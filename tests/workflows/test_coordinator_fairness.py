@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from wf_harness import Tinker, blob, body_hash, eventually, fwd_flags, within
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import MAX_BATCH_ITEMS
-from tinkerflow.workflows.fairness import fair_order
-from tinkerflow.workflows.messages import SamplerInfo, SampleStart, WorkItem
+from tinkerflow.workflows.coordinator.fairness import fair_order
+from tinkerflow.workflows.coordinator.workflow import MAX_BATCH_ITEMS
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import SamplerInfo, SampleStart, WorkItem
+from tinkerflow.workflows.protocol.work import WorkKind
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
-from tinkerflow.workflows.work import WorkKind
 
 
 def _item(key: str, session: str) -> WorkItem:

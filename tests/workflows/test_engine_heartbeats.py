@@ -20,7 +20,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tinkerflow.activities.heartbeats import heartbeats
 from tinkerflow.workers.jax_worker import activity_worker
-from tinkerflow.workflows.pipeline import PIPELINE_DEPTH
+from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
 
 SECOND_PHASE = threading.Event()
 DONE = threading.Event()

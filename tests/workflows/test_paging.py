@@ -1,5 +1,5 @@
-"""Slots as a cache (workflows/residency.py) on the real workflows and a local Temporal server, with a mocked JAX
-worker that models its slots and page store: it refuses any work on a slot that does not hold the item's run, so
+"""Slots as a cache (workflows/coordinator/paging.py) on the real workflows and a local Temporal server, with a mocked
+JAX worker that models its slots and page store: it refuses any work on a slot that does not hold the item's run, so
 every answer below also proves the Coordinator paged the right adapter in first.
 
 More runs than slots all train, each on its own state; a create is refused only past the owner's live-run limit or
@@ -12,11 +12,11 @@ import asyncio
 
 from wf_harness import MockEngine, Tinker, eventually, fwd_flags, within
 
-from tinkerflow.workflows.coordinator import PATCH_PAGING
-from tinkerflow.workflows.messages import AdamSpec, Batch, BatchResult, Outcome, RunState, TrainingOp, WorkItem
-from tinkerflow.workflows.placement import SLOT_KINDS
+from tinkerflow.workflows.coordinator.placement import SLOT_KINDS
+from tinkerflow.workflows.coordinator.workflow import PATCH_PAGING
+from tinkerflow.workflows.protocol.messages import AdamSpec, Batch, BatchResult, Outcome, RunState, TrainingOp, WorkItem
+from tinkerflow.workflows.protocol.work import OpKind, WorkKind
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from tinkerflow.workflows.work import OpKind, WorkKind
 
 
 class SlotEngine(MockEngine):

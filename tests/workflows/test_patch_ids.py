@@ -25,7 +25,7 @@ BEFORE_THE_RULE = {
 def patch_ids() -> list[tuple[str, str]]:
     """(file, id) for every `workflow.patched(...)` / `workflow.deprecate_patch(...)` in workflows/."""
     found = []
-    for path in sorted((REPO / "workflows").glob("*.py")):
+    for path in sorted((REPO / "workflows").rglob("*.py")):  # the coordinator/ package too
         tree = ast.parse(path.read_text())
         constants = {
             t.id: node.value.value
@@ -43,8 +43,9 @@ def patch_ids() -> list[tuple[str, str]]:
             ):
                 arg = node.args[0]
                 value = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
-                assert isinstance(value, str), f"{path.name}:{node.lineno}: a patch id must be a literal or constant"
-                found.append((path.name, value))
+                name = path.relative_to(REPO).as_posix()
+                assert isinstance(value, str), f"{name}:{node.lineno}: a patch id must be a literal or constant"
+                found.append((name, value))
     return found
 
 

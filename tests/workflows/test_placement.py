@@ -1,4 +1,4 @@
-"""The Coordinator's placement policy (workflows/placement.py) alone: no server, no workflow, milliseconds.
+"""The Coordinator's placement policy (workflows/coordinator/placement.py) alone: no server, no workflow, milliseconds.
 
 A hypothesis state machine drives workers registering, restarting and dying and runs creating, using and freeing
 adapters, and checks after every step: never two runs in one slot, never past a worker's max_adapters, placements
@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.coordinator.placement import EPHEMERAL_SNAPSHOT_IDLE_S, PlacementPolicy
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.protocol.messages import (
     DropSnapshots,
     LoraSpec,
     ModelCard,
@@ -21,7 +23,6 @@ from tinkerflow.workflows.messages import (
     WorkItem,
     WorkKind,
 )
-from tinkerflow.workflows.placement import EPHEMERAL_SNAPSHOT_IDLE_S, CoordinatorState, PlacementPolicy
 
 CARD = ModelCard(name="m", arch="qwen3", local_path="/m", vocab_size=64, max_context=128)
 

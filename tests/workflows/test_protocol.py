@@ -1,6 +1,7 @@
-"""The typed run <-> Coordinator protocol (workflows/work.py, workflows/messages.py) through Temporal's default data
-converter: new shapes round-trip, and every payload recorded before typed fields existed (tests/replay/histories:
-`params` dicts, string kinds) still decodes, into the typed fields. No server: the converter alone."""
+"""The typed run <-> Coordinator protocol (workflows/protocol/work.py, workflows/protocol/messages.py) through
+Temporal's default data converter: new shapes round-trip, and every payload recorded before typed fields existed
+(tests/replay/histories: `params` dicts, string kinds) still decodes, into the typed fields. No server: the converter
+alone."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from temporalio.converter import DataConverter
 from tinkerflow.activities.engine_activities import EngineActivities
 from tinkerflow.activities.specs import lora_config, optim_config
 from tinkerflow.workers.engine.types import AdamConfig, DimuonConfig, LoraConfig
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol.messages import (
     AdamSpec,
     Batch,
     BlobRef,
@@ -40,7 +41,7 @@ from tinkerflow.workflows.messages import (
     WorkItem,
     WorkKind,
 )
-from tinkerflow.workflows.work import KIND_LABELS
+from tinkerflow.workflows.protocol.work import KIND_LABELS
 
 HISTORIES = sorted((Path(__file__).parents[1] / "replay" / "histories").glob("*.json"))
 # Recorded before the typed fields (kinds and parameters in `params` dicts) and after (`record.py --add typed`).

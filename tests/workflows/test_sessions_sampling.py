@@ -21,8 +21,8 @@ from wf_harness import (
     within,
 )
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import (
     LoadCheckpoint,
     RunState,
     SampleParams,

@@ -10,7 +10,7 @@ from temporalio.worker import Worker
 from tests.workflows.sandbox_probe import SandboxProbe
 from tests.workflows.wf_harness import unique_queue
 from tinkerflow.workers.workflow_worker import workflow_runner
-from tinkerflow.workflows.messages import Outcome
+from tinkerflow.workflows.protocol.messages import Outcome
 
 
 async def _probe_ids(client, runner, runs: int = 2) -> list[int]:

@@ -1,6 +1,7 @@
 """Metering: an op's usage comes home in its Outcome and the workflow that accepts the answer records it exactly once
-(workflows/usage.py): a retried op adds nothing, an op re-run after its worker died counts once, automatic snapshots
-are not the user's, and a SampleRequest writes its calls' usage into its memo with the owner as a search attribute."""
+(workflows/protocol/usage.py): a retried op adds nothing, an op re-run after its worker died counts once, automatic
+snapshots are not the user's, and a SampleRequest writes its calls' usage into its memo with the owner as a search
+attribute."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from wf_harness import (
     within,
 )
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import (
     AdamSpec,
     Outcome,
     RunState,
@@ -29,9 +30,17 @@ from tinkerflow.workflows.messages import (
     TrainingOp,
     WorkItem,
 )
+from tinkerflow.workflows.protocol.usage import (
+    OpUsage,
+    add_to,
+    hour_end,
+    hour_of,
+    hour_start,
+    ledger_from_memo,
+    ledger_memo,
+)
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from tinkerflow.workflows.usage import OpUsage, add_to, hour_end, hour_of, hour_start, ledger_from_memo, ledger_memo
 
 FWD = OpUsage(training_tokens=3)
 SAMPLE = OpUsage(prefill_tokens=5, prefill_cached_tokens=2, sampled_tokens=4)

@@ -28,8 +28,8 @@ from temporalio.worker import UnsandboxedWorkflowRunner
 from wf_harness import Tinker, body_hash, local_temporal, tinker_world
 
 import tinkerflow.workflows.session as session_module
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import RunState, SessionState
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import RunState, SessionState
 from tinkerflow.workflows.session import SessionWorkflow
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
@@ -144,8 +144,8 @@ async def test_resolving_an_unknown_sampler_fails_the_update_not_the_session(mon
 
 async def test_old_ephemeral_snapshots_are_collected_once_idle(monkeypatch) -> None:
     """An RL loop makes one sampler snapshot per step; the coordinator must not keep them all on the worker."""
-    import tinkerflow.workflows.placement as placement_module
-    from tinkerflow.workflows.messages import SaveRequest, TrainingOp
+    import tinkerflow.workflows.coordinator.placement as placement_module
+    from tinkerflow.workflows.protocol.messages import SaveRequest, TrainingOp
 
     monkeypatch.setattr(placement_module, "EPHEMERAL_SNAPSHOT_IDLE_S", 1.0)
     async with local_temporal() as env, tinker_world(env.client, workflow_runner=UnsandboxedWorkflowRunner()) as tinker:

@@ -32,9 +32,9 @@ from wf_harness import (
     workflow_worker,
 )
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import PATCH_FAIL_RESTARTED_BATCH
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.coordinator.workflow import PATCH_FAIL_RESTARTED_BATCH
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import (
     AdamSpec,
     Batch,
     BatchResult,

@@ -33,11 +33,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tinkerflow.workflows import names
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
-from tinkerflow.workflows.coordinator import Coordinator, CoordinatorState
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.coordinator.workflow import Coordinator
 from tinkerflow.workflows.janitor import StoreJanitor
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import (
     Batch,
     BatchResult,
     BlobRef,

@@ -31,8 +31,8 @@ from wf_harness import (
     unique_queue,
 )
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.messages import Batch, BatchResult, SamplerInfo, SampleStart
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import Batch, BatchResult, SamplerInfo, SampleStart
 from tinkerflow.workflows.sample_request import SampleRequestWorkflow
 
 WAIT = 5.0  # a healthy coordinator answers in well under a second

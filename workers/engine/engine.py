@@ -23,7 +23,7 @@ from .model.dtypes import base_dtype, weight_dtype
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .runtime import warm_up
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
-from .runtime.page_store import PageStore, default_host_budget_bytes
+from .runtime.paging_store import PageStore, default_host_budget_bytes
 from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
 from .sampling.buckets import stack_size
@@ -31,7 +31,7 @@ from .sampling.prefix_cache import BLOCK
 from .sampling.sampler import SlotSampler
 from .sampling.snapshots import SamplerSnapshots, Snapshot
 from .training import trainer
-from .training.adapter_pages import AdapterPager
+from .training.adapter_paging import AdapterPager
 from .training.adapter_slots import AdapterSlots
 from .training.steps import StepFunctions
 from .types import (
@@ -96,7 +96,7 @@ class Engine:
         # memory the plan divides (the device's, or --device-memory-gb).
         _, capacity, _ = device_capacity(device_memory_bytes)
         self._sampler_snapshots = SamplerSnapshots(self._adapters, snapshot_budget_bytes or int(capacity * 0.10))
-        # Adapters and snapshots off the device (runtime/page_store.py): by default in host memory only.
+        # Adapters and snapshots off the device (runtime/paging_store.py): by default in host memory only.
         self.pages = page_store or PageStore(default_host_budget_bytes(device_memory_bytes))
         self._pager = AdapterPager(self._adapters, self.pages)
         # The most one paged-out adapter takes (weights, gradients, moments, step); how many the store holds.
@@ -271,7 +271,7 @@ class Engine:
     # ------------------------------------------------------------------ paging (more runs than slots)
 
     def page(self, moves: PageMoves) -> PageReport:
-        """Move adapters between training slots and the page store (training/adapter_pages.py); a move that fails
+        """Move adapters between training slots and the page store (training/adapter_paging.py); a move that fails
         leaves that adapter lost on this worker (its slot free), named in the report, and the others go on."""
         return self._pager.move(moves)
 

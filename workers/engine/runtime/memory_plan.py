@@ -193,7 +193,7 @@ def make_plan(
 ) -> MemoryPlan:
     device, capacity, resident = device_capacity(override_bytes)
     reserve = max(RESERVE_MIN, int(capacity * RESERVE_SHARE))
-    # Paged-out adapters and snapshots live in host memory (runtime/page_store.py): where the device is the host,
+    # Paged-out adapters and snapshots live in host memory (runtime/paging_store.py): where the device is the host,
     # their budget is memory work cannot have.
     paged = host_pages_bytes if device.startswith("host memory") else 0
     costs = per_token_costs(config, dtype, max_lora_rank)

@@ -232,7 +232,7 @@ def _lifecycle_sample(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
     engine.create_adapter(slot, LoraConfig(rank=1, seed=0))
     try:
         engine.import_slot(slot, engine.export_slot(slot), optimizer=True)
-        # Paging (more runs than slots): the slot out to the page store and back in (training/adapter_pages.py).
+        # Paging (more runs than slots): the slot out to the page store and back in (training/adapter_paging.py).
         moved = engine.page(PageMoves(page_out=((slot, SCRATCH_SNAPSHOT),), page_in=((SCRATCH_SNAPSHOT, slot),)))
         if moved.failed:
             raise RuntimeError(f"warm-up paging failed: {moved.failed}")

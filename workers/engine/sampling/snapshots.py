@@ -4,7 +4,7 @@ Every `save_weights_and_get_sampling_client` leaves an immutable LoRA snapshot o
 collects a run's older ones after they sit unused, which bounds them in time, not in memory: a client that makes
 snapshots faster than they age out (an RL loop, with an 8B model at rank 32) would fill the accelerator. So the
 engine keeps them in this cache, sized in bytes, and evicts the least recently sampled one when a new one would go
-over. An evicted snapshot is paged out to the worker's page store (host memory, then files: runtime/page_store.py)
+over. An evicted snapshot is paged out to the worker's page store (host memory, then files: runtime/paging_store.py)
 and paged back in when a sampling batch names it. Only when the page budgets are full of training adapters is a
 snapshot dropped: then saved weights (keys `tinker://…`) are reloaded from the checkpoint store on their next use,
 and a request naming an ephemeral one fails with a message that says so (never a hang, never garbage).
@@ -30,7 +30,7 @@ import numpy as np
 
 from ..model.lora import LORA_ALPHA
 from ..runtime.aot_cache import abstract
-from ..runtime.page_store import Page, PageStore
+from ..runtime.paging_store import Page, PageStore
 from ..training.adapter_slots import leaf_name
 from ..types import LoraConfig
 from .buckets import STACK_SIZES, stack_size
@@ -190,7 +190,7 @@ class SamplerSnapshots:
             self._pages.drop(snapshot_key(key))
         self._stack_cache = None
 
-    # ------------------------------------------------------------------ paging (runtime/page_store.py)
+    # ------------------------------------------------------------------ paging (runtime/paging_store.py)
 
     def attach_pages(self, pages: PageStore) -> None:
         """From now on a snapshot the device budget evicts is paged out to `pages` (host memory, then files) and

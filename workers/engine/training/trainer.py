@@ -19,7 +19,7 @@ import numpy as np
 from ..runtime.memory_plan import FLAGS, MemoryPlan
 from ..types import AdamConfig, DimuonConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
 from ..validation import forward_backward_rows
-from . import custom_losses
+from . import custom_loss_jax
 from .adapter_slots import AdapterSlots
 from .dimuon import dimuon_slot_values, pack_dimuon
 from .optimizer import adamw_slot_values, pack_hparams, write_slot_values
@@ -103,15 +103,15 @@ def _without(e: DoesNotFit, rows: list[Row], spans: dict[int, tuple[int, int]], 
 def _with_custom_losses(
     slots: AdapterSlots, steps: StepFunctions, base: Any, requests: list[ForwardBackwardInput], **options: Any
 ) -> list[ForwardBackwardResult | InputError]:
-    """Requests with a server-side custom loss (custom_losses.py): a forward pass for their logprobs, the loss and
+    """Requests with a server-side custom loss (custom_loss_jax.py): a forward pass for their logprobs, the loss and
     its gradient per datum, then one pass of every request, theirs as cross_entropy with weights -dLoss/dlogprobs."""
     results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
-    prepared: dict[int, custom_losses.Prepared] = {}
+    prepared: dict[int, custom_loss_jax.Prepared] = {}
     for r, req in enumerate(requests):
         if req.loss_fn == "custom":
             try:
                 slots.check_slot(req.slot)
-                prepared[r] = custom_losses.prepare(req)
+                prepared[r] = custom_loss_jax.prepare(req)
             except InputError as e:
                 results[r] = e
     probes = forward_backward(slots, steps, base, [p.probe for p in prepared.values()], **options)
@@ -121,7 +121,7 @@ def _with_custom_losses(
         try:
             if isinstance(probe, InputError):
                 raise probe
-            total, metrics, train = custom_losses.weighted(prep, requests[r], [o["logprobs"] for o in probe.outputs])
+            total, metrics, train = custom_loss_jax.weighted(prep, requests[r], [o["logprobs"] for o in probe.outputs])
         except InputError as e:
             results[r] = e
             continue

@@ -1,4 +1,4 @@
-"""Adapters paged between the device's training slots and the page store (training/adapter_pages.py, Engine.page)
+"""Adapters paged between the device's training slots and the page store (training/adapter_paging.py, Engine.page)
 are exact: a run paged out and back, through host memory or files, in whatever slot it lands, gives the same losses
 and the same weights, AdamW moments, step and gradient accumulator as one that stayed resident, compared for
 equality, not closeness (a page is a copy of float32 bits; no tolerance applies). Sampler snapshots the device
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinkerflow.workers.engine.runtime.page_store import PageStore
-from tinkerflow.workers.engine.training.adapter_pages import AdapterPager
+from tinkerflow.workers.engine.runtime.paging_store import PageStore
+from tinkerflow.workers.engine.training.adapter_paging import AdapterPager
 from tinkerflow.workers.engine.types import (
     AdamConfig,
     Datum,

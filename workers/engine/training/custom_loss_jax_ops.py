@@ -1,6 +1,7 @@
-"""The custom-loss operations in JAX, one function per op of the allow-list (tinkerflow.common.custom_loss_ops), each
-with torch's signature and torch's semantics where they differ from numpy's (squeeze of a dim that is not 1, max with
-a dim returning values and indices, std's correction, softplus's threshold, integer arithmetic on shapes in Python).
+"""The custom-loss operations in JAX, one function per op of the allow-list (tinkerflow.common.custom_loss_allowlist),
+each with torch's signature and torch's semantics where they differ from numpy's (squeeze of a dim that is not 1, max
+with a dim returning values and indices, std's correction, softplus's threshold, integer arithmetic on shapes in
+Python).
 
 Floating dtypes compute in float32 and integer ones in int32 (JAX without x64). Arguments that cannot change a value
 (device, layout, memory_format, requires_grad, ...: NEUTRAL) are dropped by the interpreter before the call."""
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 
-from tinkerflow.common.custom_loss import Token
+from tinkerflow.common.custom_loss_graph import Token
 
 MaxResult = namedtuple("MaxResult", "values indices")  # torch.return_types.max / min with a dim
 

@@ -5,7 +5,7 @@ Workflow code (deterministic, stdlib only): the order depends only on the queue'
 
 from __future__ import annotations
 
-from tinkerflow.workflows.messages import WorkItem
+from tinkerflow.workflows.protocol.messages import WorkItem
 
 
 def growing(order: list[WorkItem], source: list[WorkItem], queued: int):

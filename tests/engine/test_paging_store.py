@@ -1,4 +1,4 @@
-"""The page store (workers/engine/runtime/page_store.py) alone: numpy pages, host memory and files, no JAX.
+"""The page store (workers/engine/runtime/paging_store.py) alone: numpy pages, host memory and files, no JAX.
 
 A hypothesis state machine puts, takes and drops adapter and snapshot pages of random sizes under small budgets
 and checks after every step: neither tier ever holds more than its budget, an adapter page is never lost (taken
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tinkerflow.workers.engine.runtime.page_store import Page, PagesFull, PageStore
+from tinkerflow.workers.engine.runtime.paging_store import Page, PagesFull, PageStore
 
 
 def page(kind: str, n: int, seed: int) -> Page:

@@ -1,5 +1,5 @@
-"""Server-side custom losses in the engine: a checked graph (tinkerflow.common.custom_loss) as a JAX function, and a
-forward_backward with loss_fn "custom" as two passes of the ordinary steps.
+"""Server-side custom losses in the engine: a checked graph (tinkerflow.common.custom_loss_graph) as a JAX function, and
+a forward_backward with loss_fn "custom" as two passes of the ordinary steps.
 
 The loss is per datum, on the datum's exact shapes (a loss may take a mean or read `logprobs.shape`, so padding would
 change it): the model's forward pass gives each datum's target logprobs; the loss and its gradient with respect to
@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tinkerflow.common.custom_loss import CheckedLoss, CustomLossError, Ref, from_source, source_of
-from tinkerflow.common.custom_loss_ops import SIGNATURES
+from tinkerflow.common.custom_loss_allowlist import SIGNATURES
+from tinkerflow.common.custom_loss_graph import CheckedLoss, CustomLossError, Ref, from_source, source_of
 
 from ..types import Datum, ForwardBackwardInput, InputError
-from .custom_loss_ops import IMPLEMENTATIONS, NEUTRAL
+from .custom_loss_jax_ops import IMPLEMENTATIONS, NEUTRAL
 
 MIN_ELEMENT_BUDGET = 65_536
 ELEMENT_BUDGET_FACTOR = 16

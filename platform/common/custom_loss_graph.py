@@ -6,12 +6,12 @@ turns `custom_loss_server_side` on, uploads it (`/api/v1/create_custom_loss`: a 
 then sends an ordinary forward_backward with loss_fn "custom" and loss_fn_config {"loss_id": ...}; the engine runs
 the loss per datum and sums (docs/custom-losses.md).
 
-The check, before anything runs, refuses by name: an op outside the allow-list (custom_loss_ops.py), a module call or
-captured tensor, arguments that do not bind to the op's signature, a reference to a node not defined before it (a
-cycle, or a forward reference), nesting deeper than MAX_DEPTH, more than MAX_NODES nodes, more than MAX_LITERALS
-literal scalars or an integer beyond MAX_INT (a huge constant), an output that is not (scalar loss, {metric: value}).
-What a graph computes is bounded at run time by the datum's size (the engine refuses any value over its element
-budget while tracing, before anything is allocated).
+The check, before anything runs, refuses by name: an op outside the allow-list (custom_loss_allowlist.py), a module call
+or captured tensor, arguments that do not bind to the op's signature, a reference to a node not defined before it (a
+cycle, or a forward reference), nesting deeper than MAX_DEPTH, more than MAX_NODES nodes, more than MAX_LITERALS literal
+scalars or an integer beyond MAX_INT (a huge constant), an output that is not (scalar loss, {metric: value}). What a
+graph computes is bounded at run time by the datum's size (the engine refuses any value over its element budget while
+tracing, before anything is allocated).
 
 The `loss_id` is the checked loss itself, compressed and signed (HMAC with the server's signing key over the owner and
 the session): no process stores anything, any API replica verifies it, and another tenant's or another session's use
@@ -30,7 +30,14 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from tinkerflow.common.custom_loss_ops import ATTRIBUTES, DTYPES, NEUTRAL_TOKENS, SIGNATURES, function_op, method_op
+from tinkerflow.common.custom_loss_allowlist import (
+    ATTRIBUTES,
+    DTYPES,
+    NEUTRAL_TOKENS,
+    SIGNATURES,
+    function_op,
+    method_op,
+)
 from tinkerflow.common.errors import CustomLossError
 
 MAX_NODES = 512
@@ -63,7 +70,7 @@ class Token:
 @dataclass(frozen=True)
 class Call:
     name: str
-    op: str  # canonical op (custom_loss_ops.SIGNATURES)
+    op: str  # canonical op (custom_loss_allowlist.SIGNATURES)
     args: tuple  # decoded: Python scalars, tuples, lists, dicts, slices, Ellipsis, Ref, Token
     kwargs: dict[str, Any]
 

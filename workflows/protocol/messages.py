@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinkerflow.workflows.usage import OpUsage
-from tinkerflow.workflows.work import (
+from tinkerflow.workflows.protocol.usage import OpUsage
+from tinkerflow.workflows.protocol.work import (
     AdamSpec,
     DropSnapshots,
     LoadCheckpoint,
@@ -72,7 +72,7 @@ class Outcome:
     error: str = ""
     category: str = ""  # "user" | "server" when error is set
     worker_lost: bool = False  # failed because the JAX worker holding the adapter died or restarted
-    usage: OpUsage | None = None  # what the op consumed, counted by the JAX worker (workflows/usage.py)
+    usage: OpUsage | None = None  # what the op consumed, counted by the JAX worker (workflows/protocol/usage.py)
 
     @property
     def ok(self) -> bool:

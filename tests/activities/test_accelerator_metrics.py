@@ -1,5 +1,5 @@
-"""Accelerator metrics of the JAX worker (workers/accelerator.py): the FLOPs model against the checkpoint's own
-weight shapes, the peak table, MFU from hand-computed figures, and device memory where JAX reports it."""
+"""Accelerator metrics of the JAX worker (activities/accelerator_metrics.py): the FLOPs model against the checkpoint's
+own weight shapes, the peak table, MFU from hand-computed figures, and device memory where JAX reports it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax
 import pytest
 from prometheus_client import REGISTRY
 
-from tinkerflow.workers.accelerator import NOMINAL_TFLOPS, AcceleratorMeter, params_per_token, peak_tflops_of
+from tinkerflow.activities.accelerator_metrics import NOMINAL_TFLOPS, AcceleratorMeter, params_per_token, peak_tflops_of
 from tinkerflow.workers.engine.model.config import ModelConfig
 from tinkerflow.workers.engine.model.tiny_model import SHAPE, config_dict, moe_parameter_shapes, parameter_shapes
 from tinkerflow.workers.engine.model.tiny_moe import MOE_SHAPE, moe_config_dict

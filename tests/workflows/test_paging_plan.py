@@ -1,4 +1,4 @@
-"""Slots as a cache (workflows/residency.py) alone: no server, no workflow, milliseconds.
+"""Slots as a cache (workflows/coordinator/paging.py) alone: no server, no workflow, milliseconds.
 
 A hypothesis state machine registers, restarts and loses workers (each with a few slots and a page capacity),
 creates, trains in batches and ends runs, fails page moves, and replays every batch's page item on a model of the
@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.workflows.messages import LoraSpec, ModelCard, TenantLimit, WorkerInfo, WorkItem, WorkKind
-from tinkerflow.workflows.placement import CoordinatorState, PlacementPolicy
-from tinkerflow.workflows.residency import BatchPlan
+from tinkerflow.workflows.coordinator.paging import BatchPlan
+from tinkerflow.workflows.coordinator.placement import PlacementPolicy
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.protocol.messages import LoraSpec, ModelCard, TenantLimit, WorkerInfo, WorkItem, WorkKind
 
 CARD = ModelCard(name="m", arch="qwen3", local_path="/m", vocab_size=64, max_context=128)
 QUEUES = ["q1", "q2"]
@@ -57,7 +58,7 @@ def test_the_least_recently_used_run_without_work_in_the_batch_is_paged_out() ->
     assert (p.s.page_ins, p.s.page_outs) == (1, 2)
 
 
-class ResidencyMachine(RuleBasedStateMachine):
+class PagingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.p = PlacementPolicy(CoordinatorState(base_model="m", pool="default"), "coordinator/m/default")
@@ -194,5 +195,5 @@ class ResidencyMachine(RuleBasedStateMachine):
         assert set(s.placements) == set(self.live)
 
 
-TestResidencyMachine = ResidencyMachine.TestCase
-TestResidencyMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestPagingMachine = PagingMachine.TestCase
+TestPagingMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

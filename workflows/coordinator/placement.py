@@ -15,12 +15,10 @@ from dataclasses import replace
 
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.workflows.coordinator_state import CoordinatorState, WorkerSlots
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.messages import DropSnapshots, LoadCheckpoint, WorkerInfo, WorkItem, WorkKind
-from tinkerflow.workflows.residency import home_for, lost_in_paging
-
-__all__ = ["EPHEMERAL_SNAPSHOT_IDLE_S", "SLOT_KINDS", "CoordinatorState", "PlacementPolicy", "WorkerSlots"]
+from tinkerflow.workflows.coordinator.paging import home_for, lost_in_paging
+from tinkerflow.workflows.coordinator.state import CoordinatorState, WorkerSlots
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import DropSnapshots, LoadCheckpoint, WorkerInfo, WorkItem, WorkKind
 
 # An ephemeral sampler snapshot (save_weights_and_get_sampling_client) is collected once a newer one of the same run
 # exists and it has not been sampled for this long: RL loops make one per step, and none is reused for long.
@@ -55,7 +53,7 @@ class PlacementPolicy:
         self.s = state
         self.self_id = self_id
         self.drop_on_every_holder = drop_on_every_holder
-        # Slots as a cache (residency.py). The Coordinator answers with a `workflow.patched`: histories from before
+        # Slots as a cache (paging.py). The Coordinator answers with a `workflow.patched`: histories from before
         # allocated a slot at create and refused a create when every slot was taken.
         self.paging = paging
         # An ephemeral snapshot no worker holds (its worker died, or it was collected from memory) is loaded again
@@ -140,7 +138,7 @@ class PlacementPolicy:
             if item.model_id in self.s.placements:
                 queue, slot = self.s.placements[item.model_id]
                 return queue, replace(item, slot=slot)
-            if self.pages():  # the slot is given when the batch is formed (residency.BatchPlan)
+            if self.pages():  # the slot is given when the batch is formed (paging.BatchPlan)
                 home = home_for(self.s, item)
                 return home, item
             queue, slot = self.allocate(item.model_id)

@@ -6,8 +6,8 @@ they existed ("forward_backward", ...). Histories recorded before typed paramete
 the `from_legacy_*` converters at the end read those, and nothing else in the code looks at a dict.
 
 Adding a kind of engine work: a member of `WorkKind` (plus its parameter type here, if it has any), its routing in
-`placement.py` (`SLOT_KINDS` if it acts on a run's adapter slot, else a branch of `PlacementPolicy.route`), a label in
-KIND_LABELS below, and its handler in `activities/engine_activities.py` (`EngineActivities.handlers`).
+`coordinator/placement.py` (`SLOT_KINDS` if it acts on a run's adapter slot, else a branch of `PlacementPolicy.route`),
+a label in KIND_LABELS below, and its handler in `activities/engine_activities.py` (`EngineActivities.handlers`).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.engine.test_training import assert_grads_close, seqs
-from tinkerflow.common import custom_loss
-from tinkerflow.workers.engine.training.custom_losses import CompiledLoss
+from tinkerflow.common import custom_loss_graph
+from tinkerflow.workers.engine.training.custom_loss_jax import CompiledLoss
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputError, LoraConfig
 
 torch = pytest.importorskip("torch")
@@ -27,7 +27,9 @@ def trace(fn, ranks):
 
     handle = trace_loss(fn, ranks, SESSION)
     graph = encode_graph(handle).model_dump()
-    checked = custom_loss.check(handle.name, [{"name": i.name, "rank": i.rank} for i in handle.inputs], graph["nodes"])
+    checked = custom_loss_graph.check(
+        handle.name, [{"name": i.name, "rank": i.rank} for i in handle.inputs], graph["nodes"]
+    )
     return handle, checked
 
 
@@ -133,7 +135,7 @@ def test_engine_forward_backward_equals_the_client_side_protocol(engine, rng):
     """Slot 0: the loss server-side, one call. Slot 1 (same init): the SDK's client-side path, a forward pass,
     torch's loss and gradient, and cross_entropy with weights -dLoss/dlogprobs. Same loss, metrics, gradients."""
     handle, checked = trace(*CASES["ppo_like"])
-    token = custom_loss.loss_id(checked, SESSION, KEY, OWNER)
+    token = custom_loss_graph.loss_id(checked, SESSION, KEY, OWNER)
     for slot in (0, 1):
         engine.create_adapter(slot, LoraConfig(rank=4, seed=7))
     batch = seqs(rng, 3, 10)
@@ -165,7 +167,7 @@ def test_engine_forward_backward_equals_the_client_side_protocol(engine, rng):
 
 def test_a_bad_custom_request_fails_alone_and_accumulates_nothing(engine, rng):
     _, checked = trace(*CASES["normalized_nll"])
-    token = custom_loss.loss_id(checked, SESSION, KEY, OWNER)
+    token = custom_loss_graph.loss_id(checked, SESSION, KEY, OWNER)
     engine.create_adapter(0, LoraConfig(rank=2, seed=1))
     engine.create_adapter(1, LoraConfig(rank=2, seed=1))
     batch = seqs(rng, 2, 8)
@@ -214,8 +216,8 @@ def _out(ref):
 ])  # fmt: skip
 def test_hostile_graphs_are_refused_naming_the_op(nodes, message):
     inputs, graph = _graph(*nodes)
-    with pytest.raises(custom_loss.CustomLossError, match=message):
-        custom_loss.check("hostile", inputs, graph)
+    with pytest.raises(custom_loss_graph.CustomLossError, match=message):
+        custom_loss_graph.check("hostile", inputs, graph)
 
 
 def test_a_graph_past_its_datums_budget_is_refused_before_anything_is_allocated(rng):
@@ -226,23 +228,23 @@ def test_a_graph_past_its_datums_budget_is_refused_before_anything_is_allocated(
     _, checked = trace(outer, {"logprobs": 1})
     value, _, _ = CompiledLoss(checked)(np.ones(100, np.float32), [])  # 10,000 elements: within 65,536
     assert value == 10_000
-    with pytest.raises(custom_loss.CustomLossError, match="over this datum's budget"):
+    with pytest.raises(custom_loss_graph.CustomLossError, match="over this datum's budget"):
         CompiledLoss(checked)(np.ones(5000, np.float32), [])  # 25M elements
 
 
 def test_a_loss_id_is_the_owners_and_the_sessions_only():
     _, checked = trace(*CASES["ppo_like"])
-    token = custom_loss.loss_id(checked, SESSION, KEY, OWNER)
-    assert custom_loss.verify(token, SESSION, KEY, OWNER)
-    assert not custom_loss.verify(token, SESSION, KEY, "another-owner")
-    assert not custom_loss.verify(token, "sess-2", KEY, OWNER)
-    assert not custom_loss.verify(token.replace(".", "x.", 1), SESSION, KEY, OWNER)
-    assert custom_loss.from_source(custom_loss.source_of(token)) == checked
+    token = custom_loss_graph.loss_id(checked, SESSION, KEY, OWNER)
+    assert custom_loss_graph.verify(token, SESSION, KEY, OWNER)
+    assert not custom_loss_graph.verify(token, SESSION, KEY, "another-owner")
+    assert not custom_loss_graph.verify(token, "sess-2", KEY, OWNER)
+    assert not custom_loss_graph.verify(token.replace(".", "x.", 1), SESSION, KEY, OWNER)
+    assert custom_loss_graph.from_source(custom_loss_graph.source_of(token)) == checked
 
 
 def test_every_allowed_op_has_an_implementation_and_nothing_else_does():
-    from tinkerflow.common.custom_loss_ops import SIGNATURES
-    from tinkerflow.workers.engine.training.custom_loss_ops import IMPLEMENTATIONS
+    from tinkerflow.common.custom_loss_allowlist import SIGNATURES
+    from tinkerflow.workers.engine.training.custom_loss_jax_ops import IMPLEMENTATIONS
 
     assert set(IMPLEMENTATIONS) == set(SIGNATURES)
 
@@ -250,7 +252,7 @@ def test_every_allowed_op_has_an_implementation_and_nothing_else_does():
 def test_forward_only_custom_gives_the_loss_and_accumulates_nothing(engine, rng):
     """`forward(data, "custom", {"loss_id": ...})`: the loss and metrics of the same datums, no gradient."""
     _, checked = trace(*CASES["ppo_like"])
-    token = custom_loss.loss_id(checked, SESSION, KEY, OWNER)
+    token = custom_loss_graph.loss_id(checked, SESSION, KEY, OWNER)
     engine.create_adapter(0, LoraConfig(rank=2, seed=4))
     engine.create_adapter(1, LoraConfig(rank=2, seed=4))
     batch = seqs(rng, 2, 8)

@@ -5,9 +5,9 @@ its AdamW step count. Paging out copies exactly those slices to the host (one ji
 `Page` in the engine's `PageStore` and frees the slot; paging in writes them back into a free slot (one jitted
 write, in place on the donated trees) and restores the slot's `LoraConfig`. Nothing is trimmed, cast or recomputed,
 so a run paged out and back continues exactly as one that stayed resident, in whatever slot it lands (tests/engine/
-test_adapter_pages.py checks losses and weights for equality, not closeness). The gradient accumulator is copied
+test_adapter_paging.py checks losses and weights for equality, not closeness). The gradient accumulator is copied
 only when it holds something (between a forward_backward and its optim_step); otherwise the slot's zeros are
-written back. Which runs are resident is the Coordinator's decision (workflows/placement.py); this module only
+written back. Which runs are resident is the Coordinator's decision (workflows/coordinator/paging.py); this module only
 moves what it is told to.
 """
 
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..runtime.page_store import Page, PageStore
+from ..runtime.paging_store import Page, PageStore
 from ..types import InputError, LoraConfig, PageMoves, PageReport
 from .adapter_slots import AdapterSlots, leaf_name
 from .optimizer import OptState, put_slot, take_slot

@@ -7,13 +7,13 @@ Coordinator forms each batch from resident adapters: `BatchPlan.admit` gives eac
 its run's slot, paging the run in when it is out, into a free slot or one it frees by paging out the least recently
 used resident run that has nothing in this batch (runs with work waiting in the queue go last). An op in flight is
 never paged out: a run is in flight when it has an item in the batch being built or in a batch the worker has not
-answered yet (the one running while the next is formed and queued behind it: pipeline.py), and those are pinned.
+answered yet (the one running while the next is formed and queued behind it: dispatch.py), and those are pinned.
 An item that finds every slot pinned waits for the next batch, and so do its run's later items; the moves go to the
 worker as one `page` item at the batch's head, which the worker runs after every batch before it.
 
 What the capacity allows is decided at create (`home_for`): a run is refused only when every worker holds all the
 adapters its slots and page budgets allow, or when its owner already holds `TenantLimit.max_live_runs` live runs on
-this base model. Pure and deterministic, like placement.py (tests/workflows/test_residency.py).
+this base model. Pure and deterministic, like placement.py (tests/workflows/test_paging_plan.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import replace
 
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.workflows.coordinator_state import CoordinatorState
-from tinkerflow.workflows.messages import PageMoves, SlotMove, WorkItem, WorkKind
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.protocol.messages import PageMoves, SlotMove, WorkItem, WorkKind
 
 
 def live_per_worker(state: CoordinatorState) -> Counter[str]:
@@ -70,7 +70,7 @@ def home_for(state: CoordinatorState, item: WorkItem) -> str | None:
 
 
 class BatchPlan:
-    """The residency one batch on worker `queue` needs (see the module doc); `admit` each item in batch order."""
+    """The paging one batch on worker `queue` needs (see the module doc); `admit` each item in batch order."""
 
     def __init__(
         self,
@@ -85,7 +85,7 @@ class BatchPlan:
         # be paged back in soon, perhaps later in this very batch).
         self.wanted = wanted
         # Runs with an item in this batch, or in a batch still in flight on this worker (the one running while this
-        # one is formed to queue behind it: pipeline.py): never paged out by it.
+        # one is formed to queue behind it: dispatch.py): never paged out by it.
         self.pinned: set[str] = set(in_flight)
         self.blocked: set[str] = set()  # runs whose item waits for a slot: their later items wait too
         self.page_out: list[SlotMove] = []

@@ -61,7 +61,7 @@ def params_per_token(c: ModelConfig) -> int:
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     attention = c.hidden_size * q + 2 * c.hidden_size * kv + q * c.hidden_size
     dense_mlp = 3 * c.hidden_size * c.intermediate_size
-    moe_layers = set(c.moe_layers) if c.num_experts else set()
+    moe_layers: set[int] = set(c.moe_layers) if c.num_experts else set()  # pyright: ignore[reportUnknownArgumentType]
     moe_mlp = c.num_experts_per_tok * 3 * c.hidden_size * c.moe_intermediate_size + c.hidden_size * c.num_experts
     layers = sum(attention + (moe_mlp if i in moe_layers else dense_mlp) for i in range(c.num_layers))
     return layers + c.hidden_size * c.vocab_size
@@ -82,8 +82,10 @@ class AcceleratorMeter:
     def __init__(self, config: ModelConfig | None, peak_tflops: float = 0.0, devices: list[Any] | None = None):
         import jax
 
-        self.devices = list(devices if devices is not None else jax.local_devices())
-        self.n_devices = len(devices) if devices is not None else jax.device_count()  # a step spans every process
+        # jax's device API is partly untyped: activities/ is type-checked strictly, so its results are annotated here
+        self.devices: list[Any] = list(devices if devices is not None else jax.local_devices())  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+        # a step spans every process
+        self.n_devices: int = len(devices) if devices is not None else jax.device_count()  # pyright: ignore[reportUnknownMemberType]
         kind = self.devices[0].device_kind if self.devices else ""
         per_device, source = peak_tflops_of(kind, peak_tflops)
         self.peak_flops = per_device * 1e12 * max(self.n_devices, 1)

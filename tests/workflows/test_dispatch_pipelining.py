@@ -1,5 +1,6 @@
-"""Pipelined dispatch (workflows/pipeline.py) on the real workflows and a local Temporal server, with a mocked JAX
-worker that holds two batches and runs them in the order they were dispatched (as activities/batch_order.py does).
+"""Pipelined dispatch (workflows/coordinator/dispatch.py) on the real workflows and a local Temporal server, with a
+mocked JAX worker that holds two batches and runs them in the order they were dispatched (as activities/batch_order.py
+does).
 
 The next batch is queued while one runs, and runs after it; never more than two are in flight; a batch that is
 lost takes the one queued behind it along, every run restoring itself; a worker that restarts fails both at once;
@@ -15,12 +16,12 @@ from temporalio.worker import Replayer
 from test_paging import SlotEngine
 from wf_harness import ALL_WORKFLOWS, MockEngine, Tinker, eventually, fwd_seq, within
 
-from tinkerflow.workflows import names
-from tinkerflow.workflows.coordinator import PATCH_PIPELINE
-from tinkerflow.workflows.messages import Batch, RunState
-from tinkerflow.workflows.pipeline import PIPELINE_DEPTH
+from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
+from tinkerflow.workflows.coordinator.workflow import PATCH_PIPELINE
+from tinkerflow.workflows.protocol import names
+from tinkerflow.workflows.protocol.messages import Batch, RunState
+from tinkerflow.workflows.protocol.work import WorkKind
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
-from tinkerflow.workflows.work import WorkKind
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -5,7 +5,7 @@ adapters on workers (slot allocation), and while a worker is busy it queues that
 is free it dispatches everything queued for it as ONE activity on the worker's own task queue. Under load that is
 natural batching (forward/backward of many runs in one pass, many sample calls in one decode batch) at no added
 latency for a lone user. A worker that takes batches in order is given its next batch while the current one runs
-(pipeline.py), so it never waits for this workflow between two batches. Each requester gets its share of the batch
+(dispatch.py), so it never waits for this workflow between two batches. Each requester gets its share of the batch
 result back as a `deliver` signal.
 """
 
@@ -21,9 +21,13 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.exceptions import CancelledError as CancelledError_
 from temporalio.exceptions import TimeoutError as TimeoutError_
 
-from tinkerflow.workflows.errors import ErrorType
-from tinkerflow.workflows.fairness import fair_order, growing
-from tinkerflow.workflows.messages import (
+from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH, InFlight, Pipelines, summarise
+from tinkerflow.workflows.coordinator.fairness import fair_order, growing
+from tinkerflow.workflows.coordinator.paging import BatchPlan, live_per_worker
+from tinkerflow.workflows.coordinator.placement import SLOT_KINDS, PlacementPolicy
+from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.messages import (
     Batch,
     BatchResult,
     DropSnapshots,
@@ -33,11 +37,6 @@ from tinkerflow.workflows.messages import (
     WorkKind,
     WorkResult,
 )
-from tinkerflow.workflows.pipeline import PIPELINE_DEPTH, InFlight, Pipelines, summarise
-from tinkerflow.workflows.placement import SLOT_KINDS, CoordinatorState, PlacementPolicy, WorkerSlots
-from tinkerflow.workflows.residency import BatchPlan, live_per_worker
-
-__all__ = ["Coordinator", "CoordinatorState", "WorkerSlots"]
 
 MAX_BATCH_ITEMS = 64
 # Under load signals keep arriving while the continue-as-new task runs, so Temporal rejects that task once and the
@@ -49,10 +48,10 @@ CONTINUE_AS_NEW_EVENTS = 2_000
 # lost. Failing it then, instead of at the activity's heartbeat timeout (15 s), is what lets a killed worker's runs
 # restore as soon as its successor is up. Patched: it answers an in-flight batch at a different point in history.
 PATCH_FAIL_RESTARTED_BATCH = "coordinator-fail-batch-of-restarted-worker"
-# Slots as a cache (residency.py): a create never fails for lack of a slot, batches page their runs in. Patched: it
+# Slots as a cache (paging.py): a create never fails for lack of a slot, batches page their runs in. Patched: it
 # changes when creates are answered and what each batch holds.
 PATCH_PAGING = "coordinator-adapter-paging-v1"
-# Pipelined dispatch (pipeline.py): a worker that takes batches in order gets its next batch while one runs. Patched:
+# Pipelined dispatch (dispatch.py): a worker that takes batches in order gets its next batch while one runs. Patched:
 # it dispatches a batch at a point in history where none was dispatched before.
 PATCH_PIPELINE = "coordinator-pipelined-dispatch-v1"
 # An ephemeral snapshot no worker holds is loaded again from its copy in the store (activities/sampler_weights.py)
@@ -84,7 +83,7 @@ class Coordinator:
         # Strong references to the fire-and-forget tasks (dispatches, signal deliveries) until they finish.
         self._tasks: set[asyncio.Future[None]] = set()
         # Worker queue -> its batches in flight: a worker is busy while it has one; one that takes batches in order
-        # has its next one queued behind it (pipeline.py).
+        # has its next one queued behind it (dispatch.py).
         self._pipelines = Pipelines()
 
     @workflow.run
@@ -181,7 +180,7 @@ class Coordinator:
                 }
                 for q, w in self.s.workers.items()
             },
-            # Slots as a cache (residency.py): runs with an adapter on some worker, resident or paged out, and the
+            # Slots as a cache (paging.py): runs with an adapter on some worker, resident or paged out, and the
             # page moves asked for so far.
             "runs_live": len(self.s.placements),
             "runs_paged": sum(1 for _, slot in self.s.placements.values() if slot < 0),

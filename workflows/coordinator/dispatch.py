@@ -13,8 +13,8 @@ What the pipelining keeps:
 - Incarnations: every batch carries the incarnation it was placed for, and a worker that restarted refuses it. A
   batch that fails as lost (its worker died or restarted) takes the batches behind it on that worker with it: they
   are cancelled and answered as lost, so none waits for a predecessor that will never run.
-- Residency: the runs with an item in any batch in flight on a worker are pinned while its next batch is formed
-  (residency.BatchPlan): the queued batch never pages out a run whose op is still running or waiting to run.
+- Paging: the runs with an item in any batch in flight on a worker are pinned while its next batch is formed
+  (paging.BatchPlan): the queued batch never pages out a run whose op is still running or waiting to run.
 
 Workflow code (deterministic, stdlib only); the Coordinator holds one `Pipelines`. Not carried across
 continue-as-new: the Coordinator drains every batch before it continues.
@@ -27,8 +27,8 @@ from typing import Any
 
 from temporalio import workflow
 
-from tinkerflow.workflows.messages import WorkItem, WorkKind
-from tinkerflow.workflows.work import KIND_LABELS
+from tinkerflow.workflows.protocol.messages import WorkItem, WorkKind
+from tinkerflow.workflows.protocol.work import KIND_LABELS
 
 # The running batch and one queued behind it: enough that the worker never waits for the Coordinator, while
 # everything that arrives later still gathers into the batch after (deeper would split the queue into more, smaller
