@@ -1,5 +1,6 @@
-"""The declared engine interface (`EngineApi`): what the activities call, which `Engine`, the multi-host
-`DrivenEngine` and the JAX worker's `EngineLock` all implement with the same signatures."""
+"""The declared engine interface (`EngineApi`): what the activities call, which `Engine` implements and
+`EngineForwarder` passes on with the same signatures, for the multi-host `DrivenEngine` and the JAX worker's
+`EngineLock`, which forward through it and nowhere else."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.interface import EngineApi
+from tinkerflow.workers.engine.interface import EngineApi, EngineForwarder
 from tinkerflow.workers.engine.runtime import multihost
 from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
 from tinkerflow.workers.engine.types import ModelInfo
@@ -61,14 +62,23 @@ def test_the_interface_names_the_methods_the_activities_call():
     assert called <= set(_api_methods()) | {"info"}, f"activities call engine members outside EngineApi: {called}"
 
 
-@pytest.mark.parametrize("cls", [Engine, multihost.DrivenEngine, EngineLock])
-def test_engine_and_driven_engine_declare_every_method_with_the_interfaces_signature(cls):
+@pytest.mark.parametrize("cls", [Engine, EngineForwarder])
+def test_engine_and_the_forwarder_declare_every_method_with_the_interfaces_signature(cls):
     for name in _api_methods():
         assert name in vars(cls), f"{cls.__name__}.{name} is not declared (a __getattr__ does not count)"
         assert _shape(getattr(cls, name)) == _shape(getattr(EngineApi, name)), f"{cls.__name__}.{name}"
-    for wrapper in (multihost.DrivenEngine, EngineLock):
-        info = vars(wrapper)["info"]
-        assert isinstance(info, property) and typing.get_type_hints(info.fget)["return"] is ModelInfo
+
+
+def test_the_forwarder_reads_info_from_the_wrapped_engine():
+    info = vars(EngineForwarder)["info"]
+    assert isinstance(info, property) and typing.get_type_hints(info.fget)["return"] is ModelInfo
+
+
+@pytest.mark.parametrize("wrapper", [multihost.DrivenEngine, EngineLock])
+def test_each_wrapper_forwards_through_the_forwarder_alone(wrapper):
+    assert issubclass(wrapper, EngineForwarder)
+    assert not set(vars(wrapper)) & (set(_api_methods()) | {"info"}), f"{wrapper.__name__} spells a call out again"
+    assert "_forward" in vars(wrapper) and "_inner" in vars(wrapper)
 
 
 def test_a_loaded_engine_and_its_driven_wrapper_are_engine_apis(engine):

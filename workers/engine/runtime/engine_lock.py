@@ -7,42 +7,25 @@ compiles). The lock also tells how long the engine has been idle (`idle_seconds`
 piece only after a pause in the traffic, so a burst of requests, such as a recovery's restore and replay, is not
 slowed by it) and how many calls it served (`calls`); a warm-up is not traffic.
 
-The activities' calls (`interface.EngineApi`) are spelled out, so the worker hands an `EngineLock` to the activities
-as it is; the reads the worker makes (the model's facts, the sampler's buckets) pass through without the lock.
+The activities' calls (`interface.EngineApi`) come through `EngineForwarder`, so the worker hands an `EngineLock` to the
+activities as it is; the reads the worker makes (the model's facts, the sampler's buckets) pass through without the
+lock.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
-
+from ..interface import EngineForwarder
 from ..model.config import ModelConfig
-from ..types import (
-    AdamConfig,
-    DimuonConfig,
-    ForwardBackwardInput,
-    ForwardBackwardResult,
-    InputError,
-    LoraConfig,
-    ModelInfo,
-    PageMoves,
-    PageReport,
-    SampleInput,
-    SampleResult,
-    SlotState,
-    WarmUpPiece,
-)
+from ..types import WarmUpPiece
 
 __all__ = ["EngineLock"]
 
-_T = TypeVar("_T")
 
-
-class EngineLock:
+class EngineLock(EngineForwarder):
     """`engine` with every call under one lock (see the module doc)."""
 
     __slots__ = ("_busy", "_engine", "_last_end", "calls", "lock")
@@ -64,21 +47,21 @@ class EngineLock:
         """Seconds since the last engine call other than a warm-up ended; 0 while one runs or waits."""
         return 0.0 if self._busy else time.monotonic() - self._last_end
 
-    def _traffic(self, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    def _inner(self) -> Any:
+        return self._engine
+
+    def _forward(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """An activity's call (interface.EngineApi), under the lock."""
         self._busy += 1  # under the GIL; read only as a hint
         try:
             with self.lock:
-                return method(*args, **kwargs)
+                return getattr(self._engine, name)(*args, **kwargs)
         finally:
             self._last_end = time.monotonic()
             self._busy -= 1
             self.calls += 1
 
-    # Reads, without the lock.
-    @property
-    def info(self) -> ModelInfo:
-        return self._engine.info
-
+    # Reads, without the lock (`info` too: EngineForwarder).
     @property
     def model_path(self) -> str:
         return self._engine.model_path
@@ -102,43 +85,6 @@ class EngineLock:
     @property
     def page_capacity(self) -> int:
         return self._engine.page_capacity
-
-    # The activities' calls (interface.EngineApi), each under the lock.
-    def create_adapter(self, slot: int, config: LoraConfig) -> None:
-        return self._traffic(self._engine.create_adapter, slot, config)
-
-    def free_adapter(self, slot: int) -> None:
-        return self._traffic(self._engine.free_adapter, slot)
-
-    def export_slot(self, slot: int) -> SlotState:
-        return self._traffic(self._engine.export_slot, slot)
-
-    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
-        return self._traffic(self._engine.import_slot, slot, state, optimizer=optimizer)
-
-    def page(self, moves: PageMoves) -> PageReport:
-        return self._traffic(self._engine.page, moves)
-
-    def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
-        return self._traffic(self._engine.forward_backward, requests)
-
-    def optim_step(self, slot: int, config: AdamConfig | DimuonConfig) -> dict[str, float]:
-        return self._traffic(self._engine.optim_step, slot, config)
-
-    def snapshot(self, slot: int, key: str) -> None:
-        return self._traffic(self._engine.snapshot, slot, key)
-
-    def load_snapshot(self, key: str, config: LoraConfig, weights: dict[str, np.ndarray]) -> None:
-        return self._traffic(self._engine.load_snapshot, key, config, weights)
-
-    def snapshot_evicted(self, key: str) -> bool:
-        return self._traffic(self._engine.snapshot_evicted, key)
-
-    def drop_snapshot(self, key: str) -> None:
-        return self._traffic(self._engine.drop_snapshot, key)
-
-    def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
-        return self._traffic(self._engine.sample, requests)
 
     # The warm-up: a piece that runs programs takes the lock (and is not traffic); compiling only does not.
     def warm_up(self, pieces: tuple[WarmUpPiece, ...], threads: int = 1) -> int:

@@ -40,22 +40,12 @@ import secrets
 import threading
 from typing import Any, Protocol
 
-import numpy as np
-
 from .. import types as engine_types
+from ..interface import EngineForwarder
 from ..types import (
-    AdamConfig,
-    DimuonConfig,
-    ForwardBackwardInput,
-    ForwardBackwardResult,
     InputError,
     LoraConfig,
-    ModelInfo,
-    PageMoves,
-    PageReport,
     SampleInput,
-    SampleResult,
-    SlotState,
 )
 
 log = logging.getLogger(__name__)
@@ -229,12 +219,12 @@ def _with_seeds(name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 # ---------------------------------------------------------------------------------------------- leader / follower
 
 
-class DrivenEngine:
+class DrivenEngine(EngineForwarder):
     """Process 0's engine: every public method call (and attribute write) is first sent to the followers, then made
-    here; its answer is this process's. Same interface as the Engine (`interface.EngineApi`, spelled out below; any
-    other public method goes through `__getattr__`), so `EngineActivities(engine=DrivenEngine(...))` needs no
-    change. Plain attributes are read from the wrapped engine. Calls are serialised by a lock, so the order the
-    followers replay is the order they ran here.
+    here; its answer is this process's. Same interface as the Engine (`interface.EngineApi`, through `EngineForwarder`;
+    any other public method, the warm-up's and the tests', goes through `__getattr__`), so
+    `EngineActivities(engine=DrivenEngine(...))` needs no change. Plain attributes are read from the wrapped engine.
+    Calls are serialised by a lock, so the order the followers replay is the order they ran here.
 
     A call that fails because a peer process is gone (`BROKEN_GROUP_MARKERS`) is not answered: the group can never
     run a step again and its error is no fault of the request, so the process leaves (`on_broken`, by default exit
@@ -254,46 +244,8 @@ class DrivenEngine:
         """The wrapped engine, for what must not be broadcast (nothing in the activities)."""
         return self._engine
 
-    # The activities' calls (interface.EngineApi), spelled out so the contract is checked; __getattr__ drives the rest.
-    @property
-    def info(self) -> ModelInfo:
-        return self._engine.info
-
-    def create_adapter(self, slot: int, config: LoraConfig) -> None:
-        return self._call("create_adapter", (slot, config), {})
-
-    def free_adapter(self, slot: int) -> None:
-        return self._call("free_adapter", (slot,), {})
-
-    def export_slot(self, slot: int) -> SlotState:
-        return self._call("export_slot", (slot,), {})
-
-    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> LoraConfig:
-        return self._call("import_slot", (slot, state), {"optimizer": optimizer})
-
-    def page(self, moves: PageMoves) -> PageReport:
-        return self._call("page", (moves,), {})
-
-    def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
-        return self._call("forward_backward", (requests,), {})
-
-    def optim_step(self, slot: int, config: AdamConfig | DimuonConfig) -> dict[str, float]:
-        return self._call("optim_step", (slot, config), {})
-
-    def snapshot(self, slot: int, key: str) -> None:
-        return self._call("snapshot", (slot, key), {})
-
-    def load_snapshot(self, key: str, config: LoraConfig, weights: dict[str, np.ndarray]) -> None:
-        return self._call("load_snapshot", (key, config, weights), {})
-
-    def snapshot_evicted(self, key: str) -> bool:
-        return self._call("snapshot_evicted", (key,), {})
-
-    def drop_snapshot(self, key: str) -> None:
-        return self._call("drop_snapshot", (key,), {})
-
-    def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
-        return self._call("sample", (requests,), {})
+    def _inner(self) -> Any:
+        return self._engine
 
     def _send(self, command: tuple) -> None:
         if self._stopped:
@@ -307,7 +259,7 @@ class DrivenEngine:
 
         @functools.wraps(value)
         def driven(*args, **kwargs):
-            return self._call(name, args, kwargs)
+            return self._forward(name, args, kwargs)
 
         return driven
 
@@ -318,7 +270,7 @@ class DrivenEngine:
             self._send(("set", name, value))
             setattr(self._engine, name, value)
 
-    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+    def _forward(self, name: str, args: tuple, kwargs: dict) -> Any:
         args, kwargs = _with_seeds(name, args, kwargs)
         with self._lock:
             self._send(("call", name, args, kwargs))
