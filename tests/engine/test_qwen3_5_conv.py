@@ -20,8 +20,11 @@ def _close(actual, desired, msg=""):
 
 def _inputs(seed: int = 0):
     rng = np.random.default_rng(seed)
-    return (rng.normal(size=(B, T, C)).astype(np.float32), rng.normal(size=(C, K)).astype(np.float32) * 0.5,
-            rng.normal(size=(B, K - 1, C)).astype(np.float32))  # fmt: skip
+    return (
+        rng.normal(size=(B, T, C)).astype(np.float32),
+        rng.normal(size=(C, K)).astype(np.float32) * 0.5,
+        rng.normal(size=(B, K - 1, C)).astype(np.float32),
+    )
 
 
 @pytest.mark.parity

@@ -36,8 +36,15 @@ def _raw(seed: int = 0, t: int = T) -> dict[str, np.ndarray]:
     """Pre-activation inputs shaped as the layer makes them: q/k on the key heads, a/b per value head."""
     rng = np.random.default_rng(seed)
     f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
-    return dict(q=f(B, t, HK, DK), k=f(B, t, HK, DK), v=f(B, t, HV, DV), a=f(B, t, HV), b=f(B, t, HV),
-                a_log=np.log(A_BY_HEAD), state=f(B, HV, DK, DV))  # fmt: skip
+    return dict(
+        q=f(B, t, HK, DK),
+        k=f(B, t, HK, DK),
+        v=f(B, t, HV, DV),
+        a=f(B, t, HV),
+        b=f(B, t, HV),
+        a_log=np.log(A_BY_HEAD),
+        state=f(B, HV, DK, DV),
+    )
 
 
 def _activated(raw: dict):
@@ -65,8 +72,13 @@ def test_chunked_and_recurrent_match_transformers():
     raw = _raw()
     q, k, v, g, beta = _activated(raw)
     t = {name: torch.from_numpy(x) for name, x in raw.items()}
-    args = dict(g=torch.from_numpy(np.array(g)), beta=torch.from_numpy(np.array(beta)), initial_state=t["state"],
-                output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    args = dict(
+        g=torch.from_numpy(np.array(g)),
+        beta=torch.from_numpy(np.array(beta)),
+        initial_state=t["state"],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     ref_out, ref_state = hf.torch_chunk_gated_delta_rule(t["q"], t["k"], t["v"], **args)
     rec_out, rec_state = hf.torch_recurrent_gated_delta_rule(t["q"], t["k"], t["v"], **args)
     _close(rec_out, ref_out, "transformers' two forms agree")
@@ -136,8 +148,9 @@ def test_prefill_in_pieces_resumes_from_the_final_state():
     whole, whole_state = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=init)
     state, outs = init, []
     for lo, hi in ((0, 70), (70, 71), (71, 150)):
-        out, state = chunk_gated_delta_rule(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g[:, lo:hi], beta[:, lo:hi],
-                                            initial_state=state)  # fmt: skip
+        out, state = chunk_gated_delta_rule(
+            q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g[:, lo:hi], beta[:, lo:hi], initial_state=state
+        )
         outs.append(out)
     _close(jnp.concatenate(outs, axis=1), whole)
     _close(state, whole_state)
