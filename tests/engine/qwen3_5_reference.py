@@ -28,6 +28,8 @@ from tinkerflow.workers.engine.model.moe import ExpertLinear, Router
 
 VOCAB, HIDDEN, LAYERS = 96, 48, 4
 EXPERTS, TOP_K, MOE_INTER, SHARED_INTER = 8, 2, 16, 20
+# Whole-model tolerances: relative L2 error over all logits, and over each token's (test_qwen3_5_layers.py says why)
+LOGITS_L2, TOKEN_L2 = 1e-5, 1e-4
 A_BY_HEAD = np.array([0.02, 0.2, 1.0, 12.0], np.float32)  # exp(A_log) per value head
 
 
@@ -142,3 +144,14 @@ def routing(b: int, slot: int = 0, scale: float = 0.0) -> LoraRouting:
 
 def positions(t: int, b: int = 1) -> jnp.ndarray:
     return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+
+
+def logits_close(actual, desired, msg: str = "") -> None:
+    """The relative L2 error over all logits at most LOGITS_L2 and over each token's logits at most TOKEN_L2."""
+    actual, desired = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
+    assert actual.shape == desired.shape, f"{msg}: shapes {actual.shape} and {desired.shape}"
+    overall = np.linalg.norm(actual - desired) / np.linalg.norm(desired)
+    per_token = np.linalg.norm(actual - desired, axis=-1) / np.linalg.norm(desired, axis=-1)
+    assert overall <= LOGITS_L2, f"{msg}: relative L2 error {overall:.2e} over all logits"
+    worst = np.unravel_index(np.argmax(per_token), per_token.shape)
+    assert per_token.max() <= TOKEN_L2, f"{msg}: relative L2 error {per_token.max():.2e} at token {worst}"
