@@ -18,8 +18,8 @@ Three forms of it:
 * `gated_delta_step`: one token per row, for decoding against a cached state.
 
 Packed rows (segment ids as `attention.Segments`, read through `segments.runs`): the state resets where a segment
-starts. The chunked form never writes a -inf decay (its cumulative sums would turn into inf - inf); it masks
-instead: within a chunk every pairwise term is kept only between tokens of one run, a token reads the state carried
+starts. The chunked form never writes a -inf decay (a chunk's sums of log decays would turn into inf - inf); it
+masks instead: within a chunk every pairwise term is kept only between tokens of one run, a token reads the state carried
 into its chunk only if its run continues the previous chunk's last run, and the state leaving a chunk holds only the
 writes of the chunk's last run. Padding tokens are no-ops (g = 0, beta = 0) and answer zero.
 

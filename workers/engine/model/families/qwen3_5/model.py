@@ -8,8 +8,8 @@ layers, the final `norm` and `lm_head` (the engine's embedding and LM head, tied
 applied to the tied lookup too, as decoder.CausalLM), so state paths read as the checkpoint's names
 (`layers.0.linear_attn.in_proj_qkv.kernel` for `model.layers.0.linear_attn.in_proj_qkv.weight`).
 
-The layers are a per-layer list: the two mixers hold different parameters, so one scanned body cannot hold them
-(a scan over each kind's layers between the other's is the integrator's choice).
+The layers are a per-layer list (as decoder.py's MoE models): the two mixers hold different parameters, so one
+scanned body cannot run every layer; stacking each kind's layers for a scan is left to the engine's integration.
 """
 
 from __future__ import annotations
