@@ -47,7 +47,7 @@ from tinkerflow.api.signed_urls import signing_key
 from tinkerflow.api.worker_metrics import WorkerMetrics, worker_metrics_urls
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.errors import TinkerflowError
-from tinkerflow.common.settings import Settings, SettingsError
+from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
 from tinkerflow.common.tenancy import tenant_mode
@@ -72,8 +72,7 @@ def reload_on_sighup(quotas: Quotas) -> Callable[[], None]:
 
 def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     """The app; QuotaFileError or SettingsError when its configuration is refused (before anything serves)."""
-    if settings.ledger_read_s <= 0:
-        raise SettingsError(f"--ledger-read-s must be above 0, got {settings.ledger_read_s:g}")
+    settings.check_api()
     quotas = Quotas.from_settings(settings, lambda: signing_key(settings))
 
     @asynccontextmanager

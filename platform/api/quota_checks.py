@@ -101,10 +101,14 @@ class Quotas:
         return self._default != NO_LIMITS or bool(self._keys)
 
     def summary(self) -> str:
+        """What applies, for the log; key ids no accepted key has are named (a typo, or a key since removed)."""
+        ids = {self._key_of(key) for key in self._accepted}
+        unmatched = sorted(set(self._keys) - ids)
         default = ", ".join(
             f"{f.name} {v:,}" for f in fields(Limits) if (v := getattr(self._default, f.name)) is not None
         )
-        return f"from {self.path}: default {default or 'none'}; {len(self._keys)} key(s) of their own"
+        note = f" ({', '.join(unmatched)}: no key this server accepts has that id)" if unmatched else ""
+        return f"from {self.path}: default {default or 'none'}; {len(self._keys)} key(s) of their own{note}"
 
     def limits(self, who: str) -> Limits:
         return self._keys.get(who, self._default) if who else self._default

@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = settings_from(args)
-        if settings.quota_file and args.command in API_COMMANDS:  # a bad quota file is refused before anything starts
-            load_quotas(settings.quota_file).by_key_id(str, settings.accepted_api_keys())
+        if args.command in API_COMMANDS:  # refused before anything starts, not by a part `up` restarts
+            settings.check_api()
+            if settings.quota_file:
+                load_quotas(settings.quota_file).by_key_id(str, settings.accepted_api_keys())
     except (SettingsError, QuotaFileError) as e:
         parser.error(str(e))
     setup_logging(settings.log_level, args.command, settings.log_format)

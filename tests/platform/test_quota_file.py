@@ -172,3 +172,16 @@ def test_values_are_accepted_exactly_when_valid_and_read_back_as_written(default
     merged = {**default, **key}
     got = file.by_key_id(str, ())["0123456789abcdef"]
     assert {k: getattr(got, k) for k in merged} == {k: None if v == "unlimited" else v for k, v in merged.items()}
+
+
+@pytest.mark.parametrize("command", ["api", "up"])
+def test_the_cli_refuses_a_bad_quota_file_before_anything_starts(tmp_path, capsys, command):
+    from tinkerflow.cli.main import main
+
+    bad = tmp_path / "q.toml"
+    bad.write_text("[default]\nconcurrent_runs = -1\n")
+    with pytest.raises(SystemExit) as e:
+        main([command, "--state-dir", str(tmp_path / "state"), "--quota-file", str(bad)])
+    assert e.value.code == 2
+    assert f"quota file {bad}, line 2: default.concurrent_runs" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()  # nothing started
