@@ -114,9 +114,8 @@ def apply(read: LedgerRead, tally: UsageTally, now: datetime) -> None:
         tally.metered(tenant, hour, usage, seeding=read.seeding)
         if not read.seeding:
             _count(tenant, usage)
-    today = now.astimezone(UTC).date()
-    tally.closed(read.closed, today.isoformat())
-    tally.prune((today - timedelta(days=1)).isoformat())
+    tally.closed(read.closed)
+    tally.prune((now.astimezone(UTC).date() - timedelta(days=1)).isoformat())
 
 
 def _count(tenant: str, u: OpUsage) -> None:

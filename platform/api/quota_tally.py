@@ -63,7 +63,9 @@ class UsageTally:
     _days: dict[tuple[str, str], _Day] = field(default_factory=dict[tuple[str, str], _Day])
     _windows: dict[str, tuple[int, int]] = field(default_factory=dict[str, tuple[int, int]])  # tenant -> minute, used
     _bound: dict[str, list[Charge]] = field(default_factory=dict[str, list[Charge]])  # workflow id -> its calls
-    _closed: dict[str, str] = field(default_factory=dict[str, str])  # workflow ids read closed -> the day read
+    # The batches the last two reads found closed: a call's caller binds its reservation moments after its batch
+    # started, so one read is the most that can come between.
+    _closed: tuple[set[str], set[str]] = field(default_factory=lambda: (set[str](), set[str]()))
 
     def _day(self, tenant: str, day: str) -> _Day:
         return self._days.setdefault((tenant, day), _Day())
@@ -103,7 +105,7 @@ class UsageTally:
 
     def bind(self, charge: Charge, workflow_id: str) -> None:
         """The reservation's call is carried by this SampleRequest workflow: settled when the ledger shows it closed."""
-        if workflow_id in self._closed:  # read closed before its caller came back: settled already
+        if any(workflow_id in read for read in self._closed):  # read closed before its caller came back
             self._settle(charge)
         else:
             self._bound.setdefault(workflow_id, []).append(charge)
@@ -117,10 +119,10 @@ class UsageTally:
         if not seeding:
             d.pending_training = max(0, d.pending_training - usage.training_tokens)
 
-    def closed(self, workflow_ids: set[str], today: str) -> None:
+    def closed(self, workflow_ids: set[str]) -> None:
         """These SampleRequest workflows were read closed: their usage is metered, their reservations end."""
+        self._closed = (self._closed[1], set(workflow_ids))
         for wf in workflow_ids:
-            self._closed[wf] = today
             for charge in self._bound.pop(wf, []):
                 self._settle(charge)
 
@@ -131,6 +133,5 @@ class UsageTally:
     def prune(self, yesterday: str) -> None:
         """Forget days before yesterday (an op accepted at 23:59 may be metered after midnight)."""
         self._days = {k: v for k, v in self._days.items() if k[1] >= yesterday}
-        self._closed = {k: v for k, v in self._closed.items() if v >= yesterday}
         self._bound = {k: [c for c in v if c.day >= yesterday] for k, v in self._bound.items()}
         self._bound = {k: v for k, v in self._bound.items() if v}

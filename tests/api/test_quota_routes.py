@@ -25,6 +25,7 @@ from tinkerflow.api import (
 )
 from tinkerflow.api.openai_models import OpenAIError
 from tinkerflow.api.quota_checks import Quotas, Refusal
+from tinkerflow.common.checkpoints import Manifest
 from tinkerflow.common.quotas import parse
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
@@ -38,6 +39,7 @@ training_tokens_per_day = 10
 sampling_tokens_per_minute = 10
 sampling_tokens_per_day = 20
 concurrent_runs = 1
+stored_gb = 0.000001
 """
 NOON = datetime(2026, 7, 13, 12, 0, 30, tzinfo=UTC)
 SIGNING_KEY = b"server-key"
@@ -94,7 +96,7 @@ async def _no_queue(coordinator: str) -> tuple[int, int]:
 
 @pytest.fixture
 def stack(tmp_path) -> SimpleNamespace:
-    app = FastAPI()
+    app, stored = FastAPI(), []
     for module in (routes_sampling, routes_training, routes_futures):
         app.include_router(module.router)
     samplers = {
@@ -113,9 +115,11 @@ def stack(tmp_path) -> SimpleNamespace:
         store=ClaimCheckStore(tmp_path.as_uri()),
         sample_batcher=_Batcher(),
         registry=_Models(),
+        checkpoints=SimpleNamespace(list=lambda: list(stored)),  # the checkpoints the stood-in store lists
     )
     app.state.services = svc
-    return SimpleNamespace(http=TestClient(app, raise_server_exceptions=False), svc=svc, samplers=list(samplers))
+    http = TestClient(app, raise_server_exceptions=False)
+    return SimpleNamespace(http=http, svc=svc, samplers=list(samplers), stored=stored)
 
 
 def _sample(stack: SimpleNamespace, key: str, max_tokens: int = 4):
@@ -219,3 +223,24 @@ def test_the_openai_and_anthropic_endpoints_answer_a_quota_429_with_its_retry_af
     assert (e.value.status, e.value.code, e.value.retry_after_s) == (429, "insufficient_quota", 4321)
     answer = routes_anthropic._error_response(routes_anthropic.as_anthropic(e.value))  # pyright: ignore[reportPrivateUsage]
     assert answer.status_code == 429 and answer.headers["Retry-After"] == "4321"
+
+
+def test_a_named_save_once_the_key_stores_its_stored_gb_fails_as_a_user_error(stack):
+    def manifest(owner: str, run: str) -> Manifest:
+        return Manifest(f"tinker://{run}:train:0/weights/a", owner, "tiny", {}, "2026-07-13T00:00:00Z", size_bytes=1000)
+
+    stack.stored[:] = [manifest(KEYS[ALICE], "alice"), manifest(KEYS[BOB], "bob")]  # 1,000 bytes each: alice's limit
+    for key in (ALICE, BOB):
+        run = {"model_id": f"{key[4:]}:train:0", "seq_id": 1}
+        assert stack.http.post("/api/v1/save_weights", json={**run, "path": "b"}, headers={"X-API-Key": key}).is_success
+        sampler = {**run, "seq_id": 2, "sampling_session_seq_id": 0}  # an in-memory snapshot: nothing stored
+        assert stack.http.post("/api/v1/save_weights_for_sampler", json=sampler, headers={"X-API-Key": key}).is_success
+    kinds = [(wf.split("/")[1][:3], op.kind) for wf, op in stack.svc.client.ops]
+    assert kinds == [
+        ("ali", OpKind.REJECT),
+        ("ali", OpKind.SAVE_WEIGHTS_FOR_SAMPLER),
+        ("bob", OpKind.SAVE_WEIGHTS),  # no stored_gb of its own
+        ("bob", OpKind.SAVE_WEIGHTS_FOR_SAMPLER),
+    ]
+    error = stack.svc.client.ops[0][1].error
+    assert error.startswith("save_weights: stored_gb quota: this API key may store 1e-06 GB of checkpoints and stores")

@@ -105,7 +105,7 @@ def test_a_reservation_ends_when_its_batch_is_read_closed_and_its_metered_usage_
     q.refund(lost)  # the batch never started
     assert q.tally.sampling(A, day) == 200
     q.tally.metered(A, hour, OpUsage(prefill_tokens=10, sampled_tokens=4), seeding=False)
-    q.tally.closed({"sample/x/1", "sample/x/2"}, day)
+    q.tally.closed({"sample/x/1", "sample/x/2"})
     assert q.tally.sampling(A, day) == 114  # 14 metered + the second still reserved
     q.bind(second, "sample/x/2")  # read closed before its caller came back: settled at once
     assert q.tally.sampling(A, day) == 14
