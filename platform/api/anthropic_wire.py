@@ -38,9 +38,9 @@ MAX_USER_ID = 256
 class AnthropicError(Exception):
     """An error answered in Anthropic's body shape: {"type": "error", "error": {"type", "message"}}."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after_s: int | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after_s = status, message, retry_after_s
 
     @property
     def kind(self) -> str:

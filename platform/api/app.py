@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -33,7 +37,9 @@ from tinkerflow.api.body_limits import BodyLimit
 from tinkerflow.api.caller import metrics_caller
 from tinkerflow.api.json_depth import JsonDepthLimit
 from tinkerflow.api.json_wire import WireJSONResponse
+from tinkerflow.api.ledger_watch import watch
 from tinkerflow.api.observe import Observe
+from tinkerflow.api.quota_checks import Quotas
 from tinkerflow.api.reachability import RETRY_AFTER_S, check_store, check_temporal
 from tinkerflow.api.sample_batches import SampleBatcher
 from tinkerflow.api.services import ModelRegistry, Services
@@ -47,9 +53,28 @@ from tinkerflow.common.temporal import connect, ensure_search_attributes
 from tinkerflow.common.tenancy import tenant_mode
 
 log = logging.getLogger(__name__)
+SEED_WAIT_S = 60
+
+
+def reload_on_sighup(quotas: Quotas) -> Callable[[], None]:
+    """SIGHUP re-reads the quota file; returns what undoes it. Only the main thread may take signals (a test's app
+    runs elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, quotas.reload)
+
+    def stop() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return stop
 
 
 def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
+    """The app; QuotaFileError or SettingsError when its configuration is refused (before anything serves)."""
+    settings.check_api()
+    quotas = Quotas.from_settings(settings, lambda: signing_key(settings))
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         temporal = client or await connect(settings)
@@ -67,10 +92,29 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             api_keys=settings.accepted_api_keys(),
             sample_batcher=SampleBatcher(temporal),
             worker_metrics=WorkerMetrics(urls) if (urls := worker_metrics_urls(settings)) else None,
+            quotas=quotas,
         )
         if not app.state.services.api_keys:
             log.warning("%s (--api-key / TINKERFLOW_API_KEYS)", tenant_mode(False))
-        yield
+        seeded = asyncio.Event()
+        watcher = asyncio.create_task(watch(temporal, quotas.tally, settings.ledger_read_s, seeded))
+        if quotas.configured:  # the day's usage before the first op is checked (quota_tally.py)
+            try:
+                await asyncio.wait_for(seeded.wait(), timeout=SEED_WAIT_S)
+            except TimeoutError:
+                log.error(
+                    "quotas: the metering ledgers could not be read within %d s; until they are, the tallies count "
+                    "only what this process accepts",
+                    SEED_WAIT_S,
+                )
+        stop_reloading = reload_on_sighup(quotas)
+        try:
+            yield
+        finally:
+            stop_reloading()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
     docs = settings.api_docs  # off: /openapi.json, /docs and /redoc answer 404 like any unknown path
     app = FastAPI(

@@ -20,6 +20,7 @@ from tinker.types import SampleRequest
 from tinkerflow.api.lookups import checkpoint_of_caller
 from tinkerflow.api.openai_models import OpenAIError
 from tinkerflow.api.openai_samplers import OpenAISamplers
+from tinkerflow.api.quota_checks import Refusal
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
@@ -138,6 +139,9 @@ async def submit(
     ref = await submit_sample(svc, info, raw, SampleRequest.model_validate(raw))
     if isinstance(ref, QueueFull):
         raise OpenAIError(429, ref.message, None, "rate_limit_exceeded")
+    if isinstance(ref, Refusal):  # OpenAI's codes: a used-up quota, or a rate limit
+        code = "insufficient_quota" if ref.daily else "rate_limit_exceeded"
+        raise OpenAIError(400 if ref.never else 429, ref.message, None, code, ref.retry_after_s)
     return ref
 
 

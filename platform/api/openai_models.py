@@ -22,9 +22,17 @@ MAX_STOPS = 16
 class OpenAIError(Exception):
     """An error answered in OpenAI's body shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,  # a 429's Retry-After, when it is not the queue's second
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after_s = retry_after_s
 
     def body(self) -> dict[str, Any]:
         kind = {

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # tinker_public.ForwardBackwardRequest: model_id = 1 (string), seq_id = 2 (int32), data = 3 (repeated Datum),
-# loss_fn = 4 (string), loss_fn_config = 5 and loss_fn_config_v2 = 7 (maps).
+# loss_fn = 4 (string), loss_fn_config = 5 and loss_fn_config_v2 = 7 (maps). Datum.model_input = 1 (repeated
+# Chunk), Chunk.encoded_text = 1, EncodedTextChunk.tokens = 1 (int32s, little-endian).
 MODEL_ID, SEQ_ID, DATA = 1, 2, 3
+MODEL_INPUT = ENCODED_TEXT = TOKENS = 1
 LOSS_FIELDS = (4, 5, 7)
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
@@ -79,3 +81,44 @@ def read_forward_backward_header(body: bytes) -> ForwardBackwardHeader:
         else:
             raise ValueError(f"wire type {wire} of field {field} is not protobuf's")
     return ForwardBackwardHeader(model_id, seq_id, datums, b"".join(loss_fields))
+
+
+def _fields(body: bytes, start: int, end: int):
+    """(field number, value start, value end) of the length-delimited fields in body[start:end]; stops quietly at
+    anything malformed (what it cannot walk, the JAX worker refuses when it decodes the datums)."""
+    at = start
+    while at < end:
+        try:
+            tag, at = _varint(body, at)
+            wire = tag & 7
+            if wire == VARINT:
+                _, at = _varint(body, at)
+                continue
+            if wire in (I64, I32):
+                at += 8 if wire == I64 else 4
+                continue
+            if wire != LEN:
+                return
+            length, at = _varint(body, at)
+        except ValueError:
+            return
+        if at + length > end:
+            return
+        yield tag >> 3, at, at + length
+        at += length
+
+
+def input_tokens(body: bytes) -> int:
+    """The input tokens of a ForwardBackwardRequest's datums, as the meter counts them (training_tokens), walked off
+    the wire like the header: what the training quota charges the op (platform/api/quota_checks.py)."""
+    tokens = 0
+    for field, start, end in _fields(body, 0, len(body)):
+        if field != DATA:
+            continue
+        for f, chunk_start, chunk_end in _fields(body, start, end):
+            if f != MODEL_INPUT:
+                continue
+            for g, text_start, text_end in _fields(body, chunk_start, chunk_end):
+                if g == ENCODED_TEXT:
+                    tokens += sum((e - s) // 4 for h, s, e in _fields(body, text_start, text_end) if h == TOKENS)
+    return tokens

@@ -59,7 +59,7 @@ KEEPALIVE_S = 15.0
 
 
 def _error_response(e: AnthropicError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None
+    headers = {"Retry-After": str(e.retry_after_s or RETRY_AFTER_S)} if e.status == 429 else None
     return JSONResponse(status_code=e.status, content=e.body(), headers=headers)
 
 
@@ -69,7 +69,7 @@ def as_anthropic(e: Exception) -> AnthropicError:
     if isinstance(e, AnthropicError):
         return e
     if isinstance(e, OpenAIError):
-        return AnthropicError(e.status, e.message)
+        return AnthropicError(e.status, e.message, e.retry_after_s)
     if isinstance(e, HTTPException):
         return AnthropicError(e.status_code, str(e.detail))
     if isinstance(e, TinkerflowError):

@@ -74,7 +74,8 @@ class OpenAIRoute(APIRoute):
             try:
                 return await handler(request)
             except OpenAIError as e:
-                return _error_response(e, {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None)
+                retry_after = {"Retry-After": str(e.retry_after_s or RETRY_AFTER_S)} if e.status == 429 else None
+                return _error_response(e, retry_after)
             except HTTPException as e:
                 code = {401: "invalid_api_key", 404: "not_found"}.get(e.status_code)
                 return _error_response(OpenAIError(e.status_code, str(e.detail), None, code), e.headers)

@@ -14,6 +14,7 @@ from tinkerflow.api.caller import owner, services
 from tinkerflow.api.errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
+from tinkerflow.api.quota_checks import Refusal, too_many
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
@@ -111,6 +112,15 @@ async def asample(
         return JSONResponse(
             status_code=429, headers={"Retry-After": str(ref.retry_after_s)}, content={"detail": ref.message}
         )
+    if isinstance(ref, Refusal):
+        if not ref.daily:
+            raise too_many(ref)
+        # The SDK retries a 429 on asample every second without end: past a daily quota it would wait for
+        # midnight in silence, so the call's future fails with the reason instead (quota_checks.py).
+        failed = request_ids.encode(request_ids.FailedRef(ref.message), svc.signing_key, who)
+        if req.seq_id is not None:
+            await asyncio.to_thread(session_futures.record, svc, info.sampler_id, req.seq_id, failed, "")
+        return {"request_id": failed, "sample_sequence_ids": []}
     wf_id, index = ref.workflow_id, ref.index
     request_id = request_ids.encode(ref, svc.signing_key, who)
     if req.seq_id is not None:  # for the session's retrieve_futures poll and cancel_future

@@ -31,7 +31,8 @@ from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.optimizers import family, optim_spec
-from tinkerflow.api.protobuf_header import read_forward_backward_header
+from tinkerflow.api.protobuf_header import input_tokens, read_forward_backward_header
+from tinkerflow.api.quota_checks import Refusal
 from tinkerflow.api.routes_custom_loss import custom_loss_problem, is_custom
 from tinkerflow.api.services import Services
 from tinkerflow.api.training_ops import canonical as _canonical
@@ -40,6 +41,7 @@ from tinkerflow.api.training_ops import hash_body as _hash
 from tinkerflow.api.training_ops import reject as _reject
 from tinkerflow.api.training_ops import request_id as _request_id
 from tinkerflow.api.training_ops import submit as _submit
+from tinkerflow.api.training_ops import submit_save as _submit_save
 from tinkerflow.common.age_export import parse_recipients
 from tinkerflow.common.checkpoints import CheckpointError, check_name, check_ttl
 from tinkerflow.workflows.protocol import names
@@ -119,15 +121,18 @@ async def _start_run(svc: Services, start: RunStart, summary: str) -> dict:
         ),
         static_summary=f"{summary} · rank {spec.rank} · {trained} · {start.base_model}",
     )
-    try:
-        handle = await svc.client.start_update_with_start_workflow(
-            TrainingRunWorkflow.create,
-            start_workflow_operation=start_op,
-            id="create",
-            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
-        )
-    except Exception as e:
-        raise from_temporal(e, f"training run {start.model_id}") from None
+    async with svc.quotas.creating_run(
+        svc, start.owner, names.run_workflow_id(start.model_id)
+    ):  # 429 past the key's concurrent_runs
+        try:
+            handle = await svc.client.start_update_with_start_workflow(
+                TrainingRunWorkflow.create,
+                start_workflow_operation=start_op,
+                id="create",
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )
+        except Exception as e:
+            raise from_temporal(e, f"training run {start.model_id}") from None
     rid = _request_id(
         svc, request_ids.UpdateRef(handle.workflow_id, handle.workflow_run_id or "", handle.id), start.owner
     )
@@ -173,25 +178,31 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
     if msg.seq_id < 0:
         raise http_error(400, "forward_backward needs a model_id and a seq_id >= 0")
     cap = svc.settings.max_datums_per_request
-    if msg.datums > cap:  # in sequence: consume the seq_id, fail the future
+    problem, charge = "", None
+    if msg.datums > cap:
+        problem = (
+            f"data has {msg.datums} datums, more than this server's limit of {cap} per request "
+            "(--max-datums-per-request); send them in several calls"
+        )
+    elif is_custom(msg):
+        problem = custom_loss_problem(svc, msg, who)
+    if not problem:  # the datums' tokens are counted only for a key with a training quota
+        charge = svc.quotas.admit_training(who, lambda: input_tokens(body))
+        if isinstance(charge, Refusal):
+            problem, charge = charge.message, None
+    if problem:  # in sequence: consume the seq_id, fail the future
         op = TrainingOp(
-            seq_id=msg.seq_id,
-            kind=OpKind.REJECT,
-            body_hash=_hash(body),
-            error=(
-                f"forward_backward: data has {msg.datums} datums, more than this server's limit of {cap} "
-                "per request (--max-datums-per-request); send them in several calls"
-            ),
+            seq_id=msg.seq_id, kind=OpKind.REJECT, body_hash=_hash(body), error=f"forward_backward: {problem}"
         )
         return await _submit(svc, msg.model_id, op, who)
-    problem = custom_loss_problem(svc, msg, who) if is_custom(msg) else ""
-    if problem:  # in sequence: consume the seq_id, fail the future
-        return await _submit(svc, msg.model_id, TrainingOp(
-            seq_id=msg.seq_id, kind=OpKind.REJECT, body_hash=_hash(body), error=f"forward_backward: {problem}"
-        ), who)  # fmt: skip
-    ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
-    op = TrainingOp(seq_id=msg.seq_id, kind=OpKind.FORWARD_BACKWARD, body_hash=_hash(body), payload=ref)
-    return await _submit(svc, msg.model_id, op, who)
+    try:
+        ref = await asyncio.to_thread(svc.store.put, body, "requests")  # fsspec I/O: off the event loop
+        op = TrainingOp(seq_id=msg.seq_id, kind=OpKind.FORWARD_BACKWARD, body_hash=_hash(body), payload=ref)
+        return await _submit(svc, msg.model_id, op, who)
+    except BaseException:
+        if charge is not None:  # never accepted: not the key's usage
+            svc.quotas.refund(charge)
+        raise
 
 
 @router.post("/optim_step")
@@ -234,7 +245,7 @@ async def save_weights_for_sampler(
         op = TrainingOp(
             seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS_FOR_SAMPLER, body_hash=_hash(_canonical(raw)), save=save
         )
-    return await _submit(svc, model_id, op, who)
+    return await _submit_save(svc, model_id, op, who, raw)
 
 
 @router.post("/save_weights")
@@ -252,7 +263,7 @@ async def save_weights(request: Request, svc: Services = Depends(services), who:
     save = SaveRequest(
         path=name, overwrite=req.overwrite, ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata or {}
     )
-    return await _submit(svc, model_id, _checked_save(seq_id, OpKind.SAVE_WEIGHTS, raw, save), who)
+    return await _submit_save(svc, model_id, _checked_save(seq_id, OpKind.SAVE_WEIGHTS, raw, save), who, raw)
 
 
 @router.post("/save_weights_external")
@@ -273,7 +284,7 @@ async def save_weights_external(request: Request, svc: Services = Depends(servic
             op = _reject(seq_id, raw, str(e))
         else:
             op = _checked_save(seq_id, OpKind.SAVE_WEIGHTS_EXTERNAL, raw, save)
-    return await _submit(svc, model_id, op, who)
+    return await _submit_save(svc, model_id, op, who, raw)
 
 
 def _checked_save(seq_id: int, kind: OpKind, raw: dict, save: SaveRequest) -> TrainingOp:

@@ -16,6 +16,7 @@ from typing import Any
 from tinker.types import SampleRequest
 
 from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.quota_checks import Refusal
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.services import Services
 from tinkerflow.workflows.protocol import names
@@ -60,8 +61,33 @@ def check_caps(
 
 async def submit_sample(
     svc: Services, info: SamplerInfo, raw: dict[str, Any], req: SampleRequest
+) -> BatchItemRef | QueueFull | Refusal:
+    """Queue one checked sample request on `info`'s coordinator; where its outcome will be, QueueFull, or the
+    caller's quota Refusal (quota_checks.py: each route answers it its own way)."""
+    max_tokens = req.sampling_params.max_tokens
+    prompt_tokens = sum(len(getattr(c, "tokens", ()) or ()) for c in req.prompt.chunks)
+    asked = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    # The quota's reservation counts the prompt once, as the meter does; the queue's work counts it per sample.
+    charge = svc.quotas.admit_sampling(info.owner, prompt_tokens + req.num_samples * asked)
+    if isinstance(charge, Refusal):
+        return charge
+    try:
+        ref = await _queue(svc, info, raw, req, req.num_samples * (prompt_tokens + asked))
+    except BaseException:
+        if charge is not None:
+            svc.quotas.refund(charge)
+        raise
+    if charge is not None:
+        if isinstance(ref, QueueFull):
+            svc.quotas.refund(charge)
+        else:
+            svc.quotas.bind(charge, ref.workflow_id)
+    return ref
+
+
+async def _queue(
+    svc: Services, info: SamplerInfo, raw: dict[str, Any], req: SampleRequest, work: int
 ) -> BatchItemRef | QueueFull:
-    """Queue one checked sample request on `info`'s coordinator; where its outcome will be, or QueueFull."""
     coordinator = names.coordinator_workflow_id(info.base_model, info.pool)
     limits = svc.settings
     # The queue is counted in work, not calls: samples, and tokens (samples x (prompt + max_tokens)).
@@ -74,9 +100,6 @@ async def submit_sample(
             f"sampling queue for {info.base_model} is full ({queued} samples, {queued_tokens:,} tokens "
             "waiting); retry shortly"
         )
-    max_tokens = req.sampling_params.max_tokens
-    prompt_tokens = sum(len(getattr(c, "tokens", ()) or ()) for c in req.prompt.chunks)
-    work = req.num_samples * (prompt_tokens + (max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS))
     # Counted before the next await, so the calls of a burst checked against one query answer see each other.
     svc.queue_depths.admitted(coordinator, req.num_samples, work)
     body = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()

@@ -1,5 +1,6 @@
 """How a training route hands an op to its run: the body hash that tells a retry from a reused seq_id, the `reject`
-op that consumes a seq_id whose body is bad, and the Update that carries the op (routes_training.py).
+op that consumes a seq_id whose body is bad (or whose key is past a quota), and the Update that carries the op
+(routes_training.py).
 """
 
 from __future__ import annotations
@@ -62,3 +63,12 @@ async def submit(svc: Services, model_id: str, op: TrainingOp, who: str) -> dict
         raise from_temporal(e, f"training run {model_id!r}") from None
     rid = request_id(svc, request_ids.UpdateRef(update.workflow_id, update.workflow_run_id or "", update.id), who)
     return {"request_id": rid, "model_id": model_id}
+
+
+async def submit_save(svc: Services, model_id: str, op: TrainingOp, who: str, raw: dict[str, Any]) -> dict:
+    """A named save past the key's stored_gb quota fails its own future, in sequence like every op with a seq_id."""
+    if op.kind is not OpKind.REJECT and op.save is not None and op.save.path:
+        refusal = await svc.quotas.storage_refusal(svc, who)
+        if refusal is not None:
+            op = reject(op.seq_id, raw, f"{op.kind}: {refusal.message}")
+    return await submit(svc, model_id, op, who)

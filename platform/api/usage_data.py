@@ -14,13 +14,16 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-from tinkerflow.api.services import Services
 from tinkerflow.common.audit import AuditEvent
 from tinkerflow.common.checkpoints import Manifest, parse_time
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.usage import OpUsage, hour_start, ledger_from_memo
 from tinkerflow.workflows.training_run import TrainingRunWorkflow
+
+if TYPE_CHECKING:  # services.py imports the quota checks, which read checkpoints here
+    from tinkerflow.api.services import Services
 
 log = logging.getLogger(__name__)
 GB = 1e9  # storage is billed in decimal gigabytes

@@ -25,6 +25,8 @@ from pathlib import Path
 from tinkerflow.cli import usage
 from tinkerflow.cli.flags import add_settings_flags, settings_from
 from tinkerflow.common.logs import setup_logging
+from tinkerflow.common.quotas import QuotaFileError
+from tinkerflow.common.quotas import load as load_quotas
 from tinkerflow.common.settings import (
     API,
     COMMON,
@@ -39,6 +41,7 @@ from tinkerflow.common.settings import (
 )
 
 log = logging.getLogger("tinkerflow")
+API_COMMANDS = ("api", "up", "ray")  # the commands that run the HTTP API (ray: with --with-stack)
 
 
 # The Settings groups each sub-command shows, in --help order (the flags themselves come from Settings: flags.py).
@@ -128,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = settings_from(args)
-    except SettingsError as e:
+        if args.command in API_COMMANDS:  # refused before anything starts, not by a part `up` restarts
+            settings.check_api()
+            if settings.quota_file:
+                load_quotas(settings.quota_file).by_key_id(str, settings.accepted_api_keys())
+    except (SettingsError, QuotaFileError) as e:
         parser.error(str(e))
     setup_logging(settings.log_level, args.command, settings.log_format)
     if args.command == "make-tiny-model":
@@ -199,7 +206,11 @@ def _run_api(settings: Settings, ready_file: str | None) -> int:
 
     from tinkerflow.api.app import create_app
 
-    app = create_app(settings)  # readiness: /api/v1/healthz answers once the app's start-up has finished
+    try:
+        app = create_app(settings)  # readiness: /api/v1/healthz answers once the app's start-up has finished
+    except (SettingsError, QuotaFileError) as e:
+        log.error("%s", e)
+        return 2
     uvicorn.run(
         app,
         host=settings.host,

@@ -1,7 +1,7 @@
 """Prometheus series an operator scrapes from the API and the JAX workers (`/metrics`).
 
 Names follow Prometheus conventions (`_total` counters, `_seconds` histograms); labels stay low-cardinality
-(route, op kind, base model): never a session, run or request id.
+(route, op kind, base model, tenant: the key id, one per API key): never a session, run or request id, never a key.
 """
 
 from __future__ import annotations
@@ -33,6 +33,29 @@ QUEUE_DEPTH_QUERIES = Counter(
     "Coordinator queue-depth queries sent for asample's 429 check (one at a time, shared by concurrent calls)",
 )
 SAMPLING_QUEUE = Gauge("tinkerflow_sampling_queue_depth", "samples waiting in a coordinator's queue", ["base_model"])
+
+# --- API: per tenant (`tenant`: the key id, "open" when the API takes any key). Usage comes from the metering ledgers
+# (platform/api/ledger_watch.py), counted from the API's start; refusals from the API's quota checks.
+TENANT_TRAINING_TOKENS = Counter(
+    "tinkerflow_tenant_training_tokens_total", "training tokens metered (forward_backward and forward)", ["tenant"]
+)
+TENANT_PROMPT_TOKENS = Counter(
+    "tinkerflow_tenant_sampling_prompt_tokens_total",
+    "sampling prompt (prefill) tokens metered, by whether the prefix cache served them",
+    ["tenant", "cached"],
+)
+TENANT_SAMPLED_TOKENS = Counter("tinkerflow_tenant_sampled_tokens_total", "tokens sampled (generated)", ["tenant"])
+QUOTA_REFUSALS = Counter(
+    "tinkerflow_tenant_quota_refusals_total",
+    "requests and ops refused by a quota of the quota file",
+    ["tenant", "quota"],
+)
+QUOTA_RELOADS = Counter("tinkerflow_quota_reloads_total", "quota file reloads on SIGHUP, by result", ["result"])
+LEDGER_READS = Counter(
+    "tinkerflow_api_ledger_reads_total",
+    "reads of the metering ledgers for quota tallies and tenant counters",
+    ["result"],
+)
 
 # --- JAX worker -----------------------------------------------------------------------------------------------------
 ENGINE_OP_SECONDS = Histogram(

@@ -144,6 +144,12 @@ class Settings(LauncherSettings, ApiSettings, JaxWorkerSettings, CommonSettings)
             keys.append(self.admin_api_key)
         return tuple(dict.fromkeys(keys))
 
+    def check_api(self) -> None:
+        """SettingsError for what the API cannot start with, beyond each field's own parse (a flag's number is
+        parsed by argparse)."""
+        if self.ledger_read_s <= 0:
+            raise SettingsError(f"--ledger-read-s must be above 0, got {self.ledger_read_s:g}")
+
     @property
     def models_dir(self) -> Path:
         return self.state_dir / "models"

@@ -52,6 +52,10 @@ class ApiSettings:
                                             "model; a create past it fails with a user error saying so (0: no "
                                             "limit). Runs beyond the JAX workers' slots are paged out, so this, "
                                             "not the slots, is what bounds one tenant", API)
+    quota_file: str = setting("", "TOML file of quotas and rate limits per API key (docs/operations.md §Quotas); "
+                              "read at start, again on SIGHUP to the API process", API, shown="none: no quotas")
+    ledger_read_s: float = setting(15.0, "how often the API reads the metering ledgers: settles the quota tallies "
+                                   "and fills the per-tenant /metrics counters", API)
     auto_snapshot_every: int = setting(10, "save an automatic snapshot of each run every N optim steps, so a dead "
                                        "JAX worker's runs are restored exactly elsewhere (0: off, a dead worker's "
                                        "runs then fail)", API)

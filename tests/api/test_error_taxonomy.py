@@ -13,6 +13,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from tinkerflow.api.errors import failure_category, from_error, from_temporal
 from tinkerflow.common import errors
 from tinkerflow.common.errors import TEMPORAL_ERRORS, Category, TinkerflowError
+from tinkerflow.common.quotas import QuotaFileError
 from tinkerflow.common.settings import SettingsError
 from tinkerflow.workflows.protocol.errors import ErrorType
 
@@ -29,6 +30,7 @@ EXPECTED_EXCEPTIONS = {
     errors.BadRequestId: (Category.USER, 404),  # docs/wire-contract.md §Futures: unknown (or foreign) request ids ⇒ 404
     errors.UserError: (Category.USER, 400),
     SettingsError: (Category.USER, 400),  # a bad TINKERFLOW_* variable; the CLI exits 2 with it
+    QuotaFileError: (Category.USER, 400),  # a quota file refused at start (the CLI exits 2) or kept out on SIGHUP
     errors.StoreError: (Category.SERVER, 503),
     errors.TinkerflowError: (Category.SERVER, 500),
 }

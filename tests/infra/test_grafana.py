@@ -29,6 +29,9 @@ REQUIRED = {
     "tinkerflow_device_memory_peak_bytes",
     "tinkerflow_engine_mfu",
     "tinkerflow_up_restarts_total",
+    "tinkerflow_tenant_training_tokens_total",  # per tenant (key id): usage and quota refusals
+    "tinkerflow_tenant_sampled_tokens_total",
+    "tinkerflow_tenant_quota_refusals_total",
 }
 
 
