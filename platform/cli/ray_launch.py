@@ -74,21 +74,30 @@ class RayGroup:
                 raise RuntimeError(self._unplaceable(waited))
             if int(waited) and int(waited) % int(WAITING_LOG_EVERY_S) == 0:
                 log.warning("%s", self._unplaceable(waited))
-        log.info("placement group of %d bundles %s (%s) placed in %.1f s", self.group.hosts, self.group.bundle,
-                 self.group.strategy, time.monotonic() - t0)  # fmt: skip
+        log.info(
+            "placement group of %d bundles %s (%s) placed in %.1f s",
+            self.group.hosts,
+            self.group.bundle,
+            self.group.strategy,
+            time.monotonic() - t0,
+        )
         remote = self.ray.remote(JaxWorkerActor)
         env = ray_plan.actor_env(self.settings, self.group)
         self.actors = [
-            remote.options(**self.group.actor_options(), scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=i)).remote(i, env)
+            remote.options(
+                **self.group.actor_options(),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote(i, env)
             for i in range(self.group.hosts)
-        ]  # fmt: skip
+        ]
 
     def _unplaceable(self, waited: float) -> str:
-        return (f"Ray has not placed {self.group.hosts} bundles of {self.group.bundle} ({self.group.strategy}) "
-                f"after {waited:.0f} s: the cluster has {self.ray.cluster_resources()} in all, "
-                f"{self.ray.available_resources()} free. Add nodes, or lower --hosts / --*-per-host, or pick "
-                "another --strategy")  # fmt: skip
+        return (
+            f"Ray has not placed {self.group.hosts} bundles of {self.group.bundle} ({self.group.strategy}) "
+            f"after {waited:.0f} s: the cluster has {self.ray.cluster_resources()} in all, "
+            f"{self.ray.available_resources()} free. Add nodes, or lower --hosts / --*-per-host, or pick "
+            "another --strategy"
+        )
 
     # --- forming ----------------------------------------------------------------------------------------------
 
@@ -101,9 +110,12 @@ class RayGroup:
         for i, actor in enumerate(self.actors):
             settings = ray_plan.process_settings(self.settings, self.group, i, coordinator)
             self.serving[actor.serve.remote(settings, self.group.worker_id)] = i
-        log.info("generation %d of the group: %s; coordinator %s", self.generation,
-                 ", ".join(f"process {w.index} pid {w.pid} on {w.node_ip}" for w in self.where),
-                 coordinator or "(one process)")  # fmt: skip
+        log.info(
+            "generation %d of the group: %s; coordinator %s",
+            self.generation,
+            ", ".join(f"process {w.index} pid {w.pid} on {w.node_ip}" for w in self.where),
+            coordinator or "(one process)",
+        )
         self._write_group_file()
 
     def wait_ready(self, timeout_s: float = LOAD_TIMEOUT_S) -> dict[int, str]:
@@ -145,9 +157,11 @@ class RayGroup:
         if where is not None:
             node = next((n for n in self.ray.nodes() if n["NodeID"] == where.node_id), None)
             if node is not None and not node["Alive"]:
-                return (f"host {where.node_ip} (Ray node {where.node_id[:12]}) is lost with process {index} of the "
-                        f"JAX worker; Ray re-places its bundle {self.group.bundle} when a node with those free "
-                        "resources is in the cluster, and the group re-forms then")  # fmt: skip
+                return (
+                    f"host {where.node_ip} (Ray node {where.node_id[:12]}) is lost with process {index} of the "
+                    f"JAX worker; Ray re-places its bundle {self.group.bundle} when a node with those free "
+                    "resources is in the cluster, and the group re-forms then"
+                )
         pid = f" (pid {where.pid} on {where.node_ip})" if where is not None else ""
         return f"process {index}'s actor died{pid}: {str(error).splitlines()[0][:300]}"
 
@@ -159,8 +173,10 @@ class RayGroup:
         for reason in failures.values():
             log.error("%s; re-forming the group (generation %d -> %d)", reason, self.generation, self.generation + 1)
         if self.group.max_restarts != -1 and self.generation > self.group.max_restarts:
-            raise RuntimeError(f"the group was re-formed {self.generation - 1} times, the most --max-restarts "
-                               f"({self.group.max_restarts}) allows; giving up")  # fmt: skip
+            raise RuntimeError(
+                f"the group was re-formed {self.generation - 1} times, the most --max-restarts "
+                f"({self.group.max_restarts}) allows; giving up"
+            )
         old = {w.index: w.pid for w in self.where}
         self.serving = {}  # the kills below end every `serve` call still running
         for i, actor in enumerate(self.actors):
@@ -178,8 +194,12 @@ class RayGroup:
                         break
                     time.sleep(0.2)  # the kill has not reached the old process yet
                 except self.ray.exceptions.GetTimeoutError:
-                    log.warning("process %d has not come back after %.0f s: Ray is waiting for room for bundle %s",
-                                i, time.monotonic() - waiting_since, self.group.bundle)  # fmt: skip
+                    log.warning(
+                        "process %d has not come back after %.0f s: Ray is waiting for room for bundle %s",
+                        i,
+                        time.monotonic() - waiting_since,
+                        self.group.bundle,
+                    )
                 except self.ray.exceptions.RayActorError as e:
                     refused += 1
                     if refused > 40:
@@ -218,8 +238,11 @@ class RayGroup:
     def _get(self, ref: Any) -> Any:
         while True:
             self._check_stop()
-            ready, _ = self.ray.wait(ref if isinstance(ref, list) else [ref],
-                                     num_returns=len(ref) if isinstance(ref, list) else 1, timeout=1.0)  # fmt: skip
+            ready, _ = self.ray.wait(
+                ref if isinstance(ref, list) else [ref],
+                num_returns=len(ref) if isinstance(ref, list) else 1,
+                timeout=1.0,
+            )
             if ready and len(ready) == (len(ref) if isinstance(ref, list) else 1):
                 return self.ray.get(ref)
 
@@ -227,8 +250,15 @@ class RayGroup:
         path = self.settings.state_dir / GROUP_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"generation": self.generation, "worker_id": self.group.worker_id,
-                                   "processes": [w.__dict__ for w in self.where]}))  # fmt: skip
+        tmp.write_text(
+            json.dumps(
+                {
+                    "generation": self.generation,
+                    "worker_id": self.group.worker_id,
+                    "processes": [w.__dict__ for w in self.where],
+                }
+            )
+        )
         tmp.replace(path)
 
 
@@ -239,8 +269,14 @@ class DriverStack(Stack):
     def start(self, name: str, cmd: list[str], kind: str = "") -> Part:
         log_path = self.logs / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - the child writes to it for its lifetime
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(self.settings),
-                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=child_env(self.settings),
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
+        )
         part = Part(name, proc, log_path, kind or name)
         self.parts.append(part)
         return part
@@ -283,8 +319,12 @@ def run_ray(settings: Settings, args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: stop.set())
         node_ip = node_address(ray)
-        log.info("joined the Ray cluster (%s) from %s: %s", ray.get_runtime_context().get_job_id(), node_ip,
-                 ray.cluster_resources())  # fmt: skip
+        log.info(
+            "joined the Ray cluster (%s) from %s: %s",
+            ray.get_runtime_context().get_job_id(),
+            node_ip,
+            ray.cluster_resources(),
+        )
         if args.with_stack:
             settings, stack = _start_control_plane(settings, args, node_ip)
         group = RayGroup(settings, group_plan, stop)
@@ -297,8 +337,13 @@ def run_ray(settings: Settings, args: argparse.Namespace) -> int:
             part = stack.start_tinkerflow("api")
             stack.wait_ready(part, lambda: _api_ready(stack.base_url, stack.api_key) or stop.is_set())
             log.info("Tinker API at %s (TINKER_BASE_URL=%s)", stack.base_url, stack.base_url)
-        log.info("ready %.1f s after start: %d JAX processes, mesh fsdp=%s tp=%d", time.monotonic() - t_submit,
-                 group_plan.hosts, group_plan.mesh_fsdp or "all", group_plan.mesh_tp)  # fmt: skip
+        log.info(
+            "ready %.1f s after start: %d JAX processes, mesh fsdp=%s tp=%d",
+            time.monotonic() - t_submit,
+            group_plan.hosts,
+            group_plan.mesh_fsdp or "all",
+            group_plan.mesh_tp,
+        )
         while not stop.is_set():
             failures = group.poll()
             if failures:
@@ -306,14 +351,19 @@ def run_ray(settings: Settings, args: argparse.Namespace) -> int:
                 while failures:  # a fault while the group re-forms (a second host lost) re-forms it again
                     restarted = group.reform(failures)
                     failures = group.wait_ready()
-                log.info("the group is back (generation %d) %.1f s after the fault (actors restarted in %.1f s, the "
-                         "rest loading the model and registering)", group.generation, time.monotonic() - t_fault,
-                         restarted)  # fmt: skip
+                log.info(
+                    "the group is back (generation %d) %.1f s after the fault (actors restarted in %.1f s, the "
+                    "rest loading the model and registering)",
+                    group.generation,
+                    time.monotonic() - t_fault,
+                    restarted,
+                )
             if stack is not None:
                 dead = [p for p in stack.parts if p.proc.poll() is not None]
                 if dead:
-                    log.error("%s exited (%s); stopping. See %s", dead[0].name, dead[0].proc.returncode,
-                              dead[0].log_path)  # fmt: skip
+                    log.error(
+                        "%s exited (%s); stopping. See %s", dead[0].name, dead[0].proc.returncode, dead[0].log_path
+                    )
                     return 1
             stop.wait(0.5)
         return 0
@@ -339,16 +389,26 @@ def _start_control_plane(settings: Settings, args: argparse.Namespace, node_ip: 
     if not settings.is_given("temporal_address"):
         address = f"{node_ip}:{settings.temporal_port}"
         if _port_open(address):
-            raise RuntimeError(f"{address} is busy: another Temporal runs there; pick --temporal-port or pass "
-                               "--temporal-address to use it")  # fmt: skip
+            raise RuntimeError(
+                f"{address} is busy: another Temporal runs there; pick --temporal-port or pass "
+                "--temporal-address to use it"
+            )
         settings = dataclasses.replace(settings, temporal_address=address)
         stack.settings = settings
         # The actors on other nodes dial it at the node's address; the dev server's own services need it bound to
         # every interface rather than to that address alone.
         bind = "127.0.0.1" if node_ip == "127.0.0.1" else "0.0.0.0"
-        part = stack.start("temporal", temporal_server.command(
-            settings.state_dir / "temporal.db", host=bind, port=settings.temporal_port, ui_port=settings.ui_port,
-            namespace=settings.temporal_namespace, headless=settings.headless))  # fmt: skip
+        part = stack.start(
+            "temporal",
+            temporal_server.command(
+                settings.state_dir / "temporal.db",
+                host=bind,
+                port=settings.temporal_port,
+                ui_port=settings.ui_port,
+                namespace=settings.temporal_namespace,
+                headless=settings.headless,
+            ),
+        )
         stack.wait_ready(part, lambda: listens(part.proc.pid, settings.temporal_port))
     stack.start_worker("workflow-worker")
     return settings, stack
