@@ -97,8 +97,9 @@ async def serve(
     if multi_host:  # before anything touches JAX; every process of the worker runs this
         from tinkerflow.workers.engine.runtime import multihost
 
-        await asyncio.to_thread(multihost.initialize, settings.coordinator_address, settings.num_processes,
-                                settings.process_id)  # fmt: skip
+        await asyncio.to_thread(
+            multihost.initialize, settings.coordinator_address, settings.num_processes, settings.process_id
+        )
         if settings.process_id != 0:
             await follow(settings, ready=ready, stop=stop)
             return
@@ -158,8 +159,12 @@ async def serve(
             from tinkerflow.workers.engine.runtime import persistent_cache
 
             c = persistent_cache.counts()
-            log.info("compilation cache %s: %d programs read back, %d compiled so far",
-                     settings.resolved_compilation_cache_dir, c.hits, c.misses)  # fmt: skip
+            log.info(
+                "compilation cache %s: %d programs read back, %d compiled so far",
+                settings.resolved_compilation_cache_dir,
+                c.hits,
+                c.misses,
+            )
         if ready is not None:
             ready.set()
         reregister = asyncio.create_task(_keep_registered(client, settings, info))
@@ -325,11 +330,16 @@ def load_engine(settings: Settings, local_path: str):
 
     host_memory.bound_programs(settings.max_programs, settings.program_memory_mb * 2**20)  # before anything compiles
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
-    engine = Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
-                         max_lora_rank=settings.max_lora_rank, mesh=mesh,
-                         snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
-                         device_memory_bytes=int(settings.device_memory_gb * 2**30),
-                         prefix_cache_tokens=settings.prefix_cache_tokens, page_store=page_store(settings))  # fmt: skip
+    engine = Engine.load(
+        local_path,
+        max_lora_adapters=settings.max_lora_adapters,
+        max_lora_rank=settings.max_lora_rank,
+        mesh=mesh,
+        snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
+        device_memory_bytes=int(settings.device_memory_gb * 2**30),
+        prefix_cache_tokens=settings.prefix_cache_tokens,
+        page_store=page_store(settings),
+    )
     publish_memory_plan(engine.memory)
     return engine
 
