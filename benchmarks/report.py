@@ -238,17 +238,23 @@ def plot_long_sequences(lines: list[dict], path: Path) -> bool:
         (points("long_sequences_forward_backward_s", "engine"), "s--", "forward_backward, engine alone"),
         (points("long_sequences_sample_s", "tinkerflow"), "o-", "1-token sample, tinkerflow"),
         (points("long_sequences_sample_s", "engine"), "s--", "1-token sample, engine alone"),
-        (points("long_sequences_reference_attention", "forward_backward_s", attention="reference"), "x:",
-         "forward_backward, materialised attention"),
-    ):  # fmt: skip
+        (
+            points("long_sequences_reference_attention", "forward_backward_s", attention="reference"),
+            "x:",
+            "forward_backward, materialised attention",
+        ),
+    ):
         if pts:
             left.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     for pts, style, label in (
         (points("long_sequences_memory_gb", "tinkerflow"), "o-", "JAX worker high-water (tinkerflow)"),
         (points("long_sequences_memory_gb", "engine"), "s--", "engine-alone process"),
-        (points("long_sequences_reference_attention", "memory_gb", attention="reference"), "x:",
-         "materialised attention"),
-    ):  # fmt: skip
+        (
+            points("long_sequences_reference_attention", "memory_gb", attention="reference"),
+            "x:",
+            "materialised attention",
+        ),
+    ):
         if pts:
             right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     for ax, ylabel in ((left, "seconds"), (right, "GB")):
@@ -269,8 +275,10 @@ def plot_long_sequences(lines: list[dict], path: Path) -> bool:
 def prefix_cache(lines: list[dict]) -> list[str]:
     """The prefix cache's workloads: the engine alone with the cache off and on, and through the SDK (always on)."""
     rows = []
-    for name, label in (("group16", "GRPO group: 16 samples of one 480-token prompt"),
-                        ("conversation6", "6-turn conversation, each turn the last + 80 tokens")):  # fmt: skip
+    for name, label in (
+        ("group16", "GRPO group: 16 samples of one 480-token prompt"),
+        ("conversation6", "6-turn conversation, each turn the last + 80 tokens"),
+    ):
         engine = next((x for x in lines if x.get("figure") == f"prefix_cache_{name}_engine"), None)
         sdk = next((x for x in lines if x.get("figure") == f"prefix_cache_{name}"), None)
         if engine is None:
