@@ -28,7 +28,7 @@ API_KEY = "tml-bench-ray"
 def main() -> None:
     from tests.e2e.pig_latin_loop import pig_latin
     from tinkerflow.cli.launch import free_port, launch
-    from tinkerflow.cli.ray_launch import group_file
+    from tinkerflow.cli.ray_group import group_file
     from tinkerflow.cli.ray_local import start_local_cluster
     from tinkerflow.cli.up import served_models
 

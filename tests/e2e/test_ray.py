@@ -112,7 +112,7 @@ def ray_stack(cluster, tmp_path_factory, request):
 
 
 def _group(state: Path) -> dict:
-    from tinkerflow.cli.ray_launch import group_file
+    from tinkerflow.cli.ray_group import group_file
 
     return group_file(state)
 
