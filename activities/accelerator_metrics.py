@@ -92,8 +92,11 @@ class AcceleratorMeter:
         self.params = params_per_token(config) if config is not None else 0
         log.info(
             "MFU estimate: %s parameters per token, peak %.4g TFLOP/s per device x %d (%s)",
-            f"{self.params:,}", per_device, self.n_devices, source,
-        )  # fmt: skip
+            f"{self.params:,}",
+            per_device,
+            self.n_devices,
+            source,
+        )
 
     def flops(self, kind: str, tokens: int) -> float:
         return float(FLOPS_PER_PARAM.get(kind, 0) * self.params * tokens)
@@ -126,9 +129,13 @@ class AcceleratorMeter:
 def publish_memory_plan(plan: Any) -> None:
     """The engine's device-memory plan (runtime/memory_plan.MemoryPlan) as gauges, once at load."""
     parts = {
-        "capacity": plan.capacity_bytes, "resident": plan.resident_bytes, "snapshots": plan.snapshot_bytes,
-        "reserve": plan.reserve_bytes, "prefix_cache": plan.prefix_cache_bytes, "work": plan.work_bytes,
-    }  # fmt: skip
+        "capacity": plan.capacity_bytes,
+        "resident": plan.resident_bytes,
+        "snapshots": plan.snapshot_bytes,
+        "reserve": plan.reserve_bytes,
+        "prefix_cache": plan.prefix_cache_bytes,
+        "work": plan.work_bytes,
+    }
     for part, value in parts.items():
         metrics.MEMORY_PLAN_BYTES.labels(part).set(value)
     metrics.MEMORY_PLAN_MAX_TOKENS.labels("forward_backward").set(plan.max_train_tokens)

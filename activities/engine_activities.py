@@ -18,25 +18,25 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from itertools import groupby
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from tinkerflow.activities import checkpoint_io, stability, wire
 from tinkerflow.activities.accelerator_metrics import AcceleratorMeter
+from tinkerflow.activities.answers import Answers
 from tinkerflow.activities.batch_order import BatchCancelled, BatchOrder
 from tinkerflow.activities.heartbeats import HEARTBEAT_EVERY_S, heartbeats
+from tinkerflow.activities.item_calls import failure_message, one_engine_call, payload, single
 from tinkerflow.activities.op_points import EngineTimer, OpPoints
 from tinkerflow.activities.paging import Paging
 from tinkerflow.activities.sampler_weights import SamplerWeights
 from tinkerflow.activities.specs import lora_config, optim_config
 from tinkerflow.common import metrics
-from tinkerflow.common.checkpoints import CheckpointError, CheckpointStore
-from tinkerflow.common.storage_faults import storage_fault
+from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.interface import EngineApi
 from tinkerflow.workers.engine.types import (
@@ -47,19 +47,15 @@ from tinkerflow.workers.engine.types import (
     SampleResult,
 )
 from tinkerflow.workflows.protocol.errors import ErrorType
-from tinkerflow.workflows.protocol.messages import Batch, BatchResult, BlobRef, Outcome, WorkItem, WorkKind, WorkResult
+from tinkerflow.workflows.protocol.messages import Batch, BatchResult, Outcome, WorkItem, WorkKind, WorkResult
 from tinkerflow.workflows.protocol.usage import OpUsage
 
 log = logging.getLogger(__name__)
-REMEMBERED_ANSWERS = 4096
 # Kinds whose consecutive items run as ONE engine call (one pass over many adapters, one decode batch).
 GROUPED_KINDS = {WorkKind.FORWARD_BACKWARD, WorkKind.SAMPLE}
 CHECKPOINT_KINDS = {WorkKind.SAVE_CHECKPOINT, WorkKind.LOAD_CHECKPOINT, WorkKind.LOAD_SNAPSHOT}
 # callable(requester workflow id, WorkResult) -> concurrent.futures.Future of the signal
 Deliver = Callable[[str, WorkResult], concurrent.futures.Future[Any]]
-# A grouped kind's decoded engine input and the engine's result for it (`_one_engine_call`).
-In = TypeVar("In")
-Res = TypeVar("Res")
 
 
 def _observe(kind: WorkKind, n: int, outcomes: list[Outcome], seconds: float) -> int:  # the tokens processed
@@ -93,8 +89,7 @@ class EngineActivities:
         self.store = store
         self.checkpoints = checkpoints
         self.deliver = deliver
-        self._answers: OrderedDict[str, Outcome] = OrderedDict()
-        self._delivered: set[str] = set()
+        self.answers = Answers()  # by item key: a retried batch re-applies nothing this process did
         self.sampler_weights = SamplerWeights(engine, store, checkpoints)  # taken, kept, reloaded when lost
         self.paging = Paging(engine)  # more runs than slots: the batch's page item (activities/paging.py)
         self.order = BatchOrder()  # one batch at a time, in dispatch order
@@ -102,15 +97,15 @@ class EngineActivities:
         self.handlers: dict[WorkKind, Callable[[list[WorkItem]], list[Outcome]]] = {
             WorkKind.FORWARD_BACKWARD: self._forward_backward,
             WorkKind.SAMPLE: self._sample,
-            WorkKind.CREATE_ADAPTER: self._single(self._create_adapter),
-            WorkKind.FREE_ADAPTER: self._single(self._free_adapter),
-            WorkKind.OPTIM_STEP: self._single(self._optim_step),
-            WorkKind.SNAPSHOT: self._single(self._snapshot),
-            WorkKind.DROP_SNAPSHOTS: self._single(self._drop_snapshots),
-            WorkKind.SAVE_CHECKPOINT: self._single(self._checkpoint(self._save_checkpoint)),
-            WorkKind.LOAD_CHECKPOINT: self._single(self._checkpoint(self._load_checkpoint)),
-            WorkKind.LOAD_SNAPSHOT: self._single(self._load_snapshot),
-            WorkKind.PAGE: self._single(self.paging.page),
+            WorkKind.CREATE_ADAPTER: single(self._create_adapter),
+            WorkKind.FREE_ADAPTER: single(self._free_adapter),
+            WorkKind.OPTIM_STEP: single(self._optim_step),
+            WorkKind.SNAPSHOT: single(self._snapshot),
+            WorkKind.DROP_SNAPSHOTS: single(self._drop_snapshots),
+            WorkKind.SAVE_CHECKPOINT: single(self._checkpoint(self._save_checkpoint)),
+            WorkKind.LOAD_CHECKPOINT: single(self._checkpoint(self._load_checkpoint)),
+            WorkKind.LOAD_SNAPSHOT: single(self._load_snapshot),
+            WorkKind.PAGE: single(self.paging.page),
         }
 
     @activity.defn(name="run_batch")
@@ -129,25 +124,18 @@ class EngineActivities:
                 progress[0] = f"waiting for batch {batch.after}"
             try:
                 with self.order.turn(batch.batch_id, batch.after, activity.is_cancelled):
-                    todo = [i for i in batch.items if i.key not in self._answers]
+                    todo = [i for i in batch.items if i.key not in self.answers]
                     self._run_items(todo, sent, progress)
-                    answers = [(i.key, self._answers[i.key]) for i in batch.items]
+                    answers = [(i.key, self.answers[i.key]) for i in batch.items]
             except BatchCancelled as e:
                 raise CancelledError(str(e)) from e
         for key, future in sent.items():  # only a confirmed delivery lets the coordinator skip its own
             try:
                 future.result(timeout=10)
-                self._delivered.add(key)
+                self.answers.delivered(key)
             except Exception as e:
                 log.info("early delivery of %s failed (%s); the coordinator will deliver it", key, e)
-        return BatchResult(results=[self._for_coordinator(key, outcome) for key, outcome in answers])
-
-    def _for_coordinator(self, key: str, outcome: Outcome) -> WorkResult:
-        """What the coordinator reads of an answer its requester has: whether it failed; all of one it has not."""
-        if key not in self._delivered:
-            return WorkResult(key=key, outcome=outcome)
-        slim = Outcome(error=outcome.error, category=outcome.category, worker_lost=outcome.worker_lost)
-        return WorkResult(key=key, outcome=slim, delivered=True)
+        return BatchResult(results=[self.answers.for_coordinator(key, outcome) for key, outcome in answers])
 
     def _run_items(
         self, todo: list[WorkItem], sent: dict[str, concurrent.futures.Future[Any]], progress: list[str]
@@ -163,23 +151,16 @@ class EngineActivities:
             try:
                 outcomes = self._run_group(group[0].kind, group)
             except Exception as e:  # an engine bug must not take the other requests of the batch with it
-                fault = storage_fault(e)
-                if fault:  # the storage, not the engine: say which store and why, not an internal path
-                    which, url = (
-                        ("checkpoint", self.checkpoints.url)
-                        if group[0].kind in CHECKPOINT_KINDS and self.checkpoints is not None
-                        else ("claim-check", self.store.url)
-                    )
-                    log.error(
-                        "%s ×%d: the %s store %s refused: %s (%s)", group[0].kind, len(group), which, url, fault, e
-                    )
-                    message = (
-                        f"{group[0].kind} failed: the {which} store ({url}) refused it: {fault}. A server-side "
-                        "storage fault: the operator must free or fix that storage"
-                    )
+                store = (
+                    ("checkpoint", self.checkpoints.url)
+                    if group[0].kind in CHECKPOINT_KINDS and self.checkpoints is not None
+                    else ("claim-check", self.store.url)
+                )
+                message, fault = failure_message(group[0].kind, e, store)
+                if fault:
+                    log.error("%s ×%d: %s", group[0].kind, len(group), fault)
                 else:
                     log.exception("engine failed on %s ×%d", group[0].kind, len(group))
-                    message = f"engine error in {group[0].kind}: {e}"
                 outcomes = [Outcome.failed(message, "server")] * len(group)
             tokens = _observe(group[0].kind, len(group), outcomes, seconds := time.perf_counter() - started)
             if self.meter is not None:
@@ -188,34 +169,15 @@ class EngineActivities:
                 self._answered(item, outcome, sent)
 
     def _answered(self, item: WorkItem, outcome: Outcome, sent: dict[str, concurrent.futures.Future[Any]]) -> None:
-        self._remember(item.key, outcome)
+        self.answers.remember(item.key, outcome)
         if self.deliver is not None and item.kind is not WorkKind.PAGE:  # the Coordinator reads that in the result
             sent[item.key] = self.deliver(item.requester, WorkResult(item.key, outcome))
-
-    def _remember(self, key: str, outcome: Outcome) -> None:
-        self._answers[key] = outcome
-        while len(self._answers) > REMEMBERED_ANSWERS:
-            old, _ = self._answers.popitem(last=False)
-            self._delivered.discard(old)
 
     def _run_group(self, kind: WorkKind, items: list[WorkItem]) -> list[Outcome]:
         handler = self.handlers.get(kind)
         if handler is None:
             return [Outcome.failed(f"unknown work kind {kind!r}", "server")] * len(items)
         return handler(items)
-
-    @staticmethod
-    def _single(handle: Callable[[WorkItem], Outcome]) -> Callable[[list[WorkItem]], list[Outcome]]:
-        """A handler of one item; bad input (or a checkpoint that cannot be used) fails that item as `user`."""
-
-        def run(items: list[WorkItem]) -> list[Outcome]:
-            (item,) = items
-            try:
-                return [handle(item)]
-            except (InputError, CheckpointError) as e:
-                return [Outcome.failed(str(e), "user")]
-
-        return run
 
     def _checkpoint(self, handle: Callable[[WorkItem], Outcome]) -> Callable[[WorkItem], Outcome]:
         def run(item: WorkItem) -> Outcome:
@@ -314,7 +276,7 @@ class EngineActivities:
         def decode(item: WorkItem) -> ForwardBackwardInput:
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
-            msg = wire.parse_forward_backward(self.store.get(_payload(item)))  # stable_reinforce: checked, recorded
+            msg = wire.parse_forward_backward(self.store.get(payload(item)))  # stable_reinforce: checked, recorded
             inp = stability.resolve(self.store, msg, wire.forward_backward_input(msg, item.slot, bounds), item.model_id)
             asked[id(inp)] = item
             return inp
@@ -331,7 +293,7 @@ class EngineActivities:
                 usage=OpUsage(training_tokens=tokens),
             )
 
-        return self._one_engine_call(items, decode, timer.wrap(self.engine.forward_backward), encode)
+        return one_engine_call(items, decode, timer.wrap(self.engine.forward_backward), encode)
 
     def _sample(self, items: list[WorkItem]) -> list[Outcome]:
         asked: dict[int, tuple[WorkItem, bytes]] = {}  # the item and its SampleRequest body
@@ -340,7 +302,7 @@ class EngineActivities:
         def decode(item: WorkItem) -> SampleInput:
             snapshot = item.snapshot or None
             self.sampler_weights.ready(item.snapshot)  # a failed load's error, or weights the budget pushed out
-            body = self.store.get_unless_cancelled(_payload(item))  # cancel_future marks queued samples
+            body = self.store.get_unless_cancelled(payload(item))  # cancel_future marks queued samples
             inp = wire.sample_input(body, snapshot)
             asked[id(inp)] = (item, body)
             return inp
@@ -358,35 +320,4 @@ class EngineActivities:
             blob = self.store.put(wire.sample_output(res, body), "results")
             return Outcome(blob=blob, json={"tokens": tokens}, usage=usage)
 
-        return self._one_engine_call(items, decode, timer.wrap(self.engine.sample), encode)
-
-    @staticmethod
-    def _one_engine_call(
-        items: list[WorkItem],
-        decode: Callable[[WorkItem], In],
-        run: Callable[[list[In]], list[Res | InputError]],
-        encode: Callable[[In, Res], Outcome],
-    ) -> list[Outcome]:
-        """Decode each item (a bad one fails alone), run the rest in ONE engine call, encode each answer."""
-        outcomes: list[Outcome | None] = [None] * len(items)
-        inputs: list[In] = []
-        positions: list[int] = []
-        for n, item in enumerate(items):
-            try:
-                inputs.append(decode(item))
-                positions.append(n)
-            except InputError as e:
-                outcomes[n] = Outcome.failed(str(e), "user")
-        results: list[Res | InputError] = run(inputs) if inputs else []
-        for n, inp, res in zip(positions, inputs, results):
-            if isinstance(res, Exception):
-                outcomes[n] = Outcome.failed(str(res), "user" if isinstance(res, InputError) else "server")
-            else:
-                outcomes[n] = encode(inp, res)
-        # Every position is filled: by its failed decode, or by the engine's one result per input.
-        return cast(list[Outcome], outcomes)
-
-
-def _payload(item: WorkItem) -> BlobRef:
-    assert item.payload is not None, f"{item.kind} work item {item.key} has no payload"  # the API always sends one
-    return item.payload
+        return one_engine_call(items, decode, timer.wrap(self.engine.sample), encode)

@@ -53,9 +53,14 @@ class Paging:
                 self.lost.pop(move.model_id, None)
         self.lost.update(report.failed)
         return Outcome(
-            json={"failed": dict(report.failed), "resident": report.resident, "paged": report.paged,
-                  "out_ms": _ms(report.out_seconds), "in_ms": _ms(report.in_seconds)}
-        )  # fmt: skip
+            json={
+                "failed": dict(report.failed),
+                "resident": report.resident,
+                "paged": report.paged,
+                "out_ms": _ms(report.out_seconds),
+                "in_ms": _ms(report.in_seconds),
+            }
+        )
 
     def created(self, model_id: str) -> None:
         """A run's adapter was created afresh here (its restore): it is no longer lost."""

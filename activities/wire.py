@@ -45,8 +45,10 @@ def parse_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
     try:
         msg.ParseFromString(body)
     except DecodeError as e:
-        raise InputError(f"the forward_backward body is not a valid ForwardBackwardRequest protobuf ({e}); send it "
-                         "as the SDK encodes it") from e  # fmt: skip
+        raise InputError(
+            f"the forward_backward body is not a valid ForwardBackwardRequest protobuf ({e}); send it "
+            "as the SDK encodes it"
+        ) from e
     return msg
 
 

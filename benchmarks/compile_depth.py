@@ -38,8 +38,11 @@ def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dic
     from tinkerflow.workers.engine.training.steps import StepFunctions, pack
 
     config = ModelConfig.from_hf(Qwen3Config(**{**shape, "num_hidden_layers": depth}).to_dict())
-    model = nnx.eval_shape(lambda: CausalLM(config, max_adapters=4, max_rank=RANK, rngs=nnx.Rngs(0),
-                                            param_dtype=default_dtype(), scan_layers=scan))  # fmt: skip
+    model = nnx.eval_shape(
+        lambda: CausalLM(
+            config, max_adapters=4, max_rank=RANK, rngs=nnx.Rngs(0), param_dtype=default_dtype(), scan_layers=scan
+        )
+    )
     graphdef, lora, base = nnx.split(model, nnx.LoRAParam, nnx.Param)
     steps = StepFunctions(graphdef, DeviceLayout(as_mesh(MeshConfig(fsdp=1, tp=1)), config))
 
@@ -58,8 +61,9 @@ def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=[s for s in SHAPES if s.startswith("qwen3-") and "a3b" not in s],
-                        default="qwen3-0.6b")  # fmt: skip
+    parser.add_argument(
+        "--shape", choices=[s for s in SHAPES if s.startswith("qwen3-") and "a3b" not in s], default="qwen3-0.6b"
+    )
     parser.add_argument("--depths", default="2,8,28", help="comma-separated layer counts")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
@@ -67,8 +71,16 @@ def main() -> None:
     for scan in (True, False):
         for depth in (int(d) for d in args.depths.split(",")):
             figures = measure(SHAPES[args.shape], depth, scan=scan, batch=args.batch, seq=args.seq)
-            emit(figure="train_step_compile_by_depth", shape=args.shape, layers="scan" if scan else "loop",
-                 depth=depth, rows=args.batch, seq=args.seq, lora_rank=RANK, **figures)  # fmt: skip
+            emit(
+                figure="train_step_compile_by_depth",
+                shape=args.shape,
+                layers="scan" if scan else "loop",
+                depth=depth,
+                rows=args.batch,
+                seq=args.seq,
+                lora_rank=RANK,
+                **figures,
+            )
 
 
 if __name__ == "__main__":

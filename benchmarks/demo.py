@@ -22,8 +22,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run(script: Path, base_url: str, api_key: str) -> tuple[float, str]:
-    env = dict(os.environ, TINKER_BASE_URL=base_url, TINKER_API_KEY=api_key, TINKER_TELEMETRY="0",
-               TRANSFORMERS_NO_ADVISORY_WARNINGS="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        TINKER_BASE_URL=base_url,
+        TINKER_API_KEY=api_key,
+        TINKER_TELEMETRY="0",
+        TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
+    )
     t0 = time.perf_counter()
     # Exit 1 means "not learned within the step cap", a figure like any other (`learned` says which).
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True).stdout

@@ -134,12 +134,14 @@ def engine_load(model_dir: str, load: str, seconds: float) -> dict:
     vocab = engine.info.vocab_size
     data = [
         [
-            Datum(tokens=np.asarray(t, np.int32), inputs={"target_tokens": np.asarray(y, np.int64),
-                                                          "weights": np.asarray(w, np.float32)})
+            Datum(
+                tokens=np.asarray(t, np.int32),
+                inputs={"target_tokens": np.asarray(y, np.int64), "weights": np.asarray(w, np.float32)},
+            )
             for t, y, w in rows(datums, tokens, vocab, seed=n)
         ]
         for n in range(tenants)
-    ]  # fmt: skip
+    ]
     adam = AdamConfig(learning_rate=1e-4)
     busy = [0.0]
 

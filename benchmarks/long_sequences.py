@@ -119,8 +119,10 @@ def sdk_figures(model: Path, lengths: list[int]) -> dict[int, dict[str, float]]:
     from tinkerflow.cli.launch import launch
 
     def datum(s: np.ndarray) -> types.Datum:
-        return types.Datum(model_input=types.ModelInput.from_ints(s[:-1].tolist()),
-                           loss_fn_inputs={"target_tokens": s[1:].tolist()})  # pyright: ignore[reportArgumentType]  # fmt: skip
+        return types.Datum(
+            model_input=types.ModelInput.from_ints(s[:-1].tolist()),
+            loss_fn_inputs={"target_tokens": s[1:].tolist()},  # pyright: ignore[reportArgumentType]
+        )
 
     out: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="tinkerflow-bench-long-") as d:
@@ -191,20 +193,31 @@ def reference_figures(model: Path, lengths: list[int]) -> None:
     for n in lengths:
         for impl in ("reference", "blockwise"):
             env = dict(os.environ, TINKERFLOW_ATTENTION=impl)
-            run = subprocess.run([sys.executable, "-c", REFERENCE, str(model), str(n)], env=env, capture_output=True,
-                                 text=True, timeout=1800)  # fmt: skip
+            run = subprocess.run(
+                [sys.executable, "-c", REFERENCE, str(model), str(n)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             if run.returncode != 0:
                 emit(figure="long_sequences_reference_attention", tokens=n, attention=impl, error=run.stderr[-500:])
                 continue
             got = json.loads(run.stdout.strip().splitlines()[-1])
-            emit(figure="long_sequences_reference_attention", tokens=n, attention=impl,
-                 forward_backward_s=round(got["s"], 3), memory_gb=round(got["rss_gb"], 3))  # fmt: skip
+            emit(
+                figure="long_sequences_reference_attention",
+                tokens=n,
+                attention=impl,
+                forward_backward_s=round(got["s"], 3),
+                memory_gb=round(got["rss_gb"], 3),
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="2048,4096,8192,16384,32768,40960",
-                        help="tokens per datum (and prompt + 1 sampled token)")  # fmt: skip
+    parser.add_argument(
+        "--lengths", default="2048,4096,8192,16384,32768,40960", help="tokens per datum (and prompt + 1 sampled token)"
+    )
     parser.add_argument("--reference-lengths", default="2048,4096", help="lengths for the reference attention")
     parser.add_argument("--skip-sdk", action="store_true", help="the engine alone only")
     args = parser.parse_args(argv)

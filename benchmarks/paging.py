@@ -217,8 +217,14 @@ def main() -> None:
     globals()["API_KEY"] = args.api_key
     rounds = dict(zip(args.runs, args.rounds, strict=True))
     port = free_port()
-    extra = ["--max-lora-adapters", str(SLOTS), "--max-live-runs-per-tenant", str(max(args.runs) + 8),
-             "--metrics-port", str(port)]  # fmt: skip
+    extra = [
+        "--max-lora-adapters",
+        str(SLOTS),
+        "--max-live-runs-per-tenant",
+        str(max(args.runs) + 8),
+        "--metrics-port",
+        str(port),
+    ]
     with running_stack(args.base_url, args.api_key, extra) as (base_url, stack):
         metrics_url = args.metrics_url or f"http://127.0.0.1:{port}/metrics"
         warm_up_wait_s = wait_for_steady_state(stack)
@@ -230,18 +236,28 @@ def main() -> None:
     for n in args.runs:
         s, e = sdk[n], engine[n]
         common = {"runs": n, "slots": SLOTS, "rank": RANK, "datums": 1, "rounds": rounds[n]}
-        emit_pair("paging_steps_per_s", "steps/s", s["steps_per_s"], e["steps_per_s"], **common,
-                  compilations_during_timed_part=s["compilations_during_timed_part"],
-                  warm_up_wait_s=warm_up_wait_s)  # fmt: skip
+        emit_pair(
+            "paging_steps_per_s",
+            "steps/s",
+            s["steps_per_s"],
+            e["steps_per_s"],
+            **common,
+            compilations_during_timed_part=s["compilations_during_timed_part"],
+            warm_up_wait_s=warm_up_wait_s,
+        )
         emit_pair("paging_page_in_ms", "ms", s["page_in_ms"], e["page_in_ms"], **common)
         emit_pair("paging_page_out_ms", "ms", s["page_out_ms"], e["page_out_ms"], **common)
-        emit(figure="paging_memory", **common, page_ins_per_step=round(s["page_ins_per_step"], 2),
-             engine_page_ins_per_step=round(e["page_ins_per_step"], 2),
-             page_store_host_mb=round(s["page_store_host_mb"], 1),
-             engine_page_store_host_mb=round(e["page_store_host_mb"], 1),
-             worker_rss_mb=None if s["worker_rss_mb"] is None else round(s["worker_rss_mb"]),
-             creates_per_s=round(s["creates_per_s"], 1),
-             engine_process_peak_rss_mb=round(e["process_peak_rss_mb"]))  # fmt: skip
+        emit(
+            figure="paging_memory",
+            **common,
+            page_ins_per_step=round(s["page_ins_per_step"], 2),
+            engine_page_ins_per_step=round(e["page_ins_per_step"], 2),
+            page_store_host_mb=round(s["page_store_host_mb"], 1),
+            engine_page_store_host_mb=round(e["page_store_host_mb"], 1),
+            worker_rss_mb=None if s["worker_rss_mb"] is None else round(s["worker_rss_mb"]),
+            creates_per_s=round(s["creates_per_s"], 1),
+            engine_process_peak_rss_mb=round(e["process_peak_rss_mb"]),
+        )
 
 
 if __name__ == "__main__":

@@ -56,16 +56,35 @@ def engine_figures(model_dir: str, repeats: int) -> dict[str, dict]:
 
         def group(ns: str, rng=rng) -> int:
             p = np.array(_prompt(rng, PROMPT_LEN, vocab), np.int32)
-            [r] = engine.sample([SampleInput(prompt=p, num_samples=GROUP, max_tokens=NEW_TOKENS, stop_token_ids=[],
-                                             seed=1, cache_namespace=ns)])  # fmt: skip
+            [r] = engine.sample(
+                [
+                    SampleInput(
+                        prompt=p,
+                        num_samples=GROUP,
+                        max_tokens=NEW_TOKENS,
+                        stop_token_ids=[],
+                        seed=1,
+                        cache_namespace=ns,
+                    )
+                ]
+            )
             assert not isinstance(r, Exception), r
             return r.prompt_cache_hit_tokens
 
         def conversation(ns: str, rng=rng) -> int:
             hits = 0
             for p in _conversation(rng, vocab):
-                [r] = engine.sample([SampleInput(prompt=np.array(p, np.int32), max_tokens=NEW_TOKENS, seed=1,
-                                                 stop_token_ids=[], cache_namespace=ns)])  # fmt: skip
+                [r] = engine.sample(
+                    [
+                        SampleInput(
+                            prompt=np.array(p, np.int32),
+                            max_tokens=NEW_TOKENS,
+                            seed=1,
+                            stop_token_ids=[],
+                            cache_namespace=ns,
+                        )
+                    ]
+                )
                 assert not isinstance(r, Exception), r
                 hits += r.prompt_cache_hit_tokens
             return hits
@@ -79,8 +98,11 @@ def engine_figures(model_dir: str, repeats: int) -> dict[str, dict]:
                 hits = fn(f"{name}-{cache}-{i}")
                 times.append((time.perf_counter() - t0) * 1000)
                 served = (index.hits if index is not None else 0) - before
-            out[f"{name}/{'on' if cache else 'off'}"] = {"ms": median(times), "hit_tokens": hits,
-                                                         "served_tokens": served}  # fmt: skip
+            out[f"{name}/{'on' if cache else 'off'}"] = {
+                "ms": median(times),
+                "hit_tokens": hits,
+                "served_tokens": served,
+            }
         engine.sampler.prefix = index
     return out
 
@@ -103,8 +125,10 @@ def sdk_figures(base_url: str, repeats: int, stack=None) -> dict[str, dict]:
         return sampler.sample(p, GROUP, params).result().prompt_cache_hit_tokens
 
     def conversation(sampler) -> int:
-        return sum(sampler.sample(types.ModelInput.from_ints(p), 1, params).result().prompt_cache_hit_tokens
-                   for p in _conversation(rng, vocab))  # fmt: skip
+        return sum(
+            sampler.sample(types.ModelInput.from_ints(p), 1, params).result().prompt_cache_hit_tokens
+            for p in _conversation(rng, vocab)
+        )
 
     for name, fn in (("group16", group), ("conversation6", conversation)):
         fn(service.create_sampling_client(base_model=base).result())
@@ -135,9 +159,15 @@ def main() -> None:
     for name in ("group16", "conversation6"):
         on, off = engine[f"{name}/on"], engine[f"{name}/off"]
         speedup = round(off["ms"] / on["ms"], 2)
-        emit(figure=f"prefix_cache_{name}_engine", unit="ms", cache_on=round(on["ms"], 1),
-             cache_off=round(off["ms"], 1), speedup=speedup, hit_tokens=on["hit_tokens"],
-             served_tokens=on["served_tokens"])  # fmt: skip
+        emit(
+            figure=f"prefix_cache_{name}_engine",
+            unit="ms",
+            cache_on=round(on["ms"], 1),
+            cache_off=round(off["ms"], 1),
+            speedup=speedup,
+            hit_tokens=on["hit_tokens"],
+            served_tokens=on["served_tokens"],
+        )
     if args.engine_only:
         return
     with running_stack(args.base_url, API_KEY) as (base_url, stack):
@@ -145,9 +175,16 @@ def main() -> None:
         sdk = sdk_figures(base_url, args.repeats, stack)
     for name in ("group16", "conversation6"):
         off = round(engine[f"{name}/off"]["ms"], 1)
-        emit_pair(f"prefix_cache_{name}", "ms", sdk[name]["ms"], engine[f"{name}/on"]["ms"],
-                  engine_cache_off=off, hit_tokens=sdk[name]["hit_tokens"], warm_up_wait_s=waited,
-                  compilations_during_timed_part=sdk[name]["compiles"])  # fmt: skip
+        emit_pair(
+            f"prefix_cache_{name}",
+            "ms",
+            sdk[name]["ms"],
+            engine[f"{name}/on"]["ms"],
+            engine_cache_off=off,
+            hit_tokens=sdk[name]["hit_tokens"],
+            warm_up_wait_s=waited,
+            compilations_during_timed_part=sdk[name]["compiles"],
+        )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ API_KEY = "tml-bench-ray"
 def main() -> None:
     from tests.e2e.pig_latin_loop import pig_latin
     from tinkerflow.cli.launch import free_port, launch
-    from tinkerflow.cli.ray_launch import group_file
+    from tinkerflow.cli.ray_group import group_file
     from tinkerflow.cli.ray_local import start_local_cluster
     from tinkerflow.cli.up import served_models
 
@@ -50,22 +50,49 @@ def main() -> None:
     try:
         port, state = free_port(), root / "ray"
         t0 = time.monotonic()
-        cluster.submit([str(Path(sys.executable).parent / "tinkerflow"), "ray", "--with-stack", "--hosts",
-                        str(args.hosts), "--cpus-per-host", "1", "--mesh-fsdp", str(args.hosts), "--state-dir",
-                        str(state), "--port", str(port), "--temporal-port", str(free_port()), "--headless",
-                        "--api-key", API_KEY, "--auto-snapshot-every", "2"], "bench")  # fmt: skip
+        cluster.submit(
+            [
+                str(Path(sys.executable).parent / "tinkerflow"),
+                "ray",
+                "--with-stack",
+                "--hosts",
+                str(args.hosts),
+                "--cpus-per-host",
+                "1",
+                "--mesh-fsdp",
+                str(args.hosts),
+                "--state-dir",
+                str(state),
+                "--port",
+                str(port),
+                "--temporal-port",
+                str(free_port()),
+                "--headless",
+                "--api-key",
+                API_KEY,
+                "--auto-snapshot-every",
+                "2",
+            ],
+            "bench",
+        )
         base_url = f"http://127.0.0.1:{port}"
         while not served_models(base_url, API_KEY):
             if cluster.job_status("bench") not in ("PENDING", "RUNNING"):
                 raise SystemExit(cluster.job_logs("bench")[-5000:])
             time.sleep(0.5)
-        emit(figure="ray_submit_to_ready_s", value=round(time.monotonic() - t0, 1), hosts=args.hosts,
-             model="tiny-qwen3")  # fmt: skip
+        emit(
+            figure="ray_submit_to_ready_s", value=round(time.monotonic() - t0, 1), hosts=args.hosts, model="tiny-qwen3"
+        )
 
         ray_losses = pig_latin(base_url, API_KEY, args.steps)
         scale = max(abs(x) for x in single)
-        emit(figure="pig_latin_losses", single_process=single, ray=ray_losses, hosts=args.hosts,
-             max_rel_diff=max(abs(a - b) for a, b in zip(ray_losses, single)) / scale)  # fmt: skip
+        emit(
+            figure="pig_latin_losses",
+            single_process=single,
+            ray=ray_losses,
+            hosts=args.hosts,
+            max_rel_diff=max(abs(a - b) for a, b in zip(ray_losses, single)) / scale,
+        )
 
         before = group_file(state)
         marks = {}
@@ -79,9 +106,13 @@ def main() -> None:
                 marks["answer"] = time.monotonic()
 
         after_kill = pig_latin(base_url, API_KEY, args.steps, on_step=kill)
-        emit(figure="ray_actor_kill_to_next_answer_s", value=round(marks["answer"] - marks["kill"], 1),
-             killed_process=args.kill_process, losses_after_kill=after_kill,
-             same_losses=max(abs(a - b) for a, b in zip(after_kill, single)) / scale <= 1e-5)  # fmt: skip
+        emit(
+            figure="ray_actor_kill_to_next_answer_s",
+            value=round(marks["answer"] - marks["kill"], 1),
+            killed_process=args.kill_process,
+            losses_after_kill=after_kill,
+            same_losses=max(abs(a - b) for a, b in zip(after_kill, single)) / scale <= 1e-5,
+        )
         cluster.stop_job("bench")
     finally:
         cluster.stop()

@@ -28,6 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.report_plots import plot_long_sequences, plot_sweep
+from benchmarks.report_sections import control_plane, fmt, paging, prefix_cache
+
 ROOT = Path(__file__).resolve().parent.parent
 #: In the order they run and appear; each is `python -m benchmarks.<name>` with these arguments.
 BENCHMARKS: dict[str, list[str]] = {
@@ -142,14 +145,6 @@ def load_average() -> str:
 # --- rendering --------------------------------------------------------------------------------------------------
 
 
-def _fmt(value: object) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
-    return str(value)
-
-
 def _label(line: dict) -> str:
     quals = [f"{k}={line[k]}" for k in QUALIFIERS if k in line]
     return f"`{line['figure']}`" + (f" ({', '.join(quals)})" if quals else "")
@@ -173,8 +168,8 @@ def table(lines: list[dict]) -> list[str]:
             met = "—" if ok is None else ("yes" if ok else "**no**")
         unit = line.get("unit", "×")
         out.append(
-            f"| {_label(line)} | {unit} | {_fmt(line['tinkerflow'])} | {_fmt(line['engine'])} | "
-            f"{_fmt(line.get('ratio'))} | {text} | {met} |"
+            f"| {_label(line)} | {unit} | {fmt(line['tinkerflow'])} | {fmt(line['engine'])} | "
+            f"{fmt(line.get('ratio'))} | {text} | {met} |"
         )
     return out
 
@@ -186,190 +181,6 @@ def compile_rows(lines: list[dict]) -> list[str]:
         if x.get("compilations_during_timed_part") is not None and "tinkerflow" in x
     ]
     return ["| workload | JAX worker compiles while timed |", "|---|---|", *rows] if rows else []
-
-
-def plot_sweep(lines: list[dict], figure: str, x: str, ylabel: str, path: Path) -> bool:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    points = sorted((line[x], line["tinkerflow"], line["engine"]) for line in lines if line.get("figure") == figure)
-    if not points:
-        return False
-    xs = [p[0] for p in points]
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-    ax.plot(xs, [p[1] for p in points], "o-", label="tinkerflow (SDK → up)")
-    ax.plot(xs, [p[2] for p in points], "s--", label="engine alone, same workload")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(v) for v in xs])
-    ax.set_xlabel(x)
-    ax.set_ylabel(ylabel)
-    ax.set_title(figure)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def plot_long_sequences(lines: list[dict], path: Path) -> bool:
-    """Seconds and memory against tokens: forward_backward and a 1-token sample through the SDK and in the engine
-    alone, with the materialised attention's points (where it still fits) for the curve it replaced."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    def points(figure: str, field: str, **where) -> list[tuple[int, float]]:
-        return sorted(
-            (x["tokens"], x[field])
-            for x in lines
-            if x.get("figure") == figure and field in x and all(x.get(k) == v for k, v in where.items())
-        )
-
-    fb_sdk = points("long_sequences_forward_backward_s", "tinkerflow")
-    if not fb_sdk:
-        return False
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
-    for pts, style, label in (
-        (fb_sdk, "o-", "forward_backward, tinkerflow"),
-        (points("long_sequences_forward_backward_s", "engine"), "s--", "forward_backward, engine alone"),
-        (points("long_sequences_sample_s", "tinkerflow"), "o-", "1-token sample, tinkerflow"),
-        (points("long_sequences_sample_s", "engine"), "s--", "1-token sample, engine alone"),
-        (points("long_sequences_reference_attention", "forward_backward_s", attention="reference"), "x:",
-         "forward_backward, materialised attention"),
-    ):  # fmt: skip
-        if pts:
-            left.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-    for pts, style, label in (
-        (points("long_sequences_memory_gb", "tinkerflow"), "o-", "JAX worker high-water (tinkerflow)"),
-        (points("long_sequences_memory_gb", "engine"), "s--", "engine-alone process"),
-        (points("long_sequences_reference_attention", "memory_gb", attention="reference"), "x:",
-         "materialised attention"),
-    ):  # fmt: skip
-        if pts:
-            right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-    for ax, ylabel in ((left, "seconds"), (right, "GB")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tokens")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    left.set_yscale("log")
-    left.set_title("time against length")
-    right.set_title("memory against length")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def prefix_cache(lines: list[dict]) -> list[str]:
-    """The prefix cache's workloads: the engine alone with the cache off and on, and through the SDK (always on)."""
-    rows = []
-    for name, label in (("group16", "GRPO group: 16 samples of one 480-token prompt"),
-                        ("conversation6", "6-turn conversation, each turn the last + 80 tokens")):  # fmt: skip
-        engine = next((x for x in lines if x.get("figure") == f"prefix_cache_{name}_engine"), None)
-        sdk = next((x for x in lines if x.get("figure") == f"prefix_cache_{name}"), None)
-        if engine is None:
-            continue
-        through = (_fmt(sdk["tinkerflow"]), _fmt(sdk.get("ratio")), _fmt(sdk.get("hit_tokens"))) if sdk else ("—",) * 3
-        served = engine.get("served_tokens", engine["hit_tokens"])
-        rows.append(
-            f"| {label} | {_fmt(engine['cache_off'])} | {_fmt(engine['cache_on'])} | {_fmt(engine['speedup'])} | "
-            f"{_fmt(served)} | {' | '.join(through)} |"
-        )
-    if not rows:
-        return []
-    return [
-        "| workload (16 new tokens a sample) | engine, cache off (ms) | engine, cache on (ms) | speedup | prompt "
-        "tokens served from the cache (engine, every sample) | tinkerflow, cache on (ms) | tinkerflow / engine on | "
-        "`prompt_cache_hit_tokens` (SDK, first samples) |",
-        "|---|---|---|---|---|---|---|---|",
-        *rows,
-    ]
-
-
-def control_plane(lines: list[dict]) -> list[str]:
-    out = []
-    total = next((x for x in lines if x.get("figure") == "control_plane_forward_1_datum_ms"), None)
-    if total:
-        out += [
-            f"A `forward` of 1 datum through the SDK took **{total['median_ms']} ms** median over {total['n']} ops "
-            "(sequential, idle stack). Timeline (median ms after the SDK call; history event times are the "
-            "Temporal server's clock):",
-            "",
-            "| hop (workflow:event#k) | ms after the call | ops with it |",
-            "|---|---|---|",
-        ]
-        out += [
-            f"| {x['event']} | {x['median_ms_after_call']} | {x['ops_with_event']}/{x['ops']} |"
-            for x in lines
-            if x.get("figure") == "control_plane_hop"
-        ]
-        out.append(f"| result in hand at the SDK | {total['median_ms']} | |")
-    routes = [x for x in lines if x.get("figure") == "control_plane_api_route_ms"]
-    if routes:
-        out += [
-            "",
-            "API time per route over those ops (its /metrics histogram):",
-            "",
-            "| route | mean ms at the API | requests per op |",
-            "|---|---|---|",
-        ]
-        out += [f"| `{x['route']}` | {x['mean_ms']} | {x['requests_per_op']} |" for x in routes]
-    cpu = [x for x in lines if x.get("figure") == "control_plane_cpu_under_mixed_loop"]
-    if cpu:
-        out += [
-            "",
-            f"CPU of each part over {cpu[0]['iterations']} mixed-loop iterations ({cpu[0]['wall_s']} s "
-            "wall; 1.0 = one core busy all the time):",
-            "",
-            "| part | CPU s | share of wall |",
-            "|---|---|---|",
-        ]
-        out += [f"| {x['part']} | {x['cpu_s']} | {x['cpu_share_of_wall']} |" for x in cpu]
-    for x in lines:
-        if x.get("figure") == "control_plane_py_spy_sandbox_start" and x.get("share_of_samples") is not None:
-            out += [
-                "",
-                f"py-spy, {x['part']}: {x['share_of_samples']:.1%} of its samples under `{x['frame']}` (the "
-                "workflow sandbox building a new run's instance, re-importing the modules it does not share).",
-            ]
-    spy = [x for x in lines if x.get("figure") == "control_plane_py_spy_top_self"]
-    for part in dict.fromkeys(x["part"] for x in spy):
-        out += ["", f"py-spy, {part}, under the mixed loop: top self-time frames (share of samples on CPU):", ""]
-        out += [f"- {x['share_of_samples']:.1%} `{x['frame']}`" for x in spy if x["part"] == part][:8]
-    return out
-
-
-def paging(lines: list[dict]) -> list[str]:
-    """More runs than slots: what each level paged and the host memory it took (its steps/s and page ms are rows
-    of the table)."""
-    rows = [x for x in lines if x.get("figure") == "paging_memory"]
-    if not rows:
-        return []
-    return [
-        f"Live runs on {rows[0].get('slots')} adapter slots, training round-robin (one forward_backward of "
-        f"{rows[0].get('datums')} datum + optim_step per run per round); the steps/s and page-in/out ms of each level "
-        "are the `paging_*` rows of the table. Page-ins per step: what the stack did (its Coordinator pages a run in "
-        "for its forward_backward and, when other runs' work took the slots meanwhile, again for its optim_step) and "
-        "what the engine alone was given to do the same. Host memory: the page store's bytes after the level, and "
-        "the JAX worker's resident set (the engine alone: its process's peak).",
-        "",
-        "| live runs | creates/s (SDK, 16 at a time) | rounds timed | page-ins per step (stack / engine) | page "
-        "store in host memory, MB (stack / engine) | JAX worker RSS, MB | engine alone peak RSS, MB |",
-        "|---|---|---|---|---|---|---|",
-        *[
-            f"| {x['runs']:,} | {_fmt(x.get('creates_per_s'))} | {x.get('rounds')} | {x.get('page_ins_per_step')} / "
-            f"{x.get('engine_page_ins_per_step')} | {_fmt(x.get('page_store_host_mb'))} / "
-            f"{_fmt(x.get('engine_page_store_host_mb'))} | {_fmt(x.get('worker_rss_mb'))} | "
-            f"{_fmt(x.get('engine_process_peak_rss_mb'))} |"
-            for x in rows
-        ],
-    ]
 
 
 def render(lines: list[dict], docs: Path, meta: dict) -> Path:

@@ -32,8 +32,16 @@ def engine_tokens_per_s(engine, rows: int, repeats: int) -> float:
     from tinkerflow.workers.engine.types import SampleInput
 
     rng = np.random.default_rng(0)
-    reqs = [SampleInput(prompt=rng.integers(1, 1000, PROMPT).astype(np.int32), max_tokens=NEW_TOKENS,
-                        temperature=1.0, stop_token_ids=[], seed=i) for i in range(rows)]  # fmt: skip
+    reqs = [
+        SampleInput(
+            prompt=rng.integers(1, 1000, PROMPT).astype(np.int32),
+            max_tokens=NEW_TOKENS,
+            temperature=1.0,
+            stop_token_ids=[],
+            seed=i,
+        )
+        for i in range(rows)
+    ]
     engine.sample(reqs)  # compiles
     tokens, t0 = 0, time.perf_counter()
     for _ in range(repeats):
@@ -94,8 +102,14 @@ def main(argv: list[str] | None = None) -> None:
         tiny = make_tiny_model(work / "tiny")
         model_dir = write_random_checkpoint(work / SHAPE_NAME, QWEN3_30B_A3B_1L, dtype, tiny)
         engine = Engine.load(str(model_dir), max_lora_adapters=2, max_lora_rank=8, progress=False)
-        common = dict(shape=SHAPE_NAME, rows=args.rows, prompt=PROMPT, new_tokens=NEW_TOKENS, dtype=str(engine.dtype),
-                      backend=jax.default_backend())  # fmt: skip
+        common = dict(
+            shape=SHAPE_NAME,
+            rows=args.rows,
+            prompt=PROMPT,
+            new_tokens=NEW_TOKENS,
+            dtype=str(engine.dtype),
+            backend=jax.default_backend(),
+        )
         ours = engine_tokens_per_s(engine, args.rows, args.repeats)
         bare = bare_tokens_per_s(engine, args.rows, args.repeats)
     emit(figure="sample_tokens_per_s", path="engine", **common, tokens_per_s=round(ours, 1))

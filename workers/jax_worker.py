@@ -38,8 +38,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import prometheus_client
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import Client
 from temporalio.worker import Worker
 
 from tinkerflow.activities.accelerator_metrics import AcceleratorMeter, publish_memory_plan
@@ -58,9 +57,8 @@ from tinkerflow.workers.engine.types import (
     WarmUpPlan,
 )
 from tinkerflow.workers.models import resolve_base_model
+from tinkerflow.workers.registration import keep_registered, register
 from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
-from tinkerflow.workflows.coordinator.state import CoordinatorState
-from tinkerflow.workflows.coordinator.workflow import Coordinator
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import ModelCard, WorkerInfo
 
@@ -68,7 +66,6 @@ if TYPE_CHECKING:
     from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
 
 log = logging.getLogger(__name__)
-REREGISTER_EVERY_S = 30.0
 # The background warm-up starts its next piece only after the engine served nothing for this long: the gaps between
 # the ops of one client's loop (a workflow round trip) are far shorter, so a loop in progress is never held up.
 WARM_UP_AFTER_IDLE_S = 1.0
@@ -97,8 +94,9 @@ async def serve(
     if multi_host:  # before anything touches JAX; every process of the worker runs this
         from tinkerflow.workers.engine.runtime import multihost
 
-        await asyncio.to_thread(multihost.initialize, settings.coordinator_address, settings.num_processes,
-                                settings.process_id)  # fmt: skip
+        await asyncio.to_thread(
+            multihost.initialize, settings.coordinator_address, settings.num_processes, settings.process_id
+        )
         if settings.process_id != 0:
             await follow(settings, ready=ready, stop=stop)
             return
@@ -158,11 +156,15 @@ async def serve(
             from tinkerflow.workers.engine.runtime import persistent_cache
 
             c = persistent_cache.counts()
-            log.info("compilation cache %s: %d programs read back, %d compiled so far",
-                     settings.resolved_compilation_cache_dir, c.hits, c.misses)  # fmt: skip
+            log.info(
+                "compilation cache %s: %d programs read back, %d compiled so far",
+                settings.resolved_compilation_cache_dir,
+                c.hits,
+                c.misses,
+            )
         if ready is not None:
             ready.set()
-        reregister = asyncio.create_task(_keep_registered(client, settings, info))
+        reregister = asyncio.create_task(keep_registered(client, settings, info))
         if later:
             from tinkerflow.workers.engine.runtime.warm_up import split_by_slot_bucket
 
@@ -325,11 +327,16 @@ def load_engine(settings: Settings, local_path: str):
 
     host_memory.bound_programs(settings.max_programs, settings.program_memory_mb * 2**20)  # before anything compiles
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
-    engine = Engine.load(local_path, max_lora_adapters=settings.max_lora_adapters,
-                         max_lora_rank=settings.max_lora_rank, mesh=mesh,
-                         snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
-                         device_memory_bytes=int(settings.device_memory_gb * 2**30),
-                         prefix_cache_tokens=settings.prefix_cache_tokens, page_store=page_store(settings))  # fmt: skip
+    engine = Engine.load(
+        local_path,
+        max_lora_adapters=settings.max_lora_adapters,
+        max_lora_rank=settings.max_lora_rank,
+        mesh=mesh,
+        snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
+        device_memory_bytes=int(settings.device_memory_gb * 2**30),
+        prefix_cache_tokens=settings.prefix_cache_tokens,
+        page_store=page_store(settings),
+    )
     publish_memory_plan(engine.memory)
     return engine
 
@@ -366,38 +373,3 @@ async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: a
     if replay not in done:
         halt.set()  # stopped from here (SIGTERM): the loop notices within one poll
     await replay
-
-
-async def _keep_registered(client, settings: Settings, info: WorkerInfo) -> None:
-    """Register again now and then: a coordinator that took this worker for dead (a batch timed out while the
-    machine was overloaded) or was reset takes it back; for one that knows it, this is a no-op."""
-    while True:
-        await asyncio.sleep(REREGISTER_EVERY_S)
-        try:
-            await register(client, settings, info)
-        except Exception as e:
-            log.warning("re-registering with the coordinator failed: %s", e)
-
-
-async def register(client, settings: Settings, info: WorkerInfo) -> WorkflowHandle:
-    card = info.card
-    return await client.start_workflow(
-        Coordinator.run,
-        CoordinatorState(base_model=card.name, pool=settings.pool),
-        id=names.coordinator_workflow_id(card.name, settings.pool),
-        task_queue=names.WORKFLOW_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal="register_worker",
-        start_signal_args=[info],
-        memo={
-            "model": {
-                "name": card.name,
-                "arch": card.arch,
-                "local_path": card.local_path,
-                "vocab_size": card.vocab_size,
-                "max_context": card.max_context,
-            }
-        },
-        search_attributes=None,
-        static_summary=f"batching for {card.name} on pool {settings.pool}",
-    )

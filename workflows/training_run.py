@@ -19,25 +19,22 @@ from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.errors import ErrorType
 from tinkerflow.workflows.protocol.messages import (
     Answered,
-    LoadCheckpoint,
     LoggedOp,
     OpKind,
     Outcome,
     RunStart,
     RunState,
     SaveRequest,
-    TenantLimit,
     TrainingOp,
     WorkKind,
     WorkResult,
 )
 from tinkerflow.workflows.protocol.usage import OpUsage
 from tinkerflow.workflows.requester import CoordinatorCalls
-from tinkerflow.workflows.run_checkpoints import RunCheckpoints, rfc3339
+from tinkerflow.workflows.run_checkpoints import rfc3339
+from tinkerflow.workflows.run_recovery import RunRecovery
 
 ANSWERED_KEPT = 128
-# How long a run whose JAX worker died waits for a live worker to restore its adapter on.
-RECOVERY_WAIT = timedelta(minutes=5)
 RECOVERABLE_KINDS = {
     OpKind.FORWARD_BACKWARD,
     OpKind.OPTIM_STEP,
@@ -59,7 +56,7 @@ RUN_METRICS_PATCH = "run-metrics-tags"
 
 
 @workflow.defn(name="TrainingRun")
-class TrainingRunWorkflow(RunCheckpoints):
+class TrainingRunWorkflow(RunRecovery):
     @workflow.init
     def __init__(self, start: RunStart, carried: RunState | None = None) -> None:
         self.s = carried or RunState(start=start)
@@ -298,65 +295,6 @@ class TrainingRunWorkflow(RunCheckpoints):
         if op.kind is OpKind.REJECT:
             return Outcome.failed(op.error or "rejected")
         return Outcome.failed(f"unsupported training op {op.kind!r}")
-
-    # --- recovery from a dead JAX worker (docs/architecture.md §What durability promises) --------------------------
-
-    async def _create_adapter(self) -> Outcome:
-        lora = self.s.lora_spec
-        start = self.s.start
-        return await self._calls.call(
-            self._coordinator,
-            WorkKind.CREATE_ADAPTER,
-            model_id=start.model_id,
-            session_id=start.session_id,
-            lora=lora,
-            tenant=TenantLimit(owner=start.owner, max_live_runs=start.max_live_runs),
-            timeout=RECOVERY_WAIT if self.s.status == "ready" else None,
-        )
-
-    async def _auto_snapshot(self) -> None:
-        path = f"tinker://{self.s.start.model_id}/auto_weights/latest"
-        outcome = await self._write_checkpoint(path, SaveRequest(path="latest", overwrite=True))
-        if outcome.ok:
-            self.s.auto_snapshot, self.s.since_snapshot = path, []
-        else:  # keep the log: recovery then replays from the previous snapshot
-            workflow.logger.warning("automatic snapshot of %s failed: %s", self.s.start.model_id, outcome.error)
-
-    async def _recover(self, why: str) -> Outcome:
-        """Re-place the adapter on a live worker, load the latest automatic snapshot and replay the ops logged since:
-        the exact state the dead worker held. Returns the last step's outcome: ok, or what went wrong."""
-        if not self.s.start.snapshot_every:
-            return Outcome.failed("automatic snapshots are off for this run (--auto-snapshot-every 0)", "server")
-        self.s.recoveries += 1
-        workflow.logger.warning(
-            "restoring %s (%s): snapshot %s + %d ops",
-            self.s.start.model_id,
-            why,
-            self.s.auto_snapshot or "none (fresh adapter)",
-            len(self.s.since_snapshot),
-        )
-        workflow.set_current_details(f"restoring the adapter on a live JAX worker: {why}")
-        outcome = await self._create_adapter()
-        if outcome.ok and self.s.auto_snapshot:
-            outcome = await self._calls.call(
-                self._coordinator,
-                WorkKind.LOAD_CHECKPOINT,
-                model_id=self.s.start.model_id,
-                load=LoadCheckpoint(path=self.s.auto_snapshot, optimizer=True),
-            )
-        for entry in self.s.since_snapshot:
-            if not outcome.ok:
-                break
-            outcome = await self._calls.call(
-                self._coordinator,
-                WorkKind(entry.kind),
-                model_id=self.s.start.model_id,
-                payload=entry.payload,
-                adam=entry.adam,
-                load=entry.load,
-            )
-        self._publish()
-        return outcome
 
     # --- visibility ----------------------------------------------------------------------------------------------
 

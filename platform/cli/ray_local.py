@@ -34,9 +34,14 @@ def ray_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TINKERFLOW_", "RAY_")) and k != "XLA_FLAGS"}
     # RAY_memory_monitor_refresh_ms=0: Ray's own OOM killer judges the whole machine's memory, so on a machine shared
     # with other work it killed this cluster's job driver and actors for memory they did not use.
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0", HF_HUB_OFFLINE="1", TINKER_TELEMETRY="0",
-               PYTHONUNBUFFERED="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # fmt: skip
+    env.update(
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_memory_monitor_refresh_ms="0",
+        HF_HUB_OFFLINE="1",
+        TINKER_TELEMETRY="0",
+        PYTHONUNBUFFERED="1",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
     return env
 
 
@@ -50,12 +55,22 @@ class LocalRayCluster:
 
     def ray(self, *args: str, timeout_s: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         """Run the `ray` CLI against this cluster."""
-        return subprocess.run([_bin("ray"), *args], env=self.env, capture_output=True, text=True, timeout=timeout_s,
-                              check=check)  # fmt: skip
+        return subprocess.run(
+            [_bin("ray"), *args], env=self.env, capture_output=True, text=True, timeout=timeout_s, check=check
+        )
 
     def submit(self, entrypoint: list[str], submission_id: str) -> None:
-        self.ray("job", "submit", "--address", self.dashboard_url, "--submission-id", submission_id, "--no-wait",
-                 "--", *entrypoint)  # fmt: skip
+        self.ray(
+            "job",
+            "submit",
+            "--address",
+            self.dashboard_url,
+            "--submission-id",
+            submission_id,
+            "--no-wait",
+            "--",
+            *entrypoint,
+        )
 
     def jobs(self):
         from ray.job_submission import JobSubmissionClient
@@ -119,15 +134,29 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout_s: float
     temp_dir = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))
     gcs_port, dashboard_port = free_port(), free_port()
     cluster = LocalRayCluster(temp_dir, f"{node_ip(0)}:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", nodes)
-    common = ["--num-cpus", str(cpus_per_node), "--num-gpus", "0",
-              "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]  # fmt: skip
+    common = [
+        "--num-cpus",
+        str(cpus_per_node),
+        "--num-gpus",
+        "0",
+        "--object-store-memory",
+        str(80 * 1024 * 1024),
+        "--disable-usage-stats",
+    ]
     try:
         for n in range(nodes):
             for attempt in range(3):  # a free port picked here may be taken before Ray binds it: pick again
                 # every node on this machine needs its own agent ports (a real host would have them to itself)
-                ports = ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port",
-                         str(free_port()), "--runtime-env-agent-port", str(free_port()), "--metrics-export-port",
-                         str(free_port())]  # fmt: skip
+                ports = [
+                    "--dashboard-agent-listen-port",
+                    str(free_port()),
+                    "--dashboard-agent-grpc-port",
+                    str(free_port()),
+                    "--runtime-env-agent-port",
+                    str(free_port()),
+                    "--metrics-export-port",
+                    str(free_port()),
+                ]
                 if n == 0:
                     cmd = [
                         "start",

@@ -51,9 +51,11 @@ def plan(settings: Settings) -> GroupPlan:
     strategy = settings.ray_strategy.upper()
     if strategy not in STRATEGIES:
         raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {settings.ray_strategy!r}")
-    for flag, value in (("--cpus-per-host", settings.ray_cpus_per_host),
-                        ("--gpus-per-host", settings.ray_gpus_per_host),
-                        ("--tpus-per-host", settings.ray_tpus_per_host)):  # fmt: skip
+    for flag, value in (
+        ("--cpus-per-host", settings.ray_cpus_per_host),
+        ("--gpus-per-host", settings.ray_gpus_per_host),
+        ("--tpus-per-host", settings.ray_tpus_per_host),
+    ):
         if value < 0:
             raise ValueError(f"{flag} must be >= 0, got {value}")
     if settings.ray_gpus_per_host and settings.ray_tpus_per_host:
@@ -65,9 +67,15 @@ def plan(settings: Settings) -> GroupPlan:
         bundle["GPU"] = settings.ray_gpus_per_host
     if settings.ray_tpus_per_host:
         bundle["TPU"] = settings.ray_tpus_per_host
-    return GroupPlan(hosts=settings.ray_hosts, bundle=bundle, strategy=strategy,
-                     max_restarts=settings.ray_max_restarts, mesh_fsdp=settings.mesh_fsdp, mesh_tp=settings.mesh_tp,
-                     pool=settings.pool)  # fmt: skip
+    return GroupPlan(
+        hosts=settings.ray_hosts,
+        bundle=bundle,
+        strategy=strategy,
+        max_restarts=settings.ray_max_restarts,
+        mesh_fsdp=settings.mesh_fsdp,
+        mesh_tp=settings.mesh_tp,
+        pool=settings.pool,
+    )
 
 
 def actor_env(settings: Settings, group: GroupPlan) -> dict[str, str]:

@@ -32,8 +32,14 @@ def _store(tmp_path, session: str = SESSION, call: str = CALL, payload: str = "f
     store = ClaimCheckStore((tmp_path / "store").as_uri())
     weights = records.Weights(f"{session}:sample:0", "tiny", "", "")
     records.write_call(store, records.CallRecord(call, payload, "owner-a", session, weights))
-    item = WorkItem(key="k", requester=call.rsplit("#", 1)[0], kind=WorkKind.SAMPLE, session_id=session,
-                    payload=BlobRef(payload, 1, "0"), sample=SampleParams(sampler_id=weights.sampler_id))  # fmt: skip
+    item = WorkItem(
+        key="k",
+        requester=call.rsplit("#", 1)[0],
+        kind=WorkKind.SAMPLE,
+        session_id=session,
+        payload=BlobRef(payload, 1, "0"),
+        sample=SampleParams(sampler_id=weights.sampler_id),
+    )
     result = SampleResult([SampledSequence(t, lp, "length") for t, lp in zip(SAMPLED, LOGPROBS)])
     stability.record(store, item, json.dumps({"record_stability_info": True}).encode(), result)
     return store
@@ -43,8 +49,12 @@ def _datum(seq: int = 0, sequence_id: str = f"{CALL}#0", **change) -> types.Datu
     """rl_loop's datum for sampled sequence `seq`: the prompt and all but the last token in, targets shifted by one
     (zeros on the prompt), the sampler's log-probs and an advantage on the sampled tokens."""
     tokens, lps, ob = SAMPLED[seq], LOGPROBS[seq], len(PROMPT) - 1
-    fields = {"target_tokens": [0] * ob + tokens, "logprobs": [0.0] * ob + lps,
-              "advantages": [0.0] * ob + [1.0] * len(tokens), "model_input": PROMPT + tokens[:-1]}  # fmt: skip
+    fields = {
+        "target_tokens": [0] * ob + tokens,
+        "logprobs": [0.0] * ob + lps,
+        "advantages": [0.0] * ob + [1.0] * len(tokens),
+        "model_input": PROMPT + tokens[:-1],
+    }
     fields.update(change)
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(fields.pop("model_input")),
@@ -55,11 +65,15 @@ def _datum(seq: int = 0, sequence_id: str = f"{CALL}#0", **change) -> types.Datu
     )
     n = len(tokens)
     return datum.with_provenance(
-        model_input=[types.PromptProvenanceSpan(sequence_id=sequence_id, length=len(PROMPT)),
-                     types.SampledProvenanceSpan(sequence_id=sequence_id, length=n - 1)],
-        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sequence_id, offset=1, length=len(PROMPT) - 1),
-                        types.SampledProvenanceSpan(sequence_id=sequence_id, length=n)],
-    )  # fmt: skip
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id=sequence_id, length=len(PROMPT)),
+            types.SampledProvenanceSpan(sequence_id=sequence_id, length=n - 1),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id=sequence_id, offset=1, length=len(PROMPT) - 1),
+            types.SampledProvenanceSpan(sequence_id=sequence_id, length=n),
+        ],
+    )
 
 
 def _resolve(store: ClaimCheckStore, data: list[types.Datum], loss: str = "stable_reinforce", session: str = SESSION):
@@ -97,14 +111,22 @@ def test_logprobs_beyond_the_tolerance_and_spans_past_the_sequence_are_refused(t
     store = _store(tmp_path)
     with pytest.raises(InputError, match=r"datum 0: logprobs\[3\] is -0.5 but the sampler recorded -1.25"):
         _resolve(store, [_datum(logprobs=[0.0, 0.0, -0.5, -0.5, -2.0, -0.125])])
-    inputs = {k: types.TensorData.from_numpy(v) for k, v in (("target_tokens", np.array([0, 0, 20, 21, 22, 23])),
-              ("logprobs", np.zeros(6, np.float32)), ("advantages", np.zeros(6, np.float32)))}  # fmt: skip
+    inputs = {
+        k: types.TensorData.from_numpy(v)
+        for k, v in (
+            ("target_tokens", np.array([0, 0, 20, 21, 22, 23])),
+            ("logprobs", np.zeros(6, np.float32)),
+            ("advantages", np.zeros(6, np.float32)),
+        )
+    }
     longer = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 20, 21, 22]), loss_fn_inputs=inputs)
     longer = longer.with_provenance(
         model_input=[types.PromptProvenanceSpan(sequence_id="p", length=6)],
-        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="p", length=2),
-                        types.SampledProvenanceSpan(sequence_id=f"{CALL}#1", length=4)],
-    )  # fmt: skip
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id="p", length=2),
+            types.SampledProvenanceSpan(sequence_id=f"{CALL}#1", length=4),
+        ],
+    )
     with pytest.raises(InputError, match=r"covers tokens 0..3 of sequence .*#1', which sampled 3"):
         _resolve(store, [longer])
 
@@ -139,8 +161,9 @@ def test_other_losses_read_no_records_and_unasked_samples_write_none(tmp_path):
     assert not empty.fs.exists(f"{empty.root}/{records.KIND}")
 
 
-SPAN = st.tuples(st.booleans(), st.sampled_from([f"{CALL}#0", f"{CALL}#1", f"{CALL}#7", "x"]),
-                 st.integers(0, 6), st.integers(0, 6))  # fmt: skip
+SPAN = st.tuples(
+    st.booleans(), st.sampled_from([f"{CALL}#0", f"{CALL}#1", f"{CALL}#7", "x"]), st.integers(0, 6), st.integers(0, 6)
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -177,9 +200,13 @@ def test_an_unreadable_record_is_answered_as_a_missing_one(tmp_path, which):
     store = _store(tmp_path)
     key = CALL if which == "call" else "file:///body-1"
     path = records._path(store, key, which)
-    for garbage in (b"not json", json.dumps({"format": 1, "call": CALL, "session_id": SESSION}).encode(),
-                    json.dumps({"format": 1, "payload": "file:///body-1", "session_id": SESSION,
-                                "sequences": [{"tokens": "%%%"}]}).encode()):  # fmt: skip
+    for garbage in (
+        b"not json",
+        json.dumps({"format": 1, "call": CALL, "session_id": SESSION}).encode(),
+        json.dumps(
+            {"format": 1, "payload": "file:///body-1", "session_id": SESSION, "sequences": [{"tokens": "%%%"}]}
+        ).encode(),
+    ):
         store.fs.pipe_file(path, garbage)
         with pytest.raises(InputError, match="has no stability record"):
             _resolve(store, [_datum()])

@@ -203,9 +203,12 @@ def _sample_body(**fields) -> bytes:
 def test_every_sample_request_field_reaches_the_engine():
     target = types.TensorData.from_torch_sparse(torch.tensor([[-1, 5], [7, -1], [-1, -1]]), pad_value=-1)
     body = _sample_body(
-        topk_sample_logprobs=3, prompt_alt_tokens_k=2, prompt_logprobs=True, prompt_logprobs_last_n=2,
+        topk_sample_logprobs=3,
+        prompt_alt_tokens_k=2,
+        prompt_logprobs=True,
+        prompt_logprobs_last_n=2,
         target_prompt_logprobs=_tensor_data_to_model(target).model_dump(exclude_none=True),
-    )  # fmt: skip
+    )
     inp = wire.sample_input(body, snapshot=None)
     assert (inp.topk_sample_logprobs, inp.prompt_alt_tokens_k, inp.prompt_logprobs_last_n) == (3, 2, 2)
     assert inp.target_prompt_logprobs.tolist() == [[-1, 5], [7, -1], [-1, -1]]
@@ -221,9 +224,10 @@ def test_sample_output_answers_every_field_in_the_sdk_types():
     ids, lps = np.array([[3, 4]], np.int32), np.array([[-0.1, -2.0]], np.float32)
     result = SampleResult(
         sequences=[SampledSequence([3], [-0.1], "stop", topk_logprobs=(ids, lps))],
-        target_prompt_logprobs=values, prompt_cache_hit_tokens=16,
+        target_prompt_logprobs=values,
+        prompt_cache_hit_tokens=16,
         prompt_alt_tokens=(np.array([[1], [2], [3]], np.int64), np.array([[-1.0], [-2.0], [-3.0]], np.float32)),
-    )  # fmt: skip
+    )
     decoded = deserialize_sample_response(wire.sample_output(result, body))
     got = decoded.target_prompt_logprobs
     assert got.sparse_crow_indices == target.sparse_crow_indices and got.dtype == "float32"
@@ -240,13 +244,29 @@ def test_sample_output_answers_every_field_in_the_sdk_types():
     ("target", "message"),
     [
         ({"data": [1, 2], "dtype": "int64", "shape": [3, 100]}, "1 <= K <= 64"),
-        ({"data": [1], "dtype": "int64", "shape": [2**40, 2], "sparse_crow_indices": [0, 1], "sparse_col_indices": [0]},
-         "1 <= K <= 64"),
-        ({"data": [1, 2], "dtype": "int64", "shape": [3, 2], "sparse_crow_indices": [0, 5, 1, 2],
-          "sparse_col_indices": [0, 9]}, "CSR crow/col indices do not fit"),
+        (
+            {
+                "data": [1],
+                "dtype": "int64",
+                "shape": [2**40, 2],
+                "sparse_crow_indices": [0, 1],
+                "sparse_col_indices": [0],
+            },
+            "1 <= K <= 64",
+        ),
+        (
+            {
+                "data": [1, 2],
+                "dtype": "int64",
+                "shape": [3, 2],
+                "sparse_crow_indices": [0, 5, 1, 2],
+                "sparse_col_indices": [0, 9],
+            },
+            "CSR crow/col indices do not fit",
+        ),
         ({"data": [1.5, 2.0], "dtype": "float32", "shape": [1, 2]}, "must be int64"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_target_tensor_is_a_user_error_before_any_allocation(target, message):
     with pytest.raises(InputError, match=re.escape(message)):
         wire.sample_input(_sample_body(target_prompt_logprobs=target), snapshot=None)

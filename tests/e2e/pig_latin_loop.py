@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-EXAMPLES = [("banana split", "anana-bay plit-say"), ("quantum physics", "uantum-qay ysics-phay"),
-            ("coding wizard", "oding-cay izard-way")]  # fmt: skip
+EXAMPLES = [
+    ("banana split", "anana-bay plit-say"),
+    ("quantum physics", "uantum-qay ysics-phay"),
+    ("coding wizard", "oding-cay izard-way"),
+]
 
 
 def pig_latin(base_url: str, api_key: str, steps: int, on_step=None, sample: bool = False) -> list[float]:
@@ -26,8 +29,12 @@ def pig_latin(base_url: str, api_key: str, steps: int, on_step=None, sample: boo
         prompt = tokenizer.encode(f"English: {english}\nPig Latin:", add_special_tokens=True)
         completion = tokenizer.encode(f" {pig}\n\n", add_special_tokens=False)
         tokens, w = prompt + completion, [0] * len(prompt) + [1] * len(completion)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                                loss_fn_inputs=dict(weights=w[1:], target_tokens=tokens[1:])))  # fmt: skip  # pyright: ignore[reportArgumentType] (Datum converts lists)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs=dict(weights=w[1:], target_tokens=tokens[1:]),  # pyright: ignore[reportArgumentType] (Datum converts lists)
+            )
+        )
         weights += w[1:]
     weights = np.asarray(weights, np.float64)
     losses = []
@@ -42,7 +49,10 @@ def pig_latin(base_url: str, api_key: str, steps: int, on_step=None, sample: boo
     if not sample:
         return losses
     sampler = training.save_weights_and_get_sampling_client()
-    result = sampler.sample(types.ModelInput.from_ints(tokenizer.encode("English: coding wizard\nPig Latin:")), 1,
-                            types.SamplingParams(max_tokens=6, temperature=0.0)).result(timeout=900)  # fmt: skip
+    result = sampler.sample(
+        types.ModelInput.from_ints(tokenizer.encode("English: coding wizard\nPig Latin:")),
+        1,
+        types.SamplingParams(max_tokens=6, temperature=0.0),
+    ).result(timeout=900)
     assert result.sequences[0].tokens and len(result.sequences[0].logprobs) == len(result.sequences[0].tokens)  # pyright: ignore[reportArgumentType] (the stack fills these)
     return losses

@@ -92,8 +92,9 @@ def test_peft_export_reproduces_the_services_logprobs_in_transformers(
 
     # train_unembed=False: the unembedding LoRA carries Tinker's name, which PEFT reads only through the cookbook's
     # build_lora_adapter (tests/engine/test_unembed_export.py, tests/e2e/cookbook/test_weights.py).
-    training = service_client.create_lora_training_client(base_model=base_model, rank=4, seed=5, train_mlp=False,
-                                                          train_unembed=False).result()  # fmt: skip
+    training = service_client.create_lora_training_client(
+        base_model=base_model, rank=4, seed=5, train_mlp=False, train_unembed=False
+    ).result()
     for _ in range(3):  # non-zero B
         step(training)
     ours = training.forward(DATA, "cross_entropy").result(timeout=300).loss_fn_outputs

@@ -84,8 +84,10 @@ def _parity(stack, base_model, fn, ranks, data, client_side=None, *, loss_scale=
         assert handle.loss_id is not None
         same_handle = client_side is None
         client_side = dataclasses.replace(handle, loss_id=None) if same_handle else client_side
-        a, b = (twins.create_lora_training_client(base_model=base_model, rank=4, seed=11).result(timeout=300)
-                for _ in range(2))  # fmt: skip
+        a, b = (
+            twins.create_lora_training_client(base_model=base_model, rank=4, seed=11).result(timeout=300)
+            for _ in range(2)
+        )
         server = a.forward_backward_custom(data, handle).result(timeout=300)
         client = b.forward_backward_custom(data, client_side).result(timeout=300)
         assert server.metrics["loss:sum"] == pytest.approx(client.metrics["loss:sum"] * loss_scale, rel=TOL, abs=TOL)
@@ -113,13 +115,18 @@ def test_the_server_turns_custom_losses_on(service_client):
 @pytest.mark.parametrize("name", ["ppo_like", "normalized_nll"])
 def test_a_loss_written_for_the_test_runs_server_side_as_it_runs_client_side(stack, base_model, name):
     rng = np.random.default_rng(5)
-    fn, ranks = {"ppo_like": (ppo_like, {"logprobs": 1, "advantages": 1, "old": 1}),
-                 "normalized_nll": (normalized_nll, {"logprobs": 1, "weights": 1})}[name]  # fmt: skip
+    fn, ranks = {
+        "ppo_like": (ppo_like, {"logprobs": 1, "advantages": 1, "old": 1}),
+        "normalized_nll": (normalized_nll, {"logprobs": 1, "weights": 1}),
+    }[name]
     data = []
     for n in (5, 9, 7):
         tokens = [int(t) for t in rng.integers(1, 200, size=n)]
-        extra = ({"advantages": rng.normal(size=n).astype(np.float32), "old": np.full(n, -5.0, np.float32)}
-                 if name == "ppo_like" else {"weights": rng.uniform(size=n).astype(np.float32)})  # fmt: skip
+        extra = (
+            {"advantages": rng.normal(size=n).astype(np.float32), "old": np.full(n, -5.0, np.float32)}
+            if name == "ppo_like"
+            else {"weights": rng.uniform(size=n).astype(np.float32)}
+        )
         data.append(_datum(tokens, **extra))
     # The SDK runs a handle without a loss_id client-side: the very same traced graph, in torch.
     out = _parity(stack, base_model, fn, ranks, data)
@@ -147,8 +154,9 @@ def test_the_cookbooks_custom_losses_run_server_side(stack, base_model):
     for n in (5, 8, 3):
         target = np.zeros((n, 2), np.float32)
         target[-1] = (0.7, 0.3)
-        data.append(_datum([int(t) for t in rng.integers(1, 200, size=n)], k=2, weights=target,
-                           scale=np.float32(1 / 3)))  # fmt: skip
+        data.append(
+            _datum([int(t) for t in rng.integers(1, 200, size=n)], k=2, weights=target, scale=np.float32(1 / 3))
+        )
     ranks = {"logprobs": 2, "weights": 2, "scale": 0}
     _parity(stack, base_model, brier, ranks, data, probability_loss(brier_score_loss))
 
@@ -170,23 +178,34 @@ def test_what_the_server_cannot_run_is_refused_by_name(stack, service_client):
         return {"op": op, "name": name, "target": target, "args": list(args)}
 
     def out(ref):
-        return {"op": "output", "name": "output", "target": "output",
-                "args": [{"tuple": [{"ref": ref}, {"dict": {}}]}]}  # fmt: skip
+        return {"op": "output", "name": "output", "target": "output", "args": [{"tuple": [{"ref": ref}, {"dict": {}}]}]}
 
     cases = {
-        "cycle": ([lp, call("a", "operator.add", {"ref": "b"}, 1), call("b", "operator.add", {"ref": "a"}, 1),
-                   out("b")], "refers to 'b', which is not defined before it"),
+        "cycle": (
+            [lp, call("a", "operator.add", {"ref": "b"}, 1), call("b", "operator.add", {"ref": "a"}, 1), out("b")],
+            "refers to 'b', which is not defined before it",
+        ),
         "huge constant": ([lp, call("z", "torch.zeros", 10**12), out("z")], "out of range"),
-        "deep nesting": ([lp, call("s", "operator.add", {"ref": "logprobs"}, [[[[[[[[[[[1]]]]]]]]]]]), out("s")],
-                         "nested deeper than 8"),
+        "deep nesting": (
+            [lp, call("s", "operator.add", {"ref": "logprobs"}, [[[[[[[[[[[1]]]]]]]]]]]), out("s")],
+            "nested deeper than 8",
+        ),
         "unknown op": ([lp, call("s", "subprocess.run", "ls"), out("s")], "function 'subprocess.run' is not allowed"),
-        "in place": ([lp, call("s", "exp_", {"ref": "logprobs"}, op="call_method"), out("s")],
-                     "method 'exp_' is not allowed"),
-    }  # fmt: skip
+        "in place": (
+            [lp, call("s", "exp_", {"ref": "logprobs"}, op="call_method"), out("s")],
+            "method 'exp_' is not allowed",
+        ),
+    }
     session = service_client.holder.get_session_id()
     for seq, (case, (nodes, message)) in enumerate(cases.items(), start=100):
-        body = {"session_id": session, "custom_loss_seq_id": seq, "name": case, "type": "create_custom_loss",
-                "inputs": [{"name": "logprobs", "rank": 1}], "graph": {"format": 1, "nodes": nodes}}  # fmt: skip
+        body = {
+            "session_id": session,
+            "custom_loss_seq_id": seq,
+            "name": case,
+            "type": "create_custom_loss",
+            "inputs": [{"name": "logprobs", "rank": 1}],
+            "graph": {"format": 1, "nodes": nodes},
+        }
         r = rest.post("/api/v1/create_custom_loss", json=body)
         assert r.status_code == 200, r.text
         outcome = _poll(rest, r.json()["request_id"])

@@ -95,11 +95,25 @@ def test_what_the_sdk_cannot_send_is_refused_by_name(stack, base_model, service_
     SDK client whose ids it borrows sends nothing itself afterwards."""
     rest = httpx.Client(base_url=stack.base_url, headers={"X-API-Key": stack.api_key}, timeout=120)
     session = service_client.holder.get_session_id()
-    r = rest.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 900, "base_model": base_model,
-                                                 "optimizer_config": {"type": "lion"}})  # fmt: skip
+    r = rest.post(
+        "/api/v1/create_model",
+        json={
+            "session_id": session,
+            "model_seq_id": 900,
+            "base_model": base_model,
+            "optimizer_config": {"type": "lion"},
+        },
+    )
     assert r.status_code == 400 and "optimizer_config type 'lion' is not supported" in r.json()["detail"]
-    r = rest.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 901, "base_model": base_model,
-                                                 "optimizer_config": {"type": "dimuon", "version": 2}})  # fmt: skip
+    r = rest.post(
+        "/api/v1/create_model",
+        json={
+            "session_id": session,
+            "model_seq_id": 901,
+            "base_model": base_model,
+            "optimizer_config": {"type": "dimuon", "version": 2},
+        },
+    )
     assert r.status_code == 400 and "version must be 1" in r.json()["detail"]
 
     client = service_client.create_lora_training_client(

@@ -39,8 +39,9 @@ def _max_rel(got, want) -> float:
 @pytest.fixture(scope="module")
 def reference_losses(tmp_path_factory) -> list[float]:
     """The same loop on a single-process `tinkerflow up`."""
-    stack = launch(tmp_path_factory.mktemp("ray-reference") / "state", api_key=API_KEY,
-                   extra=["--auto-snapshot-every", "2"])  # fmt: skip
+    stack = launch(
+        tmp_path_factory.mktemp("ray-reference") / "state", api_key=API_KEY, extra=["--auto-snapshot-every", "2"]
+    )
     try:
         return pig_latin(stack.base_url, API_KEY, STEPS)
     finally:
@@ -62,10 +63,28 @@ def ray_stack(cluster, tmp_path_factory, request):
     The single-process reference runs while the group loads (CI time; no figure depends on their overlap)."""
     state = tmp_path_factory.mktemp("ray-stack") / "state"
     port = free_port()
-    entrypoint = [str(Path(sys.executable).parent / "tinkerflow"), "ray", "--with-stack", "--hosts", "2",
-                  "--cpus-per-host", "1", "--mesh-fsdp", "2", "--state-dir", str(state), "--port", str(port),
-                  "--temporal-port", str(free_port()), "--headless", "--api-key", API_KEY,
-                  "--auto-snapshot-every", "2"]  # fmt: skip
+    entrypoint = [
+        str(Path(sys.executable).parent / "tinkerflow"),
+        "ray",
+        "--with-stack",
+        "--hosts",
+        "2",
+        "--cpus-per-host",
+        "1",
+        "--mesh-fsdp",
+        "2",
+        "--state-dir",
+        str(state),
+        "--port",
+        str(port),
+        "--temporal-port",
+        str(free_port()),
+        "--headless",
+        "--api-key",
+        API_KEY,
+        "--auto-snapshot-every",
+        "2",
+    ]
     t0 = time.monotonic()
     cluster.submit(entrypoint, SUBMISSION)
     request.getfixturevalue("reference_losses")
@@ -93,7 +112,7 @@ def ray_stack(cluster, tmp_path_factory, request):
 
 
 def _group(state: Path) -> dict:
-    from tinkerflow.cli.ray_launch import group_file
+    from tinkerflow.cli.ray_group import group_file
 
     return group_file(state)
 
@@ -104,8 +123,16 @@ def test_two_actors_on_two_nodes_train_like_one_process(ray_stack, reference_los
     assert len({p["node_id"] for p in group["processes"]}) == 2, "STRICT_SPREAD: one actor on each node"
     losses = pig_latin(ray_stack["base_url"], API_KEY, STEPS)
     diff = _max_rel(losses, reference_losses)
-    print(json.dumps({"figure": "pig_latin_losses", "single_process": reference_losses, "ray_fsdp2": losses,
-                      "max_rel_diff": diff}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "figure": "pig_latin_losses",
+                "single_process": reference_losses,
+                "ray_fsdp2": losses,
+                "max_rel_diff": diff,
+            }
+        )
+    )
     assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert diff <= REL, f"losses differ by {diff:.2e} of their scale > {REL}: {losses} vs {reference_losses}"
 
@@ -149,8 +176,11 @@ def test_stopping_the_job_leaves_no_actor_and_no_placement_group(ray_stack, clus
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         groups = [g for g in cluster.list_state("placement-groups") if g.get("state") != "REMOVED"]
-        actors = [a for a in cluster.list_state("actors")
-                  if a.get("class_name") == "JaxWorkerActor" and a.get("state") != "DEAD"]  # fmt: skip
+        actors = [
+            a
+            for a in cluster.list_state("actors")
+            if a.get("class_name") == "JaxWorkerActor" and a.get("state") != "DEAD"
+        ]
         if not groups and not actors:
             break
         time.sleep(1)
@@ -168,9 +198,26 @@ def test_a_driver_started_with_ray_address_stops_clean_on_sigterm(request, clust
 
     _only_when_slow_runs(request, "a second group loads the model")
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "tinkerflow"), "ray", "--ray-address", cluster.gcs_address,
-           "--with-stack", "--hosts", "2", "--mesh-fsdp", "2", "--state-dir", str(tmp_path / "state"), "--port",
-           str(port), "--temporal-port", str(free_port()), "--headless", "--api-key", API_KEY]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "tinkerflow"),
+        "ray",
+        "--ray-address",
+        cluster.gcs_address,
+        "--with-stack",
+        "--hosts",
+        "2",
+        "--mesh-fsdp",
+        "2",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--port",
+        str(port),
+        "--temporal-port",
+        str(free_port()),
+        "--headless",
+        "--api-key",
+        API_KEY,
+    ]
     with open(tmp_path / "driver.log", "w") as log:
         driver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env())
     try:

@@ -45,8 +45,12 @@ def forward_logprobs(trainer, tokens: list[int], targets: np.ndarray) -> np.ndar
 
 
 def test_topk_sample_logprobs(sampler, base_trainer):
-    res = sampler.sample(types.ModelInput.from_ints(PROMPT), 2, types.SamplingParams(max_tokens=5, seed=1, stop=[]),
-                         topk_sample_logprobs=3).result()  # fmt: skip
+    res = sampler.sample(
+        types.ModelInput.from_ints(PROMPT),
+        2,
+        types.SamplingParams(max_tokens=5, seed=1, stop=[]),
+        topk_sample_logprobs=3,
+    ).result()
     for seq in res.sequences:
         top = seq.topk_logprobs_np
         assert top is not None and top.token_ids.shape == (5, 3)
@@ -63,8 +67,9 @@ def test_target_prompt_logprobs_dense_and_csr(sampler, base_trainer, sparse):
     ids[3] = torch.tensor([10, 11])
     ids[-1, 0] = 200
     target = types.TensorData.from_torch_sparse(ids, pad_value=-1) if sparse else types.TensorData.from_torch(ids)
-    res = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1),
-                         target_prompt_logprobs=target).result()  # fmt: skip
+    res = sampler.sample(
+        types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1), target_prompt_logprobs=target
+    ).result()
     got = res.target_prompt_logprobs
     assert got is not None and got.dtype == "float32" and (got.sparse_crow_indices is not None) == sparse
     ref = forward_logprobs(base_trainer, PROMPT, ids.clamp(min=0).numpy())
@@ -73,8 +78,9 @@ def test_target_prompt_logprobs_dense_and_csr(sampler, base_trainer, sparse):
 
 
 def test_prompt_alt_tokens_k(sampler, base_trainer):
-    res = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1, seed=3),
-                         prompt_alt_tokens_k=2).result()  # fmt: skip
+    res = sampler.sample(
+        types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1, seed=3), prompt_alt_tokens_k=2
+    ).result()
     alt = res.prompt_alt_tokens
     assert alt is not None and alt.tokens.shape == [len(PROMPT) - 1, 2]
     ref = forward_logprobs(base_trainer, PROMPT, alt.tokens.to_numpy())
@@ -96,8 +102,9 @@ def test_record_stability_info_samples_with_logprobs(service_client, base_model)
 
 def test_a_field_beyond_its_limit_is_a_user_error_naming_it(sampler):
     with pytest.raises(tinker.RequestFailedError, match="topk_sample_logprobs must be in"):
-        sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1),
-                       topk_sample_logprobs=500).result()  # fmt: skip
+        sampler.sample(
+            types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1), topk_sample_logprobs=500
+        ).result()
 
 
 def test_prefix_cache_hits_within_a_session_only(service_client, base_model):
@@ -168,17 +175,29 @@ def test_cancel_future(stack, service_client, base_model, sampler):
     """A training op's future cannot be cancelled (400 saying why); another tenant's id is 404; a sample cancelled
     while queued fails as cancelled, category user (one that already ran is left finished)."""
     session_id = service_client.holder.get_session_id()
-    model = {"session_id": session_id, "model_seq_id": 900, "base_model": base_model, "lora_config": {"rank": 1},
-             "type": "create_model"}  # fmt: skip
+    model = {
+        "session_id": session_id,
+        "model_seq_id": 900,
+        "base_model": base_model,
+        "lora_config": {"rank": 1},
+        "type": "create_model",
+    }
     training_id = _post(stack, "create_model", model, stack.api_key).json()["request_id"]
     refused = _post(stack, "cancel_future", {"request_id": training_id}, stack.api_key)
     assert refused.status_code == 400 and "cannot be cancelled" in refused.json()["detail"]
-    body = {"num_samples": 1, "prompt": {"chunks": [{"tokens": PROMPT, "type": "encoded_text"}]},
-            "sampling_params": {"max_tokens": 2}, "sampling_session_id": sampler._sampling_session_id,
-            "seq_id": 7_000_000_001, "type": "sample"}  # fmt: skip
+    body = {
+        "num_samples": 1,
+        "prompt": {"chunks": [{"tokens": PROMPT, "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": 2},
+        "sampling_session_id": sampler._sampling_session_id,
+        "seq_id": 7_000_000_001,
+        "type": "sample",
+    }
     busy = {**body, "sampling_params": {"max_tokens": 120, "stop": []}, "num_samples": 8}
-    assert all(_post(stack, "asample", {**busy, "seq_id": 7_000_000_100 + i}, stack.api_key).status_code == 200
-               for i in range(3))  # fmt: skip
+    assert all(
+        _post(stack, "asample", {**busy, "seq_id": 7_000_000_100 + i}, stack.api_key).status_code == 200
+        for i in range(3)
+    )
     submitted = _post(stack, "asample", body, stack.api_key).json()["request_id"]
     assert _post(stack, "cancel_future", {"request_id": submitted}, OTHER_API_KEY).status_code == 404
     assert _post(stack, "cancel_future", {"request_id": submitted}, stack.api_key).status_code == 200

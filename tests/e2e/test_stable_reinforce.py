@@ -49,11 +49,15 @@ def datum(seq: types.SampledSequence, advantage: float, *, tokens=None, logprobs
         },
     )
     return d.with_provenance(
-        model_input=[types.PromptProvenanceSpan(sequence_id=sid, length=len(PROMPT)),
-                     types.SampledProvenanceSpan(sequence_id=sid, length=n - 1)],
-        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=ob),
-                        types.SampledProvenanceSpan(sequence_id=sid, length=n)],
-    )  # fmt: skip
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id=sid, length=len(PROMPT)),
+            types.SampledProvenanceSpan(sequence_id=sid, length=n - 1),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=ob),
+            types.SampledProvenanceSpan(sequence_id=sid, length=n),
+        ],
+    )
 
 
 def refused(future, *patterns: str) -> str:
@@ -91,19 +95,28 @@ def test_what_the_record_contradicts_is_refused_and_the_run_goes_on(trainer, sam
     wrong = list(a.tokens)
     wrong[3] = (wrong[3] + 1) % 2000
     ob = len(PROMPT) - 1
-    refused(trainer.forward_backward([datum(a, 1.0, tokens=wrong)], "stable_reinforce"),
-            "datum 0: ", f"is {wrong[3]} but sequence {a.sequence_id!r} sampled {a.tokens[3]}")  # fmt: skip
+    refused(
+        trainer.forward_backward([datum(a, 1.0, tokens=wrong)], "stable_reinforce"),
+        "datum 0: ",
+        f"is {wrong[3]} but sequence {a.sequence_id!r} sampled {a.tokens[3]}",
+    )
     off = [x - 0.5 for x in a.logprobs or []]
-    refused(trainer.forward_backward([datum(a, 1.0, logprobs=off)], "stable_reinforce"),
-            f"datum 0: logprobs[{ob}] is", "but the sampler recorded")  # fmt: skip
+    refused(
+        trainer.forward_backward([datum(a, 1.0, logprobs=off)], "stable_reinforce"),
+        f"datum 0: logprobs[{ob}] is",
+        "but the sampler recorded",
+    )
     trainer.forward_backward([datum(a, 1.0)], "stable_reinforce").result()  # the next op of the run is served
 
 
 def test_a_sequence_sampled_without_record_stability_info_is_refused(service_client, base_model, trainer):
     plain = service_client.create_sampling_client(base_model=base_model).result()
     seq = plain.sample(types.ModelInput.from_ints(PROMPT), 1, PARAMS).result().sequences[0]
-    refused(trainer.forward_backward([datum(seq, 1.0)], "stable_reinforce"),
-            f"names sequence {seq.sequence_id!r}, {NO_RECORD}", "record_stability_info=True")  # fmt: skip
+    refused(
+        trainer.forward_backward([datum(seq, 1.0)], "stable_reinforce"),
+        f"names sequence {seq.sequence_id!r}, {NO_RECORD}",
+        "record_stability_info=True",
+    )
 
 
 def test_another_tenants_sequence_is_refused_like_a_missing_one(stack, base_model, trainer, sampled):
@@ -115,8 +128,10 @@ def test_another_tenants_sequence_is_refused_like_a_missing_one(stack, base_mode
     unknown = theirs.sequence_id.rsplit("#", 1)[0] + "#99"  # a sequence of theirs that does not exist
     missing = refused(trainer.forward_backward([datum(theirs, 1.0, sequence_id=unknown)], "stable_reinforce"))
     # Word for word, but for the id (the SDK's text around our message names each request).
-    said = [m[m.index("datum 0") : m.index("importance_sampling")].replace(i, "<id>")
-            for m, i in ((message, theirs.sequence_id), (missing, unknown))]  # fmt: skip
+    said = [
+        m[m.index("datum 0") : m.index("importance_sampling")].replace(i, "<id>")
+        for m, i in ((message, theirs.sequence_id), (missing, unknown))
+    ]
     assert said[0] == said[1]
     # And they cannot train on ours either.
     mine = sampled.sequences[0]

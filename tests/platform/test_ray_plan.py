@@ -109,7 +109,7 @@ def test_a_lost_node_is_reported_as_such_and_the_restart_budget_is_kept(tmp_path
 
     pytest.importorskip("ray")
     from tinkerflow.cli.ray_actor import Whereabouts
-    from tinkerflow.cli.ray_launch import RayGroup
+    from tinkerflow.cli.ray_group import RayGroup
 
     group = RayGroup.__new__(RayGroup)
     nodes = [{"NodeID": "a" * 56, "Alive": True}, {"NodeID": "b" * 56, "Alive": False}]

@@ -41,9 +41,11 @@ class HeartbeatProbe:
     @workflow.run
     async def run(self, queue: str) -> str:
         return await workflow.execute_activity(
-            "long_engine_call", task_queue=queue, start_to_close_timeout=timedelta(minutes=5),
+            "long_engine_call",
+            task_queue=queue,
+            start_to_close_timeout=timedelta(minutes=5),
             heartbeat_timeout=timedelta(seconds=600),
-        )  # fmt: skip
+        )
 
 
 async def _recorded(client, handle) -> str | None:
@@ -78,8 +80,9 @@ async def test_side_thread_heartbeats_reach_the_server_unthrottled(temporal_env)
     probe = Worker(client, task_queue=wf_queue, workflows=[HeartbeatProbe], workflow_runner=UnsandboxedWorkflowRunner())
     try:
         async with worker, probe:
-            handle = await client.start_workflow(HeartbeatProbe.run, queue, id=f"hb-probe-{uuid.uuid4().hex}",
-                                                 task_queue=wf_queue)  # fmt: skip
+            handle = await client.start_workflow(
+                HeartbeatProbe.run, queue, id=f"hb-probe-{uuid.uuid4().hex}", task_queue=wf_queue
+            )
             await _wait_recorded(client, handle, "compiling")  # the first heartbeat is never throttled
             SECOND_PHASE.set()
             await _wait_recorded(client, handle, "decoding")  # the default throttle would hold this one 480 s

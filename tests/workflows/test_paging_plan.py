@@ -24,8 +24,15 @@ QUEUES = ["q1", "q2"]
 
 
 def worker(queue: str, slots: int, paged: int, incarnation: str) -> WorkerInfo:
-    return WorkerInfo(worker_id=queue, task_queue=queue, max_adapters=slots, max_rank=8, card=CARD,
-                      incarnation=incarnation, max_paged=paged)  # fmt: skip
+    return WorkerInfo(
+        worker_id=queue,
+        task_queue=queue,
+        max_adapters=slots,
+        max_rank=8,
+        card=CARD,
+        incarnation=incarnation,
+        max_paged=paged,
+    )
 
 
 def item(kind: WorkKind, model_id: str, n: int = 0, **fields) -> WorkItem:

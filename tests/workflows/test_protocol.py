@@ -346,8 +346,9 @@ def test_the_activity_has_one_handler_per_kind_and_converts_specs_explicitly() -
     dimuon = AdamSpec(
         0.05, beta1=0.5, grad_clip_norm=1.0, optimizer="dimuon", damping=0.2, rank_lr_correction_exponent=0
     )
-    assert optim_config(dimuon) == DimuonConfig(0.05, grad_clip_norm=1.0, beta1=0.5, damping=0.2,
-                                                rank_lr_correction_exponent=0.0)  # fmt: skip
+    assert optim_config(dimuon) == DimuonConfig(
+        0.05, grad_clip_norm=1.0, beta1=0.5, damping=0.2, rank_lr_correction_exponent=0.0
+    )
     # Every field of the engine's configs is set from the spec (a new field on either side must be mapped).
     assert list(LoraConfig.__dataclass_fields__) == list(LoraSpec.__dataclass_fields__)
     engine_fields = {*AdamConfig.__dataclass_fields__, *DimuonConfig.__dataclass_fields__, "optimizer"}

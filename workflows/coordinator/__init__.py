@@ -7,4 +7,5 @@ worker's work and dispatches it as one batch (docs/architecture.md §The workflo
 - `paging.py`: which adapters are in a worker's slots for a batch, and the page moves that put them there (pure).
 - `dispatch.py`: the batches in flight on each worker, the next one queued behind the running one.
 - `fairness.py`: the order queued work is taken in, round-robin over sessions.
+- `view.py`: what its `describe` query answers.
 """

@@ -23,9 +23,10 @@ from temporalio.exceptions import TimeoutError as TimeoutError_
 
 from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH, InFlight, Pipelines, summarise
 from tinkerflow.workflows.coordinator.fairness import fair_order, growing
-from tinkerflow.workflows.coordinator.paging import BatchPlan, live_per_worker
+from tinkerflow.workflows.coordinator.paging import BatchPlan
 from tinkerflow.workflows.coordinator.placement import SLOT_KINDS, PlacementPolicy
 from tinkerflow.workflows.coordinator.state import CoordinatorState
+from tinkerflow.workflows.coordinator.view import describe
 from tinkerflow.workflows.protocol.errors import ErrorType
 from tinkerflow.workflows.protocol.messages import (
     Batch,
@@ -164,41 +165,7 @@ class Coordinator:
 
     @workflow.query
     def describe(self) -> dict[str, Any]:
-        live = live_per_worker(self.s)
-        return {
-            "base_model": self.s.base_model,
-            "pool": self.s.pool,
-            "workers": {
-                q: {
-                    "worker_id": w.info.worker_id,
-                    "slots_used": len(w.slots),
-                    "max_adapters": w.info.max_adapters,
-                    "max_paged": w.info.max_paged,
-                    "runs_live": live[q],
-                    "busy": self._pipelines.count(q) > 0,
-                    "batches_in_flight": self._pipelines.count(q),
-                }
-                for q, w in self.s.workers.items()
-            },
-            # Slots as a cache (paging.py): runs with an adapter on some worker, resident or paged out, and the
-            # page moves asked for so far.
-            "runs_live": len(self.s.placements),
-            "runs_paged": sum(1 for _, slot in self.s.placements.values() if slot < 0),
-            "page_ins": self.s.page_ins,
-            "page_outs": self.s.page_outs,
-            "placements": dict(self.s.placements),
-            "snapshots": len(self.s.snapshots),
-            "pending": len(self.s.pending),
-            # Work, not calls: one asample may ask for many samples of many tokens (items without the counts are
-            # one sample of unknown length).
-            "pending_samples": sum(
-                i.sample.samples if i.sample else 1 for i in self.s.pending if i.kind is WorkKind.SAMPLE
-            ),
-            "pending_sample_tokens": sum(
-                i.sample.work if i.sample else 0 for i in self.s.pending if i.kind is WorkKind.SAMPLE
-            ),
-            "dispatched_batches": self.s.dispatched_batches,
-        }
+        return describe(self.s, self._pipelines)
 
     # --- routing -------------------------------------------------------------------------------------------------
 

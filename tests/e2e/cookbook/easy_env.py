@@ -25,8 +25,9 @@ class TargetTokensEnv(Env):
     async def step(self, action, *, extra=None) -> StepResult:
         tokens = list(action)
         reward = sum(t in self.targets for t in tokens) / max(len(tokens), 1)
-        return StepResult(reward=reward, episode_done=True, next_observation=tinker.ModelInput.from_ints([]),
-                          next_stop_condition=[])  # fmt: skip
+        return StepResult(
+            reward=reward, episode_done=True, next_observation=tinker.ModelInput.from_ints([]), next_stop_condition=[]
+        )
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,19 @@ class TargetTokensGroup(EnvGroupBuilder):
 
 
 class TargetTokensDataset(RLDataset):
-    def __init__(self, prompts: list[tuple[int, ...]], targets: frozenset[int], batch_size: int, group_size: int,
-                 n_batches: int):  # fmt: skip
+    def __init__(
+        self, prompts: list[tuple[int, ...]], targets: frozenset[int], batch_size: int, group_size: int, n_batches: int
+    ):
         self.prompts, self.targets = prompts, targets
         self.batch_size, self.group_size, self.n_batches = batch_size, group_size, n_batches
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        return [TargetTokensGroup(self.prompts[(index * self.batch_size + i) % len(self.prompts)], self.targets,
-                                  self.group_size) for i in range(self.batch_size)]  # fmt: skip
+        return [
+            TargetTokensGroup(
+                self.prompts[(index * self.batch_size + i) % len(self.prompts)], self.targets, self.group_size
+            )
+            for i in range(self.batch_size)
+        ]
 
     def __len__(self) -> int:
         return self.n_batches
@@ -65,34 +71,52 @@ class TargetTokensDatasetBuilder(RLDatasetBuilder):
     n_batches: int = 100
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        return TargetTokensDataset(self.prompts, frozenset(self.targets), self.batch_size, self.group_size,
-                                   self.n_batches), None  # fmt: skip
+        return TargetTokensDataset(
+            self.prompts, frozenset(self.targets), self.batch_size, self.group_size, self.n_batches
+        ), None
 
 
-def probe_targets(service_client: tinker.ServiceClient, base_model: str, prompts: list[tuple[int, ...]],
-                  k: int = 4, max_tokens: int = 24) -> list[int]:  # fmt: skip
+def probe_targets(
+    service_client: tinker.ServiceClient,
+    base_model: str,
+    prompts: list[tuple[int, ...]],
+    k: int = 4,
+    max_tokens: int = 24,
+) -> list[int]:
     """The k tokens the base model (an untrained LoRA is the base model) emits most often."""
     import collections
 
     sampler = service_client.create_sampling_client(base_model=base_model)
     params = tinker.SamplingParams(max_tokens=max_tokens, temperature=1.0, stop=[], seed=0)
-    futures = [sampler.sample(tinker.ModelInput.from_ints(list(p)), num_samples=4, sampling_params=params)
-               for p in prompts]  # fmt: skip
+    futures = [
+        sampler.sample(tinker.ModelInput.from_ints(list(p)), num_samples=4, sampling_params=params) for p in prompts
+    ]
     counts = collections.Counter(t for f in futures for s in f.result().sequences for t in s.tokens)
     return [t for t, _ in counts.most_common(k)]
 
 
-def policy_reward(service_client: tinker.ServiceClient, base_model: str, prompts: list[tuple[int, ...]],
-                  targets: list[int], model_path: str | None = None, *, num_samples: int = 16, max_tokens: int = 24,
-                  seed: int = 1234) -> float:  # fmt: skip
+def policy_reward(
+    service_client: tinker.ServiceClient,
+    base_model: str,
+    prompts: list[tuple[int, ...]],
+    targets: list[int],
+    model_path: str | None = None,
+    *,
+    num_samples: int = 16,
+    max_tokens: int = 24,
+    seed: int = 1234,
+) -> float:
     """The env's mean reward for a policy (the base model, or the sampler checkpoint at `model_path`) with a fixed
     sampling seed. The base model and a trained checkpoint are judged on the same seeded draws, so comparing the two
     measures what training did to the weights, not the luck of the samples one training step happened to see."""
     sampler = service_client.create_sampling_client(base_model=base_model, model_path=model_path)
     params = tinker.SamplingParams(max_tokens=max_tokens, temperature=1.0, stop=[], seed=seed)
-    futures = [sampler.sample(tinker.ModelInput.from_ints(list(p)), num_samples=num_samples, sampling_params=params)
-               for p in prompts]  # fmt: skip
+    futures = [
+        sampler.sample(tinker.ModelInput.from_ints(list(p)), num_samples=num_samples, sampling_params=params)
+        for p in prompts
+    ]
     wanted = frozenset(targets)
-    rewards = [sum(t in wanted for t in s.tokens) / max(len(s.tokens), 1)
-               for f in futures for s in f.result().sequences]  # fmt: skip
+    rewards = [
+        sum(t in wanted for t in s.tokens) / max(len(s.tokens), 1) for f in futures for s in f.result().sequences
+    ]
     return sum(rewards) / len(rewards)

@@ -28,7 +28,8 @@ def cache_dataset(cache_dir: Path, repo_id: str, config: str | None, splits: dic
             writer.write_table(table.data.table)
             rows, _ = writer.finalize()
         infos.add(datasets.SplitInfo(name=split, num_examples=rows, dataset_name=name))
-    info = datasets.DatasetInfo(features=features, config_name=config_name, dataset_name=name, builder_name=name,
-                                splits=infos, version="0.0.0")  # fmt: skip
+    info = datasets.DatasetInfo(
+        features=features, config_name=config_name, dataset_name=name, builder_name=name, splits=infos, version="0.0.0"
+    )
     info.write_to_directory(str(directory))
     return directory

@@ -36,21 +36,29 @@ class LocalDirectorySandbox:
     async def send_heartbeat(self, timeout: int = 30) -> None:
         return None
 
-    async def run_command(self, command: str, workdir: str | None = None, timeout: int = 60,
-                          max_output_bytes: int | None = None) -> SandboxResult:  # fmt: skip
+    async def run_command(
+        self, command: str, workdir: str | None = None, timeout: int = 60, max_output_bytes: int | None = None
+    ) -> SandboxResult:
         cwd = self._map(workdir) if workdir else str(self.root / "root")
         proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", self._map(command), cwd=cwd,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            "bash",
+            "-c",
+            self._map(command),
+            cwd=cwd,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except TimeoutError:
             proc.kill()
             return SandboxResult(stdout="", stderr="timed out", exit_code=124)
         cap = max_output_bytes or 128 * 1024
-        return SandboxResult(stdout=out[:cap].decode(errors="replace"), stderr=err[:cap].decode(errors="replace"),
-                             exit_code=proc.returncode or 0)  # fmt: skip
+        return SandboxResult(
+            stdout=out[:cap].decode(errors="replace"),
+            stderr=err[:cap].decode(errors="replace"),
+            exit_code=proc.returncode or 0,
+        )
 
     async def read_file(self, path: str, max_bytes: int | None = None, timeout: int = 60) -> SandboxResult:
         target = Path(self._map(path))
@@ -59,8 +67,9 @@ class LocalDirectorySandbox:
         data = target.read_bytes()[: max_bytes or None]
         return SandboxResult(stdout=data.decode(errors="replace"), stderr="", exit_code=0)
 
-    async def write_file(self, path: str, content: str | bytes, executable: bool = False,
-                         timeout: int = 60) -> SandboxResult:  # fmt: skip
+    async def write_file(
+        self, path: str, content: str | bytes, executable: bool = False, timeout: int = 60
+    ) -> SandboxResult:
         target = Path(self._map(path))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content.encode() if isinstance(content, str) else content)

@@ -16,8 +16,17 @@ from tests.e2e.cookbook.test_recipe_clis import run_recipe
 
 require_cookbook()
 
-COLUMNS = ["submission_id", "event_ticker", "title", "snapshot_time", "close_time", "market_outcome", "category",
-           "markets", "sources"]  # fmt: skip
+COLUMNS = [
+    "submission_id",
+    "event_ticker",
+    "title",
+    "snapshot_time",
+    "close_time",
+    "market_outcome",
+    "category",
+    "markets",
+    "sources",
+]
 
 
 def write_prophet_arena(path: Path, events: int = 12) -> None:
@@ -31,13 +40,21 @@ def write_prophet_arena(path: Path, events: int = 12) -> None:
             snapshot = f"2025-{9 if before else 11:02d}-{day:02d}T00:00:00Z"
             close = f"2025-{9 if before else 11:02d}-{day + 5:02d}T00:00:00Z"
             markets = [f"the tide is high on day {e}", f"the fox jumps on day {e}"]
-            out.writerow({
-                "submission_id": f"s{e}", "event_ticker": f"EV{e}", "title": f"What happens on day {e}?",
-                "snapshot_time": snapshot, "close_time": close, "category": "weather",
-                "market_outcome": json.dumps({markets[0]: e % 2, markets[1]: 1 - e % 2}),
-                "markets": json.dumps(markets),
-                "sources": json.dumps([{"title": "the almanac", "summary": "the quick brown fox jumps", "ranking": 1}]),
-            })  # fmt: skip
+            out.writerow(
+                {
+                    "submission_id": f"s{e}",
+                    "event_ticker": f"EV{e}",
+                    "title": f"What happens on day {e}?",
+                    "snapshot_time": snapshot,
+                    "close_time": close,
+                    "category": "weather",
+                    "market_outcome": json.dumps({markets[0]: e % 2, markets[1]: 1 - e % 2}),
+                    "markets": json.dumps(markets),
+                    "sources": json.dumps(
+                        [{"title": "the almanac", "summary": "the quick brown fox jumps", "ranking": 1}]
+                    ),
+                }
+            )
 
 
 @pytest.mark.timeout(1500)
@@ -45,10 +62,23 @@ def test_decisions_forecasting_recipe(cookbook_env, base_model, tmp_path):
     data = tmp_path / "prophet_arena.csv"
     write_prophet_arena(data)
     log_path = tmp_path / "forecasting"
-    run_recipe("tinker_cookbook.recipes.decisions.forecasting", [
-        f"base_url={cookbook_env.base_url}", f"model_name={base_model}", "renderer_name=role_colon",
-        f"data_path={data}", "lora_rank=4", "batch_size=4", "max_steps=2", "eval_every=0", "save_every=0",
-        f"log_path={log_path}", "behavior_if_log_dir_exists=delete"], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.decisions.forecasting",
+        [
+            f"base_url={cookbook_env.base_url}",
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            f"data_path={data}",
+            "lora_rank=4",
+            "batch_size=4",
+            "max_steps=2",
+            "eval_every=0",
+            "save_every=0",
+            f"log_path={log_path}",
+            "behavior_if_log_dir_exists=delete",
+        ],
+        1400,
+    )
     rows = read_metrics(log_path)
     assert rows, "the recipe wrote no metrics"
     scored = [r for r in rows if any("brier" in k or "auc" in k for k in r)]

@@ -48,24 +48,39 @@ class LocalPromptsBuilder(RLDatasetBuilder):
 
         tokenizer = get_tokenizer(self.model_name)
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(self.groups_per_batch * self.n_batches)]
-        return PromptOnlyDataset(prompts=prompts, batch_size=self.groups_per_batch, group_size=self.group_size,
-                                 renderer=renderers.get_renderer(RENDERER, tokenizer=tokenizer), tokenizer=tokenizer,
-                                 dataset_name="local"), None  # fmt: skip
+        return PromptOnlyDataset(
+            prompts=prompts,
+            batch_size=self.groups_per_batch,
+            group_size=self.group_size,
+            renderer=renderers.get_renderer(RENDERER, tokenizer=tokenizer),
+            tokenizer=tokenizer,
+            dataset_name="local",
+        ), None
 
 
 def on_policy_config(cookbook_env, base_model, log_path, *, steps, teacher_path=None, learning_rate=2e-2):
     from tinker_cookbook.distillation import train_on_policy
     from tinker_cookbook.distillation.datasets import DistillationDatasetConfig, TeacherConfig
 
-    dataset = DistillationDatasetConfig(dataset_builder=LocalPromptsBuilder(model_name=base_model),
-                                        teacher_config=TeacherConfig(base_model=base_model,
-                                                                     load_checkpoint_path=teacher_path),
-                                        groups_per_batch=2)  # fmt: skip
+    dataset = DistillationDatasetConfig(
+        dataset_builder=LocalPromptsBuilder(model_name=base_model),
+        teacher_config=TeacherConfig(base_model=base_model, load_checkpoint_path=teacher_path),
+        groups_per_batch=2,
+    )
     return train_on_policy.Config(
-        learning_rate=learning_rate, dataset_configs=[dataset], model_name=base_model, recipe_name="tinkerflow-e2e",
-        renderer_name=RENDERER, max_tokens=12, lora_rank=8, log_path=str(log_path), base_url=cookbook_env.base_url,
-        eval_every=0, save_every=0, max_steps=steps,
-    )  # fmt: skip
+        learning_rate=learning_rate,
+        dataset_configs=[dataset],
+        model_name=base_model,
+        recipe_name="tinkerflow-e2e",
+        renderer_name=RENDERER,
+        max_tokens=12,
+        lora_rank=8,
+        log_path=str(log_path),
+        base_url=cookbook_env.base_url,
+        eval_every=0,
+        save_every=0,
+        max_steps=steps,
+    )
 
 
 def kl_by_step(log_path: Path) -> dict[int, float]:
@@ -95,8 +110,12 @@ def _train_teacher(service_client, base_model, token: int) -> str:
     for p in PROMPTS:
         seq = tok.encode(p) + [token] * 12
         weights = [0.0] * (len(seq) - 13) + [1.0] * 12
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                                loss_fn_inputs={"target_tokens": seq[1:], "weights": weights}))  # fmt: skip  # pyright: ignore[reportArgumentType]  (Datum.__post_init__ converts lists; the field is typed TensorData only)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(seq[:-1]),
+                loss_fn_inputs={"target_tokens": seq[1:], "weights": weights},  # pyright: ignore[reportArgumentType]  (Datum.__post_init__ converts lists; the field is typed TensorData only)
+            )
+        )
     # The target is a token the base model already emits often: the student then samples it and the reverse-KL
     # advantage pulls it up. Towards a token it never samples (8 steps at 5e-2, 36 nats/token away; 2 steps at 2e-2,
     # 9 nats away) the loop's gradient (no baseline) only pushes the sampled tokens down and the KL did not fall.
@@ -111,8 +130,9 @@ def _train_teacher(service_client, base_model, token: int) -> str:
 # base-model teacher (exact KL 0) and SDFT (top-k); this case runs in the slow set.
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_on_policy_distillation_towards_a_sampler_checkpoint_lowers_the_kl(cookbook_env, base_model, service_client,
-                                                                          tmp_path):  # fmt: skip
+def test_on_policy_distillation_towards_a_sampler_checkpoint_lowers_the_kl(
+    cookbook_env, base_model, service_client, tmp_path
+):
     from tinker_cookbook.distillation import train_on_policy
 
     from tests.e2e.cookbook.easy_env import probe_targets
@@ -140,11 +160,27 @@ def test_sdft_top_k_distillation(cookbook_env, base_model, tmp_path):
 
     topk, steps = 4, 2
     renderer = renderers.get_renderer(RENDERER, tokenizer=get_tokenizer(base_model))
-    dataset = SDFTDataset(questions=PROMPTS, golden_answers=["yes", "once upon a time", "word", "on and on"],
-                          batch_size=2, group_size=2, renderer=renderer)  # fmt: skip
-    config = sdft.Config(model_name=base_model, recipe_name="tinkerflow-e2e", renderer_name=RENDERER, lora_rank=8,
-                         base_url=cookbook_env.base_url, learning_rate=1e-3, max_tokens=12, topk=topk,
-                         log_path=str(tmp_path / "log"), eval_every=0, save_every=0, max_steps=steps)  # fmt: skip
+    dataset = SDFTDataset(
+        questions=PROMPTS,
+        golden_answers=["yes", "once upon a time", "word", "on and on"],
+        batch_size=2,
+        group_size=2,
+        renderer=renderer,
+    )
+    config = sdft.Config(
+        model_name=base_model,
+        recipe_name="tinkerflow-e2e",
+        renderer_name=RENDERER,
+        lora_rank=8,
+        base_url=cookbook_env.base_url,
+        learning_rate=1e-3,
+        max_tokens=12,
+        topk=topk,
+        log_path=str(tmp_path / "log"),
+        eval_every=0,
+        save_every=0,
+        max_steps=steps,
+    )
     asyncio.run(sdft.main(config, sdft_dataset=dataset))
     rows = [r for r in read_metrics(tmp_path / "log") if "sdft/topk" in r]
     assert [r["step"] for r in rows] == list(range(steps)), rows

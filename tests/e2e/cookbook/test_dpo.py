@@ -39,16 +39,27 @@ def test_train_dpo_main_on_local_pairs(cookbook_env, base_model, tmp_path):
                 )
                 + "\n"
             )
-    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=base_model, renderer_name="role_colon",
-                                            max_length=64, batch_size=4)  # fmt: skip
+    common = ChatDatasetBuilderCommonConfig(
+        model_name_for_tokenizer=base_model, renderer_name="role_colon", max_length=64, batch_size=4
+    )
     log_path = tmp_path / "dpo"
     config = train_dpo.Config(
-        log_path=str(log_path), model_name=base_model, recipe_name="tinkerflow-e2e", renderer_name="role_colon",
+        log_path=str(log_path),
+        model_name=base_model,
+        recipe_name="tinkerflow-e2e",
+        renderer_name="role_colon",
         dataset_builder=DPODatasetBuilderFromComparisons(
-            comparison_builder=ComparisonBuilderFromJsonl(train_path=str(pairs)), common_config=common),
-        learning_rate=1e-2, lr_schedule="constant", dpo_beta=0.1, lora_rank=8, base_url=cookbook_env.base_url,
-        save_every=0, eval_every=0, max_steps=4,
-    )  # fmt: skip
+            comparison_builder=ComparisonBuilderFromJsonl(train_path=str(pairs)), common_config=common
+        ),
+        learning_rate=1e-2,
+        lr_schedule="constant",
+        dpo_beta=0.1,
+        lora_rank=8,
+        base_url=cookbook_env.base_url,
+        save_every=0,
+        eval_every=0,
+        max_steps=4,
+    )
     train_dpo.main(config)
     rows = read_metrics(log_path)
     steps = assert_steps_contiguous_from_zero(rows)

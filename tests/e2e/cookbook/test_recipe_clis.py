@@ -21,8 +21,9 @@ require_cookbook()
 
 
 def run_recipe(module: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-    run = subprocess.run([sys.executable, "-m", module, *args], env=os.environ, capture_output=True, text=True,
-                         timeout=timeout_s)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args], env=os.environ, capture_output=True, text=True, timeout=timeout_s
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     return run
 
@@ -32,10 +33,23 @@ def test_chat_sl_train_cli(cookbook_env, base_model, tmp_path):
     data = tmp_path / "conversations.jsonl"
     write_conversations(data)
     log_path = tmp_path / "chat_sl"
-    run_recipe("tinker_cookbook.recipes.chat_sl.train", [
-        f"base_url={cookbook_env.base_url}", f"model_name={base_model}", "renderer_name=role_colon",
-        f"dataset={data}", "batch_size=8", "max_length=64", "max_steps=3", "eval_every=0", "save_every=0",
-        f"log_path={log_path}", "behavior_if_log_dir_exists=delete"], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.chat_sl.train",
+        [
+            f"base_url={cookbook_env.base_url}",
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            f"dataset={data}",
+            "batch_size=8",
+            "max_length=64",
+            "max_steps=3",
+            "eval_every=0",
+            "save_every=0",
+            f"log_path={log_path}",
+            "behavior_if_log_dir_exists=delete",
+        ],
+        1400,
+    )
     assert assert_steps_contiguous_from_zero(read_metrics(log_path)) == [0, 1, 2]
 
 
@@ -43,10 +57,22 @@ def test_chat_sl_train_cli(cookbook_env, base_model, tmp_path):
 @pytest.mark.timeout(1500)
 def test_math_rl_train_cli_arithmetic(cookbook_env, base_model, tmp_path):
     log_path = tmp_path / "math_rl"
-    run_recipe("tinker_cookbook.recipes.math_rl.train", [
-        f"base_url={cookbook_env.base_url}", f"model_name={base_model}", "renderer_name=role_colon",
-        "env=arithmetic", "groups_per_batch=4", "max_steps=2", "eval_every=0", "save_every=0",
-        f"log_path={log_path}", "behavior_if_log_dir_exists=delete"], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.math_rl.train",
+        [
+            f"base_url={cookbook_env.base_url}",
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            "env=arithmetic",
+            "groups_per_batch=4",
+            "max_steps=2",
+            "eval_every=0",
+            "save_every=0",
+            f"log_path={log_path}",
+            "behavior_if_log_dir_exists=delete",
+        ],
+        1400,
+    )
     rows = read_metrics(log_path)
     # rl.train adds one last row at step max_steps for its final checkpoint.
     assert assert_steps_contiguous_from_zero(rows) in ([0, 1], [0, 1, 2])

@@ -26,9 +26,18 @@ def test_guess_number(cookbook_env, base_model, tmp_path):
     """multiplayer_rl.guess_number: up to 10 turns of guesses, each answered by the env; an unparsable guess costs
     the format penalty (-1) and the game goes on."""
     log_path = tmp_path / "guess_number"
-    run_recipe("tinker_cookbook.recipes.multiplayer_rl.guess_number.train", [
-        f"model_name={base_model}", "renderer_name=role_colon", "batch_size=2", "max_steps=2", f"log_path={log_path}",
-        *SIZES], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.multiplayer_rl.guess_number.train",
+        [
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            "batch_size=2",
+            "max_steps=2",
+            f"log_path={log_path}",
+            *SIZES,
+        ],
+        1400,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) in ([0, 1], [0, 1, 2])
     got = rewards(rows)
@@ -41,9 +50,21 @@ def test_preference_shorter(cookbook_env, base_model, tmp_path):
     """preference.shorter: RL from pairwise comparisons of a group's completions, judged by a preference model that
     prefers the shorter one (all in the recipe, nothing to download)."""
     log_path = tmp_path / "shorter"
-    run_recipe("tinker_cookbook.recipes.preference.shorter.train", [
-        f"model_name={base_model}", "renderer_name=role_colon", "batch_size=2", "group_size=2", "max_tokens=12",
-        "eval_every=0", "max_steps=2", f"log_path={log_path}", "behavior_if_log_dir_exists=delete"], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.preference.shorter.train",
+        [
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            "batch_size=2",
+            "group_size=2",
+            "max_tokens=12",
+            "eval_every=0",
+            "max_steps=2",
+            f"log_path={log_path}",
+            "behavior_if_log_dir_exists=delete",
+        ],
+        1400,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) in ([0, 1], [0, 1, 2])
     assert sorted(rewards(rows)) == [0, 1]
@@ -67,10 +88,23 @@ def test_text_arena_tictactoe_with_the_qwen3_renderer(cookbook_env, service_clie
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
     log_path = tmp_path / "text_arena"
-    run_recipe("tinker_cookbook.recipes.multiplayer_rl.text_arena.train", [
-        f"model_name={base_model}", "renderer_name=qwen3", "batch_size=2", "num_train_datapoints=4",
-        "num_test_datapoints=2", "max_tokens=16", "eval_every=0", "save_every=0", "max_steps=2",
-        f"log_path={log_path}", "behavior_if_log_dir_exists=delete"], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.multiplayer_rl.text_arena.train",
+        [
+            f"model_name={base_model}",
+            "renderer_name=qwen3",
+            "batch_size=2",
+            "num_train_datapoints=4",
+            "num_test_datapoints=2",
+            "max_tokens=16",
+            "eval_every=0",
+            "save_every=0",
+            "max_steps=2",
+            f"log_path={log_path}",
+            "behavior_if_log_dir_exists=delete",
+        ],
+        1400,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) in ([0, 1], [0, 1, 2])
     got = rewards(rows)
@@ -102,9 +136,13 @@ def test_text_arena_tictactoe_with_the_qwen3_renderer(cookbook_env, service_clie
     prompt = ob.to_ints()
     weights = np.zeros(len(prompt), np.float32)
     weights[-1] = 1.0
-    datum = types.Datum(model_input=ob, loss_fn_inputs={
-        "target_tokens": types.TensorData.from_numpy(np.array(prompt[1:] + [eos], np.int64)),
-        "weights": types.TensorData.from_numpy(weights)})  # fmt: skip
+    datum = types.Datum(
+        model_input=ob,
+        loss_fn_inputs={
+            "target_tokens": types.TensorData.from_numpy(np.array(prompt[1:] + [eos], np.int64)),
+            "weights": types.TensorData.from_numpy(weights),
+        },
+    )
     for _ in range(12):  # EOS right after the observation: the turn ends with no move
         trainer.forward_backward([datum], "cross_entropy").result()
         trainer.optim_step(types.AdamParams(learning_rate=0.05)).result()

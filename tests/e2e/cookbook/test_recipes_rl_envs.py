@@ -33,11 +33,24 @@ def test_rubric(cookbook_env, base_model, tmp_path):
 
     train, test = generate_dataset(num_train=8, num_test=2, seed=0, write_dir=str(tmp_path))
     log_path = tmp_path / "rubric"
-    run_recipe("tinker_cookbook.recipes.rubric.train", [
-        f"model_name={base_model}", "renderer_name=role_colon", f"grader_llm_name={base_model}",
-        "grader_renderer_name=role_colon", f"train_jsonl_path={train}", f"test_jsonl_path={test}",
-        "groups_per_batch=2", "train_group_size=2", "max_tokens=16", "max_steps=1", f"log_path={log_path}",
-        *QUIET], 2300)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.rubric.train",
+        [
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            f"grader_llm_name={base_model}",
+            "grader_renderer_name=role_colon",
+            f"train_jsonl_path={train}",
+            f"test_jsonl_path={test}",
+            "groups_per_batch=2",
+            "train_group_size=2",
+            "max_tokens=16",
+            "max_steps=1",
+            f"log_path={log_path}",
+            *QUIET,
+        ],
+        2300,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) in ([0], [0, 1])
     assert rewarded_steps(rows) == [0]
@@ -48,14 +61,29 @@ def test_rubric(cookbook_env, base_model, tmp_path):
 def test_rl_numerics_check(cookbook_env, base_model, tmp_path, monkeypatch):
     cache = tmp_path / "hf-datasets"
     monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    lines = [f"The council met after the war and before the {i}th session , when many members could vote ." for i in
-             range(400)]  # fmt: skip
+    lines = [
+        f"The council met after the war and before the {i}th session , when many members could vote ."
+        for i in range(400)
+    ]
     cache_dataset(cache, "Salesforce/wikitext", "wikitext-103-raw-v1", {"train": {"text": lines}})
     log_path = tmp_path / "rl_numerics_check"
-    run_recipe("tinker_cookbook.recipes.rl_numerics_check.train", [
-        f"model_name={base_model}", f"renderer_name={TOOLS_RENDERER}", "group_size=2", "groups_per_batch=1",
-        "max_tokens=16", "task.num_pages_min=1", "task.num_pages_max=1", "task.page_chars=200", "max_steps=1",
-        f"log_path={log_path}", *QUIET], 2300)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.rl_numerics_check.train",
+        [
+            f"model_name={base_model}",
+            f"renderer_name={TOOLS_RENDERER}",
+            "group_size=2",
+            "groups_per_batch=1",
+            "max_tokens=16",
+            "task.num_pages_min=1",
+            "task.num_pages_max=1",
+            "task.page_chars=200",
+            "max_steps=1",
+            f"log_path={log_path}",
+            *QUIET,
+        ],
+        2300,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) in ([0], [0, 1])
     assert rewarded_steps(rows) == [0]
@@ -81,10 +109,22 @@ def test_harbor_rl(cookbook_env, base_model, tmp_path):
     (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /root\n")
     (task / "tests" / "test.sh").write_text(TEST_SH)
     log_path = tmp_path / "harbor_rl"
-    run_recipe("tests.e2e.cookbook.harbor_local", [
-        str(tmp_path / "tasks"), f"model_name={base_model}", f"renderer_name={TOOLS_RENDERER}", "group_size=2",
-        "groups_per_batch=1", "max_tokens=16", "max_turns=2", "max_steps=1", f"log_path={log_path}",
-        *QUIET], 2300)  # fmt: skip
+    run_recipe(
+        "tests.e2e.cookbook.harbor_local",
+        [
+            str(tmp_path / "tasks"),
+            f"model_name={base_model}",
+            f"renderer_name={TOOLS_RENDERER}",
+            "group_size=2",
+            "groups_per_batch=1",
+            "max_tokens=16",
+            "max_turns=2",
+            "max_steps=1",
+            f"log_path={log_path}",
+            *QUIET,
+        ],
+        2300,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) in ([0], [0, 1])
     assert rewarded_steps(rows) == [0]
@@ -105,10 +145,21 @@ def test_verifiers_rl(cookbook_env, base_model, tmp_path):
     fails inside the cookbook (see the xfail), so this test says when a cookbook release fixes it."""
     pytest.importorskip("verifiers", reason="the cookbook's verifiers extra is not installed")
     log_path = tmp_path / "verifiers_rl"
-    run_recipe("tinker_cookbook.recipes.verifiers_rl.train", [
-        f"model_name={base_model}", "renderer_name=role_colon", "vf_env_id=tests.e2e.cookbook.vf_reverse_env",
-        "group_size=2", "groups_per_batch=2", "max_tokens=16", "max_steps=1", f"log_path={log_path}",
-        *QUIET], 2300)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.verifiers_rl.train",
+        [
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            "vf_env_id=tests.e2e.cookbook.vf_reverse_env",
+            "group_size=2",
+            "groups_per_batch=2",
+            "max_tokens=16",
+            "max_steps=1",
+            f"log_path={log_path}",
+            *QUIET,
+        ],
+        2300,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) in ([0], [0, 1])
     assert any(k.endswith("reward/total") for r in rows for k in r), rows

@@ -22,14 +22,30 @@ def test_prompt_distillation_train(cookbook_env, base_model, tmp_path):
     data = tmp_path / "prompt_distillation_data.jsonl"
     sentences = ["the quick brown fox", "le renard brun", "el zorro marron", "der braune fuchs"] * 4
     labels = ["en", "fr", "es", "ot"] * 4
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": s},
-                                                      {"role": "assistant", "content": label}]}) + "\n"
-                            for s, label in zip(sentences, labels, strict=True)))  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": s}, {"role": "assistant", "content": label}]}) + "\n"
+            for s, label in zip(sentences, labels, strict=True)
+        )
+    )
     log_path = tmp_path / "prompt_distillation"
-    run_recipe("tinker_cookbook.recipes.prompt_distillation.train", [
-        f"model_name={base_model}", "renderer_name=role_colon", f"file_path={data}", "batch_size=4", "num_epochs=1",
-        "max_length=64", "eval_every=0", "save_every=0", "max_steps=3", f"log_path={log_path}",
-        "behavior_if_log_dir_exists=delete"], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.prompt_distillation.train",
+        [
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            f"file_path={data}",
+            "batch_size=4",
+            "num_epochs=1",
+            "max_length=64",
+            "eval_every=0",
+            "save_every=0",
+            "max_steps=3",
+            f"log_path={log_path}",
+            "behavior_if_log_dir_exists=delete",
+        ],
+        1400,
+    )
     rows = read_metrics(log_path)
     assert assert_steps_contiguous_from_zero(rows) == [0, 1, 2]
     losses = [r["train_mean_nll"] for r in rows if "train_mean_nll" in r]
@@ -42,14 +58,30 @@ def test_true_thinking_score_analyze(cookbook_env, base_model, tmp_path, monkeyp
     scores each from prompt logprobs under perturbations, many sampling calls per problem."""
     cache = tmp_path / "hf-datasets"
     monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    questions = ["Tom has 3 apples and buys 4 more. How many apples does he have?",
-                 "A box holds 6 eggs. How many eggs are in 2 boxes?"]  # fmt: skip
-    cache_dataset(cache, "openai/gsm8k", "main", {"test": {
-        "question": questions, "answer": ["3 + 4 = 7\n#### 7", "6 * 2 = 12\n#### 12"]}})  # fmt: skip
+    questions = [
+        "Tom has 3 apples and buys 4 more. How many apples does he have?",
+        "A box holds 6 eggs. How many eggs are in 2 boxes?",
+    ]
+    cache_dataset(
+        cache,
+        "openai/gsm8k",
+        "main",
+        {"test": {"question": questions, "answer": ["3 + 4 = 7\n#### 7", "6 * 2 = 12\n#### 12"]}},
+    )
     log_path = tmp_path / "tts"
-    run_recipe("tinker_cookbook.recipes.true_thinking_score.analyze", [
-        f"model_name={base_model}", "renderer_name=role_colon", "dataset=gsm8k", "n_problems=2", "max_tokens=48",
-        "concurrency=2", f"log_path={log_path}"], 1400)  # fmt: skip
+    run_recipe(
+        "tinker_cookbook.recipes.true_thinking_score.analyze",
+        [
+            f"model_name={base_model}",
+            "renderer_name=role_colon",
+            "dataset=gsm8k",
+            "n_problems=2",
+            "max_tokens=48",
+            "concurrency=2",
+            f"log_path={log_path}",
+        ],
+        1400,
+    )
     per_problem = [json.loads(line) for line in (log_path / "tts_per_problem.jsonl").read_text().splitlines()]
     assert len(per_problem) == 2
     assert (log_path / "tts_summary.json").exists()

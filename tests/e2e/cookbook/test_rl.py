@@ -18,7 +18,7 @@ from tests.e2e.cookbook.conftest import (
     read_checkpoints,
     read_metrics,
     require_cookbook,
-)  # fmt: skip
+)
 
 require_cookbook()
 
@@ -83,11 +83,23 @@ def make_config(
 
     prompts, targets = easy_task
     return train.Config(
-        learning_rate=learning_rate, dataset_builder=TargetTokensDatasetBuilder(prompts=prompts, targets=targets),
-        model_name=base_model, recipe_name="tinkerflow-e2e", max_tokens=24, log_path=str(log_path),
-        renderer_name="role_colon", loss_fn=loss_fn, lora_rank=8, base_url=cookbook_env.base_url, eval_every=0,
-        save_every=3, max_steps=steps, num_groups_to_log=0, rollout_json_export=False, **extra,
-    )  # fmt: skip
+        learning_rate=learning_rate,
+        dataset_builder=TargetTokensDatasetBuilder(prompts=prompts, targets=targets),
+        model_name=base_model,
+        recipe_name="tinkerflow-e2e",
+        max_tokens=24,
+        log_path=str(log_path),
+        renderer_name="role_colon",
+        loss_fn=loss_fn,
+        lora_rank=8,
+        base_url=cookbook_env.base_url,
+        eval_every=0,
+        save_every=3,
+        max_steps=steps,
+        num_groups_to_log=0,
+        rollout_json_export=False,
+        **extra,
+    )
 
 
 def run_and_check(config, *, judge=None) -> dict[int, float]:
@@ -152,8 +164,9 @@ def test_rl_train_main_raises_reward(cookbook_env, base_model, easy_task, learne
 def test_rl_train_main_resumes_its_step_count(cookbook_env, base_model, easy_task, tmp_path):
     import chz
 
-    config = make_config(cookbook_env, base_model, easy_task, tmp_path / "resume", loss_fn="importance_sampling",
-                         steps=3)  # fmt: skip
+    config = make_config(
+        cookbook_env, base_model, easy_task, tmp_path / "resume", loss_fn="importance_sampling", steps=3
+    )
     run_and_check(config)
     assert any("state_path" in c for c in read_checkpoints(tmp_path / "resume"))
     run_and_check(chz.replace(config, max_steps=5))
@@ -174,5 +187,16 @@ def test_rl_train_main_streaming_and_async(cookbook_env, base_model, easy_task, 
     # On-policy async moved little in 10 steps at 1e-2 (0.016 -> 0.062) and reached 1.0 at 2e-2; one step off
     # diverged at 2e-2 and rose at 1e-2 (0.02 -> 0.2). Measured once each here: RL on 16 samples a step is noisy.
     lr = 2e-2 if mode == "async_on_policy" else SLOW_LR
-    run_and_check(make_config(cookbook_env, base_model, easy_task, tmp_path / mode, loss_fn=loss, steps=SLOW_STEPS,
-                              learning_rate=lr, **extra), judge=learned)  # fmt: skip
+    run_and_check(
+        make_config(
+            cookbook_env,
+            base_model,
+            easy_task,
+            tmp_path / mode,
+            loss_fn=loss,
+            steps=SLOW_STEPS,
+            learning_rate=lr,
+            **extra,
+        ),
+        judge=learned,
+    )

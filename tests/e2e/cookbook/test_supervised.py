@@ -20,7 +20,7 @@ from tests.e2e.cookbook.conftest import (
     read_checkpoints,
     read_metrics,
     require_cookbook,
-)  # fmt: skip
+)
 
 require_cookbook()
 
@@ -49,8 +49,13 @@ def write_conversations(path, n: int = 48) -> None:
 
 def run_until_killed(args: list[str], log_path: Path, *, after_batch: int, timeout_s: float) -> None:
     """Start the loop in its own process and kill -9 it once a checkpoint past `after_batch` is recorded."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.cookbook.sl_run", *args], cwd=REPO, env=os.environ,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.e2e.cookbook.sl_run", *args],
+        cwd=REPO,
+        env=os.environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline and proc.poll() is None:

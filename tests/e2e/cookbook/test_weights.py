@@ -18,8 +18,10 @@ TOKENS = [[5, 17, 42, 99, 3, 250, 7, 11], [8, 1, 300, 64, 2, 9]]
 def _data():
     from tinker import types
 
-    return [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]), loss_fn_inputs={"target_tokens": t[1:]})  # pyright: ignore[reportArgumentType] (Datum converts lists)
-            for t in TOKENS]  # fmt: skip
+    return [
+        types.Datum(model_input=types.ModelInput.from_ints(t[:-1]), loss_fn_inputs={"target_tokens": t[1:]})  # pyright: ignore[reportArgumentType] (Datum converts lists)
+        for t in TOKENS
+    ]
 
 
 def _reference_logprobs(model, torch) -> list[np.ndarray]:
@@ -42,13 +44,16 @@ def test_download_build_hf_model_and_build_lora_adapter(cookbook_env, base_model
 
     # train_unembed=False: build_lora_adapter's PEFT files cannot hold an unembedding adapter (Tinker's name for it,
     # unembed_tokens, is the cookbook merge's); the train_unembed merge is the test below.
-    training = service_client.create_lora_training_client(base_model=base_model, rank=4, seed=3,
-                                                          train_unembed=False).result()  # fmt: skip
+    training = service_client.create_lora_training_client(
+        base_model=base_model, rank=4, seed=3, train_unembed=False
+    ).result()
     for _ in range(3):
         training.forward_backward(_data(), "cross_entropy").result(timeout=300)
         training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=300)
-    ours = [np.asarray(o["logprobs"].data) for o in training.forward(_data(), "cross_entropy").result(timeout=300)
-            .loss_fn_outputs]  # fmt: skip
+    ours = [
+        np.asarray(o["logprobs"].data)
+        for o in training.forward(_data(), "cross_entropy").result(timeout=300).loss_fn_outputs
+    ]
     state = training.save_state("for-download").result(timeout=300).path
     external = training.save_weights_external("plain-export").result(timeout=300).path
     base_dir = training.get_info().model_data.tokenizer_id  # the served directory
@@ -92,13 +97,16 @@ def test_train_unembed_checkpoint_merges_into_the_samplers_model(cookbook_env, b
     from tinker_cookbook.weights import build_hf_model, download
     from transformers import AutoModelForCausalLM
 
-    training = service_client.create_lora_training_client(base_model=base_model, rank=4, seed=7,
-                                                          train_unembed=True).result()  # fmt: skip
+    training = service_client.create_lora_training_client(
+        base_model=base_model, rank=4, seed=7, train_unembed=True
+    ).result()
     for _ in range(3):
         training.forward_backward(_data(), "cross_entropy").result(timeout=300)
         training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=300)
-    ours = [np.asarray(o["logprobs"].data) for o in training.forward(_data(), "cross_entropy").result(timeout=300)
-            .loss_fn_outputs]  # fmt: skip
+    ours = [
+        np.asarray(o["logprobs"].data)
+        for o in training.forward(_data(), "cross_entropy").result(timeout=300).loss_fn_outputs
+    ]
     sampler = training.save_weights_and_get_sampling_client("unembed")
     sampled = [sampler.compute_logprobs(types.ModelInput.from_ints(t)).result(timeout=300) for t in TOKENS]
     state = training.save_state("unembed").result(timeout=300).path

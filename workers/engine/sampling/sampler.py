@@ -7,8 +7,8 @@ admitted rows' prompts in chunks of one length straight into their slots' part o
 jitted decode chunks over all slots at once. A row that finishes frees its slot; waiting rows are admitted at the
 next chunk boundary. Rows of different snapshots share decode steps: each slot carries its adapter index into a
 small stack of snapshot LoRAs, its own position, sampling parameters, PRNG stream and stop ids. The device programs
-(slot state, sampling maths, the jitted admit and decode steps) are in `decode.py`; this module schedules rows onto
-them.
+(slot state, sampling maths, the jitted admit and decode steps) are in `decode.py`, called through their AOT caches
+in `sampler_programs.py`; this module schedules rows onto them.
 
 The program set is bounded by design: a program's shapes follow from its slot bucket, never from a prompt's length,
 where it starts in the prefix cache, its stop list, top-k or scores. A *family* is (adapter-stack size, scoring);
@@ -31,11 +31,8 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from functools import partial
 from typing import Any, Literal
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -46,11 +43,12 @@ from ..runtime.aot_cache import AotCache, abstract
 from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
 from . import admission
-from .admission import Admission, Chunk
+from .admission import Admission
 from .buckets import DEFAULT_SAMPLE_SLOTS, SlotBucket, pick_bucket, slot_buckets
-from .decode import Slots, admit, decode, empty_slots, pool_program
+from .decode import Slots, pool_program
 from .prefix_cache import BLOCK, PrefixIndex
 from .rows import PromptScores, RowOutput, SampleRow, first_stop_string_end
+from .sampler_programs import SamplerPrograms, stack_size
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +71,7 @@ class SlotSampler:
         # Compile every slot bucket of a family at its first use (see module docstring).
         # (TINKERFLOW_SAMPLER_EAGER_BUCKETS=0, an env-only Settings field, compiles each bucket when first needed.)
         self.eager_buckets = bool(env_setting("sampler_eager_buckets"))
-        self._admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots", "pool"))
-        self._decode = AotCache("sample_decode", partial(decode, graphdef, placement), donate=("slots",))
-        self._empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
+        self.programs = SamplerPrograms(graphdef, placement, config, dtype)
         # The slots of the last call, kept for the next one of its bucket (one set: the buckets hold about the same
         # KV tokens each, and two would hold twice that).
         self._idle: tuple[SlotBucket, Slots, np.ndarray] | None = None
@@ -93,7 +89,7 @@ class SlotSampler:
         self._config, self._dtype = config, dtype
 
     def caches(self) -> list[AotCache]:
-        return [self._admit, self._decode, self._empty]
+        return self.programs.caches()
 
     def compile_count(self) -> int:
         """Programs the sampler built so far, recompiles included: only grows, so a difference counts compiles."""
@@ -120,7 +116,7 @@ class SlotSampler:
         if idle is not None and idle[0] == bucket:
             return idle[1], idle[2]
         del idle  # another bucket's KV caches go before this one's are made
-        slots = self._empty(bucket.label, slots=bucket.slots, cache_len=bucket.cache_len)
+        slots = self.programs.empty(bucket.label, slots=bucket.slots, cache_len=bucket.cache_len)
         return slots, np.zeros((bucket.slots,), bool)
 
     def _keep(self, bucket: SlotBucket, slots: Slots, release: np.ndarray) -> None:
@@ -138,82 +134,13 @@ class SlotSampler:
         n, self._idle = int(self._idle is not None), None
         return n
 
-    # -------------------------------------------------------------- compiled calls
-
-    def _admit_call(
-        self,
-        lora,
-        base,
-        bucket: SlotBucket,
-        slots: Slots,
-        rows: list[SampleRow],
-        adm: Admission | None,
-        chunk: Chunk,
-        *,
-        compile_only: bool = False,
-        pool: Any = None,
-    ):
-        r = chunk.chunk.shape[0]
-        chosen = [rows[i] for i in adm.chosen] if adm is not None else []
-        params = self.placement.put_batch(admission.row_params(chosen, r))
-        adapter = np.full((r,), -1, np.int32)
-        scale = np.zeros((r,), np.float32)
-        for i, row in enumerate(chosen):
-            adapter[i], scale[i] = row.adapter, row.scale
-        wants = np.array(adm.wants if adm is not None else (False,) * 3, bool)
-        put = self.placement.put_batch
-        label = f"{bucket.label} adapters={_stack_size(lora)} rows={r} chunk={chunk.chunk.shape[1]}"
-        c = chunk
-        arrays = (c.chunk, c.nexts, c.start, c.prompt_len, c.index, c.final)
-        args = (
-            lora,
-            base,
-            slots,
-            self.pool() if pool is None else pool,
-            *map(put, arrays),
-            params,
-            put(adapter),
-            put(scale),
-            put(c.cached),
-            put(c.read),
-            put(c.write),
-            put(c.targets),
-            jnp.asarray(wants),
-        )
-        scoring = bool(chunk.targets.shape[2])  # a scoring chunk has room for target ids
-        label += " scoring" if scoring else ""
-        if compile_only:
-            self._admit.prepare(label, *args, scoring=scoring)
-            return slots, {}
-        slots, self._pool, scores = self._admit(label, *args, scoring=scoring)
-        return slots, scores
-
-    def _decode_call(
-        self,
-        lora,
-        base,
-        bucket: SlotBucket,
-        slots: Slots,
-        release: np.ndarray,
-        steps: int,
-        target: int,
-        *,
-        compile_only: bool = False,
-    ) -> Slots:
-        label = f"{bucket.label} adapters={_stack_size(lora)}"
-        args = (lora, base, slots, self.placement.put_batch(release), jnp.int32(steps), jnp.int32(target))
-        if compile_only:
-            self._decode.prepare(label, *args)
-            return slots
-        return self._decode(label, *args)
-
     # -------------------------------------------------------------- compiles
 
     def _ensure_family(self, lora, base, scoring: bool, using: SlotBucket) -> None:
         """Compile every slot bucket's admission and decode chunk of this family; only bucket `using` gets its
         slots allocated and kept, the others are compiled from shapes (their KV caches never held at once)."""
         buckets = tuple(self.buckets())
-        family = ((_stack_size(lora), scoring), buckets)
+        family = ((stack_size(lora), scoring), buckets)
         if family in self._families:
             return
         self._families.add(family)
@@ -227,14 +154,14 @@ class SlotSampler:
             log.info(
                 "sampler: compiled %d programs for adapters=%d scoring=%s in %.1fs",
                 self.compile_count() - before,
-                _stack_size(lora),
+                stack_size(lora),
                 scoring,
                 time.perf_counter() - t0,
             )
 
     def _ensure_bucket(self, lora, base, bucket: SlotBucket, scoring: bool) -> None:
         """Compile one slot bucket of a family, once."""
-        key = (bucket, (_stack_size(lora), scoring))
+        key = (bucket, (stack_size(lora), scoring))
         if key not in self._buckets_built:
             self._buckets_built.add(key)
             self.warm_bucket(lora, base, bucket, scoring)
@@ -246,13 +173,13 @@ class SlotSampler:
         programs meanwhile waits for that compile alone (AotCache)."""
         if from_shapes:  # the pool's shapes from its program, compiled (cheap) and not run
             pool = pool_program(self._config, self._dtype, self.prefix_tokens).lower().compile().out_info
-            slots = self._empty.prepare(bucket.label, slots=bucket.slots, cache_len=bucket.cache_len).out_info
+            slots = self.programs.empty.prepare(bucket.label, slots=bucket.slots, cache_len=bucket.cache_len).out_info
             release = None
         else:
             (slots, release), pool = self._take(bucket), self.pool()
         blank = admission.blank(bucket.rows, bucket.chunk, bucket.cache_len, bucket.slots, pool.k.shape[1], scoring)
-        self._admit_call(lora, base, bucket, slots, [], None, blank, compile_only=True, pool=pool)
-        self._decode_call(lora, base, bucket, slots, np.zeros((bucket.slots,), bool), 0, 0, compile_only=True)
+        self.programs.admit_call(lora, base, bucket, slots, pool, [], None, blank, compile_only=True)
+        self.programs.decode_call(lora, base, bucket, slots, np.zeros((bucket.slots,), bool), 0, 0, compile_only=True)
         if release is not None:
             self._keep(bucket, slots, release)
 
@@ -293,7 +220,9 @@ class SlotSampler:
         scoring = {j: PromptScores(rows[i], adm.starts[j]) for j, i in enumerate(adm.chosen) if rows[i].scores_prompt}
         b, c = bucket.slots, bucket.chunk
         for chunk in adm.chunks(rows, bucket.rows, c, bucket.cache_len, b, self.pool().k.shape[1]):
-            slots, scores = self._admit_call(lora, base, bucket, slots, rows, adm, chunk)
+            slots, self._pool, scores = self.programs.admit_call(
+                lora, base, bucket, slots, self.pool(), rows, adm, chunk
+            )
             host = self.placement.to_host(scores) if scores else {}
             for j, acc in scoring.items():
                 if chunk.index[j] < b:
@@ -304,7 +233,7 @@ class SlotSampler:
 
     def _compile_for(self, lora, base, bucket: SlotBucket, scoring: bool) -> None:
         """What a call about to run `bucket` compiles first (module docstring: eager buckets)."""
-        if (_stack_size(lora), scoring) in self.scheduled_families:
+        if (stack_size(lora), scoring) in self.scheduled_families:
             self._ensure_bucket(lora, base, bucket, scoring)
         else:
             self._ensure_family(lora, base, scoring, bucket)
@@ -339,7 +268,7 @@ class SlotSampler:
             strings = any(rows[i].stop_strings for i in occupant.values())
             steps = STOP_STRING_CHUNK if strings else length
             target = b if not queue else min(b, b - len(occupant) + min(len(queue), small))
-            slots = self._decode_call(lora, base, bucket, slots, release, steps, target)
+            slots = self.programs.decode_call(lora, base, bucket, slots, release, steps, target)
             release = np.zeros((b,), bool)
             done, n_gen, hit, tokens, logprobs = self.placement.to_host(
                 (slots.done, slots.n_gen, slots.hit_stop_id, slots.tokens, slots.logprobs)
@@ -372,7 +301,3 @@ class SlotSampler:
                 free.append(s)
         self._keep(bucket, slots, release)
         return results  # type: ignore[return-value]
-
-
-def _stack_size(lora: Any) -> int:
-    return int(jax.tree.leaves(lora)[0].shape[0])

@@ -1,0 +1,107 @@
+"""The sampler's compiled programs (decode.py's admission, decode chunk and empty slots), each behind its AOT cache,
+and the device arrays each call of them takes; which programs to build when, and the loop that runs them, are
+sampler.py's."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..model.config import ModelConfig
+from ..runtime.aot_cache import AotCache
+from ..runtime.sharding import DeviceLayout
+from . import admission
+from .admission import Admission, Chunk
+from .buckets import SlotBucket
+from .decode import Slots, admit, decode, empty_slots
+from .rows import SampleRow
+
+
+def stack_size(lora: Any) -> int:
+    """How many snapshot LoRAs the stack holds: one axis of every sampler program's shapes."""
+    return int(jax.tree.leaves(lora)[0].shape[0])
+
+
+class SamplerPrograms:
+    """The admission, decode-chunk and empty-slots programs: called, or only compiled (`compile_only`)."""
+
+    def __init__(self, graphdef: nnx.GraphDef, placement: DeviceLayout, config: ModelConfig, dtype: Any):
+        self.placement = placement
+        self.admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots", "pool"))
+        self.decode = AotCache("sample_decode", partial(decode, graphdef, placement), donate=("slots",))
+        self.empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
+
+    def caches(self) -> list[AotCache]:
+        return [self.admit, self.decode, self.empty]
+
+    def admit_call(
+        self,
+        lora,
+        base,
+        bucket: SlotBucket,
+        slots: Slots,
+        pool: Any,
+        rows: list[SampleRow],
+        adm: Admission | None,
+        chunk: Chunk,
+        *,
+        compile_only: bool = False,
+    ) -> tuple[Slots, Any, dict]:
+        """One chunk of an admission: (the slots, the prefix cache's pool, the chunk's prompt scores) after it."""
+        r = chunk.chunk.shape[0]
+        chosen = [rows[i] for i in adm.chosen] if adm is not None else []
+        params = self.placement.put_batch(admission.row_params(chosen, r))
+        adapter = np.full((r,), -1, np.int32)
+        scale = np.zeros((r,), np.float32)
+        for i, row in enumerate(chosen):
+            adapter[i], scale[i] = row.adapter, row.scale
+        wants = np.array(adm.wants if adm is not None else (False,) * 3, bool)
+        put = self.placement.put_batch
+        label = f"{bucket.label} adapters={stack_size(lora)} rows={r} chunk={chunk.chunk.shape[1]}"
+        c = chunk
+        arrays = (c.chunk, c.nexts, c.start, c.prompt_len, c.index, c.final)
+        args = (
+            lora,
+            base,
+            slots,
+            pool,
+            *map(put, arrays),
+            params,
+            put(adapter),
+            put(scale),
+            put(c.cached),
+            put(c.read),
+            put(c.write),
+            put(c.targets),
+            jnp.asarray(wants),
+        )
+        scoring = bool(chunk.targets.shape[2])  # a scoring chunk has room for target ids
+        label += " scoring" if scoring else ""
+        if compile_only:
+            self.admit.prepare(label, *args, scoring=scoring)
+            return slots, pool, {}
+        return self.admit(label, *args, scoring=scoring)
+
+    def decode_call(
+        self,
+        lora,
+        base,
+        bucket: SlotBucket,
+        slots: Slots,
+        release: np.ndarray,
+        steps: int,
+        target: int,
+        *,
+        compile_only: bool = False,
+    ) -> Slots:
+        label = f"{bucket.label} adapters={stack_size(lora)}"
+        args = (lora, base, slots, self.placement.put_batch(release), jnp.int32(steps), jnp.int32(target))
+        if compile_only:
+            self.decode.prepare(label, *args)
+            return slots
+        return self.decode(label, *args)
