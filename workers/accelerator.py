@@ -30,7 +30,7 @@ import logging
 from typing import Any
 
 from tinkerflow.common import metrics
-from tinkerflow.workers.engine.model.config import ModelConfig
+from tinkerflow.workers.engine.model.families import ModelConfig
 
 log = logging.getLogger(__name__)
 

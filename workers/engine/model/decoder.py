@@ -30,7 +30,7 @@ from flax import nnx
 
 from .attention import Segments, attention
 from .cached_attention import decode_attention, suffix_attention
-from .config import ModelConfig
+from .families import ModelConfig
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, base_matmul, lora_delta, lora_embedding_delta
 from .moe import SparseMoeBlock
 

@@ -24,8 +24,8 @@ from flax import nnx
 from safetensors import safe_open
 
 from ..runtime.sharding import DeviceLayout
-from .config import ModelConfig
 from .decoder import CausalLM
+from .families import ModelConfig
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh

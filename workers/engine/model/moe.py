@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .config import ModelConfig
+from .families import ModelConfig
 from .lora import LoraRouting, StackedLoraRouting
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .tiny_moe import MOE_SHAPE, moe_config_dict, moe_layers
+from .families.qwen3_moe.tiny import MOE_SHAPE, moe_config_dict, moe_layers
 from .tiny_tokenizer import CHAT_TEMPLATE, DATA_FILE, EOS_TOKEN, SPECIAL_TOKENS, VOCAB_SIZE, build_tokenizer
 
 logger = logging.getLogger(__name__)

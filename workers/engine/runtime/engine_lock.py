@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..model.config import ModelConfig
+from ..model.families import ModelConfig
 from ..types import (
     AdamConfig,
     DimuonConfig,

@@ -27,8 +27,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..model.config import ModelConfig, round_down_seq_len
+from ..model.families import ModelConfig
 from ..model.logprobs import chunk_tokens
+from ..model.shape_buckets import round_down_seq_len
 
 log = logging.getLogger(__name__)
 

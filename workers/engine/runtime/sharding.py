@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..model.config import ModelConfig
+from ..model.families import ModelConfig
 from ..model.lora import is_stacked_layer
 
 log = logging.getLogger(__name__)

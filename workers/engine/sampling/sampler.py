@@ -41,7 +41,7 @@ from flax import nnx
 
 from tinkerflow.common.settings import env_setting
 
-from ..model.config import ModelConfig
+from ..model.families import ModelConfig
 from ..runtime.aot_cache import AotCache, abstract
 from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
