@@ -18,9 +18,10 @@ from pathlib import Path
 
 from tinkerflow.common.errors import UnknownModelError
 from tinkerflow.common.settings import Settings
+from tinkerflow.workers.engine.model.families import EMBEDDED_DEFAULT
 
 log = logging.getLogger(__name__)
-TINY_MODEL_DIRNAME = "tiny-qwen3"
+TINY_MODEL_DIRNAME = f"tiny-{EMBEDDED_DEFAULT}"
 
 
 def default_model_dir(settings: Settings) -> Path:

@@ -144,7 +144,7 @@ class SampleResult:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    arch: str  # "qwen3" | "llama"
+    arch: str  # the model family (model/families/<arch>/)
     vocab_size: int
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
