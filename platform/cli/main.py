@@ -144,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         return usage.run_usage(args)
     if args.command == "up":
         from tinkerflow.cli.up import run_up
+        from tinkerflow.common.errors import UnknownModelError
+        from tinkerflow.workers.models import check_base_model
+
+        try:  # before any part starts: a model no family serves fails here in one line, not in the JAX worker's log
+            check_base_model(settings)
+        except UnknownModelError as e:
+            parser.exit(2, f"tinkerflow up: error: {e}\n")
 
         then = args.then[1:] if args.then[:1] == ["--"] else args.then
         return run_up(settings, args, then)
