@@ -30,7 +30,7 @@ import logging
 from typing import Any
 
 from tinkerflow.common import metrics
-from tinkerflow.workers.engine.model.config import ModelConfig
+from tinkerflow.workers.engine.model.families import ModelConfig, family_named
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,9 @@ FLOPS_PER_PARAM = {"forward_backward": 6, "sample": 2, "forward": 2}
 
 
 def params_per_token(c: ModelConfig) -> int:
-    """N above: the weights a token's forward pass multiplies through (active experts only for MoE)."""
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    attention = c.hidden_size * q + 2 * c.hidden_size * kv + q * c.hidden_size
-    dense_mlp = 3 * c.hidden_size * c.intermediate_size
-    moe_layers: set[int] = set(c.moe_layers) if c.num_experts else set()  # pyright: ignore[reportUnknownArgumentType]
-    moe_mlp = c.num_experts_per_tok * 3 * c.hidden_size * c.moe_intermediate_size + c.hidden_size * c.num_experts
-    layers = sum(attention + (moe_mlp if i in moe_layers else dense_mlp) for i in range(c.num_layers))
-    return layers + c.hidden_size * c.vocab_size
+    """N above: the weights a token's forward pass multiplies through (active experts only for MoE), as the model's
+    family counts them (model/layer_costs.py)."""
+    return family_named(c.arch).matmul_params(c)
 
 
 def peak_tflops_of(device_kind: str, override: float = 0.0) -> tuple[float, str]:

@@ -31,9 +31,9 @@ def _abstract(tree: Any) -> Any:
 def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dict:
     from transformers import Qwen3Config
 
-    from tinkerflow.workers.engine.model.config import ModelConfig
     from tinkerflow.workers.engine.model.decoder import CausalLM
     from tinkerflow.workers.engine.model.dtypes import default_dtype
+    from tinkerflow.workers.engine.model.families import ModelConfig
     from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
     from tinkerflow.workers.engine.training.steps import StepFunctions, pack
 

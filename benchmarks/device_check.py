@@ -316,9 +316,11 @@ def profile_top(label: str, fn, top: int = 15) -> None:
 
 
 def matmul_params(cfg: dict) -> int:
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    q, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    return cfg["num_hidden_layers"] * (h * q * hd * 2 + h * kv * hd * 2 + 3 * h * i) + v * h
+    """Base matmul parameters per token, as the model's family counts them for the worker's MFU."""
+    from tinkerflow.activities.accelerator_metrics import params_per_token
+    from tinkerflow.workers.engine.model.families import ModelConfig
+
+    return params_per_token(ModelConfig.from_hf(cfg))
 
 
 def _peak(kind: str) -> float | None:

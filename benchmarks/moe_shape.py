@@ -20,29 +20,34 @@ QWEN3_30B_A3B_1L = dict(
 )  # fmt: skip
 
 
-def matmul_params(shape: dict) -> int:
-    """Active base matmul parameters per token: attention, the router, the top-k experts' linears, the unembedding."""
-    h, v, k = shape["hidden_size"], shape["vocab_size"], shape["num_experts_per_tok"]
-    q, kv, hd = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
-    per_layer = h * q * hd * 2 + h * kv * hd * 2 + h * shape["num_experts"] + k * 3 * h * shape["moe_intermediate_size"]
-    return shape["num_hidden_layers"] * per_layer + v * h
-
-
-def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
-    """A Qwen3 (or, when `shape` has `num_experts`, Qwen3-MoE) checkpoint with random weights (std 0.02) in the
-    published layout: one safetensors file per layer plus an index. benchmarks.train and benchmarks.sample_moe use
-    it."""
-    from safetensors.numpy import save_file
-
+def checkpoint_config(shape: dict, dtype: str) -> dict:
+    """config.json of a Qwen3 (or, when `shape` has `num_experts`, Qwen3-MoE) checkpoint of `shape`."""
     moe = bool(shape.get("num_experts"))
-    out.mkdir(parents=True, exist_ok=True)
-    config = {
+    return {
         "architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
         "model_type": "qwen3_moe" if moe else "qwen3", "hidden_act": "silu", "rms_norm_eps": 1e-6,
         "rope_theta": 1_000_000.0, "max_position_embeddings": 40960, "attention_bias": False,
         "torch_dtype": dtype, "bos_token_id": 0, "eos_token_id": 0, **shape,
     }  # fmt: skip
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def matmul_params(shape: dict) -> int:
+    """Active base matmul parameters per token (attention, the router and top-k experts' linears or the dense MLP,
+    the unembedding), as the model's family counts them for the worker's MFU."""
+    from tinkerflow.activities.accelerator_metrics import params_per_token
+    from tinkerflow.workers.engine.model.families import ModelConfig
+
+    return params_per_token(ModelConfig.from_hf(checkpoint_config(shape, "float32")))
+
+
+def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: Path) -> Path:
+    """A checkpoint of `shape` (checkpoint_config) with random weights (std 0.02) in the published layout: one
+    safetensors file per layer plus an index. benchmarks.train and benchmarks.sample_moe use it."""
+    from safetensors.numpy import save_file
+
+    moe = bool(shape.get("num_experts"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(checkpoint_config(shape, dtype), indent=2))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tokenizer_from / name).exists():
             shutil.copy(tokenizer_from / name, out / name)

@@ -46,8 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import emit, stats
-from benchmarks.moe_shape import QWEN3_30B_A3B_1L, write_random_checkpoint
-from benchmarks.moe_shape import matmul_params as moe_matmul_params
+from benchmarks.moe_shape import QWEN3_30B_A3B_1L, matmul_params, write_random_checkpoint
 
 RANK = 32
 ROWS, SEQ = 4, 128
@@ -63,16 +62,6 @@ SHAPES = {
 # Dense bf16 peak FLOP/s by device kind (substring match).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
               "TPU v6": 918e12, "TPU v4": 275e12}  # fmt: skip
-
-
-def matmul_params(shape: dict) -> int:
-    """Base parameters that take part in matmuls: every layer's linears plus the unembedding (active ones for MoE)."""
-    if shape.get("num_experts"):
-        return moe_matmul_params(shape)
-    h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-    q, kv, hd = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
-    per_layer = h * q * hd * 2 + h * kv * hd * 2 + 3 * h * i
-    return shape["num_hidden_layers"] * per_layer + v * h
 
 
 def batch(vocab: int, rows: int = ROWS, seq: int = SEQ, seed: int = 0) -> list[np.ndarray]:

@@ -13,14 +13,16 @@ the embedded tiny model a real model's id: its weights and tokenizer are not tha
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 from tinkerflow.common.errors import UnknownModelError
 from tinkerflow.common.settings import Settings
+from tinkerflow.workers.engine.model.families import EMBEDDED_DEFAULT, family_name_of
 
 log = logging.getLogger(__name__)
-TINY_MODEL_DIRNAME = "tiny-qwen3"
+TINY_MODEL_DIRNAME = f"tiny-{EMBEDDED_DEFAULT}"
 
 
 def default_model_dir(settings: Settings) -> Path:
@@ -37,6 +39,25 @@ def resolve_base_model(settings: Settings) -> tuple[str, str]:
     return name, local
 
 
+def check_base_model(settings: Settings) -> None:
+    """UnknownModelError, in one line, unless `settings.base_model` is a model directory (or cached HF id) of an
+    architecture a model family serves; reads config.json only (no JAX), so `tinkerflow up` asks before it starts
+    anything. The embedded default is served."""
+    if settings.base_model:
+        _resolve(settings)
+
+
+def _check_served(path: Path) -> None:
+    try:
+        hf = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UnknownModelError(f"{path}/config.json cannot be read: {e}") from None
+    try:
+        family_name_of(hf if isinstance(hf, dict) else {})
+    except ValueError as e:
+        raise UnknownModelError(f"{path}: {e}") from None
+
+
 def _resolve(settings: Settings) -> tuple[str, str]:
     spec = settings.base_model
     if not spec:
@@ -49,6 +70,7 @@ def _resolve(settings: Settings) -> tuple[str, str]:
         path = path.resolve()
         if not (path / "config.json").exists():
             raise UnknownModelError(f"{path} has no config.json: not a Hugging Face model directory")
+        _check_served(path)
         return _served_path_name(path), str(path)
     try:
         from huggingface_hub import snapshot_download
@@ -59,6 +81,7 @@ def _resolve(settings: Settings) -> tuple[str, str]:
             f"base model {spec!r} is neither a local directory nor in the local Hugging Face cache ({e}). "
             f"Download it where you have network (`hf download {spec}`) and copy the cache here, or pass a path."
         ) from None
+    _check_served(Path(local))
     return spec, local
 
 

@@ -28,8 +28,8 @@ from tinkerflow.common.metrics import (
     TENANT_TRAINING_TOKENS,
 )
 from tinkerflow.workflows.protocol import names
-from tinkerflow.workflows.training_run import TrainingRunWorkflow
 from tinkerflow.workflows.protocol.usage import OpUsage, hour_of, ledger_from_memo
+from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 log = logging.getLogger(__name__)
 MARGIN = timedelta(minutes=5)

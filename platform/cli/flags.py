@@ -14,7 +14,7 @@ NOT_SETTINGS = {
     "--keep-up": "`up -- CMD`: stay up after CMD exits",
     "--with-stack": "`ray`: also run Temporal, the workflow worker and the API on the driver's node",
     "--seed": "`make-tiny-model`: the weights' seed",
-    "--moe": "`make-tiny-model`: write the mixture-of-experts variant",
+    "--family": "`make-tiny-model`: which model family's tiny checkpoint",
     "--days": "`usage`: the last N UTC days",
     "--prices": "`usage`: a price table to estimate costs with",
     "-h": "argparse's own help",

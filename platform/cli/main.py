@@ -7,7 +7,7 @@
     tinkerflow jax-worker         only a JAX worker for one base model
     tinkerflow api                only the HTTP API (the Tinker REST contract)
     tinkerflow ray                the JAX worker as Ray actors on a Ray cluster, one per host (--with-stack: all of it)
-    tinkerflow make-tiny-model D  write the embedded default model (tiny Qwen3) to directory D
+    tinkerflow make-tiny-model D  write the embedded default model (a tiny checkpoint) to directory D
 
 Every flag can also come from the environment as TINKERFLOW_<FLAG_NAME> (for example TINKERFLOW_API_KEYS).
 """
@@ -107,13 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--temporal-address), the workflow worker and the API on this (the driver's) node",
     )
 
-    tiny = sub.add_parser("make-tiny-model", help="write the embedded default model (deterministic tiny Qwen3)")
+    tiny = sub.add_parser("make-tiny-model", help="write the embedded default model (a deterministic tiny checkpoint)")
     tiny.add_argument("directory", help="where to write config.json, model.safetensors and the tokenizer")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     tiny.add_argument(
-        "--moe",
-        action="store_true",
-        help="write the tiny Qwen3-MoE (8 routed experts, top-2) instead; serve it with --base-model D",
+        "--family",
+        help="another model family's tiny checkpoint (a folder of the engine's model/families/ that has one) instead "
+        "of the embedded default's; serve it with --base-model D",
     )
 
     usage.add_parser(sub)  # a client of a running API: no settings flags of its own
@@ -141,12 +141,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny-model":
         from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
-        print(make_tiny_model(args.directory, seed=args.seed, progress=True, moe=args.moe))
+        family = {"family": args.family} if args.family else {}
+        try:
+            print(make_tiny_model(args.directory, seed=args.seed, progress=True, **family))
+        except ValueError as e:
+            parser.error(str(e))
         return 0
     if args.command == "usage":
         return usage.run_usage(args)
     if args.command == "up":
         from tinkerflow.cli.up import run_up
+        from tinkerflow.common.errors import UnknownModelError
+        from tinkerflow.workers.models import check_base_model
+
+        try:  # before any part starts: a model no family serves fails here in one line, not in the JAX worker's log
+            check_base_model(settings)
+        except UnknownModelError as e:
+            parser.exit(2, f"tinkerflow up: error: {e}\n")
 
         then = args.then[1:] if args.then[:1] == ["--"] else args.then
         return run_up(settings, args, then)

@@ -10,9 +10,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tinkerflow.activities.accelerator_metrics import NOMINAL_TFLOPS, AcceleratorMeter, params_per_token, peak_tflops_of
-from tinkerflow.workers.engine.model.config import ModelConfig
-from tinkerflow.workers.engine.model.tiny_model import SHAPE, config_dict, moe_parameter_shapes, parameter_shapes
-from tinkerflow.workers.engine.model.tiny_moe import MOE_SHAPE, moe_config_dict
+from tinkerflow.workers.engine.model.families import ModelConfig
+from tinkerflow.workers.engine.model.families.qwen3.tiny import config_dict, parameter_shapes
+from tinkerflow.workers.engine.model.families.qwen3_moe.tiny import MOE_SHAPE, moe_config_dict, moe_parameter_shapes
+from tinkerflow.workers.engine.model.tiny_model import SHAPE
 
 
 def _reference_params(shapes: list[tuple[str, tuple[int, ...]]], active_fraction: float = 1.0) -> float:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def moe_stack(tmp_path_factory) -> Iterator[RunningStack]:
     root = tmp_path_factory.mktemp("e2e-moe")
-    model = make_tiny_model(root / "tiny-qwen3-moe", moe=True)
+    model = make_tiny_model(root / "tiny-qwen3-moe", family="qwen3_moe")
     s = launch(root / "state", api_key=API_KEY, extra=["--base-model", str(model), "--max-lora-adapters", "8"])
     yield s
     s.stop()

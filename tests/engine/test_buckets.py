@@ -1,12 +1,13 @@
 """The sampler's and trainer's shape buckets: a fixed, small set per model, whatever the requests (sampling/buckets.py,
-model/config.py train_seq_len)."""
+model/shape_buckets.py train_seq_len)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tinkerflow.workers.engine.model import tiny_model
-from tinkerflow.workers.engine.model.config import ModelConfig, round_up_pow4, train_seq_len
+from tinkerflow.workers.engine.model.families import ModelConfig
+from tinkerflow.workers.engine.model.families.qwen3 import tiny as tiny_model
+from tinkerflow.workers.engine.model.shape_buckets import round_up_pow4, train_seq_len
 from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
 from tinkerflow.workers.engine.sampling.buckets import MIN_CACHE_LEN, SlotBucket, chunk_len, pick_bucket, slot_buckets
 

@@ -13,7 +13,7 @@ import numpy as np
 from test_training import assert_grads_close
 
 from tinkerflow.workers.engine.model import logprobs
-from tinkerflow.workers.engine.model.config import round_up_seq_len
+from tinkerflow.workers.engine.model.shape_buckets import round_up_seq_len
 from tinkerflow.workers.engine.runtime import memory_plan
 from tinkerflow.workers.engine.training.steps import pack, plan_micro_batches
 from tinkerflow.workers.engine.types import (
@@ -54,7 +54,7 @@ def test_chunked_logprobs_equal_the_whole_vocabulary_at_once(qwen3_dir, monkeypa
 
 
 def test_the_plan_divides_the_capacity_and_limits_are_buckets(monkeypatch):
-    from tinkerflow.workers.engine.model.config import ModelConfig
+    from tinkerflow.workers.engine.model.families import ModelConfig
 
     monkeypatch.setattr(memory_plan, "device_capacity", lambda override=0: ("gpu memory", 80 * 2**30, 26 * 2**30))
     cfg = ModelConfig.from_hf(dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,

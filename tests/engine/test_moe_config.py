@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinkerflow.workers.engine.model.config import ModelConfig
+from tinkerflow.workers.engine.model.families import ModelConfig
 
 BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 from moe_checkpoint import build_moe_model
 from test_sharding import _compare, _run_scenario
 
-from tinkerflow.workers.engine.model.config import ModelConfig
+from tinkerflow.workers.engine.model.families import ModelConfig
 from tinkerflow.workers.engine.runtime.sharding import check_divisible, param_spec
 
 

@@ -17,8 +17,8 @@ from conftest import MAX_ADAPTERS, MAX_RANK
 from flax import nnx
 
 from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.model.config import ModelConfig
 from tinkerflow.workers.engine.model.decoder import CausalLM
+from tinkerflow.workers.engine.model.families import ModelConfig
 from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
 from tinkerflow.workers.engine.training.steps import StepFunctions, pack
 from tinkerflow.workers.engine.types import (

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tinkerflow.workers.engine.model.config import ModelConfig
+from tinkerflow.workers.engine.model.families import ModelConfig
 from tinkerflow.workers.engine.runtime.sharding import MeshConfig, as_mesh, check_divisible, param_spec
 
 SCENARIO = Path(__file__).with_name("mesh_scenario.py")

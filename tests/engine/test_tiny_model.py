@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 import pytest
 
-from tinkerflow.workers.engine.model import tiny_model
+from tinkerflow.workers.engine.model.families.qwen3 import tiny as tiny_model
 from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 
 PIG_PROMPT = "English: banana split\nPig Latin:"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
 from tinkerflow.workers.models import UnknownModelError, resolve_base_model
@@ -59,3 +63,38 @@ def test_served_model_name_names_a_local_copy_by_its_hf_id(tiny, tmp_path):
     name, local = resolve_base_model(Settings(state_dir=tmp_path, base_model=str(tiny),
                                               served_model_name="Qwen/Qwen3-0.6B"))  # fmt: skip
     assert name == "Qwen/Qwen3-0.6B" and local == str(tiny.resolve())
+
+
+def _gpt_oss(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(
+        json.dumps({"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]})
+    )
+    return directory
+
+
+def test_a_model_no_family_serves_is_refused_in_one_line(tmp_path):
+    model = _gpt_oss(tmp_path / "gpt-oss")
+    with pytest.raises(UnknownModelError) as e:
+        resolve_base_model(Settings(state_dir=tmp_path, base_model=str(model)))
+    message = str(e.value)
+    assert "\n" not in message and "unsupported architecture 'gpt_oss' (GptOssForCausalLM)" in message
+    assert "families served: llama3 (model_type llama), " in message
+
+
+def test_up_fails_at_start_naming_the_architecture_and_the_families_served(tmp_path):
+    """`tinkerflow up --base-model DIR` checks DIR's config.json before it starts any part."""
+    model = _gpt_oss(tmp_path / "gpt-oss")
+    state = tmp_path / "state"
+    out = subprocess.run(
+        [sys.executable, "-m", "tinkerflow.cli.main", "up", "--base-model", str(model), "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tinkerflow up: error: "), out.stderr
+    assert "'gpt_oss' (GptOssForCausalLM); families served: llama3 (model_type llama), qwen3" in lines[0]
+    assert not (state / "logs").exists()  # no part was started

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .model.config import ModelConfig
 from .model.dtypes import base_dtype, weight_dtype
+from .model.families import ModelConfig
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .runtime import warm_up
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan

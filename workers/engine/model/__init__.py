@@ -1,2 +1,3 @@
-"""The model and its files: config, the decoder with its LoRA and MoE layers, loading, adapter checkpoint formats,
-and the tiny test checkpoints."""
+"""The model and its files: the model families (`families/`, one folder each, and the `ModelConfig` they read), the
+building blocks they share (attention, the decoder layer, the routed experts, LoRA), loading, adapter checkpoint
+formats, and the tiny test checkpoints."""

@@ -28,19 +28,14 @@ from typing import Any
 import numpy as np
 
 from ..types import OPTIMIZERS, InputError, LoraConfig, SlotState
-from .lora import LORA_ALPHA, module_kind
+from .families import ModuleKind, lora_targets
+from .lora import LORA_ALPHA, UNEMBED_STATE, module_kind
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 STATE_DIR = "state"
 STATE_FORMAT = "tinkerflow.slot_state.v1"
 
-MODULES = {
-    "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mlp": ("gate_proj", "up_proj", "down_proj"),
-    "unembed": ("unembed_tokens",),
-}
-_GROUP_OF = {m: g for g, mods in MODULES.items() for m in mods} | {"lm_head": "unembed"}  # PEFT's name, read too
 _UNEMBED_EXPORT = "model.unembed_tokens"
 _PEFT_PREFIX = "base_model.model."
 # Ours: layers.3.self_attn.q_proj.lora_a / lm_head.lora_b. PEFT: base_model.model.model.layers.3.self_attn.q_proj.
@@ -69,9 +64,21 @@ _PEFT_EMPTY = ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_tr
 # ---------------------------------------------------------------------------------------------------- configs
 
 
-def lora_config_to_peft(config: LoraConfig, *, base_model_name_or_path: str) -> dict[str, Any]:
-    """adapter_config.json for `config`: PEFT's LoraConfig fields that matter, target_modules = the trained groups."""
-    targets = [m for group, mods in MODULES.items() if _trained(config)[group] for m in mods]
+def _groups() -> dict[str, ModuleKind]:
+    """The LoRA target modules adapter files may name (the families', plus PEFT's own `lm_head` for the
+    unembedding, read too), by train group."""
+    return {**lora_targets(), "lm_head": "unembed"}
+
+
+def _target_modules(config: LoraConfig, weights: dict[str, Any]) -> list[str]:
+    """The export names of the modules `weights` holds LoRA of, in a trained group, in the families' order."""
+    held = {name.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for name in weights}
+    held = {"unembed_tokens" if m == UNEMBED_STATE else m for m in held}
+    return [m for m, group in lora_targets().items() if m in held and _trained(config)[group]]
+
+
+def lora_config_to_peft(config: LoraConfig, targets: list[str], *, base_model_name_or_path: str) -> dict[str, Any]:
+    """adapter_config.json for `config`: PEFT's LoraConfig fields that matter, target_modules = `targets`."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -113,14 +120,15 @@ def lora_config_from_peft(config: dict[str, Any]) -> LoraConfig:
         if config.get(key):
             raise InputError(f"{ADAPTER_CONFIG}: {key}={config[key]!r} is not supported (must be empty)")
     targets = config.get("target_modules")
+    known = _groups()
     if targets == "all-linear":  # PEFT: every linear layer but the output layer
-        targets = [*MODULES["attn"], *MODULES["mlp"]]
+        targets = [m for m, group in known.items() if group != "unembed"]
     if not isinstance(targets, list):
         raise InputError(f"{ADAPTER_CONFIG}: target_modules must be a list of module names, got {targets!r}")
-    unknown = sorted({str(t) for t in targets} - set(_GROUP_OF))
+    unknown = sorted({str(t) for t in targets} - set(known))
     if unknown:
-        raise InputError(f"{ADAPTER_CONFIG}: target_modules {unknown} are not supported (only {sorted(_GROUP_OF)})")
-    groups = {_GROUP_OF[t] for t in targets}
+        raise InputError(f"{ADAPTER_CONFIG}: target_modules {unknown} are not supported (only {sorted(known)})")
+    groups = {known[t] for t in targets}
     return LoraConfig(rank=rank, train_attn="attn" in groups, train_mlp="mlp" in groups,
                       train_unembed="unembed" in groups)  # fmt: skip
 
@@ -185,7 +193,8 @@ def write_peft(
         tensors[key] = np.ascontiguousarray(value.T)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    peft_config = lora_config_to_peft(config, base_model_name_or_path=base_model_name_or_path)
+    targets = _target_modules(config, weights)
+    peft_config = lora_config_to_peft(config, targets, base_model_name_or_path=base_model_name_or_path)
     save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (directory / ADAPTER_CONFIG).write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n")
 
@@ -208,7 +217,7 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
     except (SafetensorError, OSError, ValueError) as e:
         raise InputError(f"{ADAPTER_WEIGHTS} cannot be read: {e}") from None
 
-    targets = {m for group, mods in MODULES.items() if _trained(config)[group] for m in mods}
+    targets = {m for m, group in lora_targets().items() if _trained(config)[group]}
     groups = {group for group, on in _trained(config).items() if on}  # unembedding: either name, either target
     weights: dict[str, np.ndarray] = {}
     experts: dict[str, dict[int, np.ndarray]] = {}
@@ -274,7 +283,8 @@ def write_training_state(state: SlotState, directory: Path, *, base_model_name_o
     with _checkpointer() as checkpointer:
         checkpointer.save(directory / STATE_DIR, tree, force=True, custom_metadata=meta)
         checkpointer.wait_until_finished()
-    peft_config = lora_config_to_peft(state.config, base_model_name_or_path=base_model_name_or_path)
+    targets = _target_modules(state.config, state.weights)
+    peft_config = lora_config_to_peft(state.config, targets, base_model_name_or_path=base_model_name_or_path)
     (directory / ADAPTER_CONFIG).write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n")
 
 

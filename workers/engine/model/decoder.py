@@ -1,5 +1,7 @@
-"""Decoder-only causal LM (Qwen3, Llama 3; Qwen3-MoE with the expert block of moe.py) in Flax NNX, with multi-LoRA on
-every linear and an optional KV cache.
+"""The decoder-only causal LM the dense and routed-expert families share, in Flax NNX, with multi-LoRA on every linear
+and an optional KV cache: attention (q/k norm as the config says), an MLP the family chooses per layer (the dense
+SwiGLU here, or moe.py's routed experts), the embedding, the LM head, and the model that asks its family for its
+layers (families/).
 
 Attribute names mirror the Hugging Face module tree (`layers[i].self_attn.q_proj`, `mlp.gate_proj`, ...) so the
 loader maps safetensors names onto NNX state paths mechanically.
@@ -14,10 +16,9 @@ leaves carry a leading layer axis ([L, in, out]) and whose LoRA leaves carry it 
 axis stays first for slot writes, snapshots and the optimizer), and `hidden` runs the layers as one `jax.lax.scan`:
 the program holds one layer's computation whatever the depth, so compile time does not grow with it. The LoRA
 leaves are moved layer-first once per call for the scan (a copy of the LoRA state, which is small next to the base
-weights; the base weights are never copied). Mixture-of-experts models stay on the per-layer loop (`nnx.List`):
-Qwen3-MoE configs may mix dense and sparse layers (`mlp_only_layers`, `decoder_sparse_step`), which one scan body
-cannot hold, and the loader's per-expert stacking is per layer. The KV cache is one `LayerCache` of
-[L, B, S, kv_heads, head_dim] arrays in both layouts.
+weights; the base weights are never copied). A family whose layers differ (a mixture of experts may mix dense and
+sparse layers, which one scan body cannot hold) has no stack (`Family.decoder_stack` None) and runs the per-layer
+loop (`nnx.List`). The KV cache is one `LayerCache` of [L, B, S, kv_heads, head_dim] arrays in both layouts.
 """
 
 from __future__ import annotations
@@ -30,9 +31,21 @@ from flax import nnx
 
 from .attention import Segments, attention
 from .cached_attention import decode_attention, suffix_attention
-from .config import ModelConfig
+from .families import CacheKind, LayerOptions, ModelConfig, ModuleKind, family_named
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, base_matmul, lora_delta, lora_embedding_delta
-from .moe import SparseMoeBlock
+
+# The LoRA target modules of the layers here (moe.py's experts name their projections as the MLP does) by train group,
+# named as PEFT and Tinker exports name them (the unembedding: Tinker's `unembed_tokens`, our `lm_head`).
+DECODER_TARGETS: dict[str, ModuleKind] = {
+    "q_proj": "attn",
+    "k_proj": "attn",
+    "v_proj": "attn",
+    "o_proj": "attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+    "unembed_tokens": "unembed",
+}
 
 
 class LayerCache(NamedTuple):
@@ -164,16 +177,16 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
-                 param_dtype=jnp.float32, layer_idx: int = 0):  # fmt: skip
+    """Attention, then `mlp` (the family's block for this layer: `MLP`, or moe.py's routed experts), each after an
+    RMSNorm and with a residual around it."""
+
+    def __init__(self, config: ModelConfig, mlp: nnx.Module, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
+                 param_dtype=jnp.float32):  # fmt: skip
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, **kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if config.is_moe_layer(layer_idx):  # Qwen3-MoE: routed experts here (moe.py), a dense MLP elsewhere
-            self.mlp = SparseMoeBlock(config, max_adapters=max_adapters, max_rank=max_rank, param_dtype=param_dtype)
-        else:
-            self.mlp = MLP(config, **kw)
+        self.mlp = mlp
 
     def __call__(self, x, positions, rope, routing, cache, layer: jax.Array | int = 0, segments=None):
         attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache, layer, segments)
@@ -213,9 +226,9 @@ class DecoderStack(DecoderLayer):
     weights layer by layer. `CausalLM.hidden` scans over it; indexing gives one layer as a `DecoderLayer` view (for
     tests and inspection, not for the hot path)."""
 
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
+    def __init__(self, config: ModelConfig, mlp: nnx.Module, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
                  param_dtype=jnp.float32):  # fmt: skip
-        super().__init__(config, max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        super().__init__(config, mlp, max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.num_layers = config.num_layers
         n = config.num_layers
         lora, rest = nnx.state(self, nnx.LoRAParam, ...)
@@ -275,15 +288,25 @@ def _remat_layer(layer: DecoderLayer, x, positions, rope, routing, segments=None
     return jax.checkpoint(run)(state, x, positions, rope, routing, segments)
 
 
-def can_scan(config: ModelConfig) -> bool:
-    """Whether the layers can be stacked and scanned: dense models (see the module doc for MoE)."""
-    return not config.num_experts
+def dense_layer(config: ModelConfig, index: int, options: LayerOptions) -> DecoderLayer:
+    """A dense family's layer `index`: attention and the SwiGLU MLP."""
+    return DecoderLayer(config, MLP(config, **options.kwargs()), **options.kwargs())
+
+
+def dense_stack(config: ModelConfig, options: LayerOptions) -> DecoderStack:
+    """A dense family's layers, stacked for the scan."""
+    return DecoderStack(config, MLP(config, **options.kwargs()), **options.kwargs())
+
+
+def kv_every_layer(config: ModelConfig) -> tuple[CacheKind, ...]:
+    """What the sampler keeps of this decoder: every layer's keys and values (`LayerCache`)."""
+    return ("kv",) * config.num_layers
 
 
 class CausalLM(nnx.Module):
-    """The decoder. `remat` (gradient checkpointing), `act_sharding` (the [B, T, H] hidden-state sharding
-    between layers) and `scan_layers` (stacked layers, one scan; dense models only, see the module doc) are static
-    settings, fixed when the engine builds the model."""
+    """The decoder, with the layers its family builds. `remat` (gradient checkpointing), `act_sharding` (the
+    [B, T, H] hidden-state sharding between layers) and `scan_layers` (stacked layers, one scan, where the family
+    stacks them: see the module doc) are static settings, fixed when the engine builds the model."""
 
     def __init__(
         self,
@@ -300,14 +323,15 @@ class CausalLM(nnx.Module):
         self.config = config
         self.remat = remat
         self.act_sharding = act_sharding
-        self.scan_layers = scan_layers and can_scan(config)
-        kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
+        family = family_named(config.arch)
+        options = LayerOptions(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, param_dtype)
-        self.layers: DecoderStack | nnx.List
-        if self.scan_layers:
-            self.layers = DecoderStack(config, **kw)
+        self.layers: nnx.Module
+        if scan_layers and family.decoder_stack is not None:
+            self.layers = family.decoder_stack(config, options)
         else:
-            self.layers = nnx.List([DecoderLayer(config, **kw, layer_idx=i) for i in range(config.num_layers)])
+            self.layers = nnx.List([family.decoder_layer(config, i, options) for i in range(config.num_layers)])
+        self.scan_layers = isinstance(self.layers, DecoderStack)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = LMHead(config, max_adapters=max_adapters, max_rank=max_rank, param_dtype=param_dtype)
 
@@ -339,6 +363,7 @@ class CausalLM(nnx.Module):
             x, cache = self.layers.scan(x, positions, rope, routing, cache, remat=remat,
                                         act_sharding=self.act_sharding, segments=segments)  # fmt: skip
             return self.norm(x), cache
+        assert isinstance(self.layers, nnx.List)  # built above: a stack or a per-layer list
         for i, layer in enumerate(self.layers):
             if cache is None and remat:
                 x = _remat_layer(layer, x, positions, rope, routing, segments)

@@ -1,8 +1,9 @@
 """Load a Hugging Face checkpoint directory (config.json + safetensors, possibly sharded) into NNX state.
 
 The model is built abstractly (`nnx.eval_shape`), so no random weights are materialised, and each safetensors
-tensor is placed straight into its state slot. With stacked layers (decoder.DecoderStack, the default for dense
-models) a layer's tensor goes into its row of the stacked host array of that leaf ([L, ...]), which moves to its
+tensor is placed straight into its state slot, where the model's family names it (`Family.checkpoint_names`;
+`DecoderNames` here for the names the families share). With stacked layers (decoder.DecoderStack, where the family
+stacks them) a layer's tensor goes into its row of the stacked host array of that leaf ([L, ...]), which moves to its
 device sharding as soon as its last layer is read, so the stacked layout is built once, at load, never per step.
 LoRA state starts all zero (every slot == base model).
 """
@@ -13,7 +14,9 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,19 +27,14 @@ from flax import nnx
 from safetensors import safe_open
 
 from ..runtime.sharding import DeviceLayout
-from .config import ModelConfig
 from .decoder import CausalLM
+from .families import ModelConfig, StatePath, family_named
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 log = logging.getLogger(__name__)
 
-# Qwen3-MoE experts: one tensor per expert and projection as published (mlp.experts.7.up_proj.weight [out, in]), or
-# fused per layer as transformers 5 keeps them in memory (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj
-# [E, H, I]); both fill the stacked kernels [E, in, out] of moe.ExpertLinear.
-_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(
     r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$|^model\.layers\.(\d+)\.(\w+layernorm)\.weight$"
 )
@@ -66,24 +64,38 @@ def resolve_model_path(model_path: str) -> str:
         ) from e
 
 
-def _state_path(name: str, config: ModelConfig) -> tuple[tuple, bool] | None:
-    """HF tensor name -> (NNX state path, transpose?) or None for tensors we do not use."""
-    if name == "model.embed_tokens.weight":
-        return ("embed_tokens", "weight"), False
-    if name == "model.norm.weight":
-        return ("norm", "weight"), False
-    if name == "lm_head.weight":
-        # Tied checkpoints sometimes still carry a copy; the embedding is the source of truth then.
-        return None if config.tie_word_embeddings else (("lm_head", "kernel"), True)
-    m = _LAYER.match(name)
-    if m is None:
-        return None
-    if m.group(1) is not None:
-        layer, block, leaf = int(m.group(1)), m.group(2), m.group(3)
-        if leaf.endswith("_norm"):
-            return ("layers", layer, block, leaf, "weight"), False
-        return ("layers", layer, block, leaf, "kernel"), True
-    return ("layers", int(m.group(4)), m.group(5), "weight"), False
+class DecoderNames:
+    """The checkpoint names the families share (`CheckpointNames`): the module tree mirrors the checkpoint's, so
+    `model.layers.3.self_attn.q_proj.weight` [out, in] is `layers.3.self_attn.q_proj.kernel` [in, out] and a
+    norm's `weight` is its `weight`; the embedding, final norm and (untied) lm_head apart. Nothing is stacked from
+    pieces: a family whose checkpoint splits a leaf into tensors (per-expert weights) extends `gather`."""
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+
+    def state_path(self, name: str) -> tuple[StatePath, bool] | None:
+        if name == "model.embed_tokens.weight":
+            return ("embed_tokens", "weight"), False
+        if name == "model.norm.weight":
+            return ("norm", "weight"), False
+        if name == "lm_head.weight":
+            # Tied checkpoints sometimes still carry a copy; the embedding is the source of truth then.
+            return None if self.config.tie_word_embeddings else (("lm_head", "kernel"), True)
+        m = _LAYER.match(name)
+        if m is None:
+            return None
+        if m.group(1) is not None:
+            layer, block, leaf = int(m.group(1)), m.group(2), m.group(3)
+            if leaf.endswith("_norm"):
+                return ("layers", layer, block, leaf, "weight"), False
+            return ("layers", layer, block, leaf, "kernel"), True
+        return ("layers", int(m.group(4)), m.group(5), "weight"), False
+
+    def gather(self, name: str, read: Callable[[], np.ndarray]) -> bool:
+        return False
+
+    def gathered(self) -> Iterator[tuple[StatePath, np.ndarray]]:
+        return iter(())
 
 
 def _shard_files(path: Path) -> list[Path]:
@@ -129,13 +141,13 @@ def load_model(
     With a `mesh`, the model's shape is checked against it first (ValueError naming the value that does not divide),
     every tensor goes straight to its sharding as it is read, and the hidden states between layers are pinned to
     the fsdp batch layout; `LoadedModel.placement` then holds the shardings. `scan_layers`: stacked, scanned
-    layers (decoder.DecoderStack; dense models only) instead of a per-layer list.
+    layers (decoder.DecoderStack, where the family stacks them) instead of a per-layer list.
     """
     path = Path(model_dir)
     hf_config = json.loads((path / "config.json").read_text())
     config = ModelConfig.from_hf(hf_config)
     placement = DeviceLayout(mesh, config) if mesh is not None else None
-    experts = _ExpertStacks(config)
+    names = family_named(config.arch).checkpoint_names(config)
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(
         lambda: CausalLM(
@@ -165,16 +177,16 @@ def load_model(
         with safe_open(f, framework="flax") as st:
             for name in st.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 bar.update(1)
-                if experts.take(name, st):
+                if names.gather(name, partial(st.get_tensor, name)):
                     continue
-                target = _state_path(name, config)
+                target = names.state_path(name)
                 if target is None:
                     skipped.append(name)
                     continue
                 state_path, transpose = target
                 layer = None
                 if stacks is not None and state_path[0] == "layers":
-                    layer, state_path = state_path[1], ("layers", *state_path[2:])
+                    layer, state_path = int(state_path[1]), ("layers", *state_path[2:])
                 tensor = st.get_tensor(name)
                 expected = _get(pure, state_path)
                 if layer is not None:
@@ -194,7 +206,7 @@ def load_model(
                     if full is not None:  # the leaf's last layer: the stack goes to the device in one piece
                         place(state_path, full)
     bar.close()
-    for state_path, tensor in experts.finish():
+    for state_path, tensor in names.gathered():
         expected = _get(pure, state_path)
         place(state_path, jnp.asarray(tensor, expected.dtype))
     if skipped:
@@ -283,67 +295,6 @@ class _LayerStacks:
         for path, seen in self.seen.items():
             absent = sorted(set(range(self.num_layers)) - seen)
             raise ValueError(f"checkpoint {checkpoint} lacks {'.'.join(map(str, path))} of layers {absent[:5]}")
-
-
-class _ExpertStacks:
-    """Collects expert tensors (per-expert or fused) into stacked [E, in, out] host arrays, then hands them over."""
-
-    def __init__(self, config: ModelConfig):
-        self.config = config
-        self.stacks: dict[tuple, np.ndarray] = {}
-        self.seen: dict[tuple, set[int]] = {}
-
-    def _stack(self, layer: int, proj: str) -> tuple[tuple, np.ndarray]:
-        c = self.config
-        if not c.is_moe_layer(layer):
-            raise ValueError(f"checkpoint has experts for layer {layer}, which the config makes a dense MLP layer")
-        path = ("layers", layer, "mlp", "experts", proj, "kernel")
-        if path not in self.stacks:
-            h, i = c.hidden_size, c.moe_intermediate_size
-            shape = (c.num_experts, i, h) if proj == "down_proj" else (c.num_experts, h, i)
-            self.stacks[path] = np.zeros(shape, np.float32)
-            self.seen[path] = set()
-        return path, self.stacks[path]
-
-    def _put(self, layer: int, proj: str, expert: int | None, value: np.ndarray, name: str) -> None:
-        path, stack = self._stack(layer, proj)
-        want = stack.shape if expert is None else stack.shape[1:]
-        if tuple(value.shape) != tuple(want):
-            raise ValueError(f"{name}: checkpoint shape {tuple(value.shape)} != model shape {tuple(want)}")
-        if expert is None:
-            stack[...] = value
-            self.seen[path].update(range(stack.shape[0]))
-        else:
-            if not 0 <= expert < stack.shape[0]:
-                raise ValueError(f"{name}: expert {expert} out of range (num_experts={stack.shape[0]})")
-            stack[expert] = value
-            self.seen[path].add(expert)
-
-    def take(self, name: str, st: Any) -> bool:
-        """Consume `name` if it is an expert tensor; False otherwise."""
-        m = _EXPERT.match(name)
-        if m is not None:
-            tensor = np.asarray(st.get_tensor(name), np.float32)  # [out, in]
-            self._put(int(m.group(1)), m.group(3), int(m.group(2)), tensor.T, name)
-            return True
-        m = _FUSED_EXPERTS.match(name)
-        if m is None:
-            return False
-        layer, tensor = int(m.group(1)), np.asarray(st.get_tensor(name), np.float32)
-        if m.group(2) == "down_proj":  # [E, H, I]
-            self._put(layer, "down_proj", None, tensor.transpose(0, 2, 1), name)
-        else:  # [E, 2I, H]: gate rows first, then up (transformers' chunk(2))
-            half = tensor.shape[1] // 2
-            self._put(layer, "gate_proj", None, tensor[:, :half].transpose(0, 2, 1), name)
-            self._put(layer, "up_proj", None, tensor[:, half:].transpose(0, 2, 1), name)
-        return True
-
-    def finish(self):
-        for path, stack in self.stacks.items():
-            absent = sorted(set(range(stack.shape[0])) - self.seen[path])
-            if absent:
-                raise ValueError(f"checkpoint lacks {'.'.join(map(str, path[:-1]))} for experts {absent[:5]}")
-            yield path, stack
 
 
 def _flat_paths(tree: dict, prefix: tuple = ()):

@@ -9,12 +9,13 @@ depend on another adapter's examples.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from .families import ModuleKind, lora_targets
 
 # PEFT's default; scaling = LORA_ALPHA / rank.
 LORA_ALPHA = 32.0
@@ -22,17 +23,9 @@ LORA_ALPHA = 32.0
 # whole; a larger one loops, so its programs are the size of this one's.
 STACK_UNROLL = 4
 
-ModuleKind = Literal["attn", "mlp", "unembed"]
-_KIND_BY_NAME: dict[str, ModuleKind] = {
-    "q_proj": "attn",
-    "k_proj": "attn",
-    "v_proj": "attn",
-    "o_proj": "attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-    "lm_head": "unembed",
-}
+# The unembedding's LoRA leaves sit under the model's `lm_head` (its export name is a LoRA target: Tinker's
+# `unembed_tokens`, checkpoint.py).
+UNEMBED_STATE = "lm_head"
 
 
 @jax.custom_vjp
@@ -158,11 +151,15 @@ class LoRALinear(nnx.Module):
 
 
 def module_kind(path: tuple) -> ModuleKind:
-    """The train_attn/train_mlp/train_unembed group of a LoRA leaf, from its state path."""
+    """The train_attn/train_mlp/train_unembed group of a LoRA leaf, from its state path: its module's, as the model
+    families declare their LoRA targets (families.lora_targets)."""
+    targets = lora_targets()
     for key in reversed(path):
         name = getattr(key, "key", getattr(key, "name", key))
-        if name in _KIND_BY_NAME:
-            return _KIND_BY_NAME[name]
+        if name == UNEMBED_STATE:
+            return "unembed"
+        if name in targets:
+            return targets[name]
     raise ValueError(f"LoRA parameter at {path} is not under a known target module")
 
 

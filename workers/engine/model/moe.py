@@ -1,4 +1,5 @@
-"""Qwen3-MoE's routed-expert block in Flax NNX, with per-expert multi-LoRA.
+"""The routed-expert block in Flax NNX, with per-expert multi-LoRA: Qwen3-MoE's MLP (families/qwen3_moe/), shared by
+any family whose layers route tokens to experts the same way.
 
 Names mirror the Hugging Face checkpoint (`layers[i].mlp.gate` is the router, `layers[i].mlp.experts.gate_proj` ...),
 but the experts are stacked: one kernel [E, in, out] per projection instead of E separate linears, so the loader
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .config import ModelConfig
+from .families import ModelConfig
 from .lora import LoraRouting, StackedLoraRouting
 
 

@@ -1,10 +1,13 @@
-"""A deterministic tiny Qwen3 checkpoint, laid out exactly as Hugging Face lays one out.
+"""Deterministic tiny checkpoints of the model families, laid out exactly as Hugging Face lays one out.
 
 `make_tiny_model(out_dir)` writes ``config.json``, ``generation_config.json``, ``model.safetensors`` and a
 tokenizer (``tokenizer.json``, ``tokenizer_config.json``) that ``transformers.AutoModelForCausalLM`` and
-``AutoTokenizer`` load with ``from_pretrained(out_dir)`` fully offline, with no missing or unexpected keys. Tests,
-CI and the acceptance scripts (``acceptance/pig_latin.py``, ``acceptance/rl_loop.py``) use it as a stand-in for
-Qwen3-0.6B: same architecture and file layout, a few hundred kilobytes of weights, built in about a second.
+``AutoTokenizer`` load with ``from_pretrained(out_dir)`` fully offline, with no missing or unexpected keys. Which
+architecture is the family's (`Family.tiny`: its config.json and tensor names, from families/<name>/tiny.py); the
+shape (SHAPE), tokenizer, weights and writing are shared, here. The embedded default's (families.EMBEDDED_DEFAULT)
+stands in for Qwen3-0.6B in tests, CI and the acceptance scripts (``acceptance/pig_latin.py``,
+``acceptance/rl_loop.py``): same architecture and file layout, a few hundred kilobytes of weights, built in about a
+second.
 
 Why the weights are drawn with std 0.25 and not HF's ``initializer_range`` of 0.02: with std
 0.02 on a hidden-128 model the embedding rows are tiny, so the logits are nearly flat (capped near 2.5): greedy
@@ -24,7 +27,7 @@ The output is byte-identical across runs with the same ``seed``/``init_std`` (an
 never leaves half a model; a ``tinkerflow_tiny.json`` marker records the parameters, and calling again on a
 directory that already holds the same model returns at once without rewriting anything.
 
-    python -m tinkerflow.workers.engine.model.tiny_model OUT_DIR [--seed N] [--init-std X]
+    python -m tinkerflow.workers.engine.model.tiny_model OUT_DIR [--family NAME] [--seed N] [--init-std X]
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .tiny_moe import MOE_SHAPE, moe_config_dict, moe_layers
+from .families import EMBEDDED_DEFAULT, TinyCheckpoint, family_named, served_names
 from .tiny_tokenizer import CHAT_TEMPLATE, DATA_FILE, EOS_TOKEN, SPECIAL_TOKENS, VOCAB_SIZE, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -53,7 +56,8 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MARKER = "tinkerflow_tiny.json"
 
-#: The model's shape. vocab_size counts the special tokens; the BPE is trained to vocab_size - len(SPECIAL_TOKENS).
+#: Every family's tiny shape (a family's tiny.py adds its own fields, e.g. experts). vocab_size counts the special
+#: tokens; the BPE is trained to vocab_size - len(SPECIAL_TOKENS).
 SHAPE: dict[str, Any] = {
     "vocab_size": VOCAB_SIZE,
     "hidden_size": 128,
@@ -81,18 +85,16 @@ def _data_sha256() -> str:
     return hashlib.sha256(DATA_FILE.read_bytes()).hexdigest()
 
 
-def _marker_params(seed: int, init_std: float, moe: bool = False) -> dict[str, Any]:
-    params = {
+def _marker_params(seed: int, init_std: float, tiny: TinyCheckpoint) -> dict[str, Any]:
+    return {
         "format_version": FORMAT_VERSION,
         "seed": int(seed),
         "init_std": float(init_std),
         "shape": dict(SHAPE),
         "special_tokens": list(SPECIAL_TOKENS),
         "english_txt_sha256": _data_sha256(),
+        **tiny.marker,  # the family's, only where it has one, so directories written before families stay valid
     }
-    if moe:  # only then, so dense directories written before MoE existed stay valid
-        params["moe"] = dict(MOE_SHAPE)
-    return params
 
 
 def _is_complete(path: pathlib.Path, params: dict[str, Any]) -> bool:
@@ -108,14 +110,14 @@ def _is_complete(path: pathlib.Path, params: dict[str, Any]) -> bool:
 # The parts
 
 
-def config_dict(eos_token_id: int) -> dict[str, Any]:
-    """config.json as transformers 5 writes it for Qwen3ForCausalLM (plus top-level rope_theta/torch_dtype, as
-    transformers 4 and the published Qwen3 checkpoints write them, so readers of either layout find them)."""
+def decoder_config_dict(eos_token_id: int) -> dict[str, Any]:
+    """The config.json keys transformers 5 writes for every decoder family here, with SHAPE's values (plus top-level
+    rope_theta/torch_dtype, as transformers 4 and published checkpoints write them, so readers of either layout find
+    them); a family's tiny.py adds its architecture and its own keys."""
     import transformers
 
     s = SHAPE
     return {
-        "architectures": ["Qwen3ForCausalLM"],
         "attention_bias": False,
         "attention_dropout": 0.0,
         "bos_token_id": eos_token_id,
@@ -126,10 +128,7 @@ def config_dict(eos_token_id: int) -> dict[str, Any]:
         "hidden_size": s["hidden_size"],
         "initializer_range": 0.02,
         "intermediate_size": s["intermediate_size"],
-        "layer_types": ["full_attention"] * s["num_hidden_layers"],
         "max_position_embeddings": s["max_position_embeddings"],
-        "max_window_layers": s["num_hidden_layers"],
-        "model_type": "qwen3",
         "num_attention_heads": s["num_attention_heads"],
         "num_hidden_layers": s["num_hidden_layers"],
         "num_key_value_heads": s["num_key_value_heads"],
@@ -137,12 +136,10 @@ def config_dict(eos_token_id: int) -> dict[str, Any]:
         "rms_norm_eps": s["rms_norm_eps"],
         "rope_parameters": {"rope_theta": s["rope_theta"], "rope_type": "default"},
         "rope_theta": s["rope_theta"],
-        "sliding_window": None,
         "tie_word_embeddings": s["tie_word_embeddings"],
         "torch_dtype": "float32",
         "transformers_version": transformers.__version__,
         "use_cache": True,
-        "use_sliding_window": False,
         "vocab_size": s["vocab_size"],
     }
 
@@ -161,7 +158,7 @@ def generation_config_dict(eos_token_id: int) -> dict[str, Any]:
 
 
 def attention_shapes(p: str, h: int, q: int, kv: int, hd: int) -> list[tuple[str, tuple[int, ...]]]:
-    """A Qwen3 layer's norms and attention projections (prefix `p`), in draw order; the MoE's too."""
+    """A decoder layer's norms and attention projections with q/k norms (prefix `p`), in draw order."""
     return [
         (f"{p}.input_layernorm.weight", (h,)),
         (f"{p}.self_attn.q_proj.weight", (q, h)),
@@ -183,49 +180,24 @@ def dense_mlp_shapes(p: str, h: int, inter: int) -> list[tuple[str, tuple[int, .
     ]
 
 
-def parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
-    """HF parameter names and shapes of the tiny Qwen3, in the (fixed) order the weights are drawn."""
-    s = SHAPE
-    h, hd, inter = s["hidden_size"], s["head_dim"], s["intermediate_size"]
-    q, kv = s["num_attention_heads"] * hd, s["num_key_value_heads"] * hd
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (s["vocab_size"], h))]
-    for i in range(s["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        shapes += attention_shapes(p, h, q, kv, hd) + dense_mlp_shapes(f"{p}.mlp", h, inter)
-    shapes.append(("model.norm.weight", (h,)))
-    if not s["tie_word_embeddings"]:
-        shapes.append(("lm_head.weight", (s["vocab_size"], h)))
-    return shapes
+def embedding_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    return [("model.embed_tokens.weight", (SHAPE["vocab_size"], SHAPE["hidden_size"]))]
 
 
-def moe_parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
-    """HF parameter names and shapes of the tiny Qwen3-MoE (tiny_moe.py), in the (fixed) order the weights are drawn."""
-    s, m = SHAPE, MOE_SHAPE
-    h, hd = s["hidden_size"], s["head_dim"]
-    q, kv = s["num_attention_heads"] * hd, s["num_key_value_heads"] * hd
-    sparse = set(moe_layers())
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (s["vocab_size"], h))]
-    for i in range(m["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        shapes += attention_shapes(p, h, q, kv, hd)
-        if i in sparse:
-            inter = m["moe_intermediate_size"]
-            shapes.append((f"{p}.mlp.gate.weight", (m["num_experts"], h)))
-            for e in range(m["num_experts"]):
-                shapes += dense_mlp_shapes(f"{p}.mlp.experts.{e}", h, inter)
-        else:
-            shapes += dense_mlp_shapes(f"{p}.mlp", h, m["intermediate_size"])
-    shapes.append(("model.norm.weight", (h,)))
+def head_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """The final norm and (untied) lm_head, drawn last."""
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.norm.weight", (SHAPE["hidden_size"],))]
+    if not SHAPE["tie_word_embeddings"]:
+        shapes.append(("lm_head.weight", (SHAPE["vocab_size"], SHAPE["hidden_size"])))
     return shapes
 
 
 def make_weights(
-    seed: int = 0, init_std: float = 0.25, progress: bool = False, shapes: list | None = None
+    shapes: list[tuple[str, tuple[int, ...]]], seed: int = 0, init_std: float = 0.25, progress: bool = False
 ) -> dict[str, np.ndarray]:
-    """float32 weights: matrices ~ N(0, init_std) from `np.random.default_rng(seed)` in `parameter_shapes()` order
-    (or the given `shapes`), norm weights 1.0."""
+    """float32 weights: matrices ~ N(0, init_std) from `np.random.default_rng(seed)` in `shapes` order, norm weights
+    1.0."""
     rng = np.random.default_rng(seed)
-    shapes = parameter_shapes() if shapes is None else shapes
     weights: dict[str, np.ndarray] = {}
     for name, shape in _progress(shapes, progress, "tiny model weights"):
         if name.endswith("norm.weight"):
@@ -268,7 +240,7 @@ def _finish_tree(path: pathlib.Path) -> None:
 
 
 def _write_model(
-    tmp: pathlib.Path, seed: int, init_std: float, params: dict[str, Any], progress: bool, moe: bool = False
+    tmp: pathlib.Path, tiny: TinyCheckpoint, seed: int, init_std: float, params: dict[str, Any], progress: bool
 ) -> None:
     from safetensors.numpy import save_file
     from transformers import PreTrainedTokenizerFast
@@ -286,13 +258,9 @@ def _write_model(
     )
     hf_tok.save_pretrained(str(tmp))
 
-    if moe:
-        config, shapes = moe_config_dict(config_dict(eos_id)), moe_parameter_shapes()
-    else:
-        config, shapes = config_dict(eos_id), None
-    _write_json(tmp / "config.json", config)
+    _write_json(tmp / "config.json", tiny.config(eos_id))
     _write_json(tmp / "generation_config.json", generation_config_dict(eos_id))
-    weights = make_weights(seed, init_std, progress, shapes)
+    weights = make_weights(tiny.parameter_shapes(), seed, init_std, progress)
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     _write_json(tmp / MARKER, params)  # last: its presence means the rest is there
     _finish_tree(tmp)
@@ -314,29 +282,36 @@ def _atomic_install(tmp: pathlib.Path, out: pathlib.Path) -> None:
 
 
 def make_tiny_model(
-    out_dir: str | os.PathLike, *, seed: int = 0, init_std: float = 0.25, progress: bool = False, moe: bool = False
+    out_dir: str | os.PathLike,
+    *,
+    family: str = EMBEDDED_DEFAULT,
+    seed: int = 0,
+    init_std: float = 0.25,
+    progress: bool = False,
 ) -> pathlib.Path:
-    """Write (or find) the tiny Qwen3 checkpoint in `out_dir` and return its path (the tiny Qwen3-MoE of
-    tiny_moe.py with `moe`).
+    """Write (or find) `family`'s tiny checkpoint in `out_dir` and return its path (ValueError: the family has none).
 
     Deterministic: the same `seed` and `init_std` give byte-identical files. If `out_dir` already holds a complete
     tiny model made with the same parameters it is returned untouched; one made with other parameters is replaced;
     any other non-empty directory raises `FileExistsError`.
     """
+    tiny = family_named(family).tiny
+    if tiny is None:
+        raise ValueError(
+            f"model family {family!r} has no tiny checkpoint; those that have: {', '.join(tiny_families())}"
+        )
     out = pathlib.Path(out_dir).expanduser().absolute()
-    params = _marker_params(seed, init_std, moe)
+    params = _marker_params(seed, init_std, tiny)
     if _is_complete(out, params):
         logger.debug("tiny model already present at %s", out)
         return out
 
     t0 = time.perf_counter()
-    logger.info(
-        "building tiny %s model (seed=%d, init_std=%g) at %s", "Qwen3-MoE" if moe else "Qwen3", seed, init_std, out
-    )
+    logger.info("building tiny %s model (seed=%d, init_std=%g) at %s", family, seed, init_std, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _write_model(tmp, seed, init_std, params, progress, moe)
+        _write_model(tmp, tiny, seed, init_std, params, progress)
         try:
             _atomic_install(tmp, out)
         except OSError:
@@ -351,16 +326,23 @@ def make_tiny_model(
     return out
 
 
+def tiny_families() -> list[str]:
+    """The families that have a tiny checkpoint, sorted."""
+    return sorted(name for name in served_names() if family_named(name).tiny is not None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write the deterministic tiny Qwen3 checkpoint used by tests.")
+    parser = argparse.ArgumentParser(description="Write a deterministic tiny checkpoint (the ones tests use).")
     parser.add_argument("out_dir")
+    parser.add_argument("--family", default=EMBEDDED_DEFAULT, choices=tiny_families())
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-std", type=float, default=0.25)
-    parser.add_argument("--moe", action="store_true", help="the tiny Qwen3-MoE (routed experts) instead")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    print(make_tiny_model(args.out_dir, seed=args.seed, init_std=args.init_std, progress=sys.stderr.isatty(),
-                          moe=args.moe))  # fmt: skip
+    path = make_tiny_model(
+        args.out_dir, family=args.family, seed=args.seed, init_std=args.init_std, progress=sys.stderr.isatty()
+    )
+    print(path)
     return 0
 
 

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ..interface import EngineForwarder
-from ..model.config import ModelConfig
+from ..model.families import ModelConfig
 from ..types import WarmUpPiece
 
 __all__ = ["EngineLock"]

@@ -27,8 +27,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..model.config import ModelConfig, round_down_seq_len
+from ..model.families import ModelConfig, family_named
 from ..model.logprobs import chunk_tokens
+from ..model.shape_buckets import round_down_seq_len
 
 log = logging.getLogger(__name__)
 
@@ -160,22 +161,15 @@ def per_token_costs(config: ModelConfig, dtype: Any, max_rank: int) -> dict[str,
     """Bytes per token of training (with and without gradient checkpointing), of KV cache, and of prefill."""
     f32, cd = 4, int(np.dtype(dtype).itemsize)
     h, layers = config.hidden_size, config.num_layers
-    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    inter = config.intermediate_size
-    if config.num_experts:  # a token reaches top-k experts; the router's logits are small
-        inter = max(
-            inter if len(config.moe_layers) < layers else 0, config.moe_intermediate_size * config.num_experts_per_tok
-        )
-    lora = 7 * max_rank * f32  # x @ A of every adapted linear
-    # One layer's intermediates, forward: normed inputs, q/k/v (float32 out of the matmul, then compute dtype),
-    # attention output, MLP gate/up/activation, residual adds; the backward holds part as much again in gradients
-    # (XLA reuses buffers: measured on an H100, Qwen3-8B bf16, 16K -> 32K tokens: 0.98 MB per token, of which
-    # 0.59 MB the saved float32 hidden states; this formula gives 1.05 MB).
-    layer = (3 * h + 2 * (q + 2 * kv) + q + 3 * inter + 2 * h) * f32 + (q + 2 * kv + inter) * cd + lora
+    kv = config.num_kv_heads * config.head_dim
+    family = family_named(config.arch)
+    # One layer's intermediates, forward (the family's widest layer: model/layer_costs.py); the backward holds part
+    # as much again in gradients (XLA reuses buffers).
+    layer = family.activation_bytes(config, cd, max_rank)
     layer_fwd_bwd = int(1.2 * layer)
     remat = layers * h * f32 + layer_fwd_bwd + 4 * h * f32  # saved layer inputs + one layer live + embed/norm
     no_remat = layers * layer + layer_fwd_bwd + 4 * h * f32
-    kv_token = layers * 2 * kv * cd
+    kv_token = family.cache_kinds(config).count("kv") * 2 * kv * cd
     prefill = layer + 2 * h * f32  # one layer at a time, no backward (the KV is counted apart)
     return {"train": remat, "train_no_remat": no_remat, "kv": kv_token, "prefill": prefill}
 

@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..model.config import ModelConfig
+from ..model.families import ModelConfig
 from ..model.lora import is_stacked_layer
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ def as_mesh(mesh: Mesh | MeshConfig | None) -> Mesh:
 def check_divisible(config: ModelConfig, mesh: Mesh) -> None:
     """Refuse shapes the mesh cannot split evenly, naming the offending value."""
     fsdp, tp, ep = mesh.shape[FSDP], mesh.shape[TP], mesh.shape.get(EP, 1)
+    # ep splits the routed-expert block's expert axis (model/moe.py), whichever family uses it: the experts' count is
+    # a generic field of the config, not a question for the family.
     if ep > 1 and not config.num_experts:
         raise ValueError(f"the mesh's ep={ep} needs a mixture-of-experts model; {config.arch} has no experts")
     checks = [

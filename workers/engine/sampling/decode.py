@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..model.config import ModelConfig
 from ..model.decoder import LayerCache, RowCache, empty_cache
+from ..model.families import ModelConfig
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..runtime.sharding import DeviceLayout

@@ -38,7 +38,7 @@ from flax import nnx
 
 from tinkerflow.common.settings import env_setting
 
-from ..model.config import ModelConfig
+from ..model.families import ModelConfig, family_named
 from ..runtime.aot_cache import AotCache, abstract
 from ..runtime.memory_plan import MemoryPlan
 from ..runtime.sharding import DeviceLayout
@@ -64,6 +64,13 @@ class SlotSampler:
     def __init__(
         self, graphdef: nnx.GraphDef, placement: DeviceLayout, config: ModelConfig, dtype: Any, tokenizer: Any
     ):
+        # What the model's family caches per layer; the decode slots hold keys and values (decoder.LayerCache) only.
+        kinds = family_named(config.arch).cache_kinds(config)
+        other = next(((i, k) for i, k in enumerate(kinds) if k != "kv"), None)
+        if other is not None:
+            raise ValueError(
+                f"{config.arch} layer {other[0]} caches {other[1]!r} state; the sampler holds KV caches only"
+            )
         self.placement = placement
         self.config = config
         self.tokenizer = tokenizer

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..model.config import ModelConfig
+from ..model.families import ModelConfig
 from ..runtime.aot_cache import AotCache
 from ..runtime.sharding import DeviceLayout
 from . import admission

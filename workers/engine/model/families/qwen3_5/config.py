@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...config import ModelConfig
+from .. import ModelConfig
 
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 _ARCH = {

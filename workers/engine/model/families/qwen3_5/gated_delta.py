@@ -19,9 +19,9 @@ Three forms of it:
 
 Packed rows (segment ids as `attention.Segments`, read through `segments.runs`): the state resets where a segment
 starts. The chunked form never writes a -inf decay (a chunk's sums of log decays would turn into inf - inf); it
-masks instead: within a chunk every pairwise term is kept only between tokens of one run, a token reads the state carried
-into its chunk only if its run continues the previous chunk's last run, and the state leaving a chunk holds only the
-writes of the chunk's last run. Padding tokens are no-ops (g = 0, beta = 0) and answer zero.
+masks instead: within a chunk every pairwise term is kept only between tokens of one run, a token reads the state
+carried into its chunk only if its run continues the previous chunk's last run, and the state leaving a chunk holds
+only the writes of the chunk's last run. Padding tokens are no-ops (g = 0, beta = 0) and answer zero.
 
 An initial state goes in and the final state (after the row's last real token) comes out of every form, so a prompt
 can be prefilled in chunks and decoding can resume from a snapshot.
