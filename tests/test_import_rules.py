@@ -111,9 +111,11 @@ def test_each_layer_imports_only_the_floors_below_it(layer):
     assert _violations(folder, lambda mod: _floor_allows(layer, mod), exclude) == []
 
 
-# What the launcher may start, by module: the two worker processes, and the tiny model `make-tiny-model` writes.
+# What the launcher may start, by module: the two worker processes, the tiny model `make-tiny-model` writes, and the
+# model resolver `up` checks --base-model with before it starts any part (config.json only, no JAX).
 ENTRY_POINTS = {
     "tinkerflow.workers.jax_worker",
+    "tinkerflow.workers.models",
     "tinkerflow.workers.workflow_worker",
     "tinkerflow.workers.engine.model.tiny_model",
 }
