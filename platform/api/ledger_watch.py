@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from temporalio.client import Client
 
 from tinkerflow.api.quota_tally import UsageTally
+from tinkerflow.api.usage_data import day_start, visibility_time
 from tinkerflow.common.metrics import (
     LEDGER_READS,
     TENANT_PROMPT_TOKENS,
@@ -40,14 +41,6 @@ class LedgerRead:
     seeding: bool  # the first read: the day's usage so far, not what grew meanwhile
     grown: dict[tuple[str, str], OpUsage]  # (tenant, hour) -> what the ledgers gained
     closed: set[str]  # SampleRequest workflows read closed for the first time
-
-
-def _rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def day_start(t: datetime) -> datetime:
-    return t.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def _minus(a: OpUsage, b: OpUsage) -> OpUsage:
@@ -70,7 +63,7 @@ class LedgerWatch:
         runs = dict(self._runs)
         query = (
             "WorkflowType = 'TrainingRun' AND ExecutionStatus != 'ContinuedAsNew' AND "
-            f"(ExecutionStatus = 'Running' OR CloseTime >= '{_rfc3339(since)}')"
+            f"(ExecutionStatus = 'Running' OR CloseTime >= '{visibility_time(since)}')"
         )
         async for wf in self._client.list_workflows(query):
             try:
@@ -88,7 +81,7 @@ class LedgerWatch:
         samples = dict(self._samples)
         closed: set[str] = set()
         async for wf in self._client.list_workflows(
-            f"WorkflowType = 'SampleRequest' AND CloseTime >= '{_rfc3339(since)}'"
+            f"WorkflowType = 'SampleRequest' AND CloseTime >= '{visibility_time(since)}'"
         ):
             if wf.id in samples:
                 continue

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from fastapi import HTTPException
 
 from tinkerflow.api.quota_tally import Charge, UsageTally
-from tinkerflow.api.usage_data import GB, checkpoints_of
+from tinkerflow.api.usage_data import GB, checkpoints_of, day_start
 from tinkerflow.common.metrics import QUOTA_REFUSALS, QUOTA_RELOADS
 from tinkerflow.common.quotas import Limits, QuotaFile, QuotaFileError, load
 from tinkerflow.common.tenancy import key_id
@@ -135,9 +135,7 @@ class Quotas:
         return Refusal(quota, f"{quota} quota: {message}", max(1, retry_after_s), never)
 
     def _until_tomorrow(self, now: datetime) -> tuple[int, str]:
-        left = math.ceil(
-            ((now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)) - now).total_seconds()
-        )
+        left = math.ceil((day_start(now) + timedelta(days=1) - now).total_seconds())
         return left, f"it resets at 00:00 UTC, in {left // 3600}h{left % 3600 // 60:02d}m, or when the quota is raised"
 
     def admit_training(self, who: str, count: Callable[[], int]) -> Refusal | Charge | None:

@@ -40,8 +40,14 @@ class UsageRow:
     usage: OpUsage
 
 
-def _rfc3339(t: datetime) -> str:
+def visibility_time(t: datetime) -> str:
+    """A time as a Temporal visibility query compares it (UTC, whole seconds)."""
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def day_start(t: datetime) -> datetime:
+    """The start of t's UTC day: where daily usage and quotas begin."""
+    return t.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def _owner_clause(owner: str | None) -> str:
@@ -59,7 +65,7 @@ async def usage_rows(svc: Services, owner: str | None, start: datetime, end: dat
 
     client = svc.client
     runs = (
-        f"WorkflowType = 'TrainingRun' AND ExecutionStatus != 'ContinuedAsNew' AND StartTime < '{_rfc3339(end)}'"
+        f"WorkflowType = 'TrainingRun' AND ExecutionStatus != 'ContinuedAsNew' AND StartTime < '{visibility_time(end)}'"
         + _owner_clause(owner)
     )
     async for wf in client.list_workflows(runs):
@@ -80,7 +86,7 @@ async def usage_rows(svc: Services, owner: str | None, start: datetime, end: dat
                 attrs.get(names.BASE_MODEL) or "",
                 usage,
             )
-    samples = f"WorkflowType = 'SampleRequest' AND CloseTime >= '{_rfc3339(start)}'" + _owner_clause(owner)
+    samples = f"WorkflowType = 'SampleRequest' AND CloseTime >= '{visibility_time(start)}'" + _owner_clause(owner)
     async for wf in client.list_workflows(samples):
         memo = await wf.memo()
         who = wf.typed_search_attributes.get(names.OWNER) or "open"
@@ -108,18 +114,19 @@ def storage_gigabyte_hours(manifests: list[Manifest], hour: datetime, now: datet
     return out
 
 
-async def derived_audit(svc: Services, owner: str | None, day_start: datetime) -> list[AuditEvent]:
+async def derived_audit(svc: Services, owner: str | None, day: datetime) -> list[AuditEvent]:
     """The audit events whose record already lives elsewhere: checkpoints committed (their manifests), sessions and
-    runs created and ended (Temporal's visibility), within the UTC day starting at `day_start`."""
-    day_end = day_start + timedelta(days=1)
+    runs created and ended (Temporal's visibility), within the UTC day starting at `day`."""
+    day_end = day + timedelta(days=1)
     events: list[AuditEvent] = []
     for m in await checkpoints_of(svc, owner):
         saved = parse_time(m.time)
-        if saved is not None and day_start <= saved < day_end:
+        if saved is not None and day <= saved < day_end:
             details = {"size_bytes": m.size_bytes, "base_model": m.base_model}
             events.append(AuditEvent(saved, "checkpoint_created", names.owner_value(m.owner), m.tinker_path, details))
     window = (
-        f"StartTime < '{_rfc3339(day_end)}' AND (CloseTime >= '{_rfc3339(day_start)}' OR ExecutionStatus = 'Running')"
+        f"StartTime < '{visibility_time(day_end)}' "
+        f"AND (CloseTime >= '{visibility_time(day)}' OR ExecutionStatus = 'Running')"
     )
     for workflow_type, resource, prefix in (
         ("Session", "session", "session/"),
@@ -131,11 +138,11 @@ async def derived_audit(svc: Services, owner: str | None, day_start: datetime) -
             status = wf.status.name.lower() if wf.status is not None else ""
             if (
                 wf.start_time is not None
-                and day_start <= wf.start_time < day_end
+                and day <= wf.start_time < day_end
                 and wf.run_id == (wf.raw_info.first_run_id or wf.run_id)
             ):
                 events.append(AuditEvent(wf.start_time, f"{resource}_created", who, obj))
             ended = wf.close_time is not None and status != "continued_as_new"
-            if ended and wf.close_time is not None and day_start <= wf.close_time < day_end:
+            if ended and wf.close_time is not None and day <= wf.close_time < day_end:
                 events.append(AuditEvent(wf.close_time, f"{resource}_ended", who, obj, {"status": status}))
     return events
