@@ -25,10 +25,17 @@ def checkpoint_config(shape: dict, dtype: str) -> dict:
     moe = bool(shape.get("num_experts"))
     return {
         "architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
-        "model_type": "qwen3_moe" if moe else "qwen3", "hidden_act": "silu", "rms_norm_eps": 1e-6,
-        "rope_theta": 1_000_000.0, "max_position_embeddings": 40960, "attention_bias": False,
-        "torch_dtype": dtype, "bos_token_id": 0, "eos_token_id": 0, **shape,
-    }  # fmt: skip
+        "model_type": "qwen3_moe" if moe else "qwen3",
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "max_position_embeddings": 40960,
+        "attention_bias": False,
+        "torch_dtype": dtype,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        **shape,
+    }
 
 
 def matmul_params(shape: dict) -> int:

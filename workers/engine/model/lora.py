@@ -77,6 +77,12 @@ class StackedLoraRouting:
     scale: jax.Array  # float32 [B]
 
 
+def _over_stack(size: int, add, zero: jax.Array) -> jax.Array:
+    """zero + each adapter's part (`add(s, out)`), over a stack of `size`: STACK_UNROLL adapters a loop step. Other
+    adapters' rows add an exact 0.0."""
+    return jax.lax.fori_loop(0, size, add, zero, unroll=min(size, STACK_UNROLL))
+
+
 def _stacked_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: StackedLoraRouting) -> jax.Array:
     """Isolated by construction: a foreign adapter's values never reach a row's arithmetic. Each adapter's
     contribution is computed for the whole batch, then *selected* (jnp.where) per row, never multiplied by a zero
@@ -94,8 +100,7 @@ def _stacked_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: StackedLor
         h = jnp.where(keep, jnp.matmul(x, a[s], preferred_element_type=jnp.float32) * scale, 0.0)
         return out + jnp.where(keep, jnp.matmul(h, b[s], preferred_element_type=jnp.float32), 0.0)
 
-    zero = jnp.zeros((*x.shape[:-1], b.shape[-1]), jnp.float32)  # other adapters add an exact 0.0
-    return jax.lax.fori_loop(0, a.shape[0], add, zero, unroll=min(a.shape[0], STACK_UNROLL))
+    return _over_stack(a.shape[0], add, jnp.zeros((*x.shape[:-1], b.shape[-1]), jnp.float32))
 
 
 def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting | StackedLoraRouting) -> jax.Array:
@@ -126,8 +131,7 @@ def lora_embedding_delta(
             d = jnp.einsum("rbt,hr->bth", cols, a[s], preferred_element_type=jnp.float32)
             return out + jnp.where(rows == s, d * scale, 0.0)
 
-        zero = jnp.zeros((*tokens.shape, a.shape[1]), jnp.float32)
-        return jax.lax.fori_loop(0, a.shape[0], add, zero, unroll=min(a.shape[0], STACK_UNROLL))
+        return _over_stack(a.shape[0], add, jnp.zeros((*tokens.shape, a.shape[1]), jnp.float32))
     cols = b[routing.adapter[:, None], :, tokens]  # [B, T, R]: slot b's B, column tokens[b, t]
     a_rows = a[routing.adapter]  # [B, H, R]
     return jnp.einsum("btr,bhr->bth", cols, a_rows) * routing.scale[:, None, None]

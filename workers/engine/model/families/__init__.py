@@ -26,7 +26,7 @@ import importlib
 import math
 import pkgutil
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -164,8 +164,7 @@ class LayerOptions:
 
     def kwargs(self) -> dict[str, Any]:
         """As the layers of model/ take them (keywords)."""
-        return {"max_adapters": self.max_adapters, "max_rank": self.max_rank, "rngs": self.rngs,
-                "param_dtype": self.param_dtype}  # fmt: skip
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class CheckpointNames(Protocol):
