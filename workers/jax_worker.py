@@ -17,9 +17,11 @@ warm-up shape, with `background` (the default) the training half of an adapter's
 needs (the train buckets of a first batch of several datums and of the lifecycle, the first sampler family, the rest
 of the lifecycle: export, import, snapshots, sampling), then the other shapes in the pauses of the traffic; one
 piece at a time under the engine's lock (an activity waits for one piece at most, heartbeating), except train
-buckets: they only compile, beside the traffic. A restart registers at once and reads the same pieces back from the
-persistent compilation cache once the recovery (or a first request) was served: read back at once, they would
-delay the recovery by as much CPU as it needs itself (docs/benchmarks.md §Measurements behind the code).
+buckets: they only compile, beside the traffic. A restart reads back from the persistent compilation cache only
+the slot bucket a first sample takes before it registers (about a second: the sampling clients that survived the
+restart sample at once), and the rest of the pieces once the recovery (or a first request) was served: read back at
+once, they would delay the recovery by as much CPU as it needs itself (docs/benchmarks.md §Measurements behind the
+code).
 
 The worker never imports torch (`keep_torch_out`): the tinker SDK's types import it when it is installed, which
 cost seconds of every (re)start, and nothing here uses it.
@@ -106,8 +108,14 @@ async def serve(
     metrics.ADAPTER_SLOTS_TOTAL.set(settings.max_lora_adapters)
     name, local_path = resolve_base_model(settings)
     client = await connect(settings)
-    first, later = warm_up_pieces(settings, warm_cache=_cache_holds_programs(settings))
+    restart = _cache_holds_programs(settings)
+    first, later = warm_up_pieces(settings, warm_cache=restart)
     engine = await asyncio.to_thread(start_engine, settings, local_path, pieces=first)
+    if restart and later:  # a surviving sampling client's first sample: its bucket read back before registering
+        from tinkerflow.workers.engine.runtime.warm_up import first_sample_piece
+
+        piece = first_sample_piece(warm_up_plan(settings), engine.slot_buckets)
+        await asyncio.to_thread(engine.warm_up, (piece,), 1)
     log.info("JAX worker engine ready: %d warm-up pieces before registering, %d after", len(first), len(later))
     metrics.ADAPTER_PAGE_CAPACITY.set(engine.page_capacity)
     card = ModelCard(
@@ -173,7 +181,7 @@ async def serve(
         plan = warm_up_plan(settings)
         firsts = set(plan.pieces()[: plan.first_user()])
         urgent = sum(1 for p in later if p in firsts or dataclasses.replace(p, slots=0) in firsts)
-        threads, restart = settings.warm_up_threads, not first
+        threads = settings.warm_up_threads
         background = asyncio.create_task(_warm_up_later(engine, later, threads, urgent, restart)) if later else None
         await (stop.wait() if stop is not None else asyncio.Event().wait())
         reregister.cancel()
@@ -235,8 +243,8 @@ def warm_up_pieces(
     in the order a first user needs them (WarmUpPlan.pieces). With `background`: the adapter lifecycle before
     registering (its training half, then its sampling half, whose sample builds the slot bucket a first sample
     uses), the rest after, each compiled from shapes beside the traffic where it can be (warm_up.compile_ahead).
-    `warm_cache`: the persistent compilation
-    cache already holds programs (a restart): register at once and read everything back in the background. Read
+    `warm_cache`: the persistent compilation cache already holds programs (a restart): everything is read back in
+    the background (serve reads the first sample's slot bucket back before registering, `first_sample_piece`). Read
     back before registering, the lifecycle would delay a killed worker's recovery by as long as it takes, while a
     recovery's own ops need only a few of its programs (docs/benchmarks.md §Measurements behind the code)."""
     if settings.warm_up == "off":

@@ -14,7 +14,7 @@ from conftest import MAX_ADAPTERS, MAX_RANK
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers import jax_worker
 from tinkerflow.workers.engine.runtime import persistent_cache
-from tinkerflow.workers.engine.runtime.warm_up import split_by_slot_bucket
+from tinkerflow.workers.engine.runtime.warm_up import first_sample_piece, split_by_slot_bucket
 from tinkerflow.workers.engine.types import (
     COMPILE_ONLY_KINDS,
     AdamConfig,
@@ -149,6 +149,10 @@ def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_onc
     assert families == {(a, scoring) for a in (1, 4, 16) for scoring in (False, True)}
     # A restart (warm persistent cache): everything after registering (its recovery first), in the plan's order.
     assert jax_worker.warm_up_pieces(settings, warm_cache=True) == ((), plan.pieces())
+    # ... but for the slot bucket a first sample takes, read back before registering (the surviving clients).
+    first_sample = first_sample_piece(plan, [64, 8, 256])
+    assert first_sample == dataclasses.replace(plan.pieces()[plan.first_user() - 2], slots=8)
+    assert (first_sample.kind, first_sample.adapters, first_sample.scoring) == ("sampler", 1, False)
     assert jax_worker.warm_up_pieces(dataclasses.replace(settings, warm_up="off")) == ((), ())
 
 

@@ -45,6 +45,7 @@ from ..types import (
     PageMoves,
     SampleInput,
     WarmUpPiece,
+    WarmUpPlan,
 )
 from . import persistent_cache
 from .aot_cache import AotCache, abstract
@@ -174,6 +175,15 @@ def _sampler(engine: WarmUpEngine, piece: WarmUpPiece, *, from_shapes: bool = Fa
         lora = snapshots.zero_stack(piece.adapters)
     buckets = (piece.slots,) if piece.slots else None
     engine.sampler.warm_up(lora, base, scoring=(piece.scoring,), buckets=buckets, from_shapes=from_shapes)
+
+
+def first_sample_piece(plan: WarmUpPlan, slot_buckets: list[int]) -> WarmUpPiece:
+    """The plan's first sampler family at the slot bucket a first sample takes (the fewest slots): what a restart
+    reads back from the persistent compilation cache before it registers, so the first sample of a client that
+    survived the restart pays no read-back (about a second on a 2-core CPU: its empty slots, admission and decode
+    chunk), while the rest of the plan waits for the recovery (jax_worker._warm_up_later)."""
+    family = next(p for p in plan.pieces() if p.kind == "sampler")
+    return dataclasses.replace(family, slots=min(slot_buckets))
 
 
 def split_by_slot_bucket(pieces: tuple[WarmUpPiece, ...], buckets: list[int]) -> tuple[WarmUpPiece, ...]:
