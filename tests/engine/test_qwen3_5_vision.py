@@ -13,12 +13,15 @@ features by order one (measured: the rope's row and column swapped 0.73, the pos
 
 from __future__ import annotations
 
+import io
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from qwen3_5_vision_reference import VISION, hf_tower, our_tower
 
+from tinkerflow.common.images import ImageProcessing, decode_image, preprocess
 from tinkerflow.workers.engine.model.families.qwen3_5.vision import segment_attention
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_config import VisionConfig, vision_inputs
 
@@ -124,3 +127,54 @@ def test_config_refuses_what_it_cannot_run():
         VisionConfig.from_hf({**VISION, "num_position_embeddings": 35})
     with pytest.raises(ValueError, match="whole 2x2 patch blocks"):
         vision_inputs([(1, 3, 4)], VisionConfig.from_hf(VISION))
+    config = VisionConfig.from_hf(VISION)
+    config.check_processing(ImageProcessing(patch_size=4))
+    with pytest.raises(ValueError, match=r"\(16, 2, 2\) differ from the vision tower's \(4, 2, 2\)"):
+        config.check_processing(ImageProcessing())
+
+
+def test_attention_scratch_grows_linearly_with_patches():
+    """Four times the patches, at most four times (plus a margin) the compiled scratch memory: the attention's
+    scores live one query block at a time, never [heads, N, N] (which would take sixteen times)."""
+
+    def temp_bytes(n: int) -> int:
+        q = jax.ShapeDtypeStruct((n, 4, 16), jnp.float32)
+        seg = jax.ShapeDtypeStruct((n,), jnp.int32)
+        analysis = jax.jit(segment_attention).lower(q, q, q, seg).compile().memory_analysis()
+        if analysis is None:
+            pytest.skip("this backend reports no memory analysis")
+        return analysis.temp_size_in_bytes
+
+    small, large = temp_bytes(2048), temp_bytes(8192)
+    assert 0 < large <= 4.25 * small, f"attention scratch {small} B at 2,048 patches, {large} B at 8,192"
+
+
+def test_png_bytes_to_features_match_transformers_processor_and_tower(towers):
+    """Image bytes through our decode, preprocess and tower equal transformers' processor and tower on the same PIL
+    image: the patch rows' layout is what the tower's patch embedding reads."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    hf, ours = towers
+    processing = ImageProcessing(min_pixels=16 * 16, max_pixels=48 * 48, patch_size=4, temporal_patch_size=2)
+    hf_processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": processing.min_pixels, "longest_edge": processing.max_pixels},
+        patch_size=4,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=list(processing.image_mean),
+        image_std=list(processing.image_std),
+    )
+    rng = np.random.default_rng(5)
+    images = []
+    for height, width in [(30, 45), (70, 20)]:
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, format="PNG")
+        images.append(decode_image(out.getvalue(), "png"))
+    processed = [preprocess(image, processing) for image in images]
+    grids = [p.grid for p in processed]
+    got, _ = _ours(ours, np.concatenate([p.patches for p in processed]), grids)
+    theirs = hf_processor(images=images, return_tensors="np")
+    want, _ = _hf_forward(hf, theirs["pixel_values"], [list(g) for g in theirs["image_grid_thw"]])
+    _close(got, want, "features from png bytes")
+    assert len(got) == sum(p.tokens for p in processed)

@@ -25,6 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from tinkerflow.common.images import ImageProcessing
+
 _ACTIVATIONS = {"gelu_pytorch_tanh": True, "gelu": False}  # hidden_act -> tanh approximation
 
 
@@ -88,6 +90,17 @@ class VisionConfig:
         """The axial rope's inverse frequencies [head_dim // 4], shared by rows and columns."""
         dim = self.head_dim // 2
         return (1.0 / (self.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))).astype(np.float32)
+
+    def check_processing(self, processing: ImageProcessing) -> None:
+        """ValueError unless the image processor cuts the patches this tower reads (a checkpoint's
+        preprocessor_config.json against its config.json)."""
+        ours = (self.patch_size, self.temporal_patch_size, self.spatial_merge_size)
+        theirs = (processing.patch_size, processing.temporal_patch_size, processing.merge_size)
+        if ours != theirs:
+            raise ValueError(
+                f"the image processor's (patch_size, temporal_patch_size, merge_size) {theirs} differ from the "
+                f"vision tower's {ours}"
+            )
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> VisionConfig:
