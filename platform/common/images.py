@@ -177,6 +177,8 @@ def decode_image(
             return _to_rgb(image)
     except InputError:
         raise
+    except Image.DecompressionBombError as exc:  # PIL's own ceiling, far above ours, refused before our check
+        raise InputError(f"image is over the limit of {max_pixels} pixels ({exc})") from exc
     except Exception as exc:  # a C decoder fed hostile bytes fails in many ways; each is the sender's fault
         raise InputError(f"image data is not a valid {fmt} image ({type(exc).__name__}: {exc})") from exc
 

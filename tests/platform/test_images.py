@@ -10,6 +10,8 @@ order one); grids and token counts exactly equal.
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -126,3 +128,22 @@ def test_limits_and_bad_bytes_name_what_is_wrong():
             call()
     check_expected_tokens(None, 4)
     check_expected_tokens(4, 4)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height RGB pixels, with almost no pixel data behind it."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
+    )
+
+
+def test_a_header_claiming_too_many_pixels_is_refused_before_decoding():
+    with pytest.raises(InputError, match="8000x8000 pixels, over the limit of 50000000 pixels"):
+        decode_image(_png_header(8000, 8000), "png")
+    with pytest.raises(InputError, match="over the limit of 50000000 pixels"):  # past PIL's own bomb ceiling
+        decode_image(_png_header(30000, 30000), "png")
