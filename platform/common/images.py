@@ -43,8 +43,9 @@ MAX_ASPECT_RATIO = 200  # smart_resize's own limit
 
 @dataclass(frozen=True, slots=True)
 class ImageProcessing:
-    """The image processor's settings (a checkpoint's preprocessor_config.json); the defaults are those Qwen3-VL's
-    and Qwen3.5's releases ship (patch 16, merge 2, temporal patch 2, mean = std = 0.5, 256 * 256 to 16M pixels)."""
+    """The image processor's settings (a checkpoint's preprocessor_config.json); the defaults are what Qwen3.5's
+    releases ship, as Qwen3-VL's (patch 16, merge 2, temporal patch 2, mean = std = 0.5, 256 * 256 to 4096 * 4096
+    pixels)."""
 
     min_pixels: int = 65_536
     max_pixels: int = 16_777_216
@@ -76,7 +77,9 @@ class ImageProcessing:
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> ImageProcessing:
-        """From a parsed preprocessor_config.json; ValueError names a setting this module would not follow."""
+        """From a parsed preprocessor_config.json (or a processor_config.json, its settings under
+        `image_processor`); ValueError names a setting this module would not follow."""
+        config = config.get("image_processor") or config
         kind = config.get("image_processor_type", "Qwen2VLImageProcessor")
         if not str(kind).startswith("Qwen2VLImageProcessor"):
             raise ValueError(f"image_processor_type {kind!r} is not the Qwen2-VL image processor")

@@ -104,6 +104,7 @@ def test_from_hf_reads_a_preprocessor_config():
         "image_processor_type": "Qwen2VLImageProcessorFast",
     }
     assert ImageProcessing.from_hf(config) == ImageProcessing()
+    assert ImageProcessing.from_hf({"image_processor": config, "video_processor": {}}) == ImageProcessing()
     assert ImageProcessing.from_hf({"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14}).factor == 28
     with pytest.raises(ValueError, match="do_normalize"):
         ImageProcessing.from_hf({**config, "do_normalize": False})
