@@ -1,5 +1,5 @@
 """A tiny random Qwen3.5 vision tower (and Qwen3-VL's, with DeepStack mergers) in transformers 5.23, the same weights
-in ours (families/qwen3_5/vision.py), for the test_qwen3_5_vision* parity tests.
+in ours (families/qwen3_5/vision.py, placed by vision_checkpoint.py's names), for the test_qwen3_5_vision* parity tests.
 
 Sizes differ from each other so a transposed or swapped axis cannot pass: hidden 32 in 4 heads of 8, MLP 48, patches
 of 4 x 4 pixels x 2 frames x 3 channels (96 values), merge 2 x 2, out 40, a 6 x 6 learned position table (so a
@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from tinkerflow.workers.engine.model.families.qwen3_5.vision import Linear, VisionModel
+from tinkerflow.workers.engine.model.families.qwen3_5.vision import VisionModel
+from tinkerflow.workers.engine.model.families.qwen3_5.vision_checkpoint import PREFIX, VisionNames
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_config import VisionConfig
 
 VISION: dict[str, Any] = dict(
@@ -66,20 +69,32 @@ def hf_tower(*, deepstack: tuple[int, ...] = (), seed: int = 0):
 
 
 def our_tower(hf) -> VisionModel:
-    """Ours for transformers' `hf`, every tensor copied by name."""
+    """Ours for transformers' `hf`, every tensor placed by `VisionNames` as the loader places a checkpoint's (and
+    every leaf of ours filled exactly once)."""
     model = VisionModel(VisionConfig.from_hf(hf.config.to_dict()))
-    for name, value in hf.state_dict().items():
-        set_vision_tensor(model, name, value.detach().numpy())
-    return model
+    graphdef, state = nnx.split(model)
+    pure = nnx.to_pure_dict(state)
+    names, filled = VisionNames(root=()), []
 
+    def place(path: tuple, value: np.ndarray) -> None:
+        node = pure
+        for key in path[:-1]:
+            node = node[key]
+        assert tuple(node[path[-1]].shape) == value.shape, f"{path}: {node[path[-1]].shape} vs {value.shape}"
+        node[path[-1]] = jnp.asarray(value)
+        filled.append(path)
 
-def set_vision_tensor(model: VisionModel, name: str, value: np.ndarray) -> None:
-    """One checkpoint tensor (transformers' name under `model.visual.`) into our module of the same path."""
-    path, leaf = name.rsplit(".", 1)
-    module: Any = model
-    for part in path.split("."):
-        module = module[int(part)] if part.isdigit() else getattr(module, part)
-    if isinstance(module, Linear) and leaf == "weight":  # [out, in] (the Conv3d's [out, C, T, P, P] flattened)
-        module.kernel[...] = jnp.asarray(value.reshape(value.shape[0], -1).T)
-    else:
-        getattr(module, leaf)[...] = jnp.asarray(value)
+    for name, tensor in hf.state_dict().items():
+        value = tensor.detach().numpy()
+        if names.gather(PREFIX + name, lambda value=value: value):
+            continue
+        target = names.state_path(PREFIX + name)
+        assert target is not None, name
+        path, transpose = target
+        place(path, value.T if transpose else value)
+    for path, value in names.gathered():
+        place(path, value)
+    leaves = [path for path, _ in jax.tree_util.tree_flatten_with_path(pure)[0]]
+    assert len(filled) == len(set(filled)) == len(leaves), f"{len(filled)} tensors placed for {len(leaves)} leaves"
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)

@@ -23,6 +23,7 @@ from qwen3_5_vision_reference import VISION, hf_tower, our_tower
 
 from tinkerflow.common.images import ImageProcessing, decode_image, preprocess
 from tinkerflow.workers.engine.model.families.qwen3_5.vision import segment_attention
+from tinkerflow.workers.engine.model.families.qwen3_5.vision_checkpoint import VisionNames
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_config import VisionConfig, vision_inputs
 
 pytestmark = pytest.mark.parity
@@ -178,3 +179,26 @@ def test_png_bytes_to_features_match_transformers_processor_and_tower(towers):
     want, _ = _hf_forward(hf, theirs["pixel_values"], [list(g) for g in theirs["image_grid_thw"]])
     _close(got, want, "features from png bytes")
     assert len(got) == sum(p.tokens for p in processed)
+
+
+def test_checkpoint_names_map_by_their_dots():
+    names = VisionNames()
+    assert names.state_path("model.visual.blocks.2.attn.qkv.weight") == (
+        ("visual", "blocks", 2, "attn", "qkv", "kernel"),
+        True,
+    )
+    assert names.state_path("model.visual.blocks.0.norm1.weight") == (("visual", "blocks", 0, "norm1", "weight"), False)
+    assert names.state_path("model.visual.deepstack_merger_list.1.norm.bias") == (
+        ("visual", "deepstack_merger_list", 1, "norm", "bias"),
+        False,
+    )
+    assert names.state_path("model.visual.pos_embed.weight") == (("visual", "pos_embed", "weight"), False)
+    assert names.state_path("model.language_model.layers.0.mlp.up_proj.weight") is None
+    assert names.state_path("model.visual.patch_embed.proj.weight") is None  # gathered: reshaped, not mapped
+    with pytest.raises(ValueError, match=r"lacks model\.visual\.patch_embed\.proj\.weight"):
+        list(names.gathered())
+    conv = np.arange(5 * 3 * 2 * 4 * 4, dtype=np.float32).reshape(5, 3, 2, 4, 4)
+    assert names.gather("model.visual.patch_embed.proj.weight", lambda: conv)
+    [(path, kernel)] = list(names.gathered())
+    assert path == ("visual", "patch_embed", "proj", "kernel")
+    np.testing.assert_array_equal(kernel, conv.reshape(5, 96).T)
