@@ -68,10 +68,10 @@ def hf_tower(*, deepstack: tuple[int, ...] = (), seed: int = 0):
     return model
 
 
-def our_tower(hf) -> VisionModel:
-    """Ours for transformers' `hf`, every tensor placed by `VisionNames` as the loader places a checkpoint's (and
-    every leaf of ours filled exactly once)."""
-    model = VisionModel(VisionConfig.from_hf(hf.config.to_dict()))
+def our_tower(hf, param_dtype=jnp.float32) -> VisionModel:
+    """Ours for transformers' `hf`, every tensor placed by `VisionNames` as the loader places a checkpoint's, in
+    the dtype our leaf declares (every leaf of ours filled exactly once)."""
+    model = VisionModel(VisionConfig.from_hf(hf.config.to_dict()), param_dtype=param_dtype)
     graphdef, state = nnx.split(model)
     pure = nnx.to_pure_dict(state)
     names, filled = VisionNames(root=()), []
@@ -81,7 +81,7 @@ def our_tower(hf) -> VisionModel:
         for key in path[:-1]:
             node = node[key]
         assert tuple(node[path[-1]].shape) == value.shape, f"{path}: {node[path[-1]].shape} vs {value.shape}"
-        node[path[-1]] = jnp.asarray(value)
+        node[path[-1]] = jnp.asarray(value, node[path[-1]].dtype)
         filled.append(path)
 
     for name, tensor in hf.state_dict().items():
