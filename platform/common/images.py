@@ -215,3 +215,14 @@ def check_expected_tokens(expected: int | None, actual: int, *, field: str = "ex
     """InputError when a chunk's `expected_tokens` is given and differs from the tokens its image becomes."""
     if expected is not None and expected != actual:
         raise InputError(f"{field}={expected} but the image becomes {actual} tokens")
+
+
+def image_chunk_tokens(
+    data: bytes, fmt: str, expected_tokens: int | None, processing: ImageProcessing, **limits: int
+) -> int:
+    """The tokens an ImageChunk's image becomes, decoded whole so bad bytes fail where the chunk arrives (`limits`:
+    decode_image's max_bytes, max_pixels); InputError when `expected_tokens` is given and differs."""
+    image = decode_image(data, fmt, **limits)
+    tokens = token_count(image.height, image.width, processing)
+    check_expected_tokens(expected_tokens, tokens)
+    return tokens

@@ -22,6 +22,7 @@ from tinkerflow.common.images import (
     ImageProcessing,
     check_expected_tokens,
     decode_image,
+    image_chunk_tokens,
     preprocess,
     token_count,
 )
@@ -148,3 +149,16 @@ def test_a_header_claiming_too_many_pixels_is_refused_before_decoding():
         decode_image(_png_header(8000, 8000), "png")
     with pytest.raises(InputError, match="over the limit of 50000000 pixels"):  # past PIL's own bomb ceiling
         decode_image(_png_header(30000, 30000), "png")
+
+
+@pytest.mark.parametrize("height,width", [(37, 53), (300, 20), (129, 77)])
+def test_the_cookbooks_image_chunks_carry_the_tokens_we_count(height, width):
+    """tinker-cookbook's `image_to_chunk` (JPEG bytes, expected_tokens from the processor) passes our check as is;
+    one token off fails it."""
+    image_to_chunk = pytest.importorskip("tinker_cookbook.renderers.base").image_to_chunk  # the cookbook extra
+    chunk = image_to_chunk(Image.fromarray(_random_image(height, width, 4, 3), "RGBA"), _hf_processor(SMALL))
+    tokens = image_chunk_tokens(chunk.data, chunk.format, chunk.expected_tokens, SMALL)
+    assert tokens == chunk.expected_tokens == token_count(height, width, SMALL)
+    assert chunk.expected_tokens is not None
+    with pytest.raises(InputError, match=f"expected_tokens={tokens + 1} but the image becomes {tokens} tokens"):
+        image_chunk_tokens(chunk.data, chunk.format, tokens + 1, SMALL)
