@@ -1,7 +1,8 @@
 """Images into Qwen3.5's language model (families/qwen3_5/vision_merge.py) against transformers 5.23: the 3-D rope
 positions and deltas against `Qwen3_5Model.get_rope_index` and `Qwen3VLModel.get_rope_index` (text-only rows, two
 images in a row, padding on either side), the interleaved cos/sin against the text rotary embeddings, and the
-features' scatter against `masked_scatter`. Positions are integers and the scatter a copy: both compared exactly;
+features' scatter against `masked_scatter`; and all of it together against what transformers' composite
+`Qwen3_5Model` hands its language model. Positions are integers and the scatter a copy: both compared exactly;
 cos/sin at 1e-6 (float32 cos/sin of the same float32 angles).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import types
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -159,3 +161,70 @@ def test_scatter_and_add_match_masked_scatter():
     expected = embeds.copy()
     expected[tokens == IMAGE] += features[:11]
     np.testing.assert_array_equal(added, expected)
+
+
+def test_the_composite_model_gets_our_embeddings_and_positions():
+    """transformers' `Qwen3_5Model` given token ids, pixel rows and grids hands its language model the embeddings
+    and 3-D positions we build from our tower's features (1e-5, the tower's tolerance) and `rope_index` (exact):
+    images of two rows in order, one row padded."""
+    import transformers
+    from qwen3_5_vision_reference import VISION, hf_tower, our_tower
+
+    from tinkerflow.workers.engine.model.families.qwen3_5.vision_config import vision_inputs
+
+    sizes: dict[str, Any] = dict(
+        vocab_size=96,
+        hidden_size=VISION["out_hidden_size"],
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=48,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        intermediate_size=24,
+        full_attention_interval=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2]},
+    )
+    text = transformers.Qwen3_5TextConfig(**sizes)
+    config: Any = transformers.Qwen3_5Config(
+        text_config=text.to_dict(),
+        vision_config=dict(VISION),
+        image_token_id=IMAGE,
+        vision_start_token_id=START,
+        vision_end_token_id=END,
+    )
+    config.text_config._attn_implementation = config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    composite = transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5Model(config).float().eval()
+    tower = hf_tower()
+    composite.visual.load_state_dict(tower.state_dict())
+    grids = [(1, 4, 6), (1, 8, 4), (1, 2, 2)]
+    tokens, mask = _batch([_tokens(3, (1, 4, 6), 2, (1, 8, 4), 1), _tokens(2, (1, 2, 2), 3)])
+    n = sum(t * h * w for t, h, w in grids)
+    patches = np.random.default_rng(1).normal(size=(n, 96)).astype(np.float32)
+    seen = {}
+
+    def capture(module, args, kwargs):
+        seen["embeds"], seen["positions"] = kwargs["inputs_embeds"].numpy(), kwargs["position_ids"].numpy()
+
+    composite.language_model.register_forward_pre_hook(capture, with_kwargs=True)
+    ids = torch.from_numpy(tokens)
+    with torch.no_grad():
+        composite(
+            input_ids=ids,
+            attention_mask=torch.from_numpy(mask),
+            pixel_values=torch.from_numpy(patches),
+            image_grid_thw=torch.tensor(grids),
+            mm_token_type_ids=(ids == IMAGE).int(),
+        )
+
+    ours = our_tower(tower)
+    features, _ = ours(jnp.asarray(patches), vision_inputs(grids, ours.config))
+    embeds = jnp.asarray(composite.language_model.embed_tokens.weight.detach().numpy())[jnp.asarray(tokens)]
+    found, index = placeholders(jnp.asarray(tokens), IMAGE)
+    got = np.asarray(scatter_features(embeds, found, index, features))
+    np.testing.assert_allclose(got, seen["embeds"], atol=1e-5, rtol=1e-5)
+    positions, _ = rope_index(tokens, grids, image_token_id=IMAGE, merge_size=MERGE, segment_ids=mask)
+    np.testing.assert_array_equal(positions, seen["positions"])
