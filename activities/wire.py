@@ -26,7 +26,7 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
-from tinkerflow.workers.engine.validation import MAX_TARGET_PROMPT_LOGPROBS
+from tinkerflow.workers.engine.sampling.decode import MAX_TARGET_PROMPT_LOGPROBS
 
 _PROTO_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 _NUMPY_TO_PROTO = {

@@ -34,7 +34,7 @@ def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dic
     from tinkerflow.workers.engine.model.decoder import CausalLM
     from tinkerflow.workers.engine.model.dtypes import default_dtype
     from tinkerflow.workers.engine.model.families import ModelConfig
-    from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
+    from tinkerflow.workers.engine.model.sharding import DeviceLayout, MeshConfig, as_mesh
     from tinkerflow.workers.engine.training.steps import StepFunctions, pack
 
     config = ModelConfig.from_hf(Qwen3Config(**{**shape, "num_hidden_layers": depth}).to_dict())

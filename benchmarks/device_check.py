@@ -150,7 +150,7 @@ def phase_parity(smoke: bool) -> None:
     import numpy as np
 
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.runtime.sharding import MeshConfig
+    from tinkerflow.workers.engine.model.sharding import MeshConfig
     from tinkerflow.workers.engine.types import LoraConfig
 
     # float32 matmul: TF32 or true float32? (relative error against float64 on the host)

@@ -16,7 +16,11 @@ The floors, bottom first; a layer imports from tinkerflow only the layers this t
                                        `up` and `usage` never load JAX.
 
 So protocol < workflows, common < engine < activities < processes < cli, with api beside activities (above common
-and workflows, below cli). The engine's own modules also import each other without a cycle (the last test).
+and workflows, below cli).
+
+Inside the engine, its floors (ENGINE_FLOORS, bottom first): the vocabulary (types.py, interface.py,
+shape_buckets.py) < model/ < runtime/ < training/ < sampling/ < the engine as a whole (engine.py, warm_up.py,
+engine_lock.py, multihost.py); and its modules import each other without a cycle.
 """
 
 from __future__ import annotations
@@ -290,6 +294,36 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+# The engine's floors, bottom first, by the first name under workers/engine ("": its __init__): a module imports only
+# its own floor and those below. The model does not know how it is trained or sampled; training and sampling place
+# their arrays by the model's sharding and compile through runtime's caches; sampling reads training's adapter
+# slots (snapshots) and its token checks; the top composes them all.
+ENGINE_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("types", "interface", "shape_buckets"),
+    ("model",),
+    ("runtime",),
+    ("training",),
+    ("sampling",),
+    ("", "engine", "warm_up", "engine_lock", "multihost"),
+)
+
+
+def _engine_floor(module: str) -> int:
+    first = module.removeprefix(ENGINE).lstrip(".").split(".")[0]
+    for floor, names in enumerate(ENGINE_FLOORS):
+        if first in names:
+            return floor
+    raise AssertionError(f"{module} is on no floor of ENGINE_FLOORS: put {first!r} on one")
+
+
+def test_the_engine_floors_import_only_downward():
+    graph = _import_graph(REPO / "workers" / "engine", ENGINE)
+    upward = [
+        f"{m} imports {t}" for m in sorted(graph) for t in sorted(graph[m]) if _engine_floor(t) > _engine_floor(m)
+    ]
+    assert upward == []
 
 
 def test_the_engine_modules_import_each_other_without_a_cycle():

@@ -8,10 +8,10 @@ moment the last ends.
 
 Multi-host (`--num-processes N > 1`, one process per host): every process joins jax.distributed and loads the engine
 on a mesh over all their devices; process 0 alone talks to Temporal, through a `DrivenEngine` that has the others
-replay each engine call (`follow`), so all of them run the same SPMD steps (workers/engine/runtime/multihost.py).
+replay each engine call (`follow`), so all of them run the same SPMD steps (workers/engine/multihost.py).
 
 Before it registers (and so before the Coordinator sends it work, and before `--ready-file` appears), the worker
-compiles what a first request of each kind runs (`--warm-up`, workers/engine/runtime/warm_up.py): with `ready` every
+compiles what a first request of each kind runs (`--warm-up`, workers/engine/warm_up.py): with `ready` every
 warm-up shape, with `background` (the default) the training half of an adapter's lifecycle at the smallest shapes
 (create, forward_backward, optim_step); right after it registered, back to back, the rest of what a first user
 needs (the train buckets of a first batch of several datums and of the lifecycle, the first sampler family, the rest
@@ -65,7 +65,7 @@ from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import ModelCard, WorkerInfo
 
 if TYPE_CHECKING:
-    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
+    from tinkerflow.workers.engine.engine_lock import EngineLock
 
 log = logging.getLogger(__name__)
 # The background warm-up starts its next piece only after the engine served nothing for this long: the gaps between
@@ -94,7 +94,7 @@ async def serve(
     _enable_compile_cache(settings)
     multi_host = settings.num_processes > 1
     if multi_host:  # before anything touches JAX; every process of the worker runs this
-        from tinkerflow.workers.engine.runtime import multihost
+        from tinkerflow.workers.engine import multihost
 
         await asyncio.to_thread(
             multihost.initialize, settings.coordinator_address, settings.num_processes, settings.process_id
@@ -112,7 +112,7 @@ async def serve(
     first, later = warm_up_pieces(settings, warm_cache=restart)
     engine = await asyncio.to_thread(start_engine, settings, local_path, pieces=first)
     if restart and later:  # a surviving sampling client's first sample: its bucket read back before registering
-        from tinkerflow.workers.engine.runtime.warm_up import first_sample_piece
+        from tinkerflow.workers.engine.warm_up import first_sample_piece
 
         piece = first_sample_piece(warm_up_plan(settings), engine.slot_buckets)
         await asyncio.to_thread(engine.warm_up, (piece,), 1)
@@ -174,7 +174,7 @@ async def serve(
             ready.set()
         reregister = asyncio.create_task(keep_registered(client, settings, info))
         if later:
-            from tinkerflow.workers.engine.runtime.warm_up import split_by_slot_bucket
+            from tinkerflow.workers.engine.warm_up import split_by_slot_bucket
 
             later = split_by_slot_bucket(later, engine.slot_buckets)
         # What a first user needs (WarmUpPlan.first_user) back to back, the rest in traffic pauses.
@@ -268,11 +268,11 @@ def start_engine(settings: Settings, local_path: str, *, pieces: tuple[WarmUpPie
     is replayed by the others first, multihost.py), its buckets rounded up to the warm-up's, warmed up with `pieces`
     (default: what `--warm-up` runs before registering; on every process: the warm-up is an engine call like any
     other), and behind its lock (engine_lock.EngineLock) so a background warm-up can share it with the activities."""
-    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
+    from tinkerflow.workers.engine.engine_lock import EngineLock
 
     engine = load_engine(settings, local_path)
     if settings.num_processes > 1:
-        from tinkerflow.workers.engine.runtime import multihost
+        from tinkerflow.workers.engine import multihost
 
         engine = multihost.DrivenEngine(engine)
     plan = warm_up_plan(settings)
@@ -331,7 +331,7 @@ def keep_torch_out() -> None:
 def load_engine(settings: Settings, local_path: str):
     """The engine on the mesh the settings ask for; with several processes the mesh spans all their devices."""
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.runtime.sharding import MeshConfig
+    from tinkerflow.workers.engine.model.sharding import MeshConfig
 
     host_memory.bound_programs(settings.max_programs, settings.program_memory_mb * 2**20)  # before anything compiles
     mesh = MeshConfig(fsdp=settings.mesh_fsdp or None, tp=settings.mesh_tp, ep=settings.mesh_ep)
@@ -365,7 +365,7 @@ async def follow(settings: Settings, ready: asyncio.Event | None = None, stop: a
     stop (or `stop` is set). Never connects to Temporal."""
     import threading
 
-    from tinkerflow.workers.engine.runtime import multihost
+    from tinkerflow.workers.engine import multihost
 
     _, local_path = resolve_base_model(settings)
     engine = await asyncio.to_thread(load_engine, settings, local_path)

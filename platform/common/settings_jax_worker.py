@@ -91,7 +91,7 @@ class JaxWorkerSettings:
                                      "least recently used dropped past it (a backend that reports no code size, "
                                      "CPU, counts 4 MiB a program)", MODEL, shown="4096; 0: no bound but "
                                      "--max-programs")
-    # What the JAX worker compiles ahead of traffic (workers/engine/runtime/warm_up.py): 'background' by default,
+    # What the JAX worker compiles ahead of traffic (workers/engine/warm_up.py): 'background' by default,
     # because compiling every shape before registering takes minutes on a small CPU where the first request's programs
     # take about a minute (figures: docs/benchmarks.md §Measurements behind the code).
     warm_up: str = setting("background", "when the JAX worker compiles ahead of traffic: 'ready' compiles every "

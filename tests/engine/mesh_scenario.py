@@ -49,7 +49,7 @@ def main() -> None:
     assert len(jax.devices()) == args.devices, jax.devices()
 
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.runtime.sharding import MeshConfig
+    from tinkerflow.workers.engine.model.sharding import MeshConfig
 
     if args.expect_error:
         model_dir, mesh = args.expect_error.split(":")

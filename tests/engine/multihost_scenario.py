@@ -34,13 +34,13 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s leader %(name)s: %(message)s")
     t0 = time.perf_counter()
 
-    from tinkerflow.workers.engine.runtime import multihost
+    from tinkerflow.workers.engine import multihost
 
     multihost.initialize(args.coordinator, args.num_processes, 0, initialization_timeout_s=120)
     import jax
 
     from tinkerflow.workers.engine.engine import Engine
-    from tinkerflow.workers.engine.runtime.sharding import MeshConfig
+    from tinkerflow.workers.engine.model.sharding import MeshConfig
 
     engine = Engine.load(args.model_dir, max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False,
                          mesh=MeshConfig(fsdp=args.mesh_fsdp, tp=1))  # fmt: skip

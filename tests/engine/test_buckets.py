@@ -1,5 +1,5 @@
 """The sampler's and trainer's shape buckets: a fixed, small set per model, whatever the requests (sampling/buckets.py,
-model/shape_buckets.py train_seq_len)."""
+shape_buckets.py train_seq_len)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 
 from tinkerflow.workers.engine.model.families import ModelConfig
 from tinkerflow.workers.engine.model.families.qwen3 import tiny as tiny_model
-from tinkerflow.workers.engine.model.shape_buckets import round_up_pow4, train_seq_len
-from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
+from tinkerflow.workers.engine.shape_buckets import round_up_pow4, train_seq_len
+from tinkerflow.workers.engine.model.sharding import DeviceLayout, MeshConfig, as_mesh
 from tinkerflow.workers.engine.sampling.buckets import MIN_CACHE_LEN, SlotBucket, chunk_len, pick_bucket, slot_buckets
 
 

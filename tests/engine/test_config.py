@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tinkerflow.workers.engine.model.families import ModelConfig
-from tinkerflow.workers.engine.model.shape_buckets import round_up_pow2, round_up_seq_len
+from tinkerflow.workers.engine.shape_buckets import round_up_pow2, round_up_seq_len
 
 BASE = dict(
     model_type="qwen3", vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,

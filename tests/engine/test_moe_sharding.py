@@ -14,7 +14,7 @@ from moe_checkpoint import build_moe_model
 from test_sharding import _compare, _run_scenario
 
 from tinkerflow.workers.engine.model.families import ModelConfig
-from tinkerflow.workers.engine.runtime.sharding import check_divisible, param_spec
+from tinkerflow.workers.engine.model.sharding import check_divisible, param_spec
 
 
 def _config(**kw) -> ModelConfig:

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tinkerflow.workers.engine.runtime import multihost
+from tinkerflow.workers.engine import multihost
 from tinkerflow.workers.engine.types import InputError, LoraConfig, SampleInput
 
 SCENARIO = Path(__file__).with_name("multihost_scenario.py")

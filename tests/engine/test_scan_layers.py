@@ -19,7 +19,7 @@ from flax import nnx
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.decoder import CausalLM
 from tinkerflow.workers.engine.model.families import ModelConfig
-from tinkerflow.workers.engine.runtime.sharding import DeviceLayout, MeshConfig, as_mesh
+from tinkerflow.workers.engine.model.sharding import DeviceLayout, MeshConfig, as_mesh
 from tinkerflow.workers.engine.training.steps import StepFunctions, pack
 from tinkerflow.workers.engine.types import (
     AdamConfig,

@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tinkerflow.workers.engine.model.families import ModelConfig
-from tinkerflow.workers.engine.runtime.sharding import MeshConfig, as_mesh, check_divisible, param_spec
+from tinkerflow.workers.engine.model.sharding import MeshConfig, as_mesh, check_divisible, param_spec
 
 SCENARIO = Path(__file__).with_name("mesh_scenario.py")
 # float32 sums split across devices add in another order: compare to 1e-5 of each array's scale.

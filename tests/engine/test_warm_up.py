@@ -14,7 +14,7 @@ from conftest import MAX_ADAPTERS, MAX_RANK
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers import jax_worker
 from tinkerflow.workers.engine.runtime import persistent_cache
-from tinkerflow.workers.engine.runtime.warm_up import first_sample_piece, split_by_slot_bucket
+from tinkerflow.workers.engine.warm_up import first_sample_piece, split_by_slot_bucket
 from tinkerflow.workers.engine.types import (
     COMPILE_ONLY_KINDS,
     AdamConfig,
@@ -161,7 +161,7 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
     whatever the traffic; each later one only after a pause in it."""
     import asyncio
 
-    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
+    from tinkerflow.workers.engine.engine_lock import EngineLock
 
     class Fake:
         def __init__(self):
@@ -214,7 +214,7 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
 def test_the_background_warm_up_waits_for_a_pause_in_the_traffic_and_never_runs_beside_a_call():
     import threading
 
-    from tinkerflow.workers.engine.runtime.engine_lock import EngineLock
+    from tinkerflow.workers.engine.engine_lock import EngineLock
 
     class Fake:
         def __init__(self):

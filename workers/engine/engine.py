@@ -21,10 +21,10 @@ import numpy as np
 from .model.dtypes import base_dtype, weight_dtype
 from .model.families import ModelConfig
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
-from .runtime import warm_up
+from . import warm_up
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
 from .runtime.paging_store import PageStore, default_host_budget_bytes
-from .runtime.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
+from .model.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .sampling import sample_requests
 from .sampling.buckets import stack_size
 from .sampling.prefix_cache import BLOCK

@@ -1,8 +1,8 @@
 """The engine as the activities see it: the methods `run_batch` and the checkpoint I/O call, and nothing else.
 
 `Engine` (engine.py) runs the calls. Two wrappers pass them on, both through `EngineForwarder` below, the one place the
-calls are spelled out again: the multi-host `DrivenEngine` (runtime/multihost.py), which first has the other processes
-of its group replay each call, and `EngineLock` (runtime/engine_lock.py), through which the JAX worker serves either,
+calls are spelled out again: the multi-host `DrivenEngine` (multihost.py), which first has the other processes
+of its group replay each call, and `EngineLock` (engine_lock.py), through which the JAX worker serves either,
 one call at a time; each says only what forwarding means to it (`_forward`). Activities type their engine as
 `EngineApi`, so any fits; a method added here is added to `Engine` and `EngineForwarder` (tests/engine/test_interface.py
 compares the signatures). Everything else the worker or tests reach for (warm-up, named weights, the sampler's slot

@@ -14,7 +14,7 @@ import numpy as np
 
 from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; raised by this name)
 
-from .model.shape_buckets import round_up_pow4, train_seq_len
+from .shape_buckets import round_up_pow4, train_seq_len
 
 OptimizerName = Literal["adamw", "dimuon"]
 OPTIMIZERS: tuple[OptimizerName, ...] = ("adamw", "dimuon")
@@ -167,7 +167,7 @@ class SamplerWarmUp:
 class TrainWarmUp:
     """forward_backward / forward buckets compiled ahead of traffic: every (rows, sequence) pair whose tokens fit
     `token_budget` (a micro-batch's). Rows are rounded up to powers of four, sequence lengths to the row lengths
-    256, 1,024, 4,096 (model/shape_buckets.py train_seq_len). The defaults are the whole set for datums up to 4,096
+    256, 1,024, 4,096 (shape_buckets.py train_seq_len). The defaults are the whole set for datums up to 4,096
     tokens at the default budget: what any mix of such datums runs."""
 
     rows: tuple[int, ...] = (1, 4, 16, 64)

@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from ..runtime.sharding import DeviceLayout
+from .sharding import DeviceLayout
 from .decoder import CausalLM
 from .families import ModelConfig, StatePath, family_named
 

@@ -1,2 +1,2 @@
-"""Compile and device machinery: ahead-of-time and persistent compilation caches, the warm-up, the engine lock,
-the device mesh, and multi-host."""
+"""Compile and memory machinery: ahead-of-time and persistent compilation caches, the program budget, the
+device-memory plan and the adapter paging store."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..model.families import ModelConfig, family_named
 from ..model.logprobs import chunk_tokens
-from ..model.shape_buckets import round_down_seq_len
+from ..shape_buckets import round_down_seq_len
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""Sampling: the slot sampler and its device programs, sampling requests, and sampler snapshots."""
+"""Sampling: the slot sampler and its device programs, sampling requests and their checks, and sampler snapshots."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..runtime.sharding import DeviceLayout
+from ..model.sharding import DeviceLayout
 from .prefix_cache import BLOCK
 
 # Largest number of decode slots (rows decoded together); smaller buckets are powers of 8 below it.

@@ -26,7 +26,7 @@ from ..model.decoder import LayerCache, RowCache, empty_cache
 from ..model.families import ModelConfig
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
-from ..runtime.sharding import DeviceLayout
+from ..model.sharding import DeviceLayout
 from .buckets import STOP_IDS
 from .prefix_cache import BLOCK
 from .prompt_scoring import alt_tokens, target_prompt_logprobs

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..runtime.memory_plan import MemoryPlan
 from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
-from ..validation import check_sample
+from .sample_checks import check_sample
 from .buckets import STACK_SIZES, STOP_IDS
 from .rows import SampleRow, seed_words
 from .sampler import SlotSampler

@@ -14,7 +14,7 @@ from flax import nnx
 
 from ..model.families import ModelConfig
 from ..runtime.aot_cache import AotCache
-from ..runtime.sharding import DeviceLayout
+from ..model.sharding import DeviceLayout
 from . import admission
 from .admission import Admission, Chunk
 from .buckets import SlotBucket

@@ -1,1 +1,2 @@
-"""Training: the fused micro-batched step, the losses, AdamW, and the adapter slots they update."""
+"""Training: the fused micro-batched step, the losses, AdamW, the adapter slots they update, and the checks of a
+forward_backward's datums."""

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..model.lora import LORA_ALPHA, init_a, is_a_leaf, is_stacked_layer, module_kind
-from ..runtime.sharding import DeviceLayout
+from ..model.sharding import DeviceLayout
 from ..types import InputError, LoraConfig, SlotState
 from .optimizer import OptState
 

@@ -27,7 +27,7 @@ import optax
 from ..model.lora import is_a_leaf, module_kind
 
 if TYPE_CHECKING:
-    from ..runtime.sharding import DeviceLayout
+    from ..model.sharding import DeviceLayout
 
 _KIND_INDEX = {"attn": 0, "mlp": 1, "unembed": 2}
 

@@ -28,9 +28,9 @@ from flax import nnx
 from ..model.attention import Segments, single_segment_matters
 from ..model.logprobs import chunk_tokens, target_logprobs
 from ..model.lora import LoraRouting
-from ..model.shape_buckets import round_up_pow4, train_seq_len
+from ..shape_buckets import round_up_pow4, train_seq_len
 from ..runtime.aot_cache import AotCache
-from ..runtime.sharding import DeviceLayout
+from ..model.sharding import DeviceLayout
 from .losses import LossInputs, token_losses
 
 # Rows are packed up to this many tokens (or the longest datum's bucket, when longer).
@@ -164,7 +164,7 @@ def plan_micro_batches(
     max_seq: int | None = None,
 ) -> list[MicroBatch]:
     """Pack each slot's datums into rows and cut the rows into micro-batches of at most `token_budget` tokens (rows a
-    power of four up to what the budget holds, one length per micro-batch: model/shape_buckets.py train_seq_len),
+    power of four up to what the budget holds, one length per micro-batch: shape_buckets.py train_seq_len),
     longest rows first. A slot's row length is the bucket of its longest datum, or of its total when that is longer, up
     to `pack_tokens` (0: no packing, one datum per row). Where the longest datum fits a warmed bucket (`warmed_seqs`,
     `warmed_rows`: what the warm-up compiled), rows take warmed shapes: the smallest warmed length that holds the packed
@@ -224,7 +224,7 @@ class StepFunctions:
         self.warmed_rows: frozenset[int] = frozenset()
         self.pack_tokens = PACK_TOKENS  # rows are packed up to this many tokens (see plan_micro_batches)
         # The most tokens one row may have (the memory plan's; None: no limit): a row length bucket past it is not
-        # taken where a tighter one holds the row (model/shape_buckets.py train_seq_len).
+        # taken where a tighter one holds the row (shape_buckets.py train_seq_len).
         self.max_seq: int | None = None
         # Micro-batches of at least this many tokens recompute each layer in the backward pass instead of keeping
         # its activations (the device-memory plan sets it; 0 with --gradient-checkpointing: always).

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..runtime.memory_plan import FLAGS, MemoryPlan
 from ..types import AdamConfig, DimuonConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
-from ..validation import forward_backward_rows
+from .datum_checks import forward_backward_rows
 from . import custom_loss_jax
 from .adapter_slots import AdapterSlots
 from .dimuon import dimuon_slot_values, pack_dimuon

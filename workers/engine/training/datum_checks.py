@@ -1,5 +1,6 @@
-"""Per-request input checks: a bad request becomes an InputError naming the field and value, and nothing it
-carries ever reaches a device (one tenant's out-of-range token cannot NaN-poison another's batch)."""
+"""The checks of a forward_backward's datums: a bad datum becomes an InputError naming the field and value, and
+nothing it carries ever reaches a device (one tenant's out-of-range token cannot NaN-poison another's batch). The
+token-id and number checks here serve the sampler's requests too (sampling/sample_checks.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .sampling.decode import MAX_TARGET_PROMPT_LOGPROBS, MAX_TOPK_PROMPT_LOGPROBS, MAX_TOPK_SAMPLE_LOGPROBS
-from .training.losses import (
+from .losses import (
     LOSS_CONFIG_DEFAULTS,
     LOSS_ID,
     LOSS_NAMES,
@@ -17,11 +17,11 @@ from .training.losses import (
     LOSS_REQUIRED_INPUTS,
     LOSSES_NEEDING_PROVENANCE,
 )
-from .training.steps import Row
-from .types import Datum, ForwardBackwardInput, InputError, SampleInput
+from .steps import Row
+from ..types import Datum, ForwardBackwardInput, InputError, SampleInput
 
 
-def _int_array(value: Any, what: str, vocab: int) -> np.ndarray:
+def int_array(value: Any, what: str, vocab: int) -> np.ndarray:
     arr = np.asarray(value)
     if arr.dtype.kind not in "iu":
         if arr.dtype.kind == "f" and arr.size and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
@@ -36,7 +36,7 @@ def _int_array(value: Any, what: str, vocab: int) -> np.ndarray:
     return arr.astype(np.int32)
 
 
-def _float_array(value: Any, what: str) -> np.ndarray:
+def float_array(value: Any, what: str) -> np.ndarray:
     arr = np.asarray(value, dtype=np.float64)
     if not np.all(np.isfinite(arr)):
         raise InputError(f"{what} contains non-finite values")
@@ -67,7 +67,7 @@ def datum_row(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tokens [N], targets [N, K], weights [N, K], sampler logprobs [N], advantages [N], seq_mask [N]) or
     InputError."""
-    tokens = _int_array(d.tokens, f"datum {i}: model_input", vocab).reshape(-1)
+    tokens = int_array(d.tokens, f"datum {i}: model_input", vocab).reshape(-1)
     n = len(tokens)
     if n == 0:
         raise InputError(f"datum {i}: model_input is empty")
@@ -83,7 +83,7 @@ def datum_row(
             got = "a scalar" if arr.ndim == 0 else f"{arr.shape[0]} entries"
             raise InputError(f"datum {i}: {name} has {got} but model_input has {n} tokens")
 
-    targets = _int_array(inputs["target_tokens"], f"datum {i}: target_tokens", vocab)
+    targets = int_array(inputs["target_tokens"], f"datum {i}: target_tokens", vocab)
     check_len("target_tokens", targets)
     if targets.ndim == 2 and loss_fn != "cross_entropy":
         raise InputError(f"datum {i}: {loss_fn} needs target_tokens of shape [N], got {list(targets.shape)}")
@@ -92,7 +92,7 @@ def datum_row(
     targets2 = targets.reshape(n, -1)
 
     if "weights" in inputs and "weights" in LOSS_OPTIONAL_INPUTS.get(loss_fn, ()):
-        weights = _float_array(inputs["weights"], f"datum {i}: weights")
+        weights = float_array(inputs["weights"], f"datum {i}: weights")
         if weights.shape != targets.shape:
             raise InputError(
                 f"datum {i}: weights has shape {list(weights.shape)} but target_tokens has {list(targets.shape)}"
@@ -104,7 +104,7 @@ def datum_row(
     vectors = {}
     for name in ("logprobs", "advantages"):
         if name in LOSS_REQUIRED_INPUTS[loss_fn]:
-            arr = _float_array(inputs[name], f"datum {i}: {name}")
+            arr = float_array(inputs[name], f"datum {i}: {name}")
             check_len(name, arr)
             if arr.ndim != 1:
                 raise InputError(f"datum {i}: {name} must have shape [N], got {list(arr.shape)}")
@@ -120,7 +120,7 @@ def _seq_mask(i: int, d: Datum, loss_fn: str, n: int, adv: np.ndarray, check_len
     inputs = d.inputs or {}
     if loss_fn == "gspo":
         if "sequence_ratio_mask" in inputs:
-            mask = _float_array(inputs["sequence_ratio_mask"], f"datum {i}: sequence_ratio_mask")
+            mask = float_array(inputs["sequence_ratio_mask"], f"datum {i}: sequence_ratio_mask")
             check_len("sequence_ratio_mask", mask)
             if mask.ndim != 1:
                 raise InputError(f"datum {i}: sequence_ratio_mask must have shape [N], got {list(mask.shape)}")
@@ -176,70 +176,3 @@ def forward_backward_rows(req: ForwardBackwardInput, *, slot_scale: float, vocab
             )
         )
     return rows
-
-
-def check_sample(req: SampleInput, *, vocab: int, max_len: int, snapshots: set[str]) -> np.ndarray:
-    """Validate one sample request; returns the prompt as int32 [P]."""
-    prompt = _int_array(req.prompt, "prompt", vocab).reshape(-1)
-    if len(prompt) == 0:
-        raise InputError("prompt is empty")
-    if len(prompt) >= max_len:
-        raise InputError(f"prompt has {len(prompt)} tokens; max_position_embeddings={max_len} leaves no room to sample")
-    if req.num_samples < 1:
-        raise InputError(f"num_samples must be >= 1, got {req.num_samples}")
-    if req.max_tokens < 1:
-        raise InputError(f"max_tokens must be >= 1, got {req.max_tokens}")
-    if not (math.isfinite(req.temperature) and req.temperature >= 0):
-        raise InputError(f"temperature must be a finite number >= 0, got {req.temperature}")
-    if not (0 < req.top_p <= 1):
-        raise InputError(f"top_p must be in (0, 1], got {req.top_p}")
-    if req.top_k == 0 or req.top_k < -1:
-        raise InputError(f"top_k must be -1 (off) or >= 1, got {req.top_k}")
-    if req.stop_token_ids is not None:
-        _int_array(np.asarray(req.stop_token_ids, dtype=np.int64), "stop_token_ids", vocab)
-    if any(not isinstance(s, str) or not s for s in req.stop_strings):
-        raise InputError(f"stop_strings must be non-empty strings, got {req.stop_strings!r}")
-    if not 0 <= req.topk_prompt_logprobs <= MAX_TOPK_PROMPT_LOGPROBS:
-        raise InputError(
-            f"topk_prompt_logprobs must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {req.topk_prompt_logprobs}"
-        )
-    if req.snapshot is not None and req.snapshot not in snapshots:
-        raise InputError(f"unknown sampler snapshot {req.snapshot!r}")
-    _check_sample_extras(req, len(prompt), vocab)
-    return prompt
-
-
-def _check_sample_extras(req: SampleInput, p: int, vocab: int) -> None:
-    """The SampleRequest fields beyond sampling itself (docs/wire-contract.md §Sampling)."""
-    if not 0 <= req.topk_sample_logprobs <= MAX_TOPK_SAMPLE_LOGPROBS:
-        raise InputError(
-            f"topk_sample_logprobs must be in [0, {MAX_TOPK_SAMPLE_LOGPROBS}], got {req.topk_sample_logprobs}"
-        )
-    if not 0 <= req.prompt_alt_tokens_k <= MAX_TOPK_PROMPT_LOGPROBS:
-        raise InputError(
-            f"prompt_alt_tokens_k must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {req.prompt_alt_tokens_k}"
-        )
-    n = req.prompt_logprobs_last_n
-    if n is not None:
-        if not (req.include_prompt_logprobs or req.topk_prompt_logprobs):
-            raise InputError("prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs")
-        if not 1 <= n <= p - 1:
-            raise InputError(f"prompt_logprobs_last_n must be in [1, len(prompt) - 1 = {p - 1}], got {n}")
-    t = req.target_prompt_logprobs
-    if t is not None:
-        ids = np.asarray(t)
-        if ids.ndim != 2 or ids.shape[0] != p - 1:
-            raise InputError(
-                f"target_prompt_logprobs must have shape [len(prompt) - 1, K] = [{p - 1}, K], got {list(ids.shape)}"
-            )
-        if not 1 <= ids.shape[1] <= MAX_TARGET_PROMPT_LOGPROBS:
-            raise InputError(
-                f"target_prompt_logprobs has {ids.shape[1]} columns; 1 to {MAX_TARGET_PROMPT_LOGPROBS} are allowed"
-            )
-        if ids.dtype.kind not in "iu" or (ids.size and (ids.min() < -1 or ids.max() >= vocab)):
-            bad = ids[(ids < -1) | (ids >= vocab)] if ids.dtype.kind in "iu" else ids.ravel()
-            raise InputError(
-                f"target_prompt_logprobs holds token id {bad.flat[0]} outside [0, {vocab}) (or -1 for none)"
-            )
-        if not (ids >= 0).any():
-            raise InputError("target_prompt_logprobs names no token id (every cell is -1)")

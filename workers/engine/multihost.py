@@ -40,9 +40,9 @@ import secrets
 import threading
 from typing import Any, Protocol
 
-from .. import types as engine_types
-from ..interface import EngineForwarder
-from ..types import (
+from . import types as engine_types
+from .interface import EngineForwarder
+from .types import (
     InputError,
     LoraConfig,
     SampleInput,

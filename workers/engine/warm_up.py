@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..interface import EngineApi
-from ..training.steps import pack
-from ..types import (
+from .interface import EngineApi
+from .training.steps import pack
+from .types import (
     AdamConfig,
     Datum,
     ForwardBackwardInput,
@@ -47,14 +47,14 @@ from ..types import (
     WarmUpPiece,
     WarmUpPlan,
 )
-from . import persistent_cache
-from .aot_cache import AotCache, abstract
+from .runtime import persistent_cache
+from .runtime.aot_cache import AotCache, abstract
 
 if TYPE_CHECKING:
-    from ..sampling.sampler import SlotSampler
-    from ..sampling.snapshots import SamplerSnapshots
-    from ..training.adapter_slots import AdapterSlots
-    from ..training.steps import StepFunctions
+    from .sampling.sampler import SlotSampler
+    from .sampling.snapshots import SamplerSnapshots
+    from .training.adapter_slots import AdapterSlots
+    from .training.steps import StepFunctions
 
 log = logging.getLogger(__name__)
 

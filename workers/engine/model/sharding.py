@@ -33,8 +33,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..model.families import ModelConfig
-from ..model.lora import is_stacked_layer
+from .families import ModelConfig
+from .lora import is_stacked_layer
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Any
 
-from ..interface import EngineForwarder
-from ..model.families import ModelConfig
-from ..types import WarmUpPiece
+from .interface import EngineForwarder
+from .model.families import ModelConfig
+from .types import WarmUpPiece
 
 __all__ = ["EngineLock"]
 
