@@ -49,8 +49,8 @@ function usagePage() {
       option.value = option.textContent = t;
       $("usage-tenant").appendChild(option);
     }
-    const who = op ? ($("usage-tenant").value ? `tenant ${$("usage-tenant").value}` : "every tenant") : "your key's";
-    $("usage-scope").textContent = `${who} usage from ${data.start.slice(0, 10)} (UTC) on`;
+    const who = op ? ($("usage-tenant").value ? `Tenant ${$("usage-tenant").value}` : "Every tenant") : "Your key";
+    $("usage-scope").textContent = `${who}: usage since ${data.start.slice(0, 10)} 00:00 UTC`;
     const columns = data.kinds.length;
     fill($("usage-days-table").tBodies[0], data.days.map(dayRow(op, data.kinds)), "no usage", columns + (op ? 2 : 1));
     fill($("usage-runs-table").tBodies[0], data.runs.map(runRow(op, data.kinds)), "no usage", columns + (op ? 4 : 3));
