@@ -19,6 +19,7 @@ from temporalio.client import Client
 
 from tinkerflow.api import (
     console_data,
+    console_usage,
     routes_admin,
     routes_anthropic,
     routes_checkpoints,
@@ -135,6 +136,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(routes_anthropic.router)  # Anthropic-compatible /v1/messages, /v1/messages/count_tokens
     app.include_router(routes_admin.router)  # tinker's AdminClient: billing usage, checkpoint storage, audit log
     app.include_router(console_data.router)  # the console's JSON, under /api/v1/console (keyed like the rest)
+    app.include_router(console_usage.router)  # the console's usage page data, from the AdminClient routes' ledgers
     app.include_router(routes_console.router)  # the web console's pages and assets at /console (docs/console.md)
 
     @app.get("/api/v1/readyz", include_in_schema=False)

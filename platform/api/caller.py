@@ -31,6 +31,18 @@ def owner(request: Request) -> str:
     return _check(request, request.headers.get("x-api-key"))
 
 
+def usage_scope(request: Request) -> str | None:
+    """The tenant whose usage the caller may read (the AdminClient's routes, the console's usage page): its own owner
+    id, or None (every tenant) for the operator's key (--admin-api-key)."""
+    who = owner(request)
+    svc: Services = request.app.state.services
+    admin = svc.settings.admin_api_key
+    key = request.headers.get("x-api-key") or ""
+    if admin and hmac.compare_digest(key.encode("utf-8", "replace"), admin.encode("utf-8", "replace")):
+        return None
+    return who
+
+
 def _check(request: Request, key: str | None) -> str:
     svc: Services = request.app.state.services
     allowed = svc.api_keys

@@ -138,18 +138,20 @@ class Quotas:
         left = math.ceil((day_start(now) + timedelta(days=1) - now).total_seconds())
         return left, f"it resets at 00:00 UTC, in {left // 3600}h{left % 3600 // 60:02d}m, or when the quota is raised"
 
-    def admit_training(self, who: str, count: Callable[[], int]) -> Refusal | Charge | None:
-        """A forward_backward whose datums hold `count()` input tokens, counted only for a key with this quota:
-        charged when admitted (None: the key has no such limit)."""
+    def admit_training(self, who: str, op: tuple[str, int], count: Callable[[], int]) -> Refusal | Charge | None:
+        """A forward_backward `op` (run, seq_id) whose datums hold `count()` input tokens, counted only for a key with
+        this quota: charged when admitted, once (None: the key has no such limit, or this op was charged already, the
+        SDK sending it again)."""
         limit = self.limits(who).training_tokens_per_day
-        if limit is None:
+        tenant = names.owner_value(who)
+        if limit is None or self.tally.charged(tenant, op):
             return None
         tokens = count()
-        now, tenant = self._now(), names.owner_value(who)
+        now = self._now()
         day = now.date().isoformat()
         used = self.tally.training(tenant, day)
         if used + tokens <= limit:
-            return self.tally.charge_training(tenant, day, tokens)
+            return self.tally.charge_training(tenant, day, tokens, op)
         left, resets = self._until_tomorrow(now)
         if tokens > limit:
             return self._refuse(

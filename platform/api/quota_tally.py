@@ -9,10 +9,14 @@ per run. So the API keeps a tally per tenant and day that is the ledger as last 
 that the ledger does not show yet:
 
 - training: an op is charged at acceptance what it will be metered (the input tokens of its datums, counted off the
-  protobuf body) and is pending until metered. Ops carry no id into the ledger, so pending tokens are settled in
-  aggregate: what the ledger gains is taken off them (never below 0). With one API process that is exact whatever
-  the order of reads and answers, since every op is charged before it can be metered; with replicas each sees the
-  others' work once it is metered, and may miss as much of its own pending work as theirs finished meanwhile. An op
+  protobuf body) and is pending until metered. It is charged once per (run, seq_id): the SDK sends a request again
+  with the same seq_id after a connection error, Temporal answers the resend with the first update (its id is the
+  seq_id and body hash, training_ops.submit) and the workflow meters the op once, so the tally remembers the ops it
+  charged on the days it keeps and charges a resend nothing. Ops carry no id into the ledger, so pending tokens are
+  settled in aggregate: what the ledger gains is taken off them (never below 0). With one API process that is exact
+  whatever the order of reads and answers, since every op is charged before it can be metered; with replicas each
+  sees the others' work once it is metered, and may miss as much of its own pending work as theirs finished
+  meanwhile (a resend that reaches another replica is charged there too, and settled there the same way). An op
   that fails in the engine is never metered and stays pending: the tally errs high by it.
 - sampling: a call reserves at acceptance the most it can use, its prompt plus num_samples x max_tokens (the meter
   counts a request's prompt once, however many samples share it, so the reservation does too). The reservation is
@@ -38,6 +42,7 @@ class _Day:
     metered_sampling: int = 0
     pending_training: int = 0  # charged here, less what the ledger gained since
     reserved_sampling: int = 0  # sample calls whose batch the ledger has not shown closed yet
+    charged_ops: set[tuple[str, int]] = field(default_factory=set[tuple[str, int]])  # (run, seq_id) charged here
 
     @property
     def training(self) -> int:
@@ -56,6 +61,7 @@ class Charge:
     day: str  # YYYY-MM-DD (UTC)
     tokens: int
     minute: int = -1  # the rate window it was counted in (sampling)
+    op: tuple[str, int] | None = None  # the training op's (run, seq_id)
 
 
 @dataclass
@@ -82,13 +88,21 @@ class UsageTally:
         at, used = self._windows.get(tenant, (minute, 0))
         return used if at == minute else 0
 
-    def charge_training(self, tenant: str, day: str, tokens: int) -> Charge:
-        self._day(tenant, day).pending_training += tokens
-        return Charge(tenant, day, tokens)
+    def charged(self, tenant: str, op: tuple[str, int]) -> bool:
+        """Whether the training op `op` (run, seq_id) was charged on a day still kept (a resend may cross midnight)."""
+        return any(t == tenant and op in d.charged_ops for (t, _), d in self._days.items())
+
+    def charge_training(self, tenant: str, day: str, tokens: int, op: tuple[str, int]) -> Charge:
+        d = self._day(tenant, day)
+        d.pending_training += tokens
+        d.charged_ops.add(op)
+        return Charge(tenant, day, tokens, op=op)
 
     def refund_training(self, charge: Charge) -> None:
         d = self._day(charge.tenant, charge.day)
         d.pending_training = max(0, d.pending_training - charge.tokens)
+        if charge.op is not None:  # never accepted: a resend is charged as the first
+            d.charged_ops.discard(charge.op)
 
     def reserve_sampling(self, tenant: str, day: str, minute: int, tokens: int) -> Charge:
         self._day(tenant, day).reserved_sampling += tokens

@@ -9,16 +9,15 @@ No prices: tinkerflow bills nobody; `tinkerflow usage --prices FILE` estimates w
 from __future__ import annotations
 
 import asyncio
-import hmac
 from datetime import UTC, date, datetime, timedelta
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from tinker import types
 
-from tinkerflow.api.caller import owner, services
+from tinkerflow.api.caller import services, usage_scope
 from tinkerflow.api.errors import http_error
 from tinkerflow.api.services import Services
-from tinkerflow.api.usage_data import checkpoints_of, derived_audit, storage_gigabyte_hours, usage_rows
+from tinkerflow.api.usage_data import checkpoints_of, derived_audit, per_session, storage_gigabyte_hours, usage_rows
 from tinkerflow.common.checkpoints import Manifest
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.usage import hour_end, hour_of, hour_start
@@ -26,16 +25,6 @@ from tinkerflow.workflows.protocol.usage import hour_end, hour_of, hour_start
 router = APIRouter(prefix="/api/v1")
 MAX_WINDOW = timedelta(days=14)  # what the SDK documents for get_billing_usage
 AUDIT_TYPES = {"all", "checkpoints", "projects", "teams", "organizations", "sessions", "runs"}
-
-
-def scope(request: Request, who: str = Depends(owner)) -> str | None:
-    """The tenant whose usage the caller may read: its own owner id, or None (every tenant) for the operator key."""
-    svc: Services = request.app.state.services
-    admin = svc.settings.admin_api_key
-    key = request.headers.get("x-api-key") or ""
-    if admin and hmac.compare_digest(key.encode("utf-8", "replace"), admin.encode("utf-8", "replace")):
-        return None
-    return who
 
 
 def _hour(value: str, field: str) -> datetime:
@@ -53,7 +42,7 @@ def _hour(value: str, field: str) -> datetime:
 
 @router.get("/billing/usage/events")
 async def billing_usage(
-    starting_on: str, ending_before: str, svc: Services = Depends(services), tenant: str | None = Depends(scope)
+    starting_on: str, ending_before: str, svc: Services = Depends(services), tenant: str | None = Depends(usage_scope)
 ) -> dict:
     start, end = _hour(starting_on, "starting_on"), _hour(ending_before, "ending_before")
     now = datetime.now(UTC)
@@ -62,7 +51,7 @@ async def billing_usage(
     if not start < end <= start + MAX_WINDOW:
         raise http_error(400, "ending_before must be after starting_on and at most 14 days after it")
     events: list[types.BillingUsageEvent] = []
-    for row in await usage_rows(svc, tenant, start, end):
+    for row in per_session(await usage_rows(svc, tenant, start, end)):
         u = row.usage
         infos: list[types.BillingEventInfo] = [
             types.TrainingBillingEvent(token_count=u.training_tokens),
@@ -105,7 +94,7 @@ def _owner(m: Manifest) -> str:
 
 @router.get("/billing/usage/checkpoints/current")
 async def current_checkpoint_storage(
-    project_id: str | None = None, svc: Services = Depends(services), tenant: str | None = Depends(scope)
+    project_id: str | None = None, svc: Services = Depends(services), tenant: str | None = Depends(usage_scope)
 ) -> dict:
     if project_id is not None and not 0 < len(project_id) <= 256:
         raise http_error(400, "project_id must be 1 to 256 characters")
@@ -129,7 +118,7 @@ async def audit_log(
     event_type: str = "all",
     day: str | None = None,
     svc: Services = Depends(services),
-    tenant: str | None = Depends(scope),
+    tenant: str | None = Depends(usage_scope),
 ) -> dict:
     if event_type not in AUDIT_TYPES:
         raise http_error(400, f"event_type {event_type!r} is not one of {', '.join(sorted(AUDIT_TYPES))}")

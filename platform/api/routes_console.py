@@ -41,6 +41,7 @@ STATIC = {
     "common.js": "text/javascript; charset=utf-8",  # the key, fetch, sign-in: both pages
     "runs.js": "text/javascript; charset=utf-8",
     "run.js": "text/javascript; charset=utf-8",
+    "usage.js": "text/javascript; charset=utf-8",
 }
 
 
@@ -73,6 +74,11 @@ async def run_page(run_id: str) -> FileResponse:
     # The run is looked up (and its owner checked) by the page's fetch, which carries the key; the page is the same
     # for every id.
     return _page("run.html")
+
+
+@router.get("/usage")
+async def usage_page() -> FileResponse:
+    return _page("usage.html")
 
 
 @router.get("/static/plotly.min.js")

@@ -187,7 +187,7 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
     elif is_custom(msg):
         problem = custom_loss_problem(svc, msg, who)
     if not problem:  # the datums' tokens are counted only for a key with a training quota
-        charge = svc.quotas.admit_training(who, lambda: input_tokens(body))
+        charge = svc.quotas.admit_training(who, (msg.model_id, msg.seq_id), lambda: input_tokens(body))
         if isinstance(charge, Refusal):
             problem, charge = charge.message, None
     if problem:  # in sequence: consume the seq_id, fail the future

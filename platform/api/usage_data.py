@@ -31,13 +31,23 @@ GB = 1e9  # storage is billed in decimal gigabytes
 
 @dataclass(frozen=True)
 class UsageRow:
-    """One hour of one session's usage on one base model."""
+    """One hour of one training run's or one sampler's usage."""
 
     hour: str  # workflows/protocol/usage.py hour_of
     owner: str  # owner id ("open" when the API takes any key)
     session_id: str
     base_model: str
+    source: str  # the training run's model id, or the sampling client's sampler id
     usage: OpUsage
+
+
+def per_session(rows: list[UsageRow]) -> list[UsageRow]:
+    """`rows` summed per (hour, owner, session, base model): the billing events' grain (their `source` is "")."""
+    sums: dict[tuple[str, str, str, str], OpUsage] = {}
+    for r in rows:
+        key = (r.hour, r.owner, r.session_id, r.base_model)
+        sums[key] = sums.get(key, OpUsage()) + r.usage
+    return [UsageRow(h, o, s, m, "", u) for (h, o, s, m), u in sorted(sums.items())]
 
 
 def visibility_time(t: datetime) -> str:
@@ -55,12 +65,12 @@ def _owner_clause(owner: str | None) -> str:
 
 
 async def usage_rows(svc: Services, owner: str | None, start: datetime, end: datetime) -> list[UsageRow]:
-    """Every metered hour in [start, end) of `owner`'s runs and sample batches, summed per (hour, session, model)."""
-    rows: dict[tuple[str, str, str, str], OpUsage] = {}
+    """Every metered hour in [start, end) of `owner`'s runs and sample batches, summed per (hour, run or sampler)."""
+    rows: dict[tuple[str, str, str, str, str], OpUsage] = {}
 
-    def add(hour: str, who: str, session_id: str, base_model: str, usage: OpUsage) -> None:
+    def add(hour: str, who: str, session_id: str, base_model: str, source: str, usage: OpUsage) -> None:
         if start <= hour_start(hour) < end and usage:
-            key = (hour, who, session_id, base_model)
+            key = (hour, who, session_id, base_model, source)
             rows[key] = rows.get(key, OpUsage()) + usage
 
     client = svc.client
@@ -84,15 +94,17 @@ async def usage_rows(svc: Services, owner: str | None, start: datetime, end: dat
                 attrs.get(names.OWNER) or "open",
                 names.session_of(model_id),
                 attrs.get(names.BASE_MODEL) or "",
+                model_id,
                 usage,
             )
     samples = f"WorkflowType = 'SampleRequest' AND CloseTime >= '{visibility_time(start)}'" + _owner_clause(owner)
     async for wf in client.list_workflows(samples):
         memo = await wf.memo()
         who = wf.typed_search_attributes.get(names.OWNER) or "open"
+        sampler_id = wf.id.removeprefix("sample/").rsplit("/", 1)[0]  # names.sample_workflow_id
         for hour, usage in ledger_from_memo(memo.get("usage")).items():
-            add(hour, who, str(memo.get("session_id") or ""), str(memo.get("base_model") or ""), usage)
-    return [UsageRow(h, o, s, m, u) for (h, o, s, m), u in sorted(rows.items())]
+            add(hour, who, str(memo.get("session_id") or ""), str(memo.get("base_model") or ""), sampler_id, usage)
+    return [UsageRow(h, o, s, m, src, u) for (h, o, s, m, src), u in sorted(rows.items())]
 
 
 async def checkpoints_of(svc: Services, owner: str | None) -> list[Manifest]:

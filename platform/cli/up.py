@@ -279,8 +279,16 @@ def run_up(settings: Settings, args: argparse.Namespace, then: list[str]) -> int
     def on_signal(signum, _frame):
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # SIGINT raises KeyboardInterrupt already
-        signal.signal(sig, on_signal)
+    def on_hangup(_signum, _frame):
+        # SIGHUP is the API's "read --quota-file again" (docs/operations.md §Quotas): one signal to `up` reaches the
+        # API process it runs, which logs whether the file was read; the stack keeps running.
+        pids = [part.proc.pid for part in stack.parts if part.kind == "api" and part.proc.poll() is None]
+        for pid in pids:
+            os.kill(pid, signal.SIGHUP)
+        console.print(f"{_clock()} SIGHUP passed to the API (pid {', '.join(map(str, pids)) or 'none yet'})")
+
+    signal.signal(signal.SIGTERM, on_signal)  # SIGINT raises KeyboardInterrupt already
+    signal.signal(signal.SIGHUP, on_hangup)
     try:
         own_temporal = not settings.is_given("temporal_address")
         if own_temporal:

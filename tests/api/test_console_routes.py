@@ -34,7 +34,7 @@ def http(tmp_path):
         yield c
 
 
-@pytest.mark.parametrize("path", ["/console/", "/console/runs/sess-abc:train:0"])
+@pytest.mark.parametrize("path", ["/console/", "/console/runs/sess-abc:train:0", "/console/usage"])
 def test_pages_are_static_with_a_strict_policy(http, path):
     r = http.get(path)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
@@ -54,7 +54,7 @@ def test_assets_come_from_the_package_and_nothing_else_is_served(http):
     js = http.get("/console/static/plotly.min.js")
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
     assert len(js.content) > 1_000_000 and b"plotly" in js.content[:2000].lower()
-    for name in ["common.js", "runs.js", "run.js"]:
+    for name in ["common.js", "runs.js", "run.js", "usage.js"]:
         assert http.get(f"/console/static/{name}").headers["content-type"].startswith("text/javascript"), name
     assert http.get("/console/static/console.css").headers["content-type"].startswith("text/css")
     for name in ["../app.py", "..%2Fapp.py", "index.html", "nope.js"]:
@@ -62,7 +62,14 @@ def test_assets_come_from_the_package_and_nothing_else_is_served(http):
 
 
 @pytest.mark.parametrize(
-    "path", ["/api/v1/console/runs", "/api/v1/console/sessions", "/api/v1/console/service", "/api/v1/console/runs/x"]
+    "path",
+    [
+        "/api/v1/console/runs",
+        "/api/v1/console/sessions",
+        "/api/v1/console/service",
+        "/api/v1/console/runs/x",
+        "/api/v1/console/usage",
+    ],
 )
 def test_console_data_wants_a_key(http, path):
     assert http.get(path).status_code == 401
@@ -70,6 +77,19 @@ def test_console_data_wants_a_key(http, path):
     # With the key it reaches Temporal (down here): 503 naming it, not a page of someone's runs.
     r = http.get(path, headers={"X-API-Key": KEY})
     assert r.status_code in (400, 503), r.text  # "x" is not a model id shape: 400 before Temporal is asked
+
+
+def test_usage_names_its_bad_fields_and_keeps_a_tenant_to_its_own(http):
+    def usage(**params):
+        return http.get("/api/v1/console/usage", params=params, headers={"X-API-Key": KEY})
+
+    for params, field in [({"days": 15}, "days"), ({"days": 0}, "days"), ({"tenant": "a" * 17}, "tenant")]:
+        r = usage(**params)
+        assert r.status_code == 400 and field in r.json()["detail"], (params, r.text)
+    r = usage(tenant="' OR '1'='1")  # it would become visibility-query text: refused by shape
+    assert r.status_code == 400 and "is not an owner id" in r.json()["detail"]
+    r = usage(tenant="0123456789abcdef")  # another tenant's id, from a tenant's key
+    assert r.status_code == 403 and "only the operator's key" in r.json()["detail"]
 
 
 def test_search_text_is_bounded(http):

@@ -52,12 +52,16 @@ class _Temporal:
         self.ops: list[tuple[str, Any]] = []
         self.created: list[str] = []
         self.live: dict[str, str] = {}  # run workflow id -> owner
+        self.unreachable = 0  # the next n updates fail as a connection to Temporal would
 
     def get_workflow_handle(self, workflow_id: str, run_id: str | None = None):
         temporal = self
 
         class Handle:
             async def start_update(self, _update, op, id: str, wait_for_stage):
+                if temporal.unreachable:
+                    temporal.unreachable -= 1
+                    raise RuntimeError("connection refused")
                 temporal.ops.append((workflow_id, op))
                 return SimpleNamespace(workflow_id=workflow_id, workflow_run_id="r", id=id, _known_outcome=None)
 
@@ -191,6 +195,30 @@ def test_a_training_op_past_the_daily_quota_takes_its_seq_id_and_fails_as_a_user
     error = stack.svc.client.ops[1][1].error
     assert error.startswith("forward_backward: training_tokens_per_day quota: this API key may train 10 tokens")
     assert "has used 6 today; this op's datums hold 6 more" in error
+
+
+def test_an_sdk_resend_of_a_training_op_is_charged_once(stack):
+    # The SDK sends a request again, same seq_id and body, after a connection error: Temporal answers the resend with
+    # the first update and the run meters the op once, so the quota charges it once too.
+    first, resent = _forward_backward(stack, ALICE, 1, 6), _forward_backward(stack, ALICE, 1, 6)
+    assert first.status_code == resent.status_code == 200
+    day = NOON.date().isoformat()
+    assert stack.svc.quotas.tally.training(KEYS[ALICE], day) == 6
+    assert _forward_backward(stack, ALICE, 2, 4).status_code == 200  # 6 + 4 fits in 10; 6 + 6 + 4 would not
+    ops = [(op.seq_id, op.kind, op.body_hash) for _, op in stack.svc.client.ops]
+    assert [o[:2] for o in ops] == [(1, OpKind.FORWARD_BACKWARD)] * 2 + [(2, OpKind.FORWARD_BACKWARD)]
+    assert ops[0] == ops[1]  # one update id: the resend resolves to the first answer
+    assert stack.svc.quotas.tally.training(KEYS[ALICE], day) == 10
+
+
+def test_a_training_op_never_accepted_is_charged_when_it_is_sent_again(stack):
+    stack.svc.client.unreachable = 1
+    assert _forward_backward(stack, ALICE, 1, 6).status_code == 503  # never reached its run: refunded
+    day = NOON.date().isoformat()
+    assert stack.svc.quotas.tally.training(KEYS[ALICE], day) == 0
+    assert _forward_backward(stack, ALICE, 1, 6).status_code == 200
+    assert stack.svc.quotas.tally.training(KEYS[ALICE], day) == 6
+    assert [op.kind for _, op in stack.svc.client.ops] == [OpKind.FORWARD_BACKWARD]
 
 
 def test_a_create_past_concurrent_runs_is_a_429_and_the_other_key_creates(stack, monkeypatch):

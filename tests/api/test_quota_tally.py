@@ -44,17 +44,17 @@ def counted() -> int:
 def test_a_training_op_past_the_daily_quota_is_refused_naming_it_and_the_next_day_lets_it_through():
     clock = Clock()
     q = make('[keys."tml-a"]\ntraining_tokens_per_day = 10\n', clock)
-    assert isinstance(q.admit_training(A, lambda: 6), Charge)
-    refusal = q.admit_training(A, lambda: 6)
+    assert isinstance(q.admit_training(A, ("r:train:0", 1), lambda: 6), Charge)
+    refusal = q.admit_training(A, ("r:train:0", 2), lambda: 6)
     assert isinstance(refusal, Refusal) and refusal.daily and not refusal.never
     assert refusal.quota == "training_tokens_per_day"
     assert "may train 10 tokens a UTC day and has used 6 today; this op's datums hold 6 more" in refusal.message
     assert refusal.retry_after_s == 11 * 3600 + 59 * 60 + 30 and "in 11h59m" in refusal.message
-    assert q.admit_training(B, counted) is None  # another tenant: no limit, nothing counted
-    assert isinstance(q.admit_training(A, lambda: 4), Charge)  # what is left still fits
+    assert q.admit_training(B, ("r:train:0", 3), counted) is None  # another tenant: no limit, nothing counted
+    assert isinstance(q.admit_training(A, ("r:train:0", 4), lambda: 4), Charge)  # what is left still fits
     clock.t = NOON.replace(hour=0, minute=0, second=1) + timedelta(days=1)
-    assert isinstance(q.admit_training(A, lambda: 10), Charge)
-    never = q.admit_training(A, lambda: 11)
+    assert isinstance(q.admit_training(A, ("r:train:0", 5), lambda: 10), Charge)
+    never = q.admit_training(A, ("r:train:0", 6), lambda: 11)
     assert isinstance(never, Refusal) and never.never and "more than this API key may train in a whole" in never.message
 
 
@@ -62,13 +62,13 @@ def test_the_training_tally_is_the_ledger_plus_what_it_does_not_show_yet_in_any_
     q = make("[default]\ntraining_tokens_per_day = 100\n", Clock())
     day, hour = NOON.date().isoformat(), hour_of(NOON)
     q.tally.metered(A, hour, OpUsage(training_tokens=40), seeding=True)  # the day so far, read at start
-    charge = q.admit_training(A, lambda: 30)
+    charge = q.admit_training(A, ("r:train:0", 7), lambda: 30)
     assert isinstance(charge, Charge) and q.tally.training(A, day) == 70
     q.tally.metered(A, hour, OpUsage(training_tokens=30), seeding=False)  # the op metered: counted once
     assert q.tally.training(A, day) == 70
     q.tally.metered(A, hour, OpUsage(training_tokens=20), seeding=False)  # another replica's op
     assert q.tally.training(A, day) == 90
-    late = q.admit_training(A, lambda: 10)
+    late = q.admit_training(A, ("r:train:0", 8), lambda: 10)
     assert isinstance(late, Charge) and q.tally.training(A, day) == 100
     q.refund(late)  # never submitted
     assert q.tally.training(A, day) == 90 and q.tally.training(B, day) == 0
@@ -218,7 +218,7 @@ def test_ledger_reads_seed_the_tally_then_hand_only_growth_to_it_and_the_counter
     apply(seed, q.tally, NOON)
     assert (q.tally.training(tenant, day), q.tally.sampling(tenant, day)) == (5, 8)
 
-    charge = q.admit_training(tenant, lambda: 3)  # accepted between reads, metered before the next
+    charge = q.admit_training(tenant, ("r:train:0", 9), lambda: 3)  # accepted between reads, metered before the next
     assert isinstance(charge, Charge) and q.tally.training(tenant, day) == 8
     temporal.runs["training-run/s:train:0"][1][hour] = OpUsage(8)
     temporal.runs["training-run/s:train:1"] = ("d" * 16, {hour: OpUsage(4)})

@@ -12,6 +12,7 @@ from tinkerflow.cli.launch import RunningStack, free_port, launch
 
 API_KEY = "tml-e2e-key"
 OTHER_API_KEY = "tml-e2e-other"  # a second tenant on the same stack (tenant isolation tests)
+ADMIN_API_KEY = "tml-e2e-operator"  # the operator's key (--admin-api-key): every tenant's usage
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +36,7 @@ def stack(tmp_path_factory, metrics_ports) -> Iterator[RunningStack]:
         api_key=API_KEY,
         extra=[
             *("--max-request-bytes", "4000000", "--max-lora-adapters", "32", "--api-key", OTHER_API_KEY),
+            *("--admin-api-key", ADMIN_API_KEY),
             *("--metrics-port", str(metrics_ports["jax-worker"]), "--up-metrics-port", str(metrics_ports["up"])),
         ],
     )

@@ -1,9 +1,11 @@
 """The web console at /console (docs/console.md) in a real headless Chromium (Debian's `chromium`, driven by
 Playwright through its executable path) against the real stack: after N training steps through the SDK the run's
 chart plots N points; a second tenant's console shows none of the first tenant's runs; the page keeps working after
-the API process is killed and `up` restarts it.
+the API process is killed and `up` restarts it; the usage page shows a scripted workload's exact token counts, to its
+own tenant only (the operator's key sees every tenant's, and picks one).
 
-TINKERFLOW_SCREENSHOTS=docs writes docs/console-runs.png and docs/console-run.png (the README's pictures).
+TINKERFLOW_SCREENSHOTS=docs writes docs/console-runs.png, docs/console-run.png and docs/console-usage.png (the
+README's and docs/console.md's pictures).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.e2e.conftest import OTHER_API_KEY
+from tests.e2e.conftest import ADMIN_API_KEY, OTHER_API_KEY
 
 pytestmark = pytest.mark.e2e
 CHROMIUM = "/usr/bin/chromium"
@@ -213,5 +215,148 @@ def test_console_keeps_working_after_the_api_restarts(stack, browser, trained):
         assert _chart_points(page, STEPS)["x"] == list(range(STEPS))
         page.goto(f"{stack.base_url}/console/")
         page.locator(f"#runs-table tr[data-run-id='{trained}']").wait_for(timeout=WAIT_MS)
+    finally:
+        context.close()
+
+
+# Under 16 tokens: no whole prefix-cache block, so no call of it is served from the cache.
+SHORT_PROMPT = [5, 17, 42, 99, 3]
+KINDS = (
+    "training_tokens",
+    "prefill_uncached_tokens",
+    "prefill_cached_tokens",
+    "sampled_tokens",
+    "checkpoints",
+    "checkpoint_bytes",
+)
+
+
+@pytest.fixture(scope="module")
+def metered(stack, base_model, trained):
+    """The usage each row of the usage page must show, by tenant: the first's trained run (STEPS forward_backward
+    calls of 4 tokens, one named checkpoint) and a sampler (one call); the second tenant's run (one call)."""
+    client = tinker.ServiceClient(base_url=stack.base_url, api_key=stack.api_key)
+    sampler = client.create_sampling_client(base_model=base_model).result()
+    params = types.SamplingParams(max_tokens=3, seed=1)
+    sampled = sampler.sample(types.ModelInput.from_ints(SHORT_PROMPT), 2, params).result(timeout=300)
+    run = httpx.get(
+        f"{stack.base_url}/api/v1/console/runs/{trained}", headers={"X-API-Key": stack.api_key}, timeout=60
+    ).json()
+    other = tinker.ServiceClient(base_url=stack.base_url, api_key=OTHER_API_KEY)
+    theirs = other.create_lora_training_client(base_model=base_model, rank=4).result()
+    theirs.forward_backward([DATUM], "cross_entropy").result(timeout=300)
+    cached = sampled.prompt_cache_hit_tokens or 0
+    zero = dict.fromkeys(KINDS, 0)
+    mine = {
+        trained: {
+            **zero,
+            "training_tokens": STEPS * 4,
+            "checkpoints": 1,
+            "checkpoint_bytes": run["checkpoints"][0]["size_bytes"],
+        },
+        sampler._sampling_session_id: {  # the SDK keeps the sampler id private
+            **zero,
+            "prefill_uncached_tokens": len(SHORT_PROMPT) - cached,
+            "prefill_cached_tokens": cached,
+            "sampled_tokens": sum(len(s.tokens) for s in sampled.sequences),
+        },
+    }
+    return {"mine": mine, "theirs": {theirs.model_id: {**zero, "training_tokens": 4}}}
+
+
+def _usage_rows(page) -> dict[str, dict]:
+    """The by-run table as {run or sampler id: {"owner", kind: count}}, read off the cells' data attributes."""
+    return page.evaluate(
+        """() => Object.fromEntries([...document.querySelectorAll('#usage-runs-table tr[data-run-id]')].map(tr => [
+            tr.dataset.runId,
+            Object.fromEntries([['owner', tr.dataset.owner],
+              ...[...tr.querySelectorAll('td[data-kind]')].map(td => [td.dataset.kind, Number(td.dataset.value)])]),
+        ]))"""
+    )
+
+
+def _shown_usage(page, wanted: set[str]) -> dict[str, dict]:
+    """The usage page's rows once every id in `wanted` is shown (the page reloads every 10 s; a sample batch reaches
+    Temporal's visibility within moments)."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while True:
+        rows = _usage_rows(page)
+        if wanted <= set(rows) or time.monotonic() > deadline:
+            return rows
+        page.reload()
+        page.wait_for_selector("body[data-loaded='1']", timeout=WAIT_MS)
+
+
+def test_usage_page_shows_a_workloads_exact_tokens_to_its_own_tenant(stack, browser, trained, metered):
+    context, page = _signed_in(browser, stack.base_url, stack.api_key)
+    try:
+        page.click("header nav a[href='/console/usage']")  # linked from every page's nav
+        page.wait_for_url("**/console/usage", timeout=WAIT_MS)
+        page.wait_for_selector("body[data-loaded='1']", timeout=WAIT_MS)
+        rows = _shown_usage(page, set(metered["mine"]))
+        for source, want in metered["mine"].items():
+            assert {k: rows[source][k] for k in KINDS} == want, source
+        # Never another tenant's rows, and no tenant column or filter for a tenant's key.
+        assert not set(metered["theirs"]) & set(rows) and len({r["owner"] for r in rows.values()}) == 1
+        assert page.locator("#usage-tenant-label").is_hidden() and page.locator("th.tenant-col").first.is_hidden()
+        # Today's row is the sum of the rows by run and sampler (the same ledgers, summed another way).
+        today = page.locator("#usage-days-table tbody tr").first
+        day = {k: int(today.locator(f"td[data-kind='{k}']").get_attribute("data-value") or -1) for k in KINDS}
+        assert day == {k: sum(r[k] for r in rows.values()) for k in KINDS}
+        assert (
+            page.locator(f"#usage-runs-table tr[data-run-id='{trained}'] td").nth(1).inner_text()
+            == trained.split(":")[0]
+        )
+        _screenshot(page, "console-usage.png")
+    finally:
+        context.close()
+
+
+def test_usage_page_of_the_second_tenant_shows_none_of_the_firsts(stack, browser, trained, metered):
+    context, page = _signed_in(browser, stack.base_url, OTHER_API_KEY, "/console/usage")
+    try:
+        (theirs,) = metered["theirs"]
+        rows = _shown_usage(page, {theirs})
+        assert {k: rows[theirs][k] for k in KINDS} == metered["theirs"][theirs]
+        assert not set(rows) & set(metered["mine"]) and len({r["owner"] for r in rows.values()}) == 1
+        # Asking for the first tenant's usage by its owner id: refused, not answered with an empty page.
+        alice = next(iter(_usage_rows_as(stack, ADMIN_API_KEY, trained)))
+        r = httpx.get(
+            f"{stack.base_url}/api/v1/console/usage",
+            params={"tenant": alice},
+            headers={"X-API-Key": OTHER_API_KEY},
+            timeout=60,
+        )
+        assert r.status_code == 403 and "tenant" in r.json()["detail"]
+    finally:
+        context.close()
+
+
+def _usage_rows_as(stack, key: str, source: str) -> set[str]:
+    """The owner ids of `source`'s rows in the usage data `key` reads."""
+    data = httpx.get(f"{stack.base_url}/api/v1/console/usage", headers={"X-API-Key": key}, timeout=60).json()
+    return {r["owner"] for r in data["runs"] if r["id"] == source}
+
+
+def test_usage_page_of_the_operator_shows_every_tenant_and_filters_to_one(stack, browser, trained, metered):
+    context, page = _signed_in(browser, stack.base_url, ADMIN_API_KEY, "/console/usage")
+    try:
+        every = {**metered["mine"], **metered["theirs"]}
+        rows = _shown_usage(page, set(every))
+        for source, want in every.items():
+            assert {k: rows[source][k] for k in KINDS} == want, source
+        owners = {source: rows[source]["owner"] for source in every}
+        alice = owners[trained]
+        assert {owners[s] for s in metered["mine"]} == {alice} != {owners[s] for s in metered["theirs"]}
+        assert page.locator("#usage-tenant-label").is_visible() and page.locator("th.tenant-col").first.is_visible()
+        page.select_option("#usage-tenant", alice)
+        page.wait_for_function(
+            "a => [...document.querySelectorAll('#usage-runs-table tr[data-run-id]')]"
+            ".every(r => r.dataset.owner === a)",
+            arg=alice,
+            timeout=WAIT_MS,
+        )
+        shown = _usage_rows(page)
+        assert trained in shown and not {s for s, o in owners.items() if o != alice} & set(shown)
     finally:
         context.close()

@@ -1,7 +1,8 @@
 """Quotas end to end, through the unmodified SDK on a real stack with a quota file: a key past its daily training
 tokens gets its op's future failed as a user error naming the quota, its samples past the per-minute limit are
 retried by the SDK until the window turns, another key is unaffected throughout, a bad file sent by SIGHUP changes
-nothing and a raised quota sent by SIGHUP lets the first key through; /metrics counts it all per tenant."""
+nothing and a raised quota sent by SIGHUP (to `up`, which passes it to the API) lets the first key through; /metrics
+counts it all per tenant."""
 
 from __future__ import annotations
 
@@ -55,11 +56,12 @@ def wait_for(what: str, ok: Callable[[], bool], timeout_s: float = 60) -> None:
         time.sleep(0.5)
 
 
-def sighup(stack: RunningStack, path, text: str, result: str) -> None:
-    """Write the quota file, SIGHUP the API process, and wait until it says it read it (or refused it)."""
+def sighup(stack: RunningStack, path, text: str, result: str, *, to_up: bool = False) -> None:
+    """Write the quota file, SIGHUP the API process (or `up`, which passes it on), and wait until the API says it
+    read it (or refused it)."""
     before = value(stack, "tinkerflow_quota_reloads_total", result=result)
     path.write_text(text)
-    os.kill(stack.parts()["api"]["pid"], signal.SIGHUP)
+    os.kill(stack.proc.pid if to_up else stack.parts()["api"]["pid"], signal.SIGHUP)
     wait_for(
         f"a SIGHUP reload ({result})", lambda: value(stack, "tinkerflow_quota_reloads_total", result=result) > before
     )
@@ -96,8 +98,11 @@ def test_quotas_refuse_one_key_only_and_a_sighup_raise_lets_it_through(tmp_path)
         sighup(stack, quotas, "[keys\n", "error")  # refused: the old quotas stay
         with pytest.raises(tinker.RequestFailedError, match="training_tokens_per_day quota"):
             trained.forward_backward([DATUM], "cross_entropy").result(timeout=300)
-        sighup(stack, quotas, quota_file(1000), "ok")
+        api = stack.parts()["api"]["pid"]
+        sighup(stack, quotas, quota_file(1000), "ok", to_up=True)  # one signal to `up` reloads, and stops nothing
         trained.forward_backward([DATUM], "cross_entropy").result(timeout=300)
+        assert stack.proc.poll() is None and stack.parts()["api"]["pid"] == api  # nothing stopped or restarted
+        assert f"SIGHUP passed to the API (pid {api})" in (stack.state_dir / "up.log").read_text()
 
         assert all(r.sequences for r in [f.result(timeout=150) for f in limited])
         a, b = {"tenant": TENANT[ALICE]}, {"tenant": TENANT[BOB]}
