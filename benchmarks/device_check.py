@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import traceback
 from pathlib import Path
 
@@ -71,8 +72,9 @@ def ensure_importable() -> None:
     shim = Path(tempfile.gettempdir()) / "tinkerflow-device-check" / "tinkerflow"
     shim.mkdir(parents=True, exist_ok=True)
     (shim / "__init__.py").touch()
-    for name, target in {"common": "platform/common", "workers": "workers", "workflows": "workflows"}.items():
-        link = shim / name
+    package_dir = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, target in package_dir.items():
+        link = shim / package.removeprefix("tinkerflow.")
         if not link.exists():
             link.symlink_to(REPO / target)
     sys.path.insert(0, str(shim.parent))

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import emit, stats
+from benchmarks.device_phases.shapes import QWEN3_8B_SHAPE, datasheet_peak
 from benchmarks.moe_shape import QWEN3_30B_A3B_1L, matmul_params, write_random_checkpoint
 
 RANK = 32
@@ -62,29 +63,8 @@ SHAPES = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
-    "qwen3-8b": dict(
-        hidden_size=4096,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=12288,
-        vocab_size=151936,
-        tie_word_embeddings=False,
-    ),
+    "qwen3-8b": QWEN3_8B_SHAPE,
     "qwen3-30b-a3b-1l": QWEN3_30B_A3B_1L,
-}
-
-# Dense bf16 peak FLOP/s by device kind (substring match).
-PEAK_FLOPS = {
-    "H100": 989e12,
-    "H200": 989e12,
-    "A100": 312e12,
-    "L4": 121e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6": 918e12,
-    "TPU v4": 275e12,
 }
 
 
@@ -209,7 +189,7 @@ def bare_step_ms(engine, seqs: list[np.ndarray], steps: int) -> tuple[list[float
 
 def mfu(params: int, tokens_per_s: float) -> dict:
     kind = jax.devices()[0].device_kind
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
+    peak = datasheet_peak(kind)
     flops = 6 * params * tokens_per_s
     return {
         "model_tflops_per_s": round(flops / 1e12, 2),

@@ -1,10 +1,9 @@
-"""The model shapes the device check draws (random weights) and the datasheet peaks its MFU is taken over."""
+"""The model shapes the device check draws (random weights) and the datasheet peak its MFU is taken over."""
 
 from __future__ import annotations
 
-QWEN3_8B = dict(
-    model_type="qwen3",
-    architectures=["Qwen3ForCausalLM"],
+# Qwen3-8B's dimensions (benchmarks/train.py writes a checkpoint of them too).
+QWEN3_8B_SHAPE = dict(
     hidden_size=4096,
     num_hidden_layers=36,
     num_attention_heads=32,
@@ -13,6 +12,11 @@ QWEN3_8B = dict(
     intermediate_size=12288,
     vocab_size=151936,
     tie_word_embeddings=False,
+)
+QWEN3_8B = dict(
+    model_type="qwen3",
+    architectures=["Qwen3ForCausalLM"],
+    **QWEN3_8B_SHAPE,
     max_position_embeddings=40960,
     rms_norm_eps=1e-6,
     rope_theta=1000000.0,
@@ -36,17 +40,6 @@ TINY = {
     "vocab_size": 512,
     "max_position_embeddings": 4096,
 }
-# Dense bf16 datasheet peaks (FLOP/s) by device kind (substring).
-PEAK_FLOPS = {
-    "H100": 989e12,
-    "H200": 989e12,
-    "A100": 312e12,
-    "L4": 121e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6": 918e12,
-    "TPU v4": 275e12,
-}
 
 
 def matmul_params(cfg: dict) -> int:
@@ -58,4 +51,8 @@ def matmul_params(cfg: dict) -> int:
 
 
 def datasheet_peak(kind: str) -> float | None:
-    return next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
+    """The device's dense bf16 peak FLOP/s from the worker's datasheet table; None for a device not in it."""
+    from tinkerflow.activities.accelerator_metrics import peak_tflops_of
+
+    tflops, source = peak_tflops_of(kind)
+    return tflops * 1e12 if source.startswith("table") else None

@@ -19,6 +19,8 @@ import inspect
 _CREATE = "dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False"  # keyword-only
 _LIKE = "*, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None"
 
+# dtype casts: unary ops, and methods only (no torch.<op> function of these names).
+_CASTS = ("float", "double", "half", "bfloat16", "long", "int", "bool")
 _UNARY = (
     "exp",
     "log",
@@ -48,13 +50,7 @@ _UNARY = (
     "isinf",
     "isfinite",
     "detach",
-    "float",
-    "double",
-    "half",
-    "bfloat16",
-    "long",
-    "int",
-    "bool",
+    *_CASTS,
     "t",
     "dim",
     "numel",
@@ -195,13 +191,7 @@ _FUNCTION_NAMES = {
 }
 # Ops with no torch.<op> function of this name (methods only, or Python-level ones).
 _METHOD_ONLY = {
-    "float",
-    "double",
-    "half",
-    "bfloat16",
-    "long",
-    "int",
-    "bool",
+    *_CASTS,
     "to",
     "type",
     "type_as",
