@@ -14,10 +14,21 @@ from pathlib import Path
 import numpy as np
 
 QWEN3_30B_A3B_1L = dict(
-    hidden_size=2048, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-    intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-    decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False,
-)  # fmt: skip
+    hidden_size=2048,
+    num_hidden_layers=1,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    vocab_size=151936,
+    tie_word_embeddings=False,
+)
 
 
 def checkpoint_config(shape: dict, dtype: str) -> dict:
@@ -90,11 +101,15 @@ def write_random_checkpoint(out: Path, shape: dict, dtype: str, tokenizer_from: 
     for layer in range(shape["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         tensors = {
-            p + "self_attn.q_proj.weight": normal(q * hd, h), p + "self_attn.k_proj.weight": normal(kv * hd, h),
-            p + "self_attn.v_proj.weight": normal(kv * hd, h), p + "self_attn.o_proj.weight": normal(h, q * hd),
-            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
-            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-        }  # fmt: skip
+            p + "self_attn.q_proj.weight": normal(q * hd, h),
+            p + "self_attn.k_proj.weight": normal(kv * hd, h),
+            p + "self_attn.v_proj.weight": normal(kv * hd, h),
+            p + "self_attn.o_proj.weight": normal(h, q * hd),
+            p + "self_attn.q_norm.weight": ones(hd),
+            p + "self_attn.k_norm.weight": ones(hd),
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
+        }
         if moe:
             tensors[p + "mlp.gate.weight"] = normal(shape["num_experts"], h)
             for x in range(shape["num_experts"]):

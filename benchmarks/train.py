@@ -46,22 +46,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import emit, stats
+from benchmarks.device_phases.shapes import QWEN3_8B_SHAPE, datasheet_peak
 from benchmarks.moe_shape import QWEN3_30B_A3B_1L, matmul_params, write_random_checkpoint
 
 RANK = 32
 ROWS, SEQ = 4, 128
 
 SHAPES = {
-    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b": QWEN3_8B_SHAPE,
     "qwen3-30b-a3b-1l": QWEN3_30B_A3B_1L,
-}  # fmt: skip
-
-# Dense bf16 peak FLOP/s by device kind (substring match).
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
-              "TPU v6": 918e12, "TPU v4": 275e12}  # fmt: skip
+}
 
 
 def batch(vocab: int, rows: int = ROWS, seq: int = SEQ, seed: int = 0) -> list[np.ndarray]:
@@ -69,21 +73,24 @@ def batch(vocab: int, rows: int = ROWS, seq: int = SEQ, seed: int = 0) -> list[n
     return [rng.integers(1, vocab, seq + 1).astype(np.int32) for _ in range(rows)]
 
 
-def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int, mfu_params: int | None,
-                   layers: str = "scan") -> dict:  # fmt: skip
+def engine_figures(
+    model_dir: Path, label: str, seqs: list[np.ndarray], steps: int, mfu_params: int | None, layers: str = "scan"
+) -> dict:
     from tinkerflow.workers.engine.engine import Engine
     from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig
 
     t0 = time.perf_counter()
-    engine = Engine.load(str(model_dir), max_lora_adapters=4, max_lora_rank=RANK, progress=False,
-                         scan_layers=layers == "scan")  # fmt: skip
+    engine = Engine.load(
+        str(model_dir), max_lora_adapters=4, max_lora_rank=RANK, progress=False, scan_layers=layers == "scan"
+    )
     load_s = time.perf_counter() - t0
     engine.create_adapter(0, LoraConfig(rank=RANK, seed=0))
     data = [Datum(tokens=s[:-1], inputs={"target_tokens": s[1:]}) for s in seqs]
     request = ForwardBackwardInput(slot=0, data=data, loss_fn="cross_entropy")
     tokens = sum(len(d.tokens) for d in data)
-    common = dict(shape=label, rows=len(seqs), seq=len(data[0].tokens), lora_rank=RANK, dtype=str(engine.dtype),
-                  layers=layers)  # fmt: skip
+    common = dict(
+        shape=label, rows=len(seqs), seq=len(data[0].tokens), lora_rank=RANK, dtype=str(engine.dtype), layers=layers
+    )
 
     def fb():
         [res] = engine.forward_backward([request])  # noqa: F821 - fb is not called after `del engine` below
@@ -97,9 +104,15 @@ def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: i
     engine.optim_step(0, adam)
     first_opt_s = time.perf_counter() - t0
     compile_s = sum(engine._steps.grad_step.compile_seconds.values())
-    emit(figure="compile_s", path="engine", **common, train_step_compile_s=round(compile_s, 2),
-         first_forward_backward_s=round(first_s, 2), first_optim_step_s=round(first_opt_s, 2),
-         load_s=round(load_s, 2))  # fmt: skip
+    emit(
+        figure="compile_s",
+        path="engine",
+        **common,
+        train_step_compile_s=round(compile_s, 2),
+        first_forward_backward_s=round(first_s, 2),
+        first_optim_step_s=round(first_opt_s, 2),
+        load_s=round(load_s, 2),
+    )
 
     fb_ms, opt_ms = [], []
     for _ in range(steps):
@@ -116,8 +129,14 @@ def engine_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: i
     extra = {}
     if mfu_params is not None:
         extra = mfu(mfu_params, engine_tps)
-    emit(figure="forward_backward_tokens_per_s", path="engine", **common, tokens_per_s=round(engine_tps, 1),
-         **stats(fb_ms), **extra)  # fmt: skip
+    emit(
+        figure="forward_backward_tokens_per_s",
+        path="engine",
+        **common,
+        tokens_per_s=round(engine_tps, 1),
+        **stats(fb_ms),
+        **extra,
+    )
     emit(
         figure="forward_backward_tokens_per_s",
         path="bare_jax",
@@ -170,11 +189,15 @@ def bare_step_ms(engine, seqs: list[np.ndarray], steps: int) -> tuple[list[float
 
 def mfu(params: int, tokens_per_s: float) -> dict:
     kind = jax.devices()[0].device_kind
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
+    peak = datasheet_peak(kind)
     flops = 6 * params * tokens_per_s
-    return {"model_tflops_per_s": round(flops / 1e12, 2), "mfu": round(flops / peak, 4) if peak else None,
-            "flops_convention": "6 * N_base_matmul_params * tokens/s (forward+backward through the frozen base; "
-                                "LoRA and attention T^2 FLOPs excluded)", "peak_flops": peak}  # fmt: skip
+    return {
+        "model_tflops_per_s": round(flops / 1e12, 2),
+        "mfu": round(flops / peak, 4) if peak else None,
+        "flops_convention": "6 * N_base_matmul_params * tokens/s (forward+backward through the frozen base; "
+        "LoRA and attention T^2 FLOPs excluded)",
+        "peak_flops": peak,
+    }
 
 
 def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int, engine: dict) -> None:
@@ -192,8 +215,13 @@ def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int,
             service = tinker.ServiceClient(base_url=stack.base_url, api_key=api_key)
             base_model = stack.served_model()
             training = service.create_lora_training_client(base_model=base_model, rank=RANK).result()
-            data = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1].tolist()),
-                                loss_fn_inputs=dict(target_tokens=s[1:].tolist())) for s in seqs]  # fmt: skip
+            data = [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(s[:-1].tolist()),
+                    loss_fn_inputs=dict(target_tokens=s[1:].tolist()),
+                )
+                for s in seqs
+            ]
             adam = types.AdamParams(learning_rate=1e-4)
             tokens = sum(len(s) - 1 for s in seqs)
             t0 = time.perf_counter()
@@ -212,14 +240,25 @@ def sdk_figures(model_dir: Path, label: str, seqs: list[np.ndarray], steps: int,
             stack.stop()
     common = dict(shape=label, rows=len(seqs), seq=len(seqs[0]) - 1, lora_rank=RANK)
     emit(figure="compile_s", path="sdk", **common, first_forward_backward_and_optim_s=round(first_s, 2))
-    emit(figure="forward_backward_tokens_per_s", path="sdk", **common,
-         tokens_per_s=round(tokens / (float(np.median(fb_ms)) / 1000), 1), **stats(fb_ms))  # fmt: skip
+    emit(
+        figure="forward_backward_tokens_per_s",
+        path="sdk",
+        **common,
+        tokens_per_s=round(tokens / (float(np.median(fb_ms)) / 1000), 1),
+        **stats(fb_ms),
+    )
     emit(figure="optim_step_ms", path="sdk", **common, **stats(opt_ms))
     sdk_tps, sdk_opt = tokens / (float(np.median(fb_ms)) / 1000), float(np.median(opt_ms))
-    emit(figure="sdk_vs_engine", **common, engine_tokens_per_s=round(engine["tokens_per_s"], 1),
-         sdk_tokens_per_s=round(sdk_tps, 1), tokens_per_s_ratio=round(sdk_tps / engine["tokens_per_s"], 3),
-         engine_optim_step_ms=round(engine["optim_step_ms"], 3), sdk_optim_step_ms=round(sdk_opt, 3),
-         optim_step_overhead_ms=round(sdk_opt - engine["optim_step_ms"], 3))  # fmt: skip
+    emit(
+        figure="sdk_vs_engine",
+        **common,
+        engine_tokens_per_s=round(engine["tokens_per_s"], 1),
+        sdk_tokens_per_s=round(sdk_tps, 1),
+        tokens_per_s_ratio=round(sdk_tps / engine["tokens_per_s"], 3),
+        engine_optim_step_ms=round(engine["optim_step_ms"], 3),
+        sdk_optim_step_ms=round(sdk_opt, 3),
+        optim_step_overhead_ms=round(sdk_opt - engine["optim_step_ms"], 3),
+    )
 
 
 def main() -> None:

@@ -92,8 +92,11 @@ def main() -> int:
     tokenizer = training.get_tokenizer()
     data = [datum(tokenizer, english, pig) for english, pig in PAIRS]
     english, expected = PAIRS[PROBE]
-    print(f"\nTeaching {model} Pig Latin ({len(PAIRS)} pairs, lr {args.learning_rate:g}, LoRA rank {args.rank}, "
-          f"run {training.model_id})", flush=True)  # fmt: skip
+    print(
+        f"\nTeaching {model} Pig Latin ({len(PAIRS)} pairs, lr {args.learning_rate:g}, LoRA rank {args.rank}, "
+        f"run {training.model_id})",
+        flush=True,
+    )
 
     losses: list[float] = []
     translation, learned = "", False
@@ -122,11 +125,15 @@ def main() -> int:
     print(f"\nLoss by step (cross-entropy per completion token):\n{chart(losses)}\n")
     # The stack may stop right after this script (`tinkerflow up -- ...`): name the run, not a URL that may be gone.
     if learned:
-        print(f"Learned: '{english}' → '{translation}' after {len(losses)} steps ({elapsed:.0f} s); "
-              f"the loss fell from {losses[0]:.2f} to {losses[-1]:.2f}. The run is {training.model_id}.")  # fmt: skip
+        print(
+            f"Learned: '{english}' → '{translation}' after {len(losses)} steps ({elapsed:.0f} s); "
+            f"the loss fell from {losses[0]:.2f} to {losses[-1]:.2f}. The run is {training.model_id}."
+        )
         return 0
-    print(f"Not learned within the step cap of {args.max_steps} ({elapsed:.0f} s): the sample reads "
-          f"{translation!r}, the translation is {expected!r}. Try --max-steps or --learning-rate.")  # fmt: skip
+    print(
+        f"Not learned within the step cap of {args.max_steps} ({elapsed:.0f} s): the sample reads "
+        f"{translation!r}, the translation is {expected!r}. Try --max-steps or --learning-rate."
+    )
     return 1
 
 

@@ -338,12 +338,17 @@ def test_the_engine_modules_import_each_other_without_a_cycle():
         # a hidden cycle: one side imports the other inside a function
         ({"a.py": "from .b import x\n", "b.py": "def f():\n    from . import a\n"}, [["p.a", "p.b"]]),
         # through a sub-package, absolute one way and relative the other, one side under TYPE_CHECKING
-        ({"sub/__init__.py": "", "sub/c.py": "from ..a import y\n",
-          "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.sub import c\n"},
-         [["p.a", "p.sub.c"]]),
+        (
+            {
+                "sub/__init__.py": "",
+                "sub/c.py": "from ..a import y\n",
+                "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.sub import c\n",
+            },
+            [["p.a", "p.sub.c"]],
+        ),
         ({"a.py": "from .b import x\n", "b.py": "import numpy\nfrom . import c\n", "c.py": ""}, []),
     ],
-)  # fmt: skip
+)
 def test_the_cycle_checker_sees_cycles(tmp_path, files, expected):
     for name, source in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect, ensure_search_attributes
+from tinkerflow.workflows import protocol
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry
 from tinkerflow.workflows.coordinator.workflow import Coordinator
 from tinkerflow.workflows.janitor import WORKFLOW_ID as JANITOR_ID
@@ -26,21 +27,17 @@ from tinkerflow.workflows.training_run import TrainingRunWorkflow
 
 log = logging.getLogger(__name__)
 WORKFLOWS = [SessionWorkflow, TrainingRunWorkflow, Coordinator, SampleRequestWorkflow, CheckpointExpiry, StoreJanitor]
-#: The protocol's pure-data modules (frozen dataclasses, enums and id helpers: no state, no I/O, no clock). The sandbox
+#: The protocol package: pure data (frozen dataclasses, enums and id helpers: no state, no I/O, no clock). The sandbox
 #: re-executes every module a workflow imports for each new workflow run (a SampleRequest per batch of sample calls,
 #: each continue-as-new); py-spy under the mixed loop found ~40% of this process's CPU re-creating these dataclasses
 #: (docs/benchmarks.md). Passed through, they are imported once and shared; the workflows themselves stay
-#: sandboxed, so their determinism checks are unchanged.
-SHARED_MODULES = (
-    "tinkerflow.workflows.protocol.work",
-    "tinkerflow.workflows.protocol.messages",
-    "tinkerflow.workflows.protocol.names",
-    "tinkerflow.workflows.protocol.errors",
-)
+#: sandboxed, so their determinism checks are unchanged. The sandbox passes a listed package's submodules through with
+#: it, so a module added to the protocol is shared without being named here.
+SHARED_PACKAGES = (protocol.__name__,)
 
 
 def workflow_runner() -> SandboxedWorkflowRunner:
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_MODULES))
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_PACKAGES))
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:

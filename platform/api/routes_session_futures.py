@@ -33,9 +33,14 @@ async def retrieve_futures(request: Request, svc: Services = Depends(services), 
     target = req.target
     await resolve_sampler(svc, target.sampling_session_id, who)
     completions, cursor = await session_futures.poll(
-        svc, target.sampling_session_id, target.cloned_sampler_id, who, req.prev_cursor, req.timeout,
+        svc,
+        target.sampling_session_id,
+        target.cloned_sampler_id,
+        who,
+        req.prev_cursor,
+        req.timeout,
         [str(r) for r in req.retrieved_request_ids],
-    )  # fmt: skip
+    )
     return {"completions": completions, "cursor": cursor}
 
 

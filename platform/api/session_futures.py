@@ -105,8 +105,9 @@ def _forget(svc: Services, path: str) -> None:
         pass
 
 
-async def poll(svc: Services, sampler_id: str, clone: int, who: str, prev_cursor: int, timeout: float | None,
-               retrieved: list[str]) -> tuple[list[dict], int]:  # fmt: skip
+async def poll(
+    svc: Services, sampler_id: str, clone: int, who: str, prev_cursor: int, timeout: float | None, retrieved: list[str]
+) -> tuple[list[dict], int]:
     """(completions, cursor) for one retrieve_futures call (module docstring)."""
     folder = _dir(svc, sampler_id, clone)
     deadline = time.monotonic() + (svc.settings.long_poll_s if timeout is None else max(0.0, min(timeout, 30.0)))

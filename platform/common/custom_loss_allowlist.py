@@ -19,13 +19,66 @@ import inspect
 _CREATE = "dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False"  # keyword-only
 _LIKE = "*, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None"
 
-_UNARY = ("exp", "log", "log1p", "expm1", "exp2", "log2", "log10", "sqrt", "rsqrt", "abs", "neg", "sigmoid", "tanh",
-          "square", "sign", "reciprocal", "floor", "ceil", "trunc", "sin", "cos", "erf", "logsigmoid", "logical_not",
-          "isnan", "isinf", "isfinite", "detach", "float", "double", "half", "bfloat16", "long", "int", "bool", "t",
-          "dim", "numel", "pos", "bitwise_not")  # fmt: skip
-_BINARY = ("mul", "true_divide", "floor_divide", "remainder", "maximum", "minimum", "logaddexp", "gt", "ge", "lt",
-           "le", "eq", "ne", "logical_and", "logical_or", "logical_xor", "matmul", "bitwise_and", "bitwise_or",
-           "bitwise_xor")  # fmt: skip
+# dtype casts: unary ops, and methods only (no torch.<op> function of these names).
+_CASTS = ("float", "double", "half", "bfloat16", "long", "int", "bool")
+_UNARY = (
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "exp2",
+    "log2",
+    "log10",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "neg",
+    "sigmoid",
+    "tanh",
+    "square",
+    "sign",
+    "reciprocal",
+    "floor",
+    "ceil",
+    "trunc",
+    "sin",
+    "cos",
+    "erf",
+    "logsigmoid",
+    "logical_not",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "detach",
+    *_CASTS,
+    "t",
+    "dim",
+    "numel",
+    "pos",
+    "bitwise_not",
+)
+_BINARY = (
+    "mul",
+    "true_divide",
+    "floor_divide",
+    "remainder",
+    "maximum",
+    "minimum",
+    "logaddexp",
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "eq",
+    "ne",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "matmul",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+)
 
 # canonical op -> parameters, as torch names them (for methods the tensor is the first parameter).
 _PARAMS: dict[str, str] = {
@@ -87,10 +140,20 @@ SIGNATURES: dict[str, inspect.Signature] = {
 
 # Method names that differ from their canonical op.
 _METHOD_ALIASES = {
-    "clip": "clamp", "view": "reshape", "absolute": "abs", "negative": "neg", "multiply": "mul", "divide": "div",
-    "subtract": "sub", "greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne",
+    "clip": "clamp",
+    "view": "reshape",
+    "absolute": "abs",
+    "negative": "neg",
+    "multiply": "mul",
+    "divide": "div",
+    "subtract": "sub",
+    "greater": "gt",
+    "greater_equal": "ge",
+    "less": "lt",
+    "less_equal": "le",
+    "not_equal": "ne",
     "fix": "trunc",
-}  # fmt: skip
+}
 # Functions outside `torch.<op>` that the SDK's tracer records.
 _FUNCTION_NAMES = {
     "torch.nn.functional.softmax": "softmax",
@@ -103,24 +166,56 @@ _FUNCTION_NAMES = {
     "torch.nn.functional.sigmoid": "sigmoid",
     "torch.nn.functional.tanh": "tanh",
     "getattr": "getattr",
-    "operator.add": "add", "operator.sub": "sub", "operator.mul": "mul", "operator.truediv": "true_divide",
-    "operator.floordiv": "floor_divide", "operator.mod": "remainder", "operator.pow": "pow", "operator.neg": "neg",
-    "operator.pos": "pos", "operator.abs": "abs", "operator.gt": "gt", "operator.ge": "ge", "operator.lt": "lt",
-    "operator.le": "le", "operator.eq": "eq", "operator.ne": "ne", "operator.and_": "bitwise_and",
-    "operator.or_": "bitwise_or", "operator.xor": "bitwise_xor", "operator.invert": "bitwise_not",
-    "operator.getitem": "getitem", "operator.matmul": "matmul",
-}  # fmt: skip
+    "operator.add": "add",
+    "operator.sub": "sub",
+    "operator.mul": "mul",
+    "operator.truediv": "true_divide",
+    "operator.floordiv": "floor_divide",
+    "operator.mod": "remainder",
+    "operator.pow": "pow",
+    "operator.neg": "neg",
+    "operator.pos": "pos",
+    "operator.abs": "abs",
+    "operator.gt": "gt",
+    "operator.ge": "ge",
+    "operator.lt": "lt",
+    "operator.le": "le",
+    "operator.eq": "eq",
+    "operator.ne": "ne",
+    "operator.and_": "bitwise_and",
+    "operator.or_": "bitwise_or",
+    "operator.xor": "bitwise_xor",
+    "operator.invert": "bitwise_not",
+    "operator.getitem": "getitem",
+    "operator.matmul": "matmul",
+}
 # Ops with no torch.<op> function of this name (methods only, or Python-level ones).
-_METHOD_ONLY = {"float", "double", "half", "bfloat16", "long", "int", "bool", "to", "type", "type_as", "size", "dim",
-                "contiguous", "new_zeros", "new_ones", "new_full", "getattr", "getitem", "pos"}  # fmt: skip
+_METHOD_ONLY = {
+    *_CASTS,
+    "to",
+    "type",
+    "type_as",
+    "size",
+    "dim",
+    "contiguous",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "getattr",
+    "getitem",
+    "pos",
+}
 
 # Attributes `getattr` may read: a tensor's shape and rank, a dtype, the two fields of max/min with a dim.
 ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "values", "indices"})
 # dtypes an argument may name, as the SDK encodes them ({"dtype": "float32"}).
 DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"})
 # Non-value tokens (no effect on any value): the only ones the SDK's encoding allows besides dtypes.
-NEUTRAL_TOKENS = {"device": frozenset({"cpu", "cuda", "meta"}), "layout": frozenset({"strided"}),
-                  "memory_format": frozenset({"contiguous_format", "preserve_format"})}  # fmt: skip
+NEUTRAL_TOKENS = {
+    "device": frozenset({"cpu", "cuda", "meta"}),
+    "layout": frozenset({"strided"}),
+    "memory_format": frozenset({"contiguous_format", "preserve_format"}),
+}
 
 
 def function_op(target: str) -> str | None:

@@ -124,15 +124,19 @@ def check(name: Any, inputs: Any, nodes: Any) -> CheckedLoss:
         if op == "placeholder":
             expected = declared[len(placeholders)][0] if len(placeholders) < len(declared) else None
             if args or kwargs or calls or target != expected:
-                raise CustomLossError(f"{where}: placeholder {target!r} does not match the declared inputs "
-                                      f"{[n for n, _ in declared]} (in order, before any call)")  # fmt: skip
+                raise CustomLossError(
+                    f"{where}: placeholder {target!r} does not match the declared inputs "
+                    f"{[n for n, _ in declared]} (in order, before any call)"
+                )
             placeholders.append(node)
         elif op in ("call_function", "call_method"):
             canon = function_op(target) if op == "call_function" else method_op(target)
             if canon is None:
                 kind = "function" if op == "call_function" else "method"
-                raise CustomLossError(f"{where}: {kind} {target!r} is not allowed in a server-side custom loss "
-                                      "(docs/custom-losses.md lists the operations)")  # fmt: skip
+                raise CustomLossError(
+                    f"{where}: {kind} {target!r} is not allowed in a server-side custom loss "
+                    "(docs/custom-losses.md lists the operations)"
+                )
             dargs = tuple(_decode(a, defined, where, 0, literals) for a in args)
             dkwargs = {str(k): _decode(v, defined, where, 0, literals) for k, v in kwargs.items()}
             _bind(canon, target, dargs, dkwargs, where)
@@ -140,8 +144,10 @@ def check(name: Any, inputs: Any, nodes: Any) -> CheckedLoss:
         elif op == "output":
             output = _output(args, defined, where, literals)
         else:  # get_attr (a captured tensor), call_module, or anything else
-            raise CustomLossError(f"{where}: {op!r} nodes are not allowed (a custom loss reads only its inputs "
-                                  "and calls allowed operations)")  # fmt: skip
+            raise CustomLossError(
+                f"{where}: {op!r} nodes are not allowed (a custom loss reads only its inputs "
+                "and calls allowed operations)"
+            )
         defined.add(node)
     if len(placeholders) != len(declared):
         raise CustomLossError(f"custom loss {name!r}: {len(placeholders)} placeholders for {len(declared)} inputs")
@@ -206,11 +212,13 @@ def _decode(arg: Any, defined: set[str], where: str, depth: int, literals: list[
         return [_decode(a, defined, where, depth + 1, literals) for a in arg]
     if not (isinstance(arg, dict) and len(arg) == 1):
         raise CustomLossError(f"{where}: cannot decode argument {str(arg)[:80]}")
-    (kind, value), = arg.items()  # fmt: skip
+    ((kind, value),) = arg.items()
     if kind == "ref":
         if value not in defined:
-            raise CustomLossError(f"{where}: refers to {value!r}, which is not defined before it (nodes must be in "
-                                  "execution order: no cycles or forward references)")  # fmt: skip
+            raise CustomLossError(
+                f"{where}: refers to {value!r}, which is not defined before it (nodes must be in "
+                "execution order: no cycles or forward references)"
+            )
         return Ref(value)
     if kind == "tuple" and isinstance(value, list):
         return tuple(_decode(a, defined, where, depth + 1, literals) for a in value)

@@ -111,9 +111,7 @@ def write_sampled(
     store: ClaimCheckStore, payload: str, session_id: str, weights: Weights, sequences: list[SampledSequence]
 ) -> None:
     """The JAX worker's half: the call's sequences, by its body's uri."""
-    encoded = [
-        {"tokens": _b64(s.tokens, "<i4"), "logprobs": _b64(s.logprobs, "<f4")} for s in sequences
-    ]  # fmt: skip
+    encoded = [{"tokens": _b64(s.tokens, "<i4"), "logprobs": _b64(s.logprobs, "<f4")} for s in sequences]
     body = {"payload": payload, "session_id": session_id, "weights": asdict(weights), "sequences": encoded}
     _write(store, _path(store, payload, "sampled"), body)
 
@@ -173,8 +171,13 @@ class Lookup:
             weights = {
                 k: str(v) for k, v in dict(head.get("weights") or {}).items() if k in Weights.__dataclass_fields__
             }
-            record = CallRecord(call=call, payload=str(head["payload"]), owner=str(head.get("owner", "")),
-                                session_id=self.session_id, weights=Weights(**weights))  # fmt: skip
+            record = CallRecord(
+                call=call,
+                payload=str(head["payload"]),
+                owner=str(head.get("owner", "")),
+                session_id=self.session_id,
+                weights=Weights(**weights),
+            )
         except (KeyError, TypeError, ValueError):
             log.warning("stability record of call %s is unreadable; answering it as missing", call, exc_info=True)
             return None

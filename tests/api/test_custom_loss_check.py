@@ -11,9 +11,25 @@ from tinkerflow.common import custom_loss_graph
 from tinkerflow.common.custom_loss_allowlist import SIGNATURES
 
 NAMES = st.sampled_from(["logprobs", "a", "b", "c", "out", "x"])
-TARGETS = st.sampled_from(["torch.exp", "operator.add", "operator.getitem", "sum", "mean", "getattr", "torch.where",
-                           "torch.zeros", "os.system", "exp_", "logprobs", "output", "", "torch.nn.functional.softmax",
-                           *SIGNATURES])  # fmt: skip
+TARGETS = st.sampled_from(
+    [
+        "torch.exp",
+        "operator.add",
+        "operator.getitem",
+        "sum",
+        "mean",
+        "getattr",
+        "torch.where",
+        "torch.zeros",
+        "os.system",
+        "exp_",
+        "logprobs",
+        "output",
+        "",
+        "torch.nn.functional.softmax",
+        *SIGNATURES,
+    ]
+)
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True), st.text(max_size=8)
 )
@@ -31,14 +47,19 @@ ENCODED = st.recursive(
     ),
     max_leaves=12,
 )
-NODE = st.fixed_dictionaries({
-    "op": st.sampled_from(["placeholder", "call_function", "call_method", "output", "get_attr", "call_module", "x"]),
-    "name": NAMES,
-    "target": TARGETS,
-    "args": st.one_of(st.lists(ENCODED, max_size=3), ENCODED),
-    "kwargs": st.one_of(st.dictionaries(st.sampled_from(["dim", "keepdim", "min", "out", "inplace"]), ENCODED,
-                                        max_size=2), ENCODED),
-})  # fmt: skip
+NODE = st.fixed_dictionaries(
+    {
+        "op": st.sampled_from(
+            ["placeholder", "call_function", "call_method", "output", "get_attr", "call_module", "x"]
+        ),
+        "name": NAMES,
+        "target": TARGETS,
+        "args": st.one_of(st.lists(ENCODED, max_size=3), ENCODED),
+        "kwargs": st.one_of(
+            st.dictionaries(st.sampled_from(["dim", "keepdim", "min", "out", "inplace"]), ENCODED, max_size=2), ENCODED
+        ),
+    }
+)
 INPUTS = st.one_of(
     st.just([{"name": "logprobs", "rank": 1}]),
     st.lists(st.fixed_dictionaries({"name": NAMES, "rank": st.one_of(st.integers(-1, 3), st.booleans())}), max_size=3),

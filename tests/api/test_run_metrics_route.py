@@ -73,8 +73,14 @@ def test_the_owner_pages_through_every_point(api):
         seen += body["points"]
         after = body["next_after"]
     assert [p["index"] for p in seen] == list(range(POINTS))
-    assert seen[2] == {"index": 2, "op": "forward_backward", "seq_id": 2, "step": 2, "time": seen[2]["time"],
-                       "metrics": {"loss:sum": 2.0}}  # fmt: skip
+    assert seen[2] == {
+        "index": 2,
+        "op": "forward_backward",
+        "seq_id": 2,
+        "step": 2,
+        "time": seen[2]["time"],
+        "metrics": {"loss:sum": 2.0},
+    }
 
 
 def test_a_stranger_gets_the_answer_of_a_run_that_does_not_exist(api):

@@ -15,16 +15,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_phase_of_the_device_check_runs_on_cpu(tmp_path):
     out = tmp_path / "check.jsonl"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.device_check", "--smoke", "--budget-s", "600", "--out",
-                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.device_check", "--smoke", "--budget-s", "600", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
     errors = [x for x in lines if "error" in x or "skipped" in x]
     assert not errors, errors
     assert {x["phase_done"] for x in lines if "phase_done" in x} == set(PHASES)
     figures = {x.get("figure") for x in lines}
-    for wanted in ("bf16_matmul_tflops", "attention_vs_reference", "attention_fwd_bwd", "train_tokens_per_s",
-                   "long_forward_backward", "decode_ms_per_step", "sampler_vs_trainer_logprobs"):  # fmt: skip
+    for wanted in (
+        "bf16_matmul_tflops",
+        "attention_vs_reference",
+        "attention_fwd_bwd",
+        "train_tokens_per_s",
+        "long_forward_backward",
+        "decode_ms_per_step",
+        "sampler_vs_trainer_logprobs",
+    ):
         assert wanted in figures, wanted
     agree = next(x for x in lines if x.get("figure") == "sampler_vs_trainer_logprobs")
     assert agree["max_abs"] < 1e-4  # float32 on CPU: the sampler's logprobs are the trainer's

@@ -1,8 +1,8 @@
 """`tinkerflow ray` on a real Ray cluster on loopback: a head and a second node (`ray start --address`), one CPU each,
 and the documented one-liner submitted with `ray job submit`. Two JAX-worker actors with fsdp=2, one on each node,
 serve a Pig Latin loop driven by the unmodified SDK, whose losses match a single-process `tinkerflow up` within the
-multi-host tolerance (tests/engine/test_multihost.py); a kill -9 of one actor mid-loop changes no loss; stopping the
-job leaves no actor and no placement group behind.
+multi-host tolerance (tests/engine/test_multihost_processes.py); a kill -9 of one actor mid-loop changes no loss;
+stopping the job leaves no actor and no placement group behind.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.pig_latin_loop import pig_latin
-from tests.engine.test_multihost import REL
+from tests.engine.test_multihost_processes import REL
 from tinkerflow.cli.launch import free_port, launch
 from tinkerflow.cli.up import served_models
 

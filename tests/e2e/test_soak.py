@@ -23,29 +23,29 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-import psutil
 import pytest
 import tinker
-from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.service import RPCError, RPCStatusCode
-from tinker import types
+from temporalio.client import Client
 
+from tests.e2e.soak_load import CLIENTS, RESULT_TIMEOUT_S, SAVE_EVERY, Ledger, Request, SoakClient, client_loop
+from tests.e2e.soak_probes import (
+    compiles_logged,
+    describe_coordinator,
+    percentile,
+    rss_mb,
+    running_workflows,
+    settled_coordinator,
+    snapshots_held,
+    stack_processes,
+)
 from tinkerflow.cli.launch import RunningStack, launch
 
 SOAK_S = float(os.environ.get("TINKERFLOW_SOAK_S", "45"))
-CLIENTS = 8
-BASE_SAMPLERS = (2, 5)  # clients that also fire bursts of concurrent samples at the base model
-PROVOKER = 0  # the client that sometimes sends an out-of-vocabulary batch
-SAVE_EVERY = 3  # steps between save_weights_and_get_sampling_client
-BURST = 12  # concurrent base-model sample futures per burst
-RESULT_TIMEOUT_S = 300  # per future: far above any answer (a cold jit compile on 2 cores is ~tens of s)
 WARMUP_TIMEOUT_S = 600
 WARMUP_QUIET_S = 20  # the warm-up ends once the JAX worker compiled nothing new for this long
 # How much RSS a process may gain between the post-warm-up baseline and the end of the load. Steady load on fixed
@@ -82,259 +82,6 @@ def stack(tmp_path_factory) -> Iterator[RunningStack]:
     s.stop()
 
 
-# --- bookkeeping -----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    kind: str
-    client: int
-    t0: float
-    provoked: bool = False
-    t1: float | None = None
-    outcome: str = "pending"  # pending | ok | provoked (failed as meant to) | error: ...
-
-
-@dataclass
-class Ledger:
-    requests: list[Request] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def track(self, kind: str, client: int, submit, *args, provoked: bool = False, **kwargs):
-        """Submit `submit(*args, **kwargs)` (timed from before the call); note when its future completes."""
-        r = Request(kind, client, time.monotonic(), provoked)
-        with self.lock:
-            self.requests.append(r)
-        try:
-            future = submit(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 — every outcome is recorded and judged at the end
-            r.t1, r.outcome = time.monotonic(), f"error at submit: {type(e).__name__}: {str(e)[:300]}"
-            return r, None
-        future.future().add_done_callback(lambda _f: setattr(r, "t1", time.monotonic()))
-        return r, future
-
-    def resolve(self, r: Request, future, check=None):
-        """Wait for one future (never unbounded); record how it ended. Returns its result, or None."""
-        if future is None:
-            return None
-        try:
-            result = future.result(timeout=RESULT_TIMEOUT_S)
-        except TimeoutError:
-            r.outcome = f"error: no answer within {RESULT_TIMEOUT_S} s"
-            return None
-        except Exception as e:  # noqa: BLE001
-            r.t1 = r.t1 or time.monotonic()
-            meant = r.provoked and isinstance(e, tinker.RequestFailedError) and "1000000" in str(e)
-            r.outcome = "provoked" if meant else f"error: {type(e).__name__}: {str(e)[:300]}"
-            return None
-        r.t1 = r.t1 or time.monotonic()
-        if r.provoked:
-            r.outcome = "error: the out-of-vocabulary batch succeeded"
-            return None
-        try:
-            if check is not None:
-                check(result)
-        except AssertionError as e:
-            r.outcome = f"error: wrong answer: {e}"
-            return None
-        r.outcome = "ok"
-        return result
-
-    def run(self, kind: str, client: int, submit, *args, check=None, **kwargs):
-        """Submit and wait: the answer (or None, with the failure recorded)."""
-        return self.resolve(*self.track(kind, client, submit, *args, **kwargs), check)
-
-
-# --- the load --------------------------------------------------------------------------------------------------------
-
-
-def _datum(rng: random.Random, n: int = 24) -> types.Datum:
-    tokens = [rng.randrange(3, 1500) for _ in range(n + 1)]
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * n},  # pyright: ignore[reportArgumentType] (Datum converts lists)
-    )
-
-
-def _check_fwdbwd(n_tokens: list[int]):
-    def check(out) -> None:
-        assert [len(o["logprobs"].tolist()) for o in out.loss_fn_outputs] == n_tokens, "logprobs per datum"
-        assert out.metrics["loss:sum"] == out.metrics["loss:sum"], "loss is NaN"
-
-    return check
-
-
-def _check_samples(num_samples: int, max_tokens: int):
-    def check(out) -> None:
-        assert len(out.sequences) == num_samples, f"{len(out.sequences)} sequences, wanted {num_samples}"
-        assert all(len(s.tokens) == max_tokens for s in out.sequences), "sequence lengths"
-
-    return check
-
-
-@dataclass
-class SoakClient:
-    index: int
-    service: tinker.ServiceClient
-    training: object = None
-    steps: int = 0
-    warmed: threading.Event = field(default_factory=threading.Event)
-    died: str = ""
-
-
-def _prompt(rng: random.Random) -> types.ModelInput:
-    return types.ModelInput.from_ints([rng.randrange(3, 1500) for _ in range(rng.randint(4, 12))])
-
-
-OOV = types.Datum(
-    model_input=types.ModelInput.from_ints([1, 2, 10**6, 3]),
-    loss_fn_inputs={"target_tokens": [2, 3, 4, 5], "weights": [1.0] * 4},  # pyright: ignore[reportArgumentType] (Datum converts lists)
-)
-
-
-def client_loop(c: SoakClient, model: str, ledger: Ledger, stop: threading.Event) -> None:
-    i, rng = c.index, random.Random(c.index)
-    lora_params = types.SamplingParams(max_tokens=8, temperature=1.0, stop=[])
-    base_params = types.SamplingParams(max_tokens=6, temperature=0.8, stop=[])
-    try:
-        c.training = ledger.run(
-            "create_model", i, c.service.create_lora_training_client, base_model=model, rank=(4, 8)[i % 2]
-        )
-        if c.training is None:
-            c.died = "create_lora_training_client failed"
-            return
-        base = None
-        if i in BASE_SAMPLERS:
-            base = ledger.run("create_sampling_client", i, c.service.create_sampling_client, base_model=model)
-        while not stop.is_set():
-            # fwd/bwd and optim_step pipelined, as the SDK means them to be (the run orders them by seq_id)
-            fb = ledger.track(
-                "forward_backward", i, c.training.forward_backward, [_datum(rng) for _ in range(4)], "cross_entropy"
-            )
-            bad = None
-            if i == PROVOKER and c.steps % 5 == 4:
-                bad = ledger.track(
-                    "forward_backward", i, c.training.forward_backward, [OOV], "cross_entropy", provoked=True
-                )
-            opt = ledger.track("optim_step", i, c.training.optim_step, types.AdamParams(learning_rate=1e-4))
-            ledger.resolve(*fb, _check_fwdbwd([24] * 4))
-            if bad is not None:
-                ledger.resolve(*bad)
-            ledger.resolve(*opt)
-            c.steps += 1
-            if c.steps % SAVE_EVERY == 1:
-                sampler = ledger.run(
-                    "save_weights_and_get_sampling_client", i, c.training.save_weights_and_get_sampling_client
-                )
-                if sampler is not None:
-                    futures = [
-                        ledger.track(
-                            "sample_lora",
-                            i,
-                            sampler.sample,
-                            prompt=_prompt(rng),
-                            num_samples=2,
-                            sampling_params=lora_params,
-                        )
-                        for _ in range(2)
-                    ]
-                    for f in futures:
-                        ledger.resolve(*f, _check_samples(2, 8))
-            if base is not None:
-                futures = [
-                    ledger.track(
-                        "sample_base", i, base.sample, prompt=_prompt(rng), num_samples=1, sampling_params=base_params
-                    )
-                    for _ in range(BURST)
-                ]
-                for f in futures:
-                    ledger.resolve(*f, _check_samples(1, 6))
-            if c.steps >= SAVE_EVERY + 1:  # one full cycle (train, save, sample lora and base) done
-                c.warmed.set()
-    except Exception as e:  # noqa: BLE001 — a client thread that dies is reported, not swallowed
-        c.died = f"{type(e).__name__}: {e}"
-    finally:
-        c.warmed.set()
-
-
-# --- observation -----------------------------------------------------------------------------------------------------
-
-
-def stack_processes(stack: RunningStack) -> dict[str, psutil.Process]:
-    """The parts `tinkerflow up` started, by name (their command line says which)."""
-    parts = {}
-    for p in psutil.Process(stack.proc.pid).children():
-        cmd = p.cmdline()
-        if "tinkerflow.cli.main" in cmd:
-            parts[cmd[cmd.index("tinkerflow.cli.main") + 1]] = p
-        elif any("temporal" in a for a in cmd[:1]):
-            parts["temporal"] = p
-    return parts
-
-
-def rss_mb(parts: dict[str, psutil.Process]) -> dict[str, float]:
-    out = {}
-    for name, p in parts.items():
-        total = 0
-        for q in [p, *p.children(recursive=True)]:
-            try:
-                total += q.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
-        out[name] = round(total / 2**20, 1)
-    return out
-
-
-def _compiles(jax_log) -> int:
-    """jit compiles the JAX worker has logged so far (one INFO line each)."""
-    return jax_log.read_text(errors="replace").count("aot_cache: compiled")
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-async def _coordinator(client: Client, model: str, timeout_s: float = 60) -> dict:
-    """The coordinator's `describe`. Temporal buffers one query while a workflow task runs and refuses more
-    (RESOURCE_EXHAUSTED, "consistent query buffer is full"); the API queries it too, and under load one of its tasks
-    can run for seconds (a continue-as-new rejected for signals that came meanwhile replays the whole history), so
-    retry that for a while."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await client.get_workflow_handle(f"coordinator/{model}/default").query("describe")
-        except RPCError as e:
-            if e.status != RPCStatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(1)
-
-
-async def _snapshots_held(stack: RunningStack, model: str) -> int:
-    return (await _coordinator(await Client.connect(stack.temporal_address), model))["snapshots"]
-
-
-async def _settled(client: Client, model: str, timeout_s: float = 60) -> dict:
-    """The coordinator once nothing is pending and no worker is busy (or its last state when the time is up)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        d = await _coordinator(client, model)
-        if (d["pending"] == 0 and not any(w["busy"] for w in d["workers"].values())) or time.monotonic() > deadline:
-            return d
-        await asyncio.sleep(0.5)
-
-
-async def _running(client: Client, workflow_type: str) -> list:
-    """Running workflows of a type; each confirmed by a describe (the visibility list may lag a just-closed one)."""
-    query = f"WorkflowType = '{workflow_type}' AND ExecutionStatus = 'Running'"
-    listed = [wf async for wf in client.list_workflows(query)]
-    return [
-        wf
-        for wf in listed
-        if (await client.get_workflow_handle(wf.id).describe()).status == WorkflowExecutionStatus.RUNNING
-    ]
-
-
 # --- the test --------------------------------------------------------------------------------------------------------
 
 
@@ -364,20 +111,20 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
         for c in clients:
             c.warmed.wait(timeout=max(0.0, warm_deadline - time.monotonic()))
         jax_log = stack.state_dir / "logs" / "jax-worker.log"
-        compiles = _compiles(jax_log)
+        compiles = compiles_logged(jax_log)
         quiet_since = time.monotonic()
         while time.monotonic() - quiet_since < WARMUP_QUIET_S and time.monotonic() < warm_deadline:
             time.sleep(1)
-            if _compiles(jax_log) != compiles:
-                compiles, quiet_since = _compiles(jax_log), time.monotonic()
+            if compiles_logged(jax_log) != compiles:
+                compiles, quiet_since = compiles_logged(jax_log), time.monotonic()
         warmup_s = time.monotonic() - t_start
-        rss_series, snapshots = [rss_mb(parts)], [asyncio.run(_snapshots_held(stack, model))]
+        rss_series, snapshots = [rss_mb(parts)], [asyncio.run(snapshots_held(stack, model))]
         load_start = time.monotonic()
         sampled_at = [0.0]
         while time.monotonic() - load_start < SOAK_S and any(t.is_alive() for t in threads):
             time.sleep(min(5.0, max(0.0, SOAK_S - (time.monotonic() - load_start))))
             rss_series.append(rss_mb(parts))
-            snapshots.append(asyncio.run(_snapshots_held(stack, model)))
+            snapshots.append(asyncio.run(snapshots_held(stack, model)))
             sampled_at.append(time.monotonic() - load_start)
         load_s = time.monotonic() - load_start
     finally:
@@ -390,12 +137,12 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
     # After the load: the coordinator drains, every run answered every op its client sent, nothing is in flight.
     async def inspect() -> tuple[dict, list[dict], list[str], int]:
         client = await Client.connect(stack.temporal_address)
-        coordinator = await _settled(client, model)
+        coordinator = await settled_coordinator(client, model)
         desc = await client.get_workflow_handle(f"coordinator/{model}/default").describe()
         stuck = [f"coordinator/{model}/default"] if desc.raw_description.pending_activities else []
-        stuck += [wf.id for wf in await _running(client, "SampleRequest")]
+        stuck += [wf.id for wf in await running_workflows(client, "SampleRequest")]
         runs = []
-        for wf in await _running(client, "TrainingRun"):
+        for wf in await running_workflows(client, "TrainingRun"):
             handle = client.get_workflow_handle(wf.id)
             runs.append(await handle.query("describe"))
             desc = await handle.describe()
@@ -406,7 +153,7 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
 
     coordinator, runs, stuck_workflows, coordinator_runs = asyncio.run(inspect())
     rss_after = rss_mb(parts)
-    compiles_after = _compiles(jax_log)
+    compiles_after = compiles_logged(jax_log)
 
     # Close every client: its session ends, its run closes, its adapter slot and sampler snapshots are given back.
     for c in clients:
@@ -416,9 +163,9 @@ def test_soak_eight_clients_mixing_training_and_sampling(stack):
         client = await Client.connect(stack.temporal_address)
         deadline = time.monotonic() + timeout_s
         while True:
-            sessions = await _running(client, "Session")
-            open_runs = await _running(client, "TrainingRun")
-            d = await _coordinator(client, model)
+            sessions = await running_workflows(client, "Session")
+            open_runs = await running_workflows(client, "TrainingRun")
+            d = await describe_coordinator(client, model)
             if (
                 not sessions and not open_runs and not d["placements"] and d["snapshots"] == 0 and d["pending"] == 0
             ) or time.monotonic() > deadline:

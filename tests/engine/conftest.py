@@ -84,17 +84,19 @@ def build_model(directory: Path, *, arch: str = "qwen3", tie: bool = False, seed
         tensors["lm_head.weight"] = normal(vocab, h)
     for i in range(layers):
         pre = f"model.layers.{i}."
-        tensors.update({
-            pre + "self_attn.q_proj.weight": normal(heads * hd, h),
-            pre + "self_attn.k_proj.weight": normal(kv * hd, h),
-            pre + "self_attn.v_proj.weight": normal(kv * hd, h),
-            pre + "self_attn.o_proj.weight": normal(h, heads * hd),
-            pre + "mlp.gate_proj.weight": normal(inter, h),
-            pre + "mlp.up_proj.weight": normal(inter, h),
-            pre + "mlp.down_proj.weight": normal(h, inter),
-            pre + "input_layernorm.weight": 1.0 + normal(h) * 0.4,
-            pre + "post_attention_layernorm.weight": 1.0 + normal(h) * 0.4,
-        })  # fmt: skip
+        tensors.update(
+            {
+                pre + "self_attn.q_proj.weight": normal(heads * hd, h),
+                pre + "self_attn.k_proj.weight": normal(kv * hd, h),
+                pre + "self_attn.v_proj.weight": normal(kv * hd, h),
+                pre + "self_attn.o_proj.weight": normal(h, heads * hd),
+                pre + "mlp.gate_proj.weight": normal(inter, h),
+                pre + "mlp.up_proj.weight": normal(inter, h),
+                pre + "mlp.down_proj.weight": normal(h, inter),
+                pre + "input_layernorm.weight": 1.0 + normal(h) * 0.4,
+                pre + "post_attention_layernorm.weight": 1.0 + normal(h) * 0.4,
+            }
+        )
         if arch == "qwen3":
             tensors[pre + "self_attn.q_norm.weight"] = 1.0 + normal(hd) * 0.4
             tensors[pre + "self_attn.k_norm.weight"] = 1.0 + normal(hd) * 0.4

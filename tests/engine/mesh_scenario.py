@@ -55,8 +55,13 @@ def main() -> None:
         model_dir, mesh = args.expect_error.split(":")
         fsdp, tp = map(int, mesh.split("x"))
         try:
-            Engine.load(model_dir, max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False,
-                        mesh=MeshConfig(fsdp=fsdp, tp=tp))  # fmt: skip
+            Engine.load(
+                model_dir,
+                max_lora_adapters=MAX_ADAPTERS,
+                max_lora_rank=MAX_RANK,
+                progress=False,
+                mesh=MeshConfig(fsdp=fsdp, tp=tp),
+            )
         except ValueError as e:
             print(f"ValueError: {e}", flush=True)
         else:
@@ -68,9 +73,13 @@ def main() -> None:
     for spec in args.meshes.split(","):
         fsdp, tp, ep = (list(map(int, spec.split("x"))) + [1])[:3]  # "FSDPxTP" or "FSDPxTPxEP" (MoE models)
         engine = Engine.load(
-            args.model_dir, max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False,
-            mesh=MeshConfig(fsdp=fsdp, tp=tp, ep=ep), gradient_checkpointing=args.gradient_checkpointing,
-        )  # fmt: skip
+            args.model_dir,
+            max_lora_adapters=MAX_ADAPTERS,
+            max_lora_rank=MAX_RANK,
+            progress=False,
+            mesh=MeshConfig(fsdp=fsdp, tp=tp, ep=ep),
+            gradient_checkpointing=args.gradient_checkpointing,
+        )
         want = {"fsdp": fsdp, "tp": tp, **({"ep": ep} if ep > 1 else {})}
         assert dict(engine.mesh.shape) == want, engine.mesh.shape
         for name, arr in run(engine, quick=args.quick).items():
@@ -90,7 +99,7 @@ def run(engine, quick: bool = False) -> dict:
         ForwardBackwardInput,
         LoraConfig,
         SampleInput,
-    )  # fmt: skip
+    )
 
     rng = np.random.default_rng(0)
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
@@ -119,8 +128,16 @@ def run(engine, quick: bool = False) -> dict:
         out["after_logprobs"] = after.outputs[0]["logprobs"]
     engine.snapshot(0, "mesh-scenario")
     prompt = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
-    requests = [SampleInput(prompt=prompt, max_tokens=8, temperature=0.0, stop_token_ids=[], snapshot="mesh-scenario",
-                            include_prompt_logprobs=True)]  # fmt: skip
+    requests = [
+        SampleInput(
+            prompt=prompt,
+            max_tokens=8,
+            temperature=0.0,
+            stop_token_ids=[],
+            snapshot="mesh-scenario",
+            include_prompt_logprobs=True,
+        )
+    ]
     if not quick:
         requests.append(SampleInput(prompt=prompt[:4], num_samples=2, max_tokens=6, seed=3, stop_token_ids=[]))
     # One decode-slot bucket (8 fits every request here) instead of compiling all three eagerly: each compile is a

@@ -36,12 +36,24 @@ def build_moe_model(
     directory.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(directory)
     config = Qwen3MoeConfig(
-        vocab_size=vocab, hidden_size=H, num_hidden_layers=layers, num_attention_heads=HEADS,
-        num_key_value_heads=KV, head_dim=HD, intermediate_size=INTER, moe_intermediate_size=MOE_INTER,  # pyright: ignore[reportCallIssue]  (transformers 5 types the config fields it declares; head_dim is taken as a kwarg and set)
-        num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=norm_topk_prob,
-        mlp_only_layers=list(mlp_only_layers), decoder_sparse_step=decoder_sparse_step, max_position_embeddings=256,
-        tie_word_embeddings=tie, eos_token_id=0, architectures=["Qwen3MoeForCausalLM"],
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=H,
+        num_hidden_layers=layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV,
+        head_dim=HD,  # pyright: ignore[reportCallIssue]  (transformers 5 types the config fields it declares; head_dim is taken as a kwarg and set)
+        intermediate_size=INTER,
+        moe_intermediate_size=MOE_INTER,
+        num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=norm_topk_prob,
+        mlp_only_layers=list(mlp_only_layers),
+        decoder_sparse_step=decoder_sparse_step,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        eos_token_id=0,
+        architectures=["Qwen3MoeForCausalLM"],
+    )
     config.save_pretrained(directory)
 
     rng = np.random.default_rng(seed)
@@ -52,22 +64,26 @@ def build_moe_model(
     sparse = moe_layers(list(mlp_only_layers), decoder_sparse_step, layers)
     for i in range(layers):
         pre = f"model.layers.{i}."
-        tensors.update({
-            pre + "self_attn.q_proj.weight": normal(HEADS * HD, H),
-            pre + "self_attn.k_proj.weight": normal(KV * HD, H),
-            pre + "self_attn.v_proj.weight": normal(KV * HD, H),
-            pre + "self_attn.o_proj.weight": normal(H, HEADS * HD),
-            pre + "self_attn.q_norm.weight": 1.0 + normal(HD) * 0.4,
-            pre + "self_attn.k_norm.weight": 1.0 + normal(HD) * 0.4,
-            pre + "input_layernorm.weight": 1.0 + normal(H) * 0.4,
-            pre + "post_attention_layernorm.weight": 1.0 + normal(H) * 0.4,
-        })  # fmt: skip
+        tensors.update(
+            {
+                pre + "self_attn.q_proj.weight": normal(HEADS * HD, H),
+                pre + "self_attn.k_proj.weight": normal(KV * HD, H),
+                pre + "self_attn.v_proj.weight": normal(KV * HD, H),
+                pre + "self_attn.o_proj.weight": normal(H, HEADS * HD),
+                pre + "self_attn.q_norm.weight": 1.0 + normal(HD) * 0.4,
+                pre + "self_attn.k_norm.weight": 1.0 + normal(HD) * 0.4,
+                pre + "input_layernorm.weight": 1.0 + normal(H) * 0.4,
+                pre + "post_attention_layernorm.weight": 1.0 + normal(H) * 0.4,
+            }
+        )
         if i not in sparse:
-            tensors.update({
-                pre + "mlp.gate_proj.weight": normal(INTER, H),
-                pre + "mlp.up_proj.weight": normal(INTER, H),
-                pre + "mlp.down_proj.weight": normal(H, INTER),
-            })  # fmt: skip
+            tensors.update(
+                {
+                    pre + "mlp.gate_proj.weight": normal(INTER, H),
+                    pre + "mlp.up_proj.weight": normal(INTER, H),
+                    pre + "mlp.down_proj.weight": normal(H, INTER),
+                }
+            )
             continue
         tensors[pre + "mlp.gate.weight"] = normal(EXPERTS, H)
         gate, up, down = normal(EXPERTS, MOE_INTER, H), normal(EXPERTS, MOE_INTER, H), normal(EXPERTS, H, MOE_INTER)

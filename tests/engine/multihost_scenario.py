@@ -1,4 +1,5 @@
-"""Process 0 of a 2-process CPU JAX worker, driving the engine through `multihost.DrivenEngine` (test_multihost.py).
+"""Process 0 of a 2-process CPU JAX worker, driving the engine through `multihost.DrivenEngine`
+(test_multihost_processes.py).
 
     python tests/engine/multihost_scenario.py MODEL_DIR HOST:PORT OUT.json [--num-processes 2] [--mesh-fsdp 2]
 
@@ -42,8 +43,13 @@ def main() -> None:
     from tinkerflow.workers.engine.engine import Engine
     from tinkerflow.workers.engine.model.sharding import MeshConfig
 
-    engine = Engine.load(args.model_dir, max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False,
-                         mesh=MeshConfig(fsdp=args.mesh_fsdp, tp=1))  # fmt: skip
+    engine = Engine.load(
+        args.model_dir,
+        max_lora_adapters=MAX_ADAPTERS,
+        max_lora_rank=MAX_RANK,
+        progress=False,
+        mesh=MeshConfig(fsdp=args.mesh_fsdp, tp=1),
+    )
     processes = sorted({d.process_index for d in engine.mesh.devices.flat})
     assert processes == list(range(args.num_processes)), f"the mesh does not span every process: {processes}"
     driven = multihost.DrivenEngine(engine)
@@ -110,12 +116,26 @@ def _run(engine, rng) -> dict:
         out["rejected"] = str(e)
     engine.snapshot(0, "multihost")
     prompt = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
-    greedy, seeded = engine.sample([
-        SampleInput(prompt=prompt, max_tokens=8, temperature=0.0, stop_token_ids=[], snapshot="multihost",
-                    include_prompt_logprobs=True),
-        SampleInput(prompt=prompt[:4], max_tokens=6, seed=3, stop_token_ids=[], snapshot="multihost",
-                    include_prompt_logprobs=True),  # one admission family (prompt logprobs on) to compile
-    ])  # fmt: skip
+    greedy, seeded = engine.sample(
+        [
+            SampleInput(
+                prompt=prompt,
+                max_tokens=8,
+                temperature=0.0,
+                stop_token_ids=[],
+                snapshot="multihost",
+                include_prompt_logprobs=True,
+            ),
+            SampleInput(
+                prompt=prompt[:4],
+                max_tokens=6,
+                seed=3,
+                stop_token_ids=[],
+                snapshot="multihost",
+                include_prompt_logprobs=True,
+            ),  # one admission family (prompt logprobs on) to compile
+        ]
+    )
     engine.drop_snapshot("multihost")
     out["greedy_tokens"] = greedy.sequences[0].tokens
     out["greedy_logprobs"] = greedy.sequences[0].logprobs

@@ -29,13 +29,20 @@ def main(model_dir: str, cache_dir: str) -> None:
         Datum,
         ForwardBackwardInput,
         ForwardBackwardResult,
-        LoraConfig,  # fmt: skip
+        LoraConfig,
         SampleInput,
         SampleResult,
     )
 
-    settings = Settings(max_lora_adapters=2, max_lora_rank=8, warm_up="ready", warm_up_train_rows=(1,),
-                        warm_up_train_lens=(16,), warm_up_sampler_stacks=(1,), warm_up_scoring=False)  # fmt: skip
+    settings = Settings(
+        max_lora_adapters=2,
+        max_lora_rank=8,
+        warm_up="ready",
+        warm_up_train_rows=(1,),
+        warm_up_train_lens=(16,),
+        warm_up_sampler_stacks=(1,),
+        warm_up_scoring=False,
+    )
     engine = jax_worker.start_engine(settings, model_dir)
     warmed = persistent_cache.counts()
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
@@ -47,10 +54,19 @@ def main(model_dir: str, cache_dir: str) -> None:
     (sampled,) = engine.sample([SampleInput(prompt=tokens[:8], max_tokens=4, seed=3, snapshot="s")])
     assert isinstance(fb, ForwardBackwardResult) and isinstance(sampled, SampleResult), (fb, sampled)
     counts = persistent_cache.counts()
-    print(json.dumps({"hits": counts.hits, "misses": counts.misses, "loss": fb.metrics["loss:sum"],
-                      "tokens": sampled.sequences[0].tokens, "warm_up_programs": warmed.requests,
-                      "after_warm_up": counts.requests - warmed.requests, "torch": "torch" in sys.modules
-                      and sys.modules["torch"] is not None}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "hits": counts.hits,
+                "misses": counts.misses,
+                "loss": fb.metrics["loss:sum"],
+                "tokens": sampled.sequences[0].tokens,
+                "warm_up_programs": warmed.requests,
+                "after_warm_up": counts.requests - warmed.requests,
+                "torch": "torch" in sys.modules and sys.modules["torch"] is not None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -188,8 +188,9 @@ def test_peft_export_loads_in_peft_and_back(engine, qwen3_dir, rng, tmp_path, tr
 
     read_config, read_weights = read_peft(tmp_path)
     assert read_config == LoraConfig(rank=4, train_mlp=train_mlp, train_unembed=False)  # no seed in PEFT
-    assert_named_equal(read_weights, {k: v for k, v in weights.items()
-                                      if (train_mlp or ".mlp." not in k) and "lm_head" not in k})  # fmt: skip
+    assert_named_equal(
+        read_weights, {k: v for k, v in weights.items() if (train_mlp or ".mlp." not in k) and "lm_head" not in k}
+    )
 
 
 def test_peft_keys_match_what_peft_saves(qwen3_dir, engine, tmp_path):
@@ -204,12 +205,19 @@ def test_peft_keys_match_what_peft_saves(qwen3_dir, engine, tmp_path):
     cfg = json.loads((tmp_path / ADAPTER_CONFIG).read_text())
     reference = peft.get_peft_model(
         AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32),
-        peft.LoraConfig(r=4, lora_alpha=cfg["lora_alpha"], task_type="CAUSAL_LM",
-                        target_modules=[m.replace("unembed_tokens", "lm_head") for m in cfg["target_modules"]]),
-    )  # fmt: skip
+        peft.LoraConfig(
+            r=4,
+            lora_alpha=cfg["lora_alpha"],
+            task_type="CAUSAL_LM",
+            target_modules=[m.replace("unembed_tokens", "lm_head") for m in cfg["target_modules"]],
+        ),
+    )
     state = peft.get_peft_model_state_dict(reference)
-    expected = {k.replace("base_model.model.lm_head.", UNEMBED): tuple(v.shape) for k, v in state.items()
-                if "base_layer" not in k}  # fmt: skip
+    expected = {
+        k.replace("base_model.model.lm_head.", UNEMBED): tuple(v.shape)
+        for k, v in state.items()
+        if "base_layer" not in k
+    }
     from safetensors.numpy import load_file
 
     assert {k: v.shape for k, v in load_file(str(tmp_path / ADAPTER_WEIGHTS)).items()} == expected
@@ -222,8 +230,9 @@ def test_reads_an_adapter_saved_by_peft(engine, qwen3_dir, rng, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32),
-                                peft.LoraConfig(task_type="CAUSAL_LM"))  # fmt: skip
+    model = peft.get_peft_model(
+        AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32), peft.LoraConfig(task_type="CAUSAL_LM")
+    )
     assert sorted(model.peft_config["default"].target_modules) == ["q_proj", "v_proj"]  # pyright: ignore[reportAttributeAccessIssue] (peft's stubs)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -266,8 +275,17 @@ def test_load_snapshot_samples_like_a_slot_snapshot(engine, rng, tmp_path):
     engine.sample_slots = 8
     try:
         prompt = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
-        reqs = [SampleInput(prompt=prompt, max_tokens=10, temperature=0.0, stop_token_ids=[], snapshot=s,
-                            include_prompt_logprobs=True) for s in ("from-slot", "from-peft", None)]  # fmt: skip
+        reqs = [
+            SampleInput(
+                prompt=prompt,
+                max_tokens=10,
+                temperature=0.0,
+                stop_token_ids=[],
+                snapshot=s,
+                include_prompt_logprobs=True,
+            )
+            for s in ("from-slot", "from-peft", None)
+        ]
         slot_res, loaded_res, base_res = engine.sample(reqs)
     finally:
         engine.sample_slots = saved

@@ -71,8 +71,14 @@ def test_external_weights_with_age_recipients_are_stored_only_as_age_files(engin
     alice, bob = pyrage.x25519.Identity.generate(), pyrage.x25519.Identity.generate()
     plain_path, age_path = "tinker://s:train:0/external_weights/plain", "tinker://s:train:0/external_weights/sealed"
     plain = checkpoint_io.save(engine, store, SRC, manifest(plain_path), overwrite=False)
-    sealed = checkpoint_io.save(engine, store, SRC, manifest(age_path), overwrite=False,
-                                age_recipients=[str(alice.to_public()), str(bob.to_public())])  # fmt: skip
+    sealed = checkpoint_io.save(
+        engine,
+        store,
+        SRC,
+        manifest(age_path),
+        overwrite=False,
+        age_recipients=[str(alice.to_public()), str(bob.to_public())],
+    )
     assert sealed.format == "peft+age" and sorted(sealed.files) == sorted(f + ".age" for f in plain.files)
     for name in plain.files:
         with store.open_file(plain.path, name) as f:

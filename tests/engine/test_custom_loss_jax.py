@@ -139,8 +139,13 @@ def test_engine_forward_backward_equals_the_client_side_protocol(engine, rng):
     for slot in (0, 1):
         engine.create_adapter(slot, LoraConfig(rank=4, seed=7))
     batch = seqs(rng, 3, 10)
-    inputs = [{"advantages": rng.normal(size=9).astype(np.float32),
-               "old": (-np.abs(rng.normal(size=9)) - 3).astype(np.float32)} for _ in batch]  # fmt: skip
+    inputs = [
+        {
+            "advantages": rng.normal(size=9).astype(np.float32),
+            "old": (-np.abs(rng.normal(size=9)) - 3).astype(np.float32),
+        }
+        for _ in batch
+    ]
     server = engine.forward_backward([_requests(0, batch, inputs, {"loss_id": token})])[0]
 
     probe = [
@@ -198,22 +203,42 @@ def _out(ref):
     return ("output", "output", "output", ({"tuple": [{"ref": ref}, {"dict": {}}]},), {})
 
 
-@pytest.mark.parametrize("nodes, message", [
-    ((LP, ("call_function", "s", "os.system", ("rm",), {}), _out("s")), "function 'os.system' is not allowed"),
-    ((LP, ("call_method", "s", "exp_", ({"ref": "logprobs"},), {}), _out("s")), "method 'exp_' is not allowed"),
-    ((LP, ("get_attr", "w", "weight", (), {}), _out("w")), "'get_attr' nodes are not allowed"),
-    ((LP, ("call_module", "m", "linear", ({"ref": "logprobs"},), {}), _out("m")), "'call_module' nodes"),
-    ((LP, ("call_function", "a", "operator.add", ({"ref": "b"}, 1), {}),
-      ("call_function", "b", "operator.add", ({"ref": "a"}, 1), {}), _out("b")), "'b', which is not defined before"),
-    ((LP, ("call_function", "z", "torch.zeros", (2**40,), {}), _out("z")), "out of range"),
-    ((LP, ("call_function", "z", "operator.add", ({"ref": "logprobs"}, list(range(2000))), {}), _out("z")),
-     "more than 1024 literal"),
-    ((LP, ("call_function", "s", "operator.add", ({"ref": "logprobs"}, [[[[[[[[[[1]]]]]]]]]]), {}), _out("s")),
-     "nested deeper than 8"),
-    ((LP, ("call_method", "s", "sum", ({"ref": "logprobs"},), {"out": None}), _out("s")), "unexpected keyword"),
-    ((LP, ("call_function", "g", "getattr", ({"ref": "logprobs"}, "__class__"), {}), _out("g")), "not readable"),
-    ((LP, ("call_method", "s", "sum", ({"ref": "logprobs"},), {}),), "no output node"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "nodes, message",
+    [
+        ((LP, ("call_function", "s", "os.system", ("rm",), {}), _out("s")), "function 'os.system' is not allowed"),
+        ((LP, ("call_method", "s", "exp_", ({"ref": "logprobs"},), {}), _out("s")), "method 'exp_' is not allowed"),
+        ((LP, ("get_attr", "w", "weight", (), {}), _out("w")), "'get_attr' nodes are not allowed"),
+        ((LP, ("call_module", "m", "linear", ({"ref": "logprobs"},), {}), _out("m")), "'call_module' nodes"),
+        (
+            (
+                LP,
+                ("call_function", "a", "operator.add", ({"ref": "b"}, 1), {}),
+                ("call_function", "b", "operator.add", ({"ref": "a"}, 1), {}),
+                _out("b"),
+            ),
+            "'b', which is not defined before",
+        ),
+        ((LP, ("call_function", "z", "torch.zeros", (2**40,), {}), _out("z")), "out of range"),
+        (
+            (LP, ("call_function", "z", "operator.add", ({"ref": "logprobs"}, list(range(2000))), {}), _out("z")),
+            "more than 1024 literal",
+        ),
+        (
+            (LP, ("call_function", "s", "operator.add", ({"ref": "logprobs"}, [[[[[[[[[[1]]]]]]]]]]), {}), _out("s")),
+            "nested deeper than 8",
+        ),
+        ((LP, ("call_method", "s", "sum", ({"ref": "logprobs"},), {"out": None}), _out("s")), "unexpected keyword"),
+        ((LP, ("call_function", "g", "getattr", ({"ref": "logprobs"}, "__class__"), {}), _out("g")), "not readable"),
+        (
+            (
+                LP,
+                ("call_method", "s", "sum", ({"ref": "logprobs"},), {}),
+            ),
+            "no output node",
+        ),
+    ],
+)
 def test_hostile_graphs_are_refused_naming_the_op(nodes, message):
     inputs, graph = _graph(*nodes)
     with pytest.raises(custom_loss_graph.CustomLossError, match=message):

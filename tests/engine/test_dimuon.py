@@ -85,10 +85,13 @@ def dimuon_slot(engine, slot: int, rank: int, **lora) -> None:
     engine.create_adapter(slot, LoraConfig(rank=rank, seed=slot, optimizer="dimuon", **lora))
 
 
-@pytest.mark.parametrize("cfg", [
-    DimuonConfig(learning_rate=0.05),
-    DimuonConfig(learning_rate=0.02, grad_clip_norm=0.5, beta1=0.5, damping=0.1, rank_lr_correction_exponent=1.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        DimuonConfig(learning_rate=0.05),
+        DimuonConfig(learning_rate=0.02, grad_clip_norm=0.5, beta1=0.5, damping=0.1, rank_lr_correction_exponent=1.0),
+    ],
+)
 def test_two_steps_match_the_reference(engine, rng, cfg):
     """Two steps (the second with momentum), one slot beside an AdamW slot that it must not touch."""
     dimuon_slot(engine, 0, 4)

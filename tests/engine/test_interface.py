@@ -45,9 +45,19 @@ class _Sink:
 
 def test_the_interface_names_the_methods_the_activities_call():
     assert _api_methods() == [
-        "create_adapter", "drop_snapshot", "export_slot", "forward_backward", "free_adapter", "import_slot",
-        "load_snapshot", "optim_step", "page", "sample", "snapshot", "snapshot_evicted",
-    ]  # fmt: skip
+        "create_adapter",
+        "drop_snapshot",
+        "export_slot",
+        "forward_backward",
+        "free_adapter",
+        "import_slot",
+        "load_snapshot",
+        "optim_step",
+        "page",
+        "sample",
+        "snapshot",
+        "snapshot_evicted",
+    ]
     called: set[str] = set()
     for path in ACTIVITY_MODULES:
         for node in ast.walk(ast.parse(path.read_text())):

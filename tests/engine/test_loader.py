@@ -111,9 +111,11 @@ def test_hub_id_loads_from_the_local_cache_offline(qwen3_dir, engine, tmp_path, 
     assert Path(hub.model_path) == snapshot
     assert hub.info == engine.info
     request = ForwardBackwardInput(
-        slot=0, data=[Datum(tokens=TOKENS[0, :-1], inputs={"target_tokens": TOKENS[0, 1:]})],
-        loss_fn="cross_entropy", forward_only=True,
-    )  # fmt: skip
+        slot=0,
+        data=[Datum(tokens=TOKENS[0, :-1], inputs={"target_tokens": TOKENS[0, 1:]})],
+        loss_fn="cross_entropy",
+        forward_only=True,
+    )
     results = []
     for e in (hub, engine):
         e.create_adapter(0, LoraConfig(rank=4, seed=0))

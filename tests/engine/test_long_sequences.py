@@ -32,8 +32,9 @@ TOL = 1e-5  # float32, the same sums in another order
 
 def _ce(slot: int, rng, n: int, forward_only: bool = False) -> ForwardBackwardInput:
     s = rng.integers(1, 300, n + 1).astype(np.int32)
-    return ForwardBackwardInput(slot=slot, data=[Datum(s[:-1], {"target_tokens": s[1:]})], loss_fn="cross_entropy",
-                                forward_only=forward_only)  # fmt: skip
+    return ForwardBackwardInput(
+        slot=slot, data=[Datum(s[:-1], {"target_tokens": s[1:]})], loss_fn="cross_entropy", forward_only=forward_only
+    )
 
 
 def test_chunked_logprobs_equal_the_whole_vocabulary_at_once(qwen3_dir, monkeypatch):
@@ -57,11 +58,22 @@ def test_the_plan_divides_the_capacity_and_limits_are_buckets(monkeypatch):
     from tinkerflow.workers.engine.model.families import ModelConfig
 
     monkeypatch.setattr(memory_plan, "device_capacity", lambda override=0: ("gpu memory", 80 * 2**30, 26 * 2**30))
-    cfg = ModelConfig.from_hf(dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
-                                   num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
-                                   max_position_embeddings=40960))  # fmt: skip
-    plan = memory_plan.make_plan(cfg, np.dtype("bfloat16"), max_lora_rank=32, snapshot_bytes=4 * 2**30,
-                                 max_position=40960)  # fmt: skip
+    cfg = ModelConfig.from_hf(
+        dict(
+            model_type="qwen3",
+            hidden_size=4096,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=12288,
+            vocab_size=151936,
+            max_position_embeddings=40960,
+        )
+    )
+    plan = memory_plan.make_plan(
+        cfg, np.dtype("bfloat16"), max_lora_rank=32, snapshot_bytes=4 * 2**30, max_position=40960
+    )
     parts = plan.resident_bytes + plan.snapshot_bytes + plan.reserve_bytes + plan.prefix_cache_bytes + plan.work_bytes
     assert parts == plan.capacity_bytes
     assert plan.kv_bytes_per_token == 36 * 2 * 8 * 128 * 2  # every layer's keys and values, bf16
@@ -95,8 +107,9 @@ def test_a_micro_batch_that_cannot_fit_free_memory_is_refused_before_anything_ru
     before = engine.accumulated_grads(1)
     # One datum against 16 of the model's whole context: one row of 256 tokens against a micro-batch of 16 rows.
     short = _ce(0, rng, 16)
-    long_ = ForwardBackwardInput(slot=1, data=[d for _ in range(16) for d in _ce(1, rng, 240).data],
-                                 loss_fn="cross_entropy")  # fmt: skip
+    long_ = ForwardBackwardInput(
+        slot=1, data=[d for _ in range(16) for d in _ce(1, rng, 240).data], loss_fn="cross_entropy"
+    )
     steps = engine.steps
     need = {}
     for name, req in (("short", short), ("long", long_)):
@@ -164,8 +177,13 @@ print(json.dumps({"loss": fb.metrics["loss:sum"], "tokens": len(sample.sequences
 
 
 def _figures(model, n: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(model), str(n)], capture_output=True,
-                         text=True, timeout=900, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), str(model), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert np.isfinite(figures["loss"]) and figures["tokens"] == 1

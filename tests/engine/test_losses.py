@@ -16,10 +16,16 @@ SEQ = np.array([[0.0, 1.0, 1.0, 1.0]], np.float32)  # gspo's sequence_ratio_mask
 
 def run(name: str, *, lo=0.0, hi=0.0, beta=0.0, mask=(1, 1, 1, 0)):
     inp = LossInputs(
-        loss_id=jnp.array([LOSS_ID[name]]), weights=jnp.asarray(W[..., None]), mask=jnp.array([mask], jnp.float32),
-        sampler_logprobs=jnp.asarray(OLD), advantages=jnp.asarray(ADV), clip_low=jnp.array([lo]),
-        clip_high=jnp.array([hi]), beta=jnp.array([beta]), seq_mask=jnp.asarray(SEQ),
-    )  # fmt: skip
+        loss_id=jnp.array([LOSS_ID[name]]),
+        weights=jnp.asarray(W[..., None]),
+        mask=jnp.array([mask], jnp.float32),
+        sampler_logprobs=jnp.asarray(OLD),
+        advantages=jnp.asarray(ADV),
+        clip_low=jnp.array([lo]),
+        clip_high=jnp.array([hi]),
+        beta=jnp.array([beta]),
+        seq_mask=jnp.asarray(SEQ),
+    )
     loss = lambda lp: jnp.sum(token_losses(lp[..., None], inp))  # noqa: E731
     return np.asarray(token_losses(jnp.asarray(LP)[..., None], inp)), np.asarray(jax.grad(loss)(jnp.asarray(LP)))
 
@@ -72,10 +78,16 @@ def test_gspo_value_and_gradient_by_hand():
 def test_gspo_on_policy_is_the_policy_gradient():
     # With the sampler's own log-probs the sequence ratio is exactly 1: value -A, gradient -A per token.
     inp = LossInputs(
-        loss_id=jnp.array([LOSS_ID["gspo"]]), weights=jnp.zeros((1, 4, 1)), mask=jnp.ones((1, 4)),
-        sampler_logprobs=jnp.asarray(LP), advantages=jnp.asarray(ADV), clip_low=jnp.array([1 - 3e-4]),
-        clip_high=jnp.array([1 + 4e-4]), beta=jnp.zeros((1,)), seq_mask=jnp.asarray(SEQ),
-    )  # fmt: skip
+        loss_id=jnp.array([LOSS_ID["gspo"]]),
+        weights=jnp.zeros((1, 4, 1)),
+        mask=jnp.ones((1, 4)),
+        sampler_logprobs=jnp.asarray(LP),
+        advantages=jnp.asarray(ADV),
+        clip_low=jnp.array([1 - 3e-4]),
+        clip_high=jnp.array([1 + 4e-4]),
+        beta=jnp.zeros((1,)),
+        seq_mask=jnp.asarray(SEQ),
+    )
     g = jax.grad(lambda lp: jnp.sum(token_losses(lp[..., None], inp)))(jnp.asarray(LP))
     np.testing.assert_allclose(np.asarray(g), -ADV, rtol=1e-6)
 
@@ -93,9 +105,15 @@ def test_stable_reinforce_value_and_gradient_by_hand():
 
 def test_stable_reinforce_on_policy_is_reinforce():
     inp = LossInputs(
-        loss_id=jnp.array([LOSS_ID["stable_reinforce"]]), weights=jnp.zeros((1, 4, 1)), mask=jnp.ones((1, 4)),
-        sampler_logprobs=jnp.asarray(LP), advantages=jnp.asarray(ADV), clip_low=jnp.array([0.5]),
-        clip_high=jnp.array([2.0]), beta=jnp.zeros((1,)), seq_mask=jnp.asarray(SEQ),
-    )  # fmt: skip
+        loss_id=jnp.array([LOSS_ID["stable_reinforce"]]),
+        weights=jnp.zeros((1, 4, 1)),
+        mask=jnp.ones((1, 4)),
+        sampler_logprobs=jnp.asarray(LP),
+        advantages=jnp.asarray(ADV),
+        clip_low=jnp.array([0.5]),
+        clip_high=jnp.array([2.0]),
+        beta=jnp.zeros((1,)),
+        seq_mask=jnp.asarray(SEQ),
+    )
     g = jax.grad(lambda lp: jnp.sum(token_losses(lp[..., None], inp)))(jnp.asarray(LP))
     np.testing.assert_allclose(np.asarray(g), -ADV * SEQ, rtol=1e-6)

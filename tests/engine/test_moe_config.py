@@ -6,9 +6,18 @@ import pytest
 
 from tinkerflow.workers.engine.model.families import ModelConfig
 
-BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-            moe_intermediate_size=32)  # fmt: skip
+BASE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
 
 
 def _moe(**kw) -> ModelConfig:
@@ -48,7 +57,7 @@ def test_transformers5_num_local_experts_spelling():
         ({"model_type": "deepseek_v3"}, "unsupported architecture 'deepseek_v3'"),
         ({"model_type": "qwen3_next"}, "unsupported architecture 'qwen3_next'"),
     ],
-)  # fmt: skip
+)
 def test_refused_moe_configs(kw, message):
     with pytest.raises(ValueError, match=message):
         _moe(**kw)

@@ -49,8 +49,9 @@ def _ce(slot, tokens, weights=None, forward_only=False):
     inputs = {"target_tokens": tokens[1:]}
     if weights is not None:
         inputs["weights"] = weights
-    return ForwardBackwardInput(slot=slot, data=[Datum(tokens=tokens[:-1], inputs=inputs)], loss_fn="cross_entropy",
-                                forward_only=forward_only)  # fmt: skip
+    return ForwardBackwardInput(
+        slot=slot, data=[Datum(tokens=tokens[:-1], inputs=inputs)], loss_fn="cross_entropy", forward_only=forward_only
+    )
 
 
 def _assert_grads_close(actual, desired):
@@ -85,11 +86,14 @@ def _peft_model(directory, rank: int):
     config = peft.LoraConfig(
         # PEFT 0.21 leaves the dense (mlp_only) layer's gate/up/down_proj unwrapped once expert parameters are
         # targeted (a list or a regex alike); that layer is our dense LoRALinear, whose PEFT parity test_parity.py has.
-        r=rank, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
+        r=rank,
+        lora_alpha=32,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
         target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
         # What PEFT sets itself when gate_proj/up_proj are targets: the fused gate_up at twice the rank and alpha.
-        rank_pattern={r".*\.gate_up_proj": 2 * rank}, alpha_pattern={r".*\.gate_up_proj": 64},
-    )  # fmt: skip
+        rank_pattern={r".*\.gate_up_proj": 2 * rank},
+        alpha_pattern={r".*\.gate_up_proj": 64},
+    )
     return peft.get_peft_model(_hf(directory), config)
 
 
@@ -256,8 +260,9 @@ def test_greedy_sampling_matches_transformers_generate(moe_engine, moe_dir):
     e.create_adapter(0, LoraConfig(rank=2, seed=0))
     e.snapshot(0, "moe-base")
     prompts = [np.array([5, 17, 42, 99, 3, 250, 7], np.int32), np.array([11, 12, 13], np.int32)]
-    results = e.sample([SampleInput(prompt=p, max_tokens=8, temperature=0.0, stop_token_ids=[], snapshot="moe-base")
-                        for p in prompts])  # fmt: skip
+    results = e.sample(
+        [SampleInput(prompt=p, max_tokens=8, temperature=0.0, stop_token_ids=[], snapshot="moe-base") for p in prompts]
+    )
     e.drop_snapshot("moe-base")
     hf = _hf(moe_dir)
     for p, res in zip(prompts, results):

@@ -105,21 +105,33 @@ def test_moe_matches_transformers_per_layer(tmp_path, variant):
                 np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, atol=1e-6)
             used |= set(np.asarray(experts).ravel().tolist())
         mixture = layer.mlp(x_mlp, routing)
-        np.testing.assert_allclose(np.asarray(mixture), _np(seen[f"layer{i}.mlp"][2]), atol=COMPOSITE, rtol=COMPOSITE,
-                                   err_msg=f"layer {i} mlp (expert mixture)")  # fmt: skip
+        np.testing.assert_allclose(
+            np.asarray(mixture),
+            _np(seen[f"layer{i}.mlp"][2]),
+            atol=COMPOSITE,
+            rtol=COMPOSITE,
+            err_msg=f"layer {i} mlp (expert mixture)",
+        )
         attn_in = _input(seen[f"layer{i}.self_attn"])
         attn, _ = layer.self_attn(attn_in, positions, rope, routing, None)
-        np.testing.assert_allclose(np.asarray(attn), _np(seen[f"layer{i}.self_attn"][2]), atol=COMPOSITE,
-                                   rtol=COMPOSITE, err_msg=f"layer {i} attention")  # fmt: skip
+        np.testing.assert_allclose(
+            np.asarray(attn),
+            _np(seen[f"layer{i}.self_attn"][2]),
+            atol=COMPOSITE,
+            rtol=COMPOSITE,
+            err_msg=f"layer {i} attention",
+        )
         x = _input(seen[f"layer{i}"])
         out, _ = layer(x, positions, rope, routing, None)
-        np.testing.assert_allclose(np.asarray(out), _np(seen[f"layer{i}"][2]), atol=COMPOSITE, rtol=COMPOSITE,
-                                   err_msg=f"layer {i}")  # fmt: skip
+        np.testing.assert_allclose(
+            np.asarray(out), _np(seen[f"layer{i}"][2]), atol=COMPOSITE, rtol=COMPOSITE, err_msg=f"layer {i}"
+        )
     assert len(used) >= EXPERTS // 2, f"routing too concentrated to test the grouping: experts {sorted(used)}"
     ref = seen["logits"]
     assert np.abs(ref).max() > 1.0
-    np.testing.assert_allclose(np.asarray(model(jnp.asarray(tokens), positions, routing)), ref, atol=COMPOSITE,
-                               rtol=COMPOSITE)  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(model(jnp.asarray(tokens), positions, routing)), ref, atol=COMPOSITE, rtol=COMPOSITE
+    )
 
 
 def _grad_of_squares(matmul, x, w, sizes):

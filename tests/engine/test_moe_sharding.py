@@ -18,9 +18,19 @@ from tinkerflow.workers.engine.model.sharding import check_divisible, param_spec
 
 
 def _config(**kw) -> ModelConfig:
-    hf = dict(model_type="qwen3_moe", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-              moe_intermediate_size=32)  # fmt: skip
+    hf = dict(
+        model_type="qwen3_moe",
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )
     return ModelConfig.from_hf({**hf, **kw})
 
 
@@ -49,18 +59,30 @@ def test_expert_param_specs():
     "kw,mesh,message",
     [
         ({"num_experts": 6}, (1, 1, 4), "num_experts=6 is not divisible by the mesh's ep=4"),
-        ({"moe_intermediate_size": 30, "num_key_value_heads": 4}, (1, 4, 1),
-         "moe_intermediate_size=30 is not divisible by the mesh's tp=4"),
+        (
+            {"moe_intermediate_size": 30, "num_key_value_heads": 4},
+            (1, 4, 1),
+            "moe_intermediate_size=30 is not divisible by the mesh's tp=4",
+        ),
     ],
-)  # fmt: skip
+)
 def test_indivisible_expert_shapes_are_refused(kw, mesh, message):
     with pytest.raises(ValueError, match=message):
         check_divisible(_config(**kw), _mesh(*mesh))
 
 
 def test_ep_axis_needs_experts():
-    dense = ModelConfig.from_hf(dict(model_type="qwen3", vocab_size=300, hidden_size=64, intermediate_size=128,
-                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
+    dense = ModelConfig.from_hf(
+        dict(
+            model_type="qwen3",
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     with pytest.raises(ValueError, match="ep=2 needs a mixture-of-experts model"):
         check_divisible(dense, _mesh(1, 1, 2))
 

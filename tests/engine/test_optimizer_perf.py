@@ -17,9 +17,14 @@ ADAM = AdamConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip_norm=1.0)
 def train(engine, slot: int, seed: int = 0) -> None:
     tokens = np.random.default_rng(seed).integers(1, 300, 13).astype(np.int32)
     [res] = engine.forward_backward(
-        [ForwardBackwardInput(slot=slot, data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": tokens[1:]})],
-                              loss_fn="cross_entropy")]
-    )  # fmt: skip
+        [
+            ForwardBackwardInput(
+                slot=slot,
+                data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": tokens[1:]})],
+                loss_fn="cross_entropy",
+            )
+        ]
+    )
     assert not isinstance(res, Exception), res
 
 

@@ -30,13 +30,15 @@ def _datum(rng, n: int, loss: str) -> Datum:
 
 def _requests(rng) -> list[ForwardBackwardInput]:
     return [
-        ForwardBackwardInput(slot=0, data=[_datum(rng, n, "cross_entropy") for n in (5, 31, 12, 7)],
-                             loss_fn="cross_entropy"),
+        ForwardBackwardInput(
+            slot=0, data=[_datum(rng, n, "cross_entropy") for n in (5, 31, 12, 7)], loss_fn="cross_entropy"
+        ),
         ForwardBackwardInput(slot=0, data=[_datum(rng, n, "ppo") for n in (9, 3)], loss_fn="ppo"),
         ForwardBackwardInput(slot=1, data=[_datum(rng, n, "gspo") for n in (17, 11, 6)], loss_fn="gspo"),
-        ForwardBackwardInput(slot=1, data=[_datum(rng, 14, "cross_entropy")], loss_fn="cross_entropy",
-                             forward_only=True),
-    ]  # fmt: skip
+        ForwardBackwardInput(
+            slot=1, data=[_datum(rng, 14, "cross_entropy")], loss_fn="cross_entropy", forward_only=True
+        ),
+    ]
 
 
 def _run(engine, requests, pack_tokens: int):
@@ -65,10 +67,24 @@ def test_packed_and_unpacked_give_every_datum_the_same_numbers(engine):
 
 def _rows(lengths: list[int], slot: int = 0) -> list[Row]:
     z = np.zeros
-    return [Row(tokens=z(n, np.int32), targets=z((n, 1), np.int32), weights=z((n, 1), np.float32),
-                sampler_logprobs=z(n, np.float32), advantages=z(n, np.float32), seq_mask=z(n, np.float32),
-                loss_id=0, clip_low=0.0, clip_high=0.0, beta=0.0, slot=slot, scale=1.0, train=True)
-            for n in lengths]  # fmt: skip
+    return [
+        Row(
+            tokens=z(n, np.int32),
+            targets=z((n, 1), np.int32),
+            weights=z((n, 1), np.float32),
+            sampler_logprobs=z(n, np.float32),
+            advantages=z(n, np.float32),
+            seq_mask=z(n, np.float32),
+            loss_id=0,
+            clip_low=0.0,
+            clip_high=0.0,
+            beta=0.0,
+            slot=slot,
+            scale=1.0,
+            train=True,
+        )
+        for n in lengths
+    ]
 
 
 def test_64_datums_of_50_tokens_pack_into_one_row():

@@ -100,8 +100,13 @@ def test_adamw_matches_torch_over_three_steps(engine, rng):
     adam = AdamConfig(learning_rate=5e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip_norm=1.0)
     names = sorted(engine.adapter_weights(slot))
     params = {n: torch.tensor(v, requires_grad=True) for n, v in engine.adapter_weights(slot).items()}
-    opt = torch.optim.AdamW([params[n] for n in names], lr=adam.learning_rate, betas=(adam.beta1, adam.beta2),
-                            eps=adam.eps, weight_decay=adam.weight_decay)  # fmt: skip
+    opt = torch.optim.AdamW(
+        [params[n] for n in names],
+        lr=adam.learning_rate,
+        betas=(adam.beta1, adam.beta2),
+        eps=adam.eps,
+        weight_decay=adam.weight_decay,
+    )
     tokens = rng.integers(0, 300, size=10).astype(np.int32)
     for step in range(3):
         engine.forward_backward(

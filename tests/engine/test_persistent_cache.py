@@ -15,8 +15,14 @@ SCENARIO = Path(__file__).with_name("persistent_cache_scenario.py")
 
 def _lifetime(model: Path, cache: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as the worker has
-    out = subprocess.run([sys.executable, str(SCENARIO), str(model), str(cache)], env=env, capture_output=True,
-                         text=True, timeout=600, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(SCENARIO), str(model), str(cache)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -86,13 +86,18 @@ def test_bfloat16_sampler_logprobs_equal_trainer_logprobs(bf16):
     bf16.optim_step(0, AdamConfig(learning_rate=1e-2))
     bf16.snapshot(0, "bf16")
     prompt = np.array([5, 17, 42, 99, 3], np.int32)
-    [sampled] = bf16.sample([SampleInput(prompt=prompt, max_tokens=6, temperature=0.0, stop_token_ids=[],
-                                         snapshot="bf16")])  # fmt: skip
+    [sampled] = bf16.sample(
+        [SampleInput(prompt=prompt, max_tokens=6, temperature=0.0, stop_token_ids=[], snapshot="bf16")]
+    )
     seq = sampled.sequences[0]
     full = np.concatenate([prompt, seq.tokens]).astype(np.int32)
-    [ref] = bf16.forward_backward([ForwardBackwardInput(
-        slot=0, data=[Datum(full[:-1], {"target_tokens": full[1:]})], loss_fn="cross_entropy", forward_only=True
-    )])  # fmt: skip
+    [ref] = bf16.forward_backward(
+        [
+            ForwardBackwardInput(
+                slot=0, data=[Datum(full[:-1], {"target_tokens": full[1:]})], loss_fn="cross_entropy", forward_only=True
+            )
+        ]
+    )
     np.testing.assert_allclose(seq.logprobs, ref.outputs[0]["logprobs"][len(prompt) - 1 :], atol=1e-2)
 
 

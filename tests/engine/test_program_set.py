@@ -47,9 +47,13 @@ def test_the_warm_up_builds_a_bounded_set_and_a_mixed_workload_compiles_nothing_
     # every kind of prompt scoring, the widest top-k, rows past the largest slot bucket.
     first = workload(rng, 48, 8192, vocab)
     for n, rows, snaps, plp, targets, alt, topk in [
-        (8192, 1, 0, False, 0, 0, 0), (1, 64, 16, True, 0, 0, 20), (3000, 64, 2, False, 3, 0, 0),
-        (100, 5, 5, False, 0, 4, 5), (9, 300, 0, True, 64, 20, 1), (600, 16, 1, False, 0, 0, 0),
-    ]:  # fmt: skip
+        (8192, 1, 0, False, 0, 0, 0),
+        (1, 64, 16, True, 0, 0, 20),
+        (3000, 64, 2, False, 3, 0, 0),
+        (100, 5, 5, False, 0, 4, 5),
+        (9, 300, 0, True, 64, 20, 1),
+        (600, 16, 1, False, 0, 0, 0),
+    ]:
         prompt = (np.arange(n, dtype=np.int32) % (vocab - 1)) + 1
         call = dict(prompt=prompt, rows=rows, snapshots=snaps, prompt_logprobs=plp, targets=targets, alt=alt)
         first.append({"kind": "sample", "stops": [5], "topk": topk, "max_tokens": 4, **call})

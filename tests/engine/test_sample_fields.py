@@ -38,16 +38,19 @@ def full_logprobs(engine, tokens: np.ndarray) -> np.ndarray:
     engine.create_adapter(1, LoraConfig(rank=1, seed=0, train_attn=False, train_mlp=False, train_unembed=False))
     vocab = engine.info.vocab_size
     every = np.broadcast_to(np.arange(vocab, dtype=np.int64), (len(tokens) - 1, vocab))
-    req = ForwardBackwardInput(slot=1, data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": every})],
-                               loss_fn="cross_entropy", forward_only=True)  # fmt: skip
+    req = ForwardBackwardInput(
+        slot=1,
+        data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": every})],
+        loss_fn="cross_entropy",
+        forward_only=True,
+    )
     [res] = engine.forward_backward([req])
     return res.outputs[0]["logprobs"]
 
 
 def test_topk_sample_logprobs_are_the_trainers_top_tokens(engine):
     k = 4
-    [res] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=6, seed=3, stop_token_ids=[],
-                                       topk_sample_logprobs=k)])  # fmt: skip
+    [res] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=6, seed=3, stop_token_ids=[], topk_sample_logprobs=k)])
     [seq] = res.sequences
     ids, lps = seq.topk_logprobs
     assert ids.shape == lps.shape == (6, k)
@@ -88,8 +91,18 @@ def test_prompt_alt_tokens_are_draws_with_the_trainers_logprobs(engine):
 
 def test_prompt_logprobs_last_n_leaves_earlier_positions_unscored(engine):
     n = 3
-    [res] = engine.sample([SampleInput(prompt=LONG, max_tokens=1, seed=0, include_prompt_logprobs=True,
-                                       topk_prompt_logprobs=2, prompt_logprobs_last_n=n)])  # fmt: skip
+    [res] = engine.sample(
+        [
+            SampleInput(
+                prompt=LONG,
+                max_tokens=1,
+                seed=0,
+                include_prompt_logprobs=True,
+                topk_prompt_logprobs=2,
+                prompt_logprobs_last_n=n,
+            )
+        ]
+    )
     assert res.prompt_logprobs[: len(LONG) - n] == [None] * (len(LONG) - n)
     ref = full_logprobs(engine, LONG)
     want = np.take_along_axis(ref, LONG[1:, None].astype(np.int64), axis=1)[:, 0]
@@ -106,11 +119,13 @@ def test_a_stop_list_still_stops_at_eos(engine):
     saved = engine.info
     engine.info = dataclasses.replace(saved, eos_token_ids=(eos,))
     try:
-        by_string, by_id, none = engine.sample([
-            SampleInput(prompt=PROMPT, max_tokens=12, temperature=0.0, stop_strings=["never in this text"]),
-            SampleInput(prompt=PROMPT, max_tokens=12, temperature=0.0, stop_token_ids=[2047 % saved.vocab_size]),
-            SampleInput(prompt=PROMPT, max_tokens=12, temperature=0.0, stop_token_ids=[]),
-        ])  # fmt: skip
+        by_string, by_id, none = engine.sample(
+            [
+                SampleInput(prompt=PROMPT, max_tokens=12, temperature=0.0, stop_strings=["never in this text"]),
+                SampleInput(prompt=PROMPT, max_tokens=12, temperature=0.0, stop_token_ids=[2047 % saved.vocab_size]),
+                SampleInput(prompt=PROMPT, max_tokens=12, temperature=0.0, stop_token_ids=[]),
+            ]
+        )
     finally:
         engine.info = saved
     cut = tokens.index(eos) + 1
@@ -122,8 +137,9 @@ def test_a_stop_list_still_stops_at_eos(engine):
 def test_the_prefix_cache_is_exact_and_counted(engine):
     """A group of samples and a second turn reuse the prompt's blocks; every logprob equals sampling without the
     cache; another session's identical prompt finds nothing."""
-    group: dict[str, Any] = dict(prompt=LONG, num_samples=5, max_tokens=8, seed=11, stop_token_ids=[],
-                                 include_prompt_logprobs=True)  # fmt: skip
+    group: dict[str, Any] = dict(
+        prompt=LONG, num_samples=5, max_tokens=8, seed=11, stop_token_ids=[], include_prompt_logprobs=True
+    )
     turn2 = np.concatenate([LONG, [9, 9, 8, 7, 6, 5, 4, 3, 2, 1, 3, 2, 5, 6, 7, 8, 9, 10]]).astype(np.int32)
     sampler = engine.sampler
     index, sampler.prefix = sampler.prefix, None
@@ -158,9 +174,20 @@ def test_an_admission_is_chunks_of_one_length_from_where_each_row_starts_in_the_
     index.plan_writes(("ns",), cached[: 2 * BLOCK + 1], [], set())  # blocks 0 and 1 of it are in the cache
 
     def row(prompt: np.ndarray) -> SampleRow:
-        return SampleRow(prompt=prompt, max_tokens=1, temperature=1.0, top_k=-1, top_p=1.0, seed=(0, 0),
-                         sample_index=0, stop_ids=[], adapter=-1, scale=1.0, cache_namespace=("ns",),
-                         needs_from=len(prompt) - 1)  # fmt: skip
+        return SampleRow(
+            prompt=prompt,
+            max_tokens=1,
+            temperature=1.0,
+            top_k=-1,
+            top_p=1.0,
+            seed=(0, 0),
+            sample_index=0,
+            stop_ids=[],
+            adapter=-1,
+            scale=1.0,
+            cache_namespace=("ns",),
+            needs_from=len(prompt) - 1,
+        )
 
     rows = [row(cached), row(np.arange(500, 520, dtype=np.int32))]
     adm = admission.plan(rows, [0, 1], [5, 6], index)
@@ -210,7 +237,8 @@ def test_prefix_index_evicts_leaves_least_recently_used_first():
     ],
 )
 def test_bad_fields_fail_alone_naming_the_field(engine, field, value, message):
-    bad, good = engine.sample([SampleInput(prompt=PROMPT, max_tokens=1, **{field: value}),
-                               SampleInput(prompt=PROMPT, max_tokens=1)])  # fmt: skip
+    bad, good = engine.sample(
+        [SampleInput(prompt=PROMPT, max_tokens=1, **{field: value}), SampleInput(prompt=PROMPT, max_tokens=1)]
+    )
     assert isinstance(bad, InputError) and message in str(bad)
     assert not isinstance(good, InputError)

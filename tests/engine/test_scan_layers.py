@@ -33,17 +33,26 @@ from tinkerflow.workers.engine.types import (
 def _config(layers: int) -> ModelConfig:
     from transformers import Qwen3Config
 
-    hf = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                     architectures=["Qwen3ForCausalLM"])  # fmt: skip
+    hf = Qwen3Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        architectures=["Qwen3ForCausalLM"],
+    )
     return ModelConfig.from_hf(hf.to_dict())
 
 
 def _op_count(layers: int, *, scan: bool, remat: bool) -> int:
     """StableHLO operations in the lowered forward+backward train step (abstract shapes: nothing is computed)."""
     config = _config(layers)
-    model = nnx.eval_shape(lambda: CausalLM(config, max_adapters=2, max_rank=4, rngs=nnx.Rngs(0), remat=remat,
-                                            scan_layers=scan))  # fmt: skip
+    model = nnx.eval_shape(
+        lambda: CausalLM(config, max_adapters=2, max_rank=4, rngs=nnx.Rngs(0), remat=remat, scan_layers=scan)
+    )
     assert model.scan_layers is scan
     graphdef, lora, base = nnx.split(model, nnx.LoRAParam, nnx.Param)
     steps = StepFunctions(graphdef, DeviceLayout(as_mesh(MeshConfig(fsdp=1, tp=1)), config))
@@ -78,8 +87,12 @@ RTOL, ATOL = 1e-5, 1e-6
 
 @pytest.fixture(scope="module")
 def engines(qwen3_dir) -> dict[bool, Engine]:
-    return {scan: Engine.load(str(qwen3_dir), max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK,
-                              progress=False, scan_layers=scan) for scan in (True, False)}  # fmt: skip
+    return {
+        scan: Engine.load(
+            str(qwen3_dir), max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, progress=False, scan_layers=scan
+        )
+        for scan in (True, False)
+    }
 
 
 def _datums(rng: np.random.Generator, n: int) -> list[Datum]:
@@ -139,17 +152,32 @@ def test_scanned_and_looped_sampling_agree(engines):
     for e in (scan, loop):
         e.snapshot(3, "trained")
     prompt = np.random.default_rng(1).integers(1, 300, size=9)
-    samples = [e.sample([SampleInput(prompt=prompt, num_samples=2, max_tokens=12, seed=7, stop_token_ids=[],
-                                     include_prompt_logprobs=True, snapshot=key) for key in ("trained", None)])
-               for e in (scan, loop)]  # fmt: skip
+    samples = [
+        e.sample(
+            [
+                SampleInput(
+                    prompt=prompt,
+                    num_samples=2,
+                    max_tokens=12,
+                    seed=7,
+                    stop_token_ids=[],
+                    include_prompt_logprobs=True,
+                    snapshot=key,
+                )
+                for key in ("trained", None)
+            ]
+        )
+        for e in (scan, loop)
+    ]
     for a, b in zip(samples[0], samples[1], strict=True):
         assert not isinstance(a, Exception) and not isinstance(b, Exception)
         assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
         for sa, sb in zip(a.sequences, b.sequences, strict=True):
             np.testing.assert_allclose(sa.logprobs, sb.logprobs, rtol=RTOL, atol=1e-5)
         assert a.prompt_logprobs is not None and b.prompt_logprobs is not None
-        np.testing.assert_allclose(np.asarray(a.prompt_logprobs[1:]), np.asarray(b.prompt_logprobs[1:]),
-                                   rtol=RTOL, atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            np.asarray(a.prompt_logprobs[1:]), np.asarray(b.prompt_logprobs[1:]), rtol=RTOL, atol=1e-5
+        )
 
 
 def test_a_checkpoint_missing_one_layers_tensor_is_refused_naming_it(qwen3_dir, tmp_path):

@@ -28,8 +28,16 @@ REL = 1e-5
 
 
 def _config(**kw) -> ModelConfig:
-    hf = dict(model_type="qwen3", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    hf = dict(
+        model_type="qwen3",
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     return ModelConfig.from_hf({**hf, **kw})
 
 
@@ -50,11 +58,14 @@ def test_default_mesh_is_all_devices_on_fsdp():
         ({}, (1, 4), "num_key_value_heads=2 is not divisible by the mesh's tp=4"),
         ({"num_key_value_heads": 1}, (1, 2), "num_key_value_heads=1 is not divisible by the mesh's tp=2"),
         ({"intermediate_size": 130}, (1, 4), "num_key_value_heads=2"),
-        ({"intermediate_size": 130, "num_attention_heads": 4, "num_key_value_heads": 4}, (1, 4),
-         "intermediate_size=130 is not divisible by the mesh's tp=4"),
+        (
+            {"intermediate_size": 130, "num_attention_heads": 4, "num_key_value_heads": 4},
+            (1, 4),
+            "intermediate_size=130 is not divisible by the mesh's tp=4",
+        ),
         ({"hidden_size": 66}, (4, 1), "hidden_size=66 is not divisible by the mesh's fsdp=4"),
     ],
-)  # fmt: skip
+)
 def test_indivisible_shapes_are_refused(kw, mesh, message):
     with pytest.raises(ValueError, match=message):
         check_divisible(_config(**kw), _mesh(*mesh))
@@ -84,8 +95,11 @@ def _run_scenario(model_dir: Path, out: Path, *args: str) -> str:
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
         [sys.executable, str(SCENARIO), str(model_dir), str(out), *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout
 

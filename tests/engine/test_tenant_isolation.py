@@ -15,7 +15,7 @@ from tinkerflow.workers.engine.types import (
     ForwardBackwardInput,
     LoraConfig,
     SampleInput,
-)  # fmt: skip
+)
 
 PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
 
@@ -35,8 +35,9 @@ def snapshots(engine):
     rng = np.random.default_rng(7)
     engine.create_adapter(0, LoraConfig(rank=4, seed=3))
     toks = rng.integers(1, 300, 12).astype(np.int32)
-    engine.forward_backward([ForwardBackwardInput(slot=0, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})],
-                                                  loss_fn="cross_entropy")])  # fmt: skip
+    engine.forward_backward(
+        [ForwardBackwardInput(slot=0, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})], loss_fn="cross_entropy")]
+    )
     engine.optim_step(0, AdamConfig(learning_rate=0.05))
     engine.snapshot(0, "mine")
     engine.create_adapter(1, LoraConfig(rank=2, seed=8))

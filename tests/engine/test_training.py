@@ -209,19 +209,18 @@ def test_gspo_and_stable_reinforce_through_the_engine(engine, rng):
     sampled = np.array([0.0] * 3 + [1.0] * 7, np.float32)  # 3 prompt targets, then 7 sampled tokens
     adv = (sampled * 0.7).astype(np.float32)
     ratio_mask = sampled
-    [g] = engine.forward_backward([rl(0, tokens, "gspo", logprobs=old, advantages=adv,
-                                      sequence_ratio_mask=ratio_mask)])  # fmt: skip
+    [g] = engine.forward_backward([rl(0, tokens, "gspo", logprobs=old, advantages=adv, sequence_ratio_mask=ratio_mask)])
     s = np.exp(np.sum(ratio_mask * (lp - old)) / ratio_mask.sum())
     lo, hi = 1 - 3e-4, 1 + 4e-4
-    np.testing.assert_allclose(g.outputs[0]["elementwise_loss"], -np.minimum(s * adv, np.clip(s, lo, hi) * adv),
-                               rtol=1e-4, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        g.outputs[0]["elementwise_loss"], -np.minimum(s * adv, np.clip(s, lo, hi) * adv), rtol=1e-4, atol=1e-5
+    )
     req = rl(0, tokens, "stable_reinforce", logprobs=old, advantages=adv)
     req.data[0].sampled_mask = sampled
     [sr] = engine.forward_backward([req])
     r = np.exp(lp - old)
     keep = (r >= 0.5) & (r <= 2.0)
-    np.testing.assert_allclose(sr.outputs[0]["elementwise_loss"], -sampled * keep * r * lp * adv,
-                               rtol=1e-4, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(sr.outputs[0]["elementwise_loss"], -sampled * keep * r * lp * adv, rtol=1e-4, atol=1e-5)
 
 
 def _sr(sampled_mask, adv):
@@ -238,48 +237,100 @@ def test_topk_cross_entropy_targets(engine, rng):
     tokens = rng.integers(1, 300, 9).astype(np.int32)
     targets = rng.integers(1, 300, (8, 3))
     w = rng.uniform(0, 1, (8, 3)).astype(np.float32)
-    req = ForwardBackwardInput(slot=0, data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": targets,
-                                                                               "weights": w})],
-                               loss_fn="cross_entropy", forward_only=True)  # fmt: skip
+    req = ForwardBackwardInput(
+        slot=0,
+        data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": targets, "weights": w})],
+        loss_fn="cross_entropy",
+        forward_only=True,
+    )
     [res] = engine.forward_backward([req])
     assert res.outputs[0]["logprobs"].shape == (8, 3)
     singles = engine.forward_backward(
-        [ForwardBackwardInput(slot=0, data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": targets[:, j]})],
-                              loss_fn="cross_entropy", forward_only=True) for j in range(3)]
-    )  # fmt: skip
+        [
+            ForwardBackwardInput(
+                slot=0,
+                data=[Datum(tokens=tokens[:-1], inputs={"target_tokens": targets[:, j]})],
+                loss_fn="cross_entropy",
+                forward_only=True,
+            )
+            for j in range(3)
+        ]
+    )
     stacked = np.stack([s.outputs[0]["logprobs"] for s in singles], axis=1)
     np.testing.assert_allclose(res.outputs[0]["logprobs"], stacked, rtol=1e-5, atol=1e-5)
     assert res.metrics["loss:sum"] == pytest.approx(float(-(stacked * w).sum()), rel=1e-5)
 
 
 BAD = [
-    (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2, 300]), {"target_tokens": np.array([1, 2, 3])})],
-                                  loss_fn="cross_entropy"), "token id 300 outside"),
-    (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2, 3]), {"target_tokens": np.array([1, 2])})],
-                                  loss_fn="cross_entropy"), "target_tokens has 2 entries but model_input has 3 tokens"),
-    (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, -1])})],
-                                  loss_fn="cross_entropy"), "token id -1"),
-    (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2])})],
-                                  loss_fn="foo"),
-     "unknown loss_fn 'foo'; supported: cross_entropy, importance_sampling"),
-    (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2]),
-                                  "logprobs": np.zeros(2)})], loss_fn="importance_sampling"),
-     "importance_sampling needs loss_fn_inputs\\['advantages'\\]"),
-    (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2]),
-                                  "weights": np.array([1.0, np.nan])})], loss_fn="cross_entropy"),
-     "weights contains non-finite"),
+    (
+        lambda: ForwardBackwardInput(
+            slot=0, data=[Datum(np.array([1, 2, 300]), {"target_tokens": np.array([1, 2, 3])})], loss_fn="cross_entropy"
+        ),
+        "token id 300 outside",
+    ),
+    (
+        lambda: ForwardBackwardInput(
+            slot=0, data=[Datum(np.array([1, 2, 3]), {"target_tokens": np.array([1, 2])})], loss_fn="cross_entropy"
+        ),
+        "target_tokens has 2 entries but model_input has 3 tokens",
+    ),
+    (
+        lambda: ForwardBackwardInput(
+            slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, -1])})], loss_fn="cross_entropy"
+        ),
+        "token id -1",
+    ),
+    (
+        lambda: ForwardBackwardInput(
+            slot=0, data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2])})], loss_fn="foo"
+        ),
+        "unknown loss_fn 'foo'; supported: cross_entropy, importance_sampling",
+    ),
+    (
+        lambda: ForwardBackwardInput(
+            slot=0,
+            data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2]), "logprobs": np.zeros(2)})],
+            loss_fn="importance_sampling",
+        ),
+        "importance_sampling needs loss_fn_inputs\\['advantages'\\]",
+    ),
+    (
+        lambda: ForwardBackwardInput(
+            slot=0,
+            data=[Datum(np.array([1, 2]), {"target_tokens": np.array([1, 2]), "weights": np.array([1.0, np.nan])})],
+            loss_fn="cross_entropy",
+        ),
+        "weights contains non-finite",
+    ),
     (lambda: ForwardBackwardInput(slot=0, data=[], loss_fn="cross_entropy"), "at least one datum"),
-    (lambda: ForwardBackwardInput(slot=3, data=[Datum(np.array([1]), {"target_tokens": np.array([1])})],
-                                  loss_fn="cross_entropy"), "slot 3 is not allocated"),
-    (lambda: ForwardBackwardInput(slot=9, data=[Datum(np.array([1]), {"target_tokens": np.array([1])})],
-                                  loss_fn="cross_entropy"), "slot 9 out of range"),
-    (lambda: ForwardBackwardInput(slot=0, data=[Datum(np.array([1]), {"target_tokens": np.array([1])})],
-                                  loss_fn="ppo", loss_fn_config={"clip": 1.0}), "does not take loss_fn_config"),
+    (
+        lambda: ForwardBackwardInput(
+            slot=3, data=[Datum(np.array([1]), {"target_tokens": np.array([1])})], loss_fn="cross_entropy"
+        ),
+        "slot 3 is not allocated",
+    ),
+    (
+        lambda: ForwardBackwardInput(
+            slot=9, data=[Datum(np.array([1]), {"target_tokens": np.array([1])})], loss_fn="cross_entropy"
+        ),
+        "slot 9 out of range",
+    ),
+    (
+        lambda: ForwardBackwardInput(
+            slot=0,
+            data=[Datum(np.array([1]), {"target_tokens": np.array([1])})],
+            loss_fn="ppo",
+            loss_fn_config={"clip": 1.0},
+        ),
+        "does not take loss_fn_config",
+    ),
     (lambda: _sr(None, [0, 1, 1]), "stable_reinforce needs provenance"),
-    (lambda: _sr(np.array([0, 1, 1], np.float32), [1, 1, 1]),
-     "advantages must be 0 outside the sampled tokens for stable_reinforce; position 0"),
+    (
+        lambda: _sr(np.array([0, 1, 1], np.float32), [1, 1, 1]),
+        "advantages must be 0 outside the sampled tokens for stable_reinforce; position 0",
+    ),
     (lambda: _sr(np.array([0, 1], np.float32), [0, 1, 1]), "loss_fn_input_spans has 2 entries but model_input has 3"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("make_bad,message", BAD)

@@ -20,8 +20,10 @@ from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputEr
 # As test_parity.py: float32 on both sides, different summation orders.
 TOL = 1e-4
 TOKENS = np.array([5, 17, 42, 99, 3, 250, 7, 11, 64, 2, 9], np.int32)
-UNEMBED_KEYS = {"base_model.model.model.unembed_tokens.lora_A.weight",
-                "base_model.model.model.unembed_tokens.lora_B.weight"}  # fmt: skip
+UNEMBED_KEYS = {
+    "base_model.model.model.unembed_tokens.lora_A.weight",
+    "base_model.model.model.unembed_tokens.lora_B.weight",
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,9 @@ def tied(make_checkpoint, tmp_path_factory):
 
 def _logprobs(engine, slot, tokens):
     datum = Datum(tokens=tokens[:-1], inputs={"target_tokens": tokens[1:]})
-    [res] = engine.forward_backward([ForwardBackwardInput(slot=slot, data=[datum], loss_fn="cross_entropy",
-                                                          forward_only=True)])  # fmt: skip
+    [res] = engine.forward_backward(
+        [ForwardBackwardInput(slot=slot, data=[datum], loss_fn="cross_entropy", forward_only=True)]
+    )
     return res.outputs[0]["logprobs"]
 
 
@@ -45,8 +48,12 @@ def _random_adapter(engine, slot, config, rng):
     nothing)."""
     engine.create_adapter(slot, config)
     live = {"self_attn": config.train_attn, "mlp": config.train_mlp, "lm_head": config.train_unembed}
-    weights = {k: rng.normal(0, 0.2, v.shape).astype(np.float32) if any(on and g in k for g, on in live.items())
-               else np.zeros_like(v) for k, v in engine.adapter_weights(slot).items()}  # fmt: skip
+    weights = {
+        k: rng.normal(0, 0.2, v.shape).astype(np.float32)
+        if any(on and g in k for g, on in live.items())
+        else np.zeros_like(v)
+        for k, v in engine.adapter_weights(slot).items()
+    }
     engine.set_adapter_weights(slot, weights)
     return weights
 
@@ -56,8 +63,14 @@ def _merged_logprobs(model_dir, adapter_dir, out_dir, strategy, tokens):
     from tinker_cookbook.weights import build_hf_model
     from transformers import AutoModelForCausalLM
 
-    build_hf_model(base_model=str(model_dir), adapter_path=str(adapter_dir), output_path=str(out_dir),
-                   dtype="float32", merge_strategy=strategy, device="cpu")  # fmt: skip
+    build_hf_model(
+        base_model=str(model_dir),
+        adapter_path=str(adapter_dir),
+        output_path=str(out_dir),
+        dtype="float32",
+        merge_strategy=strategy,
+        device="cpu",
+    )
     model = AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.from_numpy(tokens[None, :-1]).long()).logits[0]
@@ -99,14 +112,20 @@ def test_cookbook_merge_of_unembed_adapter_matches_engine(tie, tied, qwen3_dir, 
     # The sampler computes the same model (a snapshot, prompt logprobs), and the export reads back as it was.
     eng.snapshot(0, "unembed")
     try:
-        [res] = eng.sample([SampleInput(prompt=TOKENS, max_tokens=1, stop_token_ids=[], snapshot="unembed",
-                                        include_prompt_logprobs=True)])  # fmt: skip
+        [res] = eng.sample(
+            [
+                SampleInput(
+                    prompt=TOKENS, max_tokens=1, stop_token_ids=[], snapshot="unembed", include_prompt_logprobs=True
+                )
+            ]
+        )
     finally:
         eng.drop_snapshot("unembed")
     np.testing.assert_allclose(res.prompt_logprobs[1:], ours, atol=TOL, rtol=TOL)
     if not tie:  # PEFT and vLLM take it through the cookbook's build_lora_adapter: unembed_tokens -> lm_head
-        np.testing.assert_allclose(ours, _adapter_logprobs(model_dir, tmp_path / "adapter", tmp_path / "peft", TOKENS),
-                                   atol=TOL, rtol=TOL)  # fmt: skip
+        np.testing.assert_allclose(
+            ours, _adapter_logprobs(model_dir, tmp_path / "adapter", tmp_path / "peft", TOKENS), atol=TOL, rtol=TOL
+        )
     read_config, read_weights = read_peft(tmp_path / "adapter")
     assert read_config == LoraConfig(rank=4, train_attn=False, train_mlp=True, train_unembed=True)
     for name in ("lm_head.lora_a", "lm_head.lora_b"):
@@ -122,8 +141,9 @@ def test_peft_lm_head_name_reads_as_the_unembedding_adapter(engine, rng, tmp_pat
     weights = _random_adapter(engine, 0, config, rng)
     write_peft(config, weights, tmp_path, base_model_name_or_path="x")
     tensors = load_file(str(tmp_path / ADAPTER_WEIGHTS))
-    peft_named = {k.replace("base_model.model.model.unembed_tokens.", "base_model.model.lm_head."): v
-                  for k, v in tensors.items()}  # fmt: skip
+    peft_named = {
+        k.replace("base_model.model.model.unembed_tokens.", "base_model.model.lm_head."): v for k, v in tensors.items()
+    }
     raw = json.loads((tmp_path / "adapter_config.json").read_text())
     assert raw["target_modules"] == ["unembed_tokens"]
     (tmp_path / "adapter_config.json").write_text(json.dumps({**raw, "target_modules": ["lm_head"]}))

@@ -7,9 +7,12 @@ with kubernetes-validate instead."""
 from __future__ import annotations
 
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-POD_TEMPLATE = {"type": "object", "required": ["spec"], "properties": {"metadata": {"type": "object"},
-                                                                        "spec": {"type": "object"}},
-                "additionalProperties": False}  # fmt: skip
+POD_TEMPLATE = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {"metadata": {"type": "object"}, "spec": {"type": "object"}},
+    "additionalProperties": False,
+}
 
 HEAD_GROUP = {
     "type": "object",

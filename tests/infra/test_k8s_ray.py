@@ -53,8 +53,12 @@ def test_rayjob_matches_the_kuberay_schema_and_pods_validate(overlay):
     cluster = job["spec"]["rayClusterSpec"]
     templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
     for n, template in enumerate(templates):
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{n}", **template.get("metadata", {})},
-               "spec": copy.deepcopy(template["spec"])}  # fmt: skip
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"pod-{n}", **template.get("metadata", {})},
+            "spec": copy.deepcopy(template["spec"]),
+        }
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     for o in render(overlay):
         if o["kind"] != "RayJob":

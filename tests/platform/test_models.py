@@ -60,8 +60,9 @@ def test_unknown_id_says_what_to_do(tmp_path, monkeypatch):
 
 def test_served_model_name_names_a_local_copy_by_its_hf_id(tiny, tmp_path):
     # vLLM's --served-model-name: clients send and see the HF id; the worker loads the local directory.
-    name, local = resolve_base_model(Settings(state_dir=tmp_path, base_model=str(tiny),
-                                              served_model_name="Qwen/Qwen3-0.6B"))  # fmt: skip
+    name, local = resolve_base_model(
+        Settings(state_dir=tmp_path, base_model=str(tiny), served_model_name="Qwen/Qwen3-0.6B")
+    )
     assert name == "Qwen/Qwen3-0.6B" and local == str(tiny.resolve())
 
 

@@ -34,10 +34,14 @@ def test_listens_names_the_process_that_holds_the_port(tmp_path):
         assert listens(os.getpid(), mine.getsockname()[1])
     port = free_port()
     other = subprocess.Popen(
-        [sys.executable, "-c", f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); "
-         "print('up', flush=True); time.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); "
+            "print('up', flush=True); time.sleep(60)",
+        ],
         stdout=subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         assert other.stdout is not None and other.stdout.readline().strip() == b"up"
         assert listens(other.pid, port)

@@ -84,12 +84,15 @@ def test_each_process_gets_its_bundle_index_and_actor_0s_coordinator(tmp_path):
     assert (one.num_processes, one.coordinator_address) == (1, "")
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--hosts", "0"], "--hosts"),
-    (["--cpus-per-host", "-1"], "--cpus-per-host"),
-    (["--gpus-per-host", "8", "--tpus-per-host", "4"], "GPUs or TPUs"),
-    (["--max-restarts", "-2"], "--max-restarts"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--hosts", "0"], "--hosts"),
+        (["--cpus-per-host", "-1"], "--cpus-per-host"),
+        (["--gpus-per-host", "8", "--tpus-per-host", "4"], "GPUs or TPUs"),
+        (["--max-restarts", "-2"], "--max-restarts"),
+    ],
+)
 def test_bad_placement_flags_name_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):
         ray_plan.plan(_settings(argv))

@@ -14,11 +14,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from mock_engine import fwd_seq
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
-from wf_harness import Tinker, body_hash, eventually, fwd_seq, unique_queue, within
+from wf_harness import Tinker, body_hash, eventually, unique_queue, within
 
 from tinkerflow.workflows.checkpoint_expiry import CheckpointExpiry, ExpiryStart, parse_rfc3339
 from tinkerflow.workflows.protocol import names

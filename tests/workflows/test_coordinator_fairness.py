@@ -3,7 +3,8 @@ single request by more than the stated bound (its oldest item is in the next bat
 
 from __future__ import annotations
 
-from wf_harness import Tinker, blob, body_hash, eventually, fwd_flags, within
+from mock_engine import blob, fwd_flags
+from wf_harness import Tinker, body_hash, eventually, within
 
 from tinkerflow.workflows.coordinator.fairness import fair_order
 from tinkerflow.workflows.coordinator.workflow import MAX_BATCH_ITEMS

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from mock_engine import MockEngine, fwd_seq
 from temporalio.worker import Replayer
 from test_paging import SlotEngine
-from wf_harness import ALL_WORKFLOWS, MockEngine, Tinker, eventually, fwd_seq, within
+from wf_harness import ALL_WORKFLOWS, Tinker, eventually, within
 
 from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
 from tinkerflow.workflows.coordinator.workflow import PATCH_PIPELINE

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from wf_harness import MockEngine, Tinker, eventually, fwd_flags, within
+from mock_engine import MockEngine, fwd_flags
+from wf_harness import Tinker, eventually, within
 
 from tinkerflow.workflows.coordinator.placement import SLOT_KINDS
 from tinkerflow.workflows.coordinator.workflow import PATCH_PAGING

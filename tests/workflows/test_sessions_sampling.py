@@ -9,17 +9,8 @@ import asyncio
 import time
 
 import pytest
-from wf_harness import (
-    Tinker,
-    TrainingOp,
-    blob,
-    body_hash,
-    eventually,
-    jax_worker,
-    new_queue,
-    session_has_runs,
-    within,
-)
+from mock_engine import blob, jax_worker, new_queue
+from wf_harness import Tinker, TrainingOp, body_hash, eventually, session_has_runs, within
 
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import (

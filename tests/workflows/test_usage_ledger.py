@@ -8,16 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from wf_harness import (
-    MockEngine,
-    Tinker,
-    blob,
-    body_hash,
-    eventually,
-    fwd_flags,
-    tinker_world,
-    within,
-)
+from mock_engine import MockEngine, blob, fwd_flags
+from wf_harness import Tinker, body_hash, eventually, tinker_world, within
 
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import (

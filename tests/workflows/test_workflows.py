@@ -9,22 +9,18 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from mock_engine import MockEngine, fwd_flags, fwd_seq, jax_worker, new_queue
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Replayer
 from wf_harness import (
     ALL_WORKFLOWS,
-    MockEngine,
     Tinker,
     TrainingOp,
     body_hash,
     eventually,
-    fwd_flags,
-    fwd_seq,
-    jax_worker,
     local_temporal,
-    new_queue,
     session_has_runs,
     tinker_world,
     unique_queue,

@@ -16,20 +16,11 @@ import os
 import sys
 import traceback
 
+from mock_engine import MockEngine, blob, new_queue
 from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
-from wf_harness import (
-    ALL_WORKFLOWS,
-    TEMPORAL_BINARY,
-    MockEngine,
-    Tinker,
-    blob,
-    body_hash,
-    new_queue,
-    server_args,
-    unique_queue,
-)
+from wf_harness import ALL_WORKFLOWS, TEMPORAL_BINARY, Tinker, body_hash, server_args, unique_queue
 
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import Batch, BatchResult, SamplerInfo, SampleStart
