@@ -2,6 +2,9 @@
 parameters), sent to the running stack. Each must get a 4xx with a body, or a future that resolves to an answer or a
 `user` error within a bound; never a 5xx, never a hang; afterwards the same TrainingClient trains on and the API's
 memory has stayed bounded. The fuzzer owns one run's seq_ids, so it knows which op is next and never leaves a gap.
+
+The long run draws more examples per test: `TINKERFLOW_FUZZ=long bash scripts/test.sh tests/fuzz`
+(`TINKERFLOW_FUZZ_EXAMPLES` sets the count).
 """
 
 from __future__ import annotations
@@ -312,10 +315,6 @@ def test_far_seq_id_is_refused_and_the_run_goes_on(wire, fuzz_run):
 
 
 @pytest.mark.slow
-def test_long_profile_runs_every_fuzz_test_with_more_examples():
-    """Marker for the long run: `TINKERFLOW_FUZZ=long bash scripts/test.sh tests/fuzz` (TINKERFLOW_FUZZ_EXAMPLES)."""
-
-
 def test_too_many_datums_fail_through_the_future_and_the_run_goes_on(wire, fuzz_run):
     """The per-request datum cap is in sequence: the seq_id is consumed and its future says which flag to raise."""
     msg = _fwd_request(fuzz_run, fuzz_run.next_seq, [10, 20, 30])
