@@ -27,7 +27,7 @@ from flax import nnx
 from safetensors import safe_open
 
 from ..runtime.sharding import DeviceLayout
-from .decoder import CausalLM
+from .decoder import build_causal_lm
 from .families import ModelConfig, StatePath, family_named
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def load_model(
     names = family_named(config.arch).checkpoint_names(config)
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(
-        lambda: CausalLM(
+        lambda: build_causal_lm(
             config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0), param_dtype=dtype, remat=remat,
             act_sharding=act_sharding, scan_layers=scan_layers,
         )
