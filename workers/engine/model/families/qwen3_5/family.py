@@ -12,6 +12,7 @@ from .. import CacheKind, Family, ModelConfig, ModuleKind
 from .checkpoint import Qwen35Names
 from .config import LINEAR_ATTENTION, Qwen35Config
 from .model import LORA_KINDS, CausalLM
+from .tiny import TINY
 
 LORA_TARGETS: dict[str, ModuleKind] = {**DECODER_TARGETS, **LORA_KINDS}
 # The chunk length of gated_delta.chunk_gated_delta_rule as the model calls it (its default).
@@ -103,4 +104,4 @@ def _no_decoder_layer(config: ModelConfig, index: int, options: Any) -> Any:
     raise TypeError(f"{config.arch} builds its whole causal LM (Family.causal_lm), not decoder.CausalLM's layers")
 
 
-FAMILY = family("qwen3_5", None)
+FAMILY = family("qwen3_5", TINY)
