@@ -18,6 +18,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import EncodedTextChunk, SampleRequest
 from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
 
+from tinkerflow.workers.engine.sampling.decode import MAX_TARGET_PROMPT_LOGPROBS
 from tinkerflow.workers.engine.types import (
     Datum,
     ForwardBackwardInput,
@@ -26,7 +27,6 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
-from tinkerflow.workers.engine.sampling.decode import MAX_TARGET_PROMPT_LOGPROBS
 
 _PROTO_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 _NUMPY_TO_PROTO = {

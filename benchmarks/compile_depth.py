@@ -31,7 +31,7 @@ def _abstract(tree: Any) -> Any:
 def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dict:
     from transformers import Qwen3Config
 
-    from tinkerflow.workers.engine.model.decoder import CausalLM
+    from tinkerflow.workers.engine.model.decoder import build_causal_lm
     from tinkerflow.workers.engine.model.dtypes import default_dtype
     from tinkerflow.workers.engine.model.families import ModelConfig
     from tinkerflow.workers.engine.model.sharding import DeviceLayout, MeshConfig, as_mesh
@@ -39,7 +39,7 @@ def measure(shape: dict, depth: int, *, scan: bool, batch: int, seq: int) -> dic
 
     config = ModelConfig.from_hf(Qwen3Config(**{**shape, "num_hidden_layers": depth}).to_dict())
     model = nnx.eval_shape(
-        lambda: CausalLM(
+        lambda: build_causal_lm(
             config, max_adapters=4, max_rank=RANK, rngs=nnx.Rngs(0), param_dtype=default_dtype(), scan_layers=scan
         )
     )

@@ -47,7 +47,7 @@ class ModelPhases:
 
     def forget_programs(self) -> None:
         """Drop compiled programs, so the next call compiles under the environment as it is now."""
-        steps, sampler = self.engine._steps, self.engine._sampler
+        steps, sampler = self.engine._steps, self.engine.sampler
         for cache in (steps.grad_step, steps.forward_step, *sampler.caches()):
             cache.clear()
 

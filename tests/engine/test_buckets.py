@@ -7,9 +7,9 @@ import pytest
 
 from tinkerflow.workers.engine.model.families import ModelConfig
 from tinkerflow.workers.engine.model.families.qwen3 import tiny as tiny_model
-from tinkerflow.workers.engine.shape_buckets import round_up_pow4, train_seq_len
 from tinkerflow.workers.engine.model.sharding import DeviceLayout, MeshConfig, as_mesh
 from tinkerflow.workers.engine.sampling.buckets import MIN_CACHE_LEN, SlotBucket, chunk_len, pick_bucket, slot_buckets
+from tinkerflow.workers.engine.shape_buckets import round_up_pow4, train_seq_len
 
 
 @pytest.fixture(scope="module")

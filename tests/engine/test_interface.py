@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.interface import EngineApi, EngineForwarder
 from tinkerflow.workers.engine import multihost
+from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.engine_lock import EngineLock
+from tinkerflow.workers.engine.interface import EngineApi, EngineForwarder
 from tinkerflow.workers.engine.types import ModelInfo
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,8 +13,9 @@ import numpy as np
 from test_training import assert_grads_close
 
 from tinkerflow.workers.engine.model import logprobs
-from tinkerflow.workers.engine.shape_buckets import round_up_seq_len
 from tinkerflow.workers.engine.runtime import memory_plan
+from tinkerflow.workers.engine.shape_buckets import round_up_seq_len
+from tinkerflow.workers.engine.training.datum_checks import forward_backward_rows
 from tinkerflow.workers.engine.training.steps import pack, plan_micro_batches
 from tinkerflow.workers.engine.types import (
     Datum,
@@ -25,7 +26,6 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
-from tinkerflow.workers.engine.training.datum_checks import forward_backward_rows
 
 TOL = 1e-5  # float32, the same sums in another order
 

@@ -14,7 +14,6 @@ from conftest import MAX_ADAPTERS, MAX_RANK
 from tinkerflow.common.settings import Settings
 from tinkerflow.workers import jax_worker
 from tinkerflow.workers.engine.runtime import persistent_cache
-from tinkerflow.workers.engine.warm_up import first_sample_piece, split_by_slot_bucket
 from tinkerflow.workers.engine.types import (
     COMPILE_ONLY_KINDS,
     AdamConfig,
@@ -26,6 +25,7 @@ from tinkerflow.workers.engine.types import (
     SampleResult,
     WarmUpPiece,
 )
+from tinkerflow.workers.engine.warm_up import first_sample_piece, split_by_slot_bucket
 
 
 # Small shapes, so the test compiles little: train buckets (1, 4) x 256 tokens, one sampler family (one snapshot,

@@ -38,11 +38,13 @@ STATE_FORMAT = "tinkerflow.slot_state.v1"
 
 _UNEMBED_EXPORT = "model.unembed_tokens"
 _PEFT_PREFIX = "base_model.model."
-# Ours: layers.3.self_attn.q_proj.lora_a / lm_head.lora_b. PEFT: base_model.model.model.layers.3.self_attn.q_proj.
+# Ours: layers.3.self_attn.q_proj.lora_a / lm_head.lora_b (Qwen3.5 adds layers.0.linear_attn.in_proj_qkv and the
+# shared expert's layers.0.mlp.shared_expert.up_proj). PEFT: base_model.model.model.layers.3.self_attn.q_proj.
 # lora_A.weight / base_model.model.model.unembed_tokens.lora_B.weight (Tinker's; PEFT's base_model.model.lm_head.*
 # is read as the same adapter).
 _PEFT_KEY = re.compile(
-    r"^base_model\.model\.(?:model\.(layers\.\d+\.(?:self_attn|mlp)\.\w+)|(lm_head|model\.unembed_tokens))"
+    r"^base_model\.model\.(?:model\.(layers\.\d+\.(?:self_attn|linear_attn|mlp)(?:\.shared_expert)?\.\w+)"
+    r"|(lm_head|model\.unembed_tokens))"
     r"\.lora_([AB])\.weight$"
 )
 # Qwen3-MoE experts, per expert as PEFT names them on transformers 4's per-expert linears (vLLM's MoE LoRA layout):

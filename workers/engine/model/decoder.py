@@ -23,7 +23,7 @@ loop (`nnx.List`). The KV cache is one `LayerCache` of [L, B, S, kv_heads, head_
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +71,7 @@ def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32,
     return LayerCache(jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding))
 
 
-def _constrain(x: jax.Array, sharding) -> jax.Array:
+def constrain(x: jax.Array, sharding) -> jax.Array:
     return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
@@ -262,7 +262,7 @@ class DecoderStack(DecoderLayer):
             layer_lora, layer_rest, i = xs
             layer = nnx.merge(graphdef, layer_lora, layer_rest)
             x, cache = DecoderLayer.__call__(layer, x, positions, rope, routing, cache, i, segments)
-            return (_constrain(x, act_sharding), cache), None
+            return (constrain(x, act_sharding), cache), None
 
         if remat and cache is None:
             body = jax.checkpoint(body, prevent_cse=False)  # prevent_cse is not needed inside scan (JAX's advice)
@@ -358,7 +358,7 @@ class CausalLM(nnx.Module):
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
-        x = _constrain(x, self.act_sharding)
+        x = constrain(x, self.act_sharding)
         if isinstance(self.layers, DecoderStack):
             x, cache = self.layers.scan(x, positions, rope, routing, cache, remat=remat,
                                         act_sharding=self.act_sharding, segments=segments)  # fmt: skip
@@ -371,7 +371,7 @@ class CausalLM(nnx.Module):
                 x = _layer_no_cache(layer, x, positions, rope, routing, segments)
             else:
                 x, cache = layer(x, positions, rope, routing, cache, i, segments)
-            x = _constrain(x, self.act_sharding)
+            x = constrain(x, self.act_sharding)
         return self.norm(x), cache
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
@@ -380,3 +380,11 @@ class CausalLM(nnx.Module):
     def __call__(self, tokens: jax.Array, positions: jax.Array, routing: LoraRouting) -> jax.Array:
         h, _ = self.hidden(tokens, positions, routing)
         return self.logits(h, routing)
+
+
+def build_causal_lm(config: ModelConfig, **options: Any) -> CausalLM:
+    """The engine's model for `config`: its family's own causal LM (`Family.causal_lm`) or `CausalLM` over the
+    family's layers; `options` as `CausalLM` takes them. Typed as `CausalLM`, whose interface (hidden, logits,
+    dtype, lm_head, scan_layers) a family's own model has."""
+    own = family_named(config.arch).causal_lm
+    return CausalLM(config, **options) if own is None else cast(CausalLM, own(config, **options))

@@ -26,9 +26,9 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from .sharding import DeviceLayout
-from .decoder import CausalLM
+from .decoder import build_causal_lm
 from .families import ModelConfig, StatePath, family_named
+from .sharding import DeviceLayout
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -150,7 +150,7 @@ def load_model(
     names = family_named(config.arch).checkpoint_names(config)
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(
-        lambda: CausalLM(
+        lambda: build_causal_lm(
             config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0), param_dtype=dtype, remat=remat,
             act_sharding=act_sharding, scan_layers=scan_layers,
         )
@@ -208,6 +208,9 @@ def load_model(
     bar.close()
     for state_path, tensor in names.gathered():
         expected = _get(pure, state_path)
+        if tuple(tensor.shape) != tuple(expected.shape):
+            where = ".".join(map(str, state_path))
+            raise ValueError(f"{where}: checkpoint shape {tuple(tensor.shape)} != model shape {expected.shape}")
         place(state_path, jnp.asarray(tensor, expected.dtype))
     if skipped:
         log.info("ignored %d checkpoint tensors (e.g. %s)", len(skipped), skipped[0])
@@ -242,7 +245,7 @@ def random_model(
     placement = DeviceLayout(mesh, config) if mesh is not None else None
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(
-        lambda: CausalLM(
+        lambda: build_causal_lm(
             config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0), param_dtype=dtype,
             act_sharding=act_sharding, scan_layers=scan_layers,
         )

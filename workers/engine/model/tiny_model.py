@@ -245,7 +245,7 @@ def _write_model(
     from safetensors.numpy import save_file
     from transformers import PreTrainedTokenizerFast
 
-    tok = build_tokenizer(SHAPE["vocab_size"])
+    tok = build_tokenizer(SHAPE["vocab_size"], tiny.extra_tokens)
     eos_id = tok.token_to_id(EOS_TOKEN)
     assert eos_id is not None  # the vocabulary built above includes EOS
     hf_tok = PreTrainedTokenizerFast(
@@ -254,7 +254,7 @@ def _write_model(
         pad_token=EOS_TOKEN,
         model_max_length=SHAPE["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=tiny.chat_template or CHAT_TEMPLATE,
     )
     hf_tok.save_pretrained(str(tmp))
 

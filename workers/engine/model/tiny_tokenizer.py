@@ -26,8 +26,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE):
-    """Train the byte-level BPE on the bundled English text; returns a `tokenizers.Tokenizer` of `vocab_size` ids."""
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, extra_tokens: tuple[str, ...] = ()):
+    """Train the byte-level BPE on the bundled English text; returns a `tokenizers.Tokenizer` of `vocab_size` ids,
+    the last of them SPECIAL_TOKENS and then `extra_tokens` (a family's chat format's)."""
+    specials = (*SPECIAL_TOKENS, *extra_tokens)
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
@@ -39,7 +41,7 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    bpe_size = vocab_size - len(SPECIAL_TOKENS)
+    bpe_size = vocab_size - len(specials)
     trainer = trainers.BpeTrainer(
         vocab_size=bpe_size,
         min_frequency=0,
@@ -53,6 +55,6 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
         raise RuntimeError(
             f"BPE training reached {tok.get_vocab_size()} tokens, wanted {bpe_size}: {DATA_FILE} is too small"
         )
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     assert tok.get_vocab_size() == vocab_size
     return tok

@@ -26,9 +26,9 @@ import numpy as np
 
 from ..runtime.memory_plan import MemoryPlan
 from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
-from .sample_checks import check_sample
 from .buckets import STACK_SIZES, STOP_IDS
 from .rows import SampleRow, seed_words
+from .sample_checks import check_sample
 from .sampler import SlotSampler
 from .snapshots import SamplerSnapshots, evicted_message
 

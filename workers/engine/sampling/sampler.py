@@ -39,9 +39,9 @@ from flax import nnx
 from tinkerflow.common.settings import env_setting
 
 from ..model.families import ModelConfig, family_named
+from ..model.sharding import DeviceLayout
 from ..runtime.aot_cache import AotCache, abstract
 from ..runtime.memory_plan import MemoryPlan
-from ..model.sharding import DeviceLayout
 from . import admission
 from .admission import Admission
 from .buckets import DEFAULT_SAMPLE_SLOTS, SlotBucket, pick_bucket, slot_buckets

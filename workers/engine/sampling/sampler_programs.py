@@ -13,8 +13,8 @@ import numpy as np
 from flax import nnx
 
 from ..model.families import ModelConfig
-from ..runtime.aot_cache import AotCache
 from ..model.sharding import DeviceLayout
+from ..runtime.aot_cache import AotCache
 from . import admission
 from .admission import Admission, Chunk
 from .buckets import SlotBucket

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..types import Datum, ForwardBackwardInput, InputError
 from .losses import (
     LOSS_CONFIG_DEFAULTS,
     LOSS_ID,
@@ -18,7 +19,6 @@ from .losses import (
     LOSSES_NEEDING_PROVENANCE,
 )
 from .steps import Row
-from ..types import Datum, ForwardBackwardInput, InputError, SampleInput
 
 
 def int_array(value: Any, what: str, vocab: int) -> np.ndarray:

@@ -28,9 +28,9 @@ from flax import nnx
 from ..model.attention import Segments, single_segment_matters
 from ..model.logprobs import chunk_tokens, target_logprobs
 from ..model.lora import LoraRouting
-from ..shape_buckets import round_up_pow4, train_seq_len
-from ..runtime.aot_cache import AotCache
 from ..model.sharding import DeviceLayout
+from ..runtime.aot_cache import AotCache
+from ..shape_buckets import round_up_pow4, train_seq_len
 from .losses import LossInputs, token_losses
 
 # Rows are packed up to this many tokens (or the longest datum's bucket, when longer).

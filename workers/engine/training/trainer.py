@@ -18,9 +18,9 @@ import numpy as np
 
 from ..runtime.memory_plan import FLAGS, MemoryPlan
 from ..types import AdamConfig, DimuonConfig, ForwardBackwardInput, ForwardBackwardResult, InputError, ModelInfo
-from .datum_checks import forward_backward_rows
 from . import custom_loss_jax
 from .adapter_slots import AdapterSlots
+from .datum_checks import forward_backward_rows
 from .dimuon import dimuon_slot_values, pack_dimuon
 from .optimizer import adamw_slot_values, pack_hparams, write_slot_values
 from .steps import DoesNotFit, Row, StepFunctions, run_rows

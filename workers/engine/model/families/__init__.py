@@ -9,7 +9,8 @@ A family folder `families/<name>/` holds:
 * `__init__.py`: its docstring and `MODEL_TYPES`, the config.json `model_type`s it reads. It imports nothing, so a
   process that only needs to know whether a checkpoint is served (`tinkerflow up`, which then starts the JAX worker)
   asks `family_name_of` without loading JAX;
-* `family.py`: `FAMILY`, its `Family`;
+* `family.py`: `FAMILY`, its `Family`: layers for model/'s decoder, or a whole causal LM of its own
+  (`Family.causal_lm`, built by decoder.build_causal_lm);
 * the modules of what is its own (Qwen3-MoE: its config fields, its checkpoint's per-expert tensors, its tiny
   checkpoint). What families share stays in `model/`: the attention kernels, the dense decoder layer, the routed
   expert block, LoRA, RMSNorm and rope, the generic loader and exporter, the tiny checkpoint's tokenizer and writer.
@@ -190,6 +191,10 @@ class TinyCheckpoint:
     config: Callable[[int], dict[str, Any]]  # eos token id -> config.json as transformers writes it
     parameter_shapes: Callable[[], list[tuple[str, tuple[int, ...]]]]  # HF names and shapes, in draw order
     marker: Mapping[str, Any] = field(default_factory=dict)  # what tells its directory from another family's
+    # Special tokens after the shared tokenizer's (its chat format's: thinking, tool calls, vision placeholders) and
+    # the chat template over them; none and None: the shared ChatML tokenizer as it is.
+    extra_tokens: tuple[str, ...] = ()
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,11 @@ class Family:
     # max LoRA rank) -> bytes, for the memory plan.
     activation_bytes: Callable[[ModelConfig, int, int], int]
     tiny: TinyCheckpoint | None = None
+    # The family's own causal LM, for a family whose model is not decoder.CausalLM over its layers (other norms,
+    # rope or layer kinds): called as decoder.CausalLM is (config, max_adapters=, max_rank=, rngs=, param_dtype=,
+    # remat=, act_sharding=, scan_layers=), with its `hidden`, `logits`, `dtype`, `lm_head` and `scan_layers`.
+    # `decoder_layer` / `decoder_stack` are then unused. None: decoder.CausalLM.
+    causal_lm: Callable[..., nnx.Module] | None = None
 
 
 @functools.cache

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ...attention import Segments
-from ...decoder import Embedding, LMHead, rope_tables
+from ...decoder import Embedding, LMHead, constrain, rope_tables
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
 from .config import LINEAR_ATTENTION, Qwen35Config
 from .layers import MLP, GatedAttention, ZeroCenteredRMSNorm
@@ -83,11 +83,37 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(self.post_attention_layernorm(x), routing), state
 
 
+def _remat_layer(layer: DecoderLayer, x, rope, routing, segments):
+    """Gradient checkpointing: keep only the layer's input, recompute the layer in the backward pass (a pure
+    `jax.checkpoint` over its split state, as decoder.py's per-layer loop)."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, rope, routing, segments):
+        return nnx.merge(graphdef, state)(x, rope, routing, segments)[0]
+
+    return jax.checkpoint(run)(state, x, rope, routing, segments)
+
+
 class CausalLM(nnx.Module):
+    """The text model as the engine builds it (`Family.causal_lm`): `remat` and `act_sharding` as decoder.CausalLM;
+    `scan_layers` is taken and has no effect (the layers differ, see the module doc)."""
+
     def __init__(
-        self, config: Qwen35Config, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs, param_dtype=jnp.float32
+        self,
+        config: Qwen35Config,
+        *,
+        max_adapters: int,
+        max_rank: int,
+        rngs: nnx.Rngs,
+        param_dtype=jnp.float32,
+        remat: bool = False,
+        act_sharding=None,
+        scan_layers: bool = False,
     ):
         self.config = config
+        self.remat = remat
+        self.act_sharding = act_sharding
+        self.scan_layers = False
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, param_dtype)
         self.layers = nnx.List([DecoderLayer(config, kind, **kw) for kind in config.layer_types])
@@ -100,17 +126,33 @@ class CausalLM(nnx.Module):
         return self.embed_tokens.weight[...].dtype
 
     def hidden(
-        self, tokens: jax.Array, positions: jax.Array, routing: LoraRouting, segments: Segments | None = None
-    ) -> jax.Array:
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        routing: LoraRouting,
+        cache: Any = None,
+        segments: Segments | None = None,
+        *,
+        remat: bool | None = None,
+    ) -> tuple[jax.Array, Any]:
         """Final-norm hidden states [B, T, hidden] for tokens [B, T] at `positions` [B, T] (restarting at each packed
-        datum); `segments`: which datum each token belongs to (None: one per row, every token real)."""
+        datum), and the cache; `segments`: which datum each token belongs to (None: one per row, every token real).
+        `remat` overrides the model's gradient checkpointing for this call (decoder.CausalLM.hidden)."""
+        if cache is not None:
+            raise ValueError(f"{self.config.arch} has no sampler state cache yet: it cannot sample")
+        remat = self.remat if remat is None else remat
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
+        x = constrain(x, self.act_sharding)
         rope = rope_tables(self.config, positions)
         for layer in self.layers:
-            x, _ = layer(x, rope, routing, segments)
-        return self.norm(x)
+            if remat:
+                x = _remat_layer(layer, x, rope, routing, segments)
+            else:
+                x, _ = layer(x, rope, routing, segments)
+            x = constrain(x, self.act_sharding)
+        return self.norm(x), cache
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
         return self.lm_head(h, self.embed_tokens, routing)
@@ -118,4 +160,4 @@ class CausalLM(nnx.Module):
     def __call__(
         self, tokens: jax.Array, positions: jax.Array, routing: LoraRouting, segments: Segments | None = None
     ) -> jax.Array:
-        return self.logits(self.hidden(tokens, positions, routing, segments), routing)
+        return self.logits(self.hidden(tokens, positions, routing, segments=segments)[0], routing)
