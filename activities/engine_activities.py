@@ -25,7 +25,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from tinkerflow.activities import checkpoint_io, stability, wire
+from tinkerflow.activities import checkpoint_io, stability_checks, wire
 from tinkerflow.activities.accelerator_metrics import AcceleratorMeter
 from tinkerflow.activities.answers import Answers
 from tinkerflow.activities.batch_order import BatchCancelled, BatchOrder
@@ -46,7 +46,7 @@ from tinkerflow.workers.engine.types import (
     SampleInput,
     SampleResult,
 )
-from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.error_types import ErrorType
 from tinkerflow.workflows.protocol.messages import Batch, BatchResult, Outcome, WorkItem, WorkKind, WorkResult
 from tinkerflow.workflows.protocol.usage import OpUsage
 
@@ -277,7 +277,9 @@ class EngineActivities:
             info = self.engine.info
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
             msg = wire.parse_forward_backward(self.store.get(payload(item)))  # stable_reinforce: checked, recorded
-            inp = stability.resolve(self.store, msg, wire.forward_backward_input(msg, item.slot, bounds), item.model_id)
+            inp = stability_checks.resolve(
+                self.store, msg, wire.forward_backward_input(msg, item.slot, bounds), item.model_id
+            )
             asked[id(inp)] = item
             return inp
 
@@ -312,7 +314,7 @@ class EngineActivities:
             if self.points is not None:
                 point = {"num_samples": len(res.sequences), "tokens_generated": tokens, "wall_s": timer.seconds}
                 self.points.sample(item, point)
-            stability.record(self.store, item, body, res)  # asked with record_stability_info: before the answer
+            stability_checks.record(self.store, item, body, res)  # asked with record_stability_info: before the answer
             # The prompt is prefilled once for all its samples; the engine says how much of it the prefix cache held.
             prompt = len(inp.prompt)
             cached = min(res.prompt_cache_hit_tokens, prompt)

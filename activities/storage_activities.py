@@ -12,7 +12,7 @@ from tinkerflow.common.store import ClaimCheckStore
 log = logging.getLogger(__name__)
 # Everything the store holds per request, swept on one retention: bodies and results, the futures records asample
 # writes for retrieve_futures (api/session_futures.py), cancel_future's markers, and the stability records of calls
-# that set record_stability_info (common/stability.py), and the copies of ephemeral sampler snapshots'
+# that set record_stability_info (common/stability_records.py), and the copies of ephemeral sampler snapshots'
 # weights (activities/sampler_weights.py).
 CLAIM_CHECK_KINDS = ("requests", "results", "futures", "cancelled", "stability", "sampler-weights", "audit")
 

@@ -123,7 +123,7 @@ def _tokens(chunks: Iterable[pb.Chunk], where: str) -> np.ndarray:
 def _sampled_mask(spans: Sequence[pb.ProvenanceSpan], where: str) -> np.ndarray | None:
     """The target positions a SampledProvenanceSpan covers (1.0), from runs that tile target_tokens in order
     (`Datum.with_provenance`); None when the datum has no provenance. Sequence ids are looked up by
-    activities/stability.py (stable_reinforce), not here."""
+    activities/stability_checks.py (stable_reinforce), not here."""
     if not spans:
         return None
     parts: list[np.ndarray] = []
@@ -236,7 +236,7 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
         target_prompt_logprobs=_target_ids(req.target_prompt_logprobs),
         prompt_alt_tokens_k=int(req.prompt_alt_tokens_k or 0),
         prompt_logprobs_last_n=req.prompt_logprobs_last_n,
-        # record_stability_info is the activity's (activities/stability.py records the sampled call): the engine
+        # record_stability_info is the activity's (activities/stability_checks.py records the sampled call): the engine
         # samples the same either way.
         cache_namespace=req.sampling_session_id or None,
     )

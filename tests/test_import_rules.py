@@ -119,7 +119,7 @@ def test_each_layer_imports_only_the_floors_below_it(layer):
 # model resolver `up` checks --base-model with before it starts any part (config.json only, no JAX).
 ENTRY_POINTS = {
     "tinkerflow.workers.jax_worker",
-    "tinkerflow.workers.models",
+    "tinkerflow.workers.base_model",
     "tinkerflow.workers.workflow_worker",
     "tinkerflow.workers.engine.model.tiny_model",
 }

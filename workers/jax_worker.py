@@ -51,6 +51,7 @@ from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.common.temporal import connect
 from tinkerflow.workers import host_memory
+from tinkerflow.workers.base_model import resolve_base_model
 from tinkerflow.workers.engine.types import (
     COMPILE_ONLY_KINDS,
     SamplerWarmUp,
@@ -58,7 +59,6 @@ from tinkerflow.workers.engine.types import (
     WarmUpPiece,
     WarmUpPlan,
 )
-from tinkerflow.workers.models import resolve_base_model
 from tinkerflow.workers.registration import keep_registered, register
 from tinkerflow.workflows.coordinator.dispatch import PIPELINE_DEPTH
 from tinkerflow.workflows.protocol import names

@@ -13,7 +13,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows.protocol import names
-from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.error_types import ErrorType
 from tinkerflow.workflows.protocol.messages import (
     DropSnapshots,
     SamplerInfo,

@@ -8,7 +8,7 @@ import hmac
 
 from fastapi import Request
 
-from tinkerflow.api.errors import http_error
+from tinkerflow.api.http_errors import http_error
 from tinkerflow.api.services import Services
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from fastapi import APIRouter, Depends, Query
 
 from tinkerflow.api.caller import services, usage_scope
-from tinkerflow.api.errors import http_error
+from tinkerflow.api.http_errors import http_error
 from tinkerflow.api.routes_admin import MAX_WINDOW
 from tinkerflow.api.services import Services
 from tinkerflow.api.usage_data import UsageRow, day_start, usage_rows

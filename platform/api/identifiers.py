@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tinkerflow.api.errors import from_error, http_error
+from tinkerflow.api.http_errors import from_error, http_error
 from tinkerflow.common.checkpoints import CheckpointError, TinkerPath, check_run
 
 MAX_SESSION_CHARS = 64

@@ -9,7 +9,7 @@ import json
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from tinkerflow.api.errors import from_error, from_temporal, http_error
+from tinkerflow.api.http_errors import from_error, from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id, check_session_id
 from tinkerflow.api.services import Services
 from tinkerflow.common.checkpoints import CheckpointError, Manifest

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from tinkerflow.api.errors import http_error
+from tinkerflow.api.http_errors import http_error
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -24,7 +24,7 @@ from typing import Any
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from tinkerflow.api.errors import from_temporal, is_not_found
+from tinkerflow.api.http_errors import from_temporal, is_not_found
 from tinkerflow.api.services import Services
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import SamplerInfo, SamplerRequest, SessionStart

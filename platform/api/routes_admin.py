@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends
 from tinker import types
 
 from tinkerflow.api.caller import services, usage_scope
-from tinkerflow.api.errors import http_error
+from tinkerflow.api.http_errors import http_error
 from tinkerflow.api.services import Services
 from tinkerflow.api.usage_data import checkpoints_of, derived_audit, per_session, storage_gigabyte_hours, usage_rows
 from tinkerflow.common.checkpoints import Manifest

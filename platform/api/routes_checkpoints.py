@@ -25,7 +25,7 @@ from tinker.types import CopyWeightsRequest
 
 from tinkerflow.api import optimizers, signed_urls
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import from_error, http_error, is_not_found
+from tinkerflow.api.http_errors import from_error, http_error, is_not_found
 from tinkerflow.api.identifiers import check_model_id, checkpoint_path
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.services import Services

@@ -20,7 +20,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, RedirectResponse
 
-from tinkerflow.api.errors import http_error
+from tinkerflow.api.http_errors import http_error
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 ASSETS = Path(__file__).parent / "console"

@@ -16,7 +16,7 @@ from tinker.types import CreateCustomLossRequest
 
 from tinkerflow.api import request_ids
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import http_error
+from tinkerflow.api.http_errors import http_error
 from tinkerflow.api.lookups import json_body, session_of_caller
 from tinkerflow.api.op_checks import describe
 from tinkerflow.api.protobuf_header import ForwardBackwardHeader

@@ -17,7 +17,7 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from tinkerflow.api import request_ids
 from tinkerflow.api.batch_results import workflow_result
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import failure_category, from_error, http_error, is_not_found
+from tinkerflow.api.http_errors import failure_category, from_error, http_error, is_not_found
 from tinkerflow.api.json_wire import WireJSONResponse as JSONResponse
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.services import Services

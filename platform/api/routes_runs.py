@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from tinker.types import SessionSearchRequest
 
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_project_id, check_session_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.services import Services

@@ -11,14 +11,14 @@ from tinker.types import CreateSamplingSessionRequest, SampleRequest
 
 from tinkerflow.api import request_ids, session_futures
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.quota_checks import Refusal, too_many
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
-from tinkerflow.common import stability
+from tinkerflow.common import stability_records
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
@@ -126,7 +126,7 @@ async def asample(
     if req.seq_id is not None:  # for the session's retrieve_futures poll and cancel_future
         await asyncio.to_thread(session_futures.record, svc, info.sampler_id, req.seq_id, request_id, ref.payload_uri)
     if req.record_stability_info:  # before the answer: a client can name these sequences only after it
-        await asyncio.to_thread(stability.write_call, svc.store, stability_record(info, ref, who))
+        await asyncio.to_thread(stability_records.write_call, svc.store, stability_record(info, ref, who))
     # A retried call (same seq_id) may land in another batch and sample again: sampling changes no state, and the
     # client only ever sees one of the answers.
     return {
@@ -135,8 +135,9 @@ async def asample(
     }
 
 
-def stability_record(info: SamplerInfo, ref: BatchItemRef, who: str) -> stability.CallRecord:
-    """The API's half of a call's stability record (tinkerflow.common.stability): which call, body and session."""
-    weights = stability.Weights(info.sampler_id, info.base_model, info.model_path, info.snapshot)
+def stability_record(info: SamplerInfo, ref: BatchItemRef, who: str) -> stability_records.CallRecord:
+    """The API's half of a call's stability record (tinkerflow.common.stability_records): which call, body and
+    session."""
+    weights = stability_records.Weights(info.sampler_id, info.base_model, info.model_path, info.snapshot)
     session = names.session_of(info.sampler_id)
-    return stability.CallRecord(f"{ref.workflow_id}#{ref.index}", ref.payload_uri, who, session, weights)
+    return stability_records.CallRecord(f"{ref.workflow_id}#{ref.index}", ref.payload_uri, who, session, weights)

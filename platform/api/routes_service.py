@@ -10,7 +10,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from tinker.types import CreateSessionRequest
 
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import from_temporal, http_error, is_not_found
+from tinkerflow.api.http_errors import from_temporal, http_error, is_not_found
 from tinkerflow.api.identifiers import check_session_id
 from tinkerflow.api.lookups import json_body, session_of_caller
 from tinkerflow.api.op_checks import check_metadata

@@ -12,7 +12,7 @@ from tinker.types import FuturesRetrieveRequest, JoinSamplingSessionRequest
 
 from tinkerflow.api import request_ids, session_futures
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import from_error, from_temporal, http_error
+from tinkerflow.api.http_errors import from_error, from_temporal, http_error
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.routes_sampling import resolve_sampler
 from tinkerflow.api.services import Services

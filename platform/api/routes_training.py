@@ -26,7 +26,7 @@ from tinker.types import (
 
 from tinkerflow.api import request_ids
 from tinkerflow.api.caller import owner, services
-from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import check_metadata, metadata_problem, parse, sequence_key

@@ -15,7 +15,7 @@ from typing import Any
 
 from tinker.types import SampleRequest
 
-from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.quota_checks import Refusal
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.services import Services

@@ -13,7 +13,7 @@ from typing import Any
 from temporalio.client import WorkflowUpdateStage
 
 from tinkerflow.api import request_ids
-from tinkerflow.api.errors import from_temporal, http_error
+from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
 from tinkerflow.api.services import Services
 from tinkerflow.workflows.protocol import names

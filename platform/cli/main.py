@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         from tinkerflow.cli.up import run_up
         from tinkerflow.common.errors import UnknownModelError
-        from tinkerflow.workers.models import check_base_model
+        from tinkerflow.workers.base_model import check_base_model
 
         try:  # before any part starts: a model no family serves fails here in one line, not in the JAX worker's log
             check_base_model(settings)

@@ -9,7 +9,7 @@ platform/common, under the API, the activities and the engine, owns it so all th
 
 `category` is what a failed future reports to the SDK (docs/wire-contract.md §Futures: "user" or "server");
 `http_status` is what a synchronous route answers (docs/wire-contract.md §Errors and retries: the SDK retries
-408/409/429/5xx, and treats 400/404 as final). `tinkerflow.api.errors` turns both families into HTTP responses; it
+408/409/429/5xx, and treats 400/404 as final). `tinkerflow.api.http_errors` turns both families into HTTP responses; it
 holds no table of its own."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.error_types import ErrorType
 
 
 class Category(StrEnum):

@@ -1,4 +1,4 @@
-"""Stability records and the stable_reinforce check against them (activities/stability.py), on a local store: the
+"""Stability records and the stable_reinforce check against them (activities/stability_checks.py), on a local store: the
 SDK's own protobuf encoder builds the requests, as rl_loop builds its datums. The JAX worker's half of a record is
 written by `record` from a SampleResult; the API's half as `asample` writes it."""
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from tinkerflow.activities import stability, wire
-from tinkerflow.common import stability as records
+from tinkerflow.activities import stability_checks, wire
+from tinkerflow.common import stability_records as records
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.types import InputError, SampledSequence, SampleResult
 from tinkerflow.workflows.protocol.messages import BlobRef, SampleParams, WorkItem, WorkKind
@@ -41,7 +41,7 @@ def _store(tmp_path, session: str = SESSION, call: str = CALL, payload: str = "f
         sample=SampleParams(sampler_id=weights.sampler_id),
     )
     result = SampleResult([SampledSequence(t, lp, "length") for t, lp in zip(SAMPLED, LOGPROBS)])
-    stability.record(store, item, json.dumps({"record_stability_info": True}).encode(), result)
+    stability_checks.record(store, item, json.dumps({"record_stability_info": True}).encode(), result)
     return store
 
 
@@ -83,7 +83,7 @@ def _resolve(store: ClaimCheckStore, data: list[types.Datum], loss: str = "stabl
         seq_id=1,
     )
     msg = wire.parse_forward_backward(forward_backward_request_to_proto(req).SerializeToString())
-    return stability.resolve(store, msg, wire.forward_backward_input(msg, slot=0), f"{session}:train:0")
+    return stability_checks.resolve(store, msg, wire.forward_backward_input(msg, slot=0), f"{session}:train:0")
 
 
 def test_the_loss_reads_the_recorded_logprobs_and_the_records_round_trip_exactly(tmp_path):
@@ -157,7 +157,7 @@ def test_other_losses_read_no_records_and_unasked_samples_write_none(tmp_path):
     inp = _resolve(empty, [_datum(sequence_id="anything")], loss="importance_sampling")
     assert inp.data[0].inputs["logprobs"].tolist() == [0.0, 0.0, *LOGPROBS[0]]
     item = WorkItem(key="k", requester="r", kind=WorkKind.SAMPLE, session_id=SESSION, payload=BlobRef("u", 1, "0"))
-    stability.record(empty, item, b'{"record_stability_info":false}', SampleResult([]))
+    stability_checks.record(empty, item, b'{"record_stability_info":false}', SampleResult([]))
     assert not empty.fs.exists(f"{empty.root}/{records.KIND}")
 
 

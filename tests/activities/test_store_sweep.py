@@ -14,12 +14,12 @@ import pytest
 
 from tinkerflow.activities.storage_activities import StorageActivities
 from tinkerflow.api import session_futures
-from tinkerflow.common import stability
+from tinkerflow.common import stability_records
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.store import ClaimCheckStore, write_whole
 
 SAMPLER = "sess-1:sample:0"
-WEIGHTS = stability.Weights(SAMPLER, "tiny")
+WEIGHTS = stability_records.Weights(SAMPLER, "tiny")
 
 
 def _svc(store: ClaimCheckStore) -> Any:
@@ -41,14 +41,18 @@ def test_the_sweep_collects_old_futures_records_cancel_markers_and_stability_rec
     session_futures.record(svc, SAMPLER, 7, "req-old", "body-uri-old")
     session_futures.record(svc, "sess-2:sample:3", 1_000_000_001, "req-gone", "body-uri-gone")
     _write(store, store.cancel_marker("body-uri-old"), b"req-old")
-    stability.write_call(store, stability.CallRecord("sample/old#0", "body-uri-old", "o", "sess-1", WEIGHTS))
+    stability_records.write_call(
+        store, stability_records.CallRecord("sample/old#0", "body-uri-old", "o", "sess-1", WEIGHTS)
+    )
     old = session_futures._records(svc, session_futures._dir(svc, SAMPLER, 0))
     assert [r["request_id"] for r in old.values()] == ["req-old"]
     time.sleep(1.5)
     # New: the same clone's next record, a new marker and stability record.
     session_futures.record(svc, SAMPLER, 8, "req-new", "body-uri-new")
     _write(store, store.cancel_marker("body-uri-new"), b"req-new")
-    stability.write_call(store, stability.CallRecord("sample/new#0", "body-uri-new", "o", "sess-1", WEIGHTS))
+    stability_records.write_call(
+        store, stability_records.CallRecord("sample/new#0", "body-uri-new", "o", "sess-1", WEIGHTS)
+    )
     fresh = store.put(b"a body", "requests")
 
     swept = StorageActivities(CheckpointStore((tmp_path / "c").as_uri()), store, retention_s=1.0).sweep_claim_checks()
@@ -61,7 +65,7 @@ def test_the_sweep_collects_old_futures_records_cancel_markers_and_stability_rec
     assert not store.fs.exists(store.cancel_marker("body-uri-old"))
     assert store.fs.exists(store.cancel_marker("body-uri-new"))
     assert store.get(fresh) == b"a body"
-    assert len(store.fs.ls(f"{store.root}/{stability.KIND}")) == 1  # the new call's record
+    assert len(store.fs.ls(f"{store.root}/{stability_records.KIND}")) == 1  # the new call's record
     if where == "file":  # the emptied sampler's folders went with their record; the kinds' own folders stay
         assert not (tmp_path / "store" / "futures" / "sess-2%3Asample%3A3").exists()
         assert (tmp_path / "store" / "futures" / "sess-1%3Asample%3A0" / "0").is_dir()

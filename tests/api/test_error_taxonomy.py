@@ -1,5 +1,5 @@
 """One error taxonomy: every member states a category and the HTTP status the Tinker contract implies, the old names
-are the taxonomy's types, and the API's one mapping (api/errors.py) answers what the taxonomy says."""
+are the taxonomy's types, and the API's one mapping (api/http_errors.py) answers what the taxonomy says."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from tinkerflow.api.errors import failure_category, from_error, from_temporal
+from tinkerflow.api.http_errors import failure_category, from_error, from_temporal
 from tinkerflow.common import errors
 from tinkerflow.common.errors import TEMPORAL_ERRORS, Category, TinkerflowError
 from tinkerflow.common.quotas import QuotaFileError
 from tinkerflow.common.settings import SettingsError
-from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.error_types import ErrorType
 
 # What the contract implies for each (docs/wire-contract.md §Futures, §Errors and retries; docs/architecture.md §What
 # tenancy promises): a user's mistake is a 4xx with a body that the SDK does not retry, except 409 (a seq_id conflict,
@@ -104,8 +104,8 @@ def test_old_names_are_the_taxonomys_types():
     from tinkerflow.api.request_ids import BadRequestId
     from tinkerflow.common.checkpoints import CheckpointError, CheckpointNotFound
     from tinkerflow.common.store import StoreError
+    from tinkerflow.workers.base_model import UnknownModelError
     from tinkerflow.workers.engine.types import InputError
-    from tinkerflow.workers.models import UnknownModelError
 
     assert (InputError, UnknownModelError, BadRequestId, StoreError, CheckpointError, CheckpointNotFound) == (
         errors.InputError,

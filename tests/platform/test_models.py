@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import REPO
 from tinkerflow.common.settings import Settings
+from tinkerflow.workers.base_model import UnknownModelError, resolve_base_model
 from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
-from tinkerflow.workers.models import UnknownModelError, resolve_base_model
 
 
 def _use_hub_cache(monkeypatch, path: Path) -> None:

@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 
 from tinkerflow.workflows.coordinator.paging import home_for, lost_in_paging
 from tinkerflow.workflows.coordinator.state import CoordinatorState, WorkerSlots
-from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.error_types import ErrorType
 from tinkerflow.workflows.protocol.messages import DropSnapshots, LoadCheckpoint, WorkerInfo, WorkItem, WorkKind
 
 # An ephemeral sampler snapshot (save_weights_and_get_sampling_client) is collected once a newer one of the same run

@@ -27,7 +27,7 @@ from tinkerflow.workflows.coordinator.paging import BatchPlan
 from tinkerflow.workflows.coordinator.placement import SLOT_KINDS, PlacementPolicy
 from tinkerflow.workflows.coordinator.state import CoordinatorState
 from tinkerflow.workflows.coordinator.view import describe
-from tinkerflow.workflows.protocol.errors import ErrorType
+from tinkerflow.workflows.protocol.error_types import ErrorType
 from tinkerflow.workflows.protocol.messages import (
     Batch,
     BatchResult,

@@ -134,7 +134,7 @@ def _stable_reinforce(
     Inputs, as the SDK 0.38 types and the cookbook 0.6.1 build them: the datum's provenance spans name the sampled
     sequence behind each target position; positions in a SampledProvenanceSpan are the sampled tokens M
     (`seq_mask`); `logprobs` holds the sampler's log-probs q of those tokens, which the JAX worker takes from the
-    server's stability record of the sequence (sampled with `record_stability_info=True`; activities/stability.py
+    server's stability record of the sequence (sampled with `record_stability_info=True`; activities/stability_checks.py
     checks the datum's tokens and log-probs against it first); advantages are nonzero only on M (the cookbook's rule:
     "stable_reinforce only accepts nonzero advantages on sampled tokens"; validation refuses others).
 

@@ -1,4 +1,5 @@
-"""StableReinforce's sampled tokens, checked against the server's stability records (tinkerflow.common.stability).
+"""StableReinforce's sampled tokens, checked against the server's stability records
+(tinkerflow.common.stability_records).
 
 A sample call whose body sets `record_stability_info` has its sequences recorded when the JAX worker has sampled
 them (`record`). A `stable_reinforce` forward_backward names, in each datum's provenance, the sampled sequence behind
@@ -25,7 +26,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from tinkerflow.common import stability
+from tinkerflow.common import stability_records
 from tinkerflow.common.store import ClaimCheckStore
 from tinkerflow.workers.engine.training.losses import LOSSES_NEEDING_PROVENANCE
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputError, SampleResult
@@ -52,11 +53,13 @@ def record(store: ClaimCheckStore, item: WorkItem, body: bytes, result: SampleRe
     if item.payload is None or not asks_for_records(body):
         return
     sequences = [
-        stability.SampledSequence(np.asarray(s.tokens, np.int32), np.asarray(s.logprobs, np.float32))
+        stability_records.SampledSequence(np.asarray(s.tokens, np.int32), np.asarray(s.logprobs, np.float32))
         for s in result.sequences
     ]
-    weights = stability.Weights(sampler_id=item.sample.sampler_id if item.sample else "", snapshot=item.snapshot)
-    stability.write_sampled(store, item.payload.uri, item.session_id, weights, sequences)
+    weights = stability_records.Weights(
+        sampler_id=item.sample.sampler_id if item.sample else "", snapshot=item.snapshot
+    )
+    stability_records.write_sampled(store, item.payload.uri, item.session_id, weights, sequences)
 
 
 def resolve(
@@ -66,7 +69,7 @@ def resolve(
     records of the run's session (module docstring); unchanged for losses that read no provenance."""
     if inp.loss_fn not in LOSSES_NEEDING_PROVENANCE:
         return inp
-    lookup = stability.Lookup(store, names.session_of(model_id))
+    lookup = stability_records.Lookup(store, names.session_of(model_id))
     data: list[Datum] = []
     for i, (datum, wire_datum) in enumerate(zip(inp.data, msg.data, strict=True)):
         inputs = datum.inputs or {}
@@ -119,8 +122,8 @@ def _sampled(spans: Seq[pb.ProvenanceSpan]) -> Iterator[tuple[str, int, int, int
 
 
 def _recorded(
-    lookup: stability.Lookup, sequence: str, offset: int, length: int, where: str
-) -> stability.SampledSequence:
+    lookup: stability_records.Lookup, sequence: str, offset: int, length: int, where: str
+) -> stability_records.SampledSequence:
     found = lookup.sequence(sequence)
     if found is None:
         raise InputError(
@@ -134,7 +137,7 @@ def _recorded(
         raise InputError(
             f"{where} covers tokens {offset}..{offset + length - 1} of sequence {sequence!r}, which sampled {n}"
         )
-    return stability.SampledSequence(
+    return stability_records.SampledSequence(
         found.sampled.tokens[offset : offset + length], found.sampled.logprobs[offset : offset + length]
     )
 
