@@ -4,5 +4,6 @@ DeltaNet linear attention with gated full attention, in Flax NNX with multi-LoRA
 Modules: `gated_delta` (the gated delta rule: chunked form, per-token recurrence and decode step), `conv` (the
 depthwise causal conv in front of it), `segments` (packed segment ids as the recurrent parts read them), `config`
 (the model's settings), `layers` (norms, MLP, gated attention), `linear_attention` (the Gated DeltaNet layer),
-`sparse_moe` (routed experts plus the gated shared expert) and `model` (decoder layers and the text model).
+`sparse_moe` (routed experts plus the gated shared expert), `model` (decoder layers and the text model) and
+`cache` (what the sampler's decode slots keep: full-attention keys/values and linear-attention states).
 """
