@@ -54,6 +54,13 @@ class LayerCache(NamedTuple):
     k: jax.Array
     v: jax.Array
 
+    def through(self, rows: jax.Array, lengths: jax.Array, fresh: jax.Array) -> RowCache:
+        """The slots `rows` as a call's batch rows. Keys and values need neither how many of the call's tokens are
+        real (a padded tail's keys lie past the row's position: masked, then overwritten) nor which rows start
+        afresh (a previous occupant's keys past the row's position are never read); a recurrent cache does."""
+        del lengths, fresh
+        return RowCache(self.k, self.v, rows)
+
 
 class RowCache(NamedTuple):
     """A `LayerCache` of many slots seen through `rows` (int32 [R]): batch row r of a call reads and writes slot
@@ -63,6 +70,9 @@ class RowCache(NamedTuple):
     k: jax.Array
     v: jax.Array
     rows: jax.Array
+
+    def settled(self) -> LayerCache:
+        return LayerCache(self.k, self.v)
 
 
 def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32, sharding=None) -> LayerCache:
