@@ -66,16 +66,29 @@ def _rows(n: int, seed: int) -> list[SampleRow]:
     rows = []
     for i in range(n):
         prompt = rng.integers(0, VOCAB, int(rng.integers(1, 150))).astype(np.int32)
-        rows.append(SampleRow(prompt=prompt, max_tokens=int(rng.integers(1, 12)), temperature=1.0, top_k=-1,
-                              top_p=1.0, seed=(seed, i), sample_index=0, stop_ids=[], adapter=i % 2 - 1,
-                              scale=SCALE))  # fmt: skip
+        rows.append(
+            SampleRow(
+                prompt=prompt,
+                max_tokens=int(rng.integers(1, 12)),
+                temperature=1.0,
+                top_k=-1,
+                top_p=1.0,
+                seed=(seed, i),
+                sample_index=0,
+                stop_ids=[],
+                adapter=i % 2 - 1,
+                scale=SCALE,
+            )
+        )
     return rows
 
 
 def _reference_logprobs(model, row: SampleRow, tokens: list[int]) -> np.ndarray:
     seq = np.concatenate([row.prompt, np.asarray(tokens, np.int32)])
-    routing = LoraRouting(adapter=jnp.asarray([max(row.adapter, 0)], jnp.int32),
-                          scale=jnp.asarray([SCALE if row.adapter >= 0 else 0.0], jnp.float32))  # fmt: skip
+    routing = LoraRouting(
+        adapter=jnp.asarray([max(row.adapter, 0)], jnp.int32),
+        scale=jnp.asarray([SCALE if row.adapter >= 0 else 0.0], jnp.float32),
+    )
     logits = model(jnp.asarray(seq[None, :-1]), jnp.arange(len(seq) - 1, dtype=jnp.int32)[None], routing)[0]
     lp = jax.nn.log_softmax(logits, axis=-1)
     p = len(row.prompt)
@@ -92,3 +105,17 @@ def test_sampled_logprobs_equal_the_forward(model, sampler, n):
         assert res.cache_hit_tokens == 0
         want = _reference_logprobs(model, row, res.tokens)
         np.testing.assert_allclose(res.logprobs, want, atol=ATOL, rtol=RTOL, err_msg=f"row {i} of {n}")
+
+
+def test_rows_reusing_freed_slots_start_from_zero_state(model, sampler):
+    """More rows than slots: later rows take slots earlier ones freed, whose states they must not read."""
+    _, lora, base = nnx.split(model, nnx.LoRAParam, ...)
+    rows = _rows(20, seed=5)
+    sampler.max_slots = 8
+    try:
+        out = sampler.run(rows, lora, base)
+    finally:
+        sampler.max_slots = 64
+    for i, (row, res) in enumerate(zip(rows, out, strict=True)):
+        want = _reference_logprobs(model, row, res.tokens)
+        np.testing.assert_allclose(res.logprobs, want, atol=ATOL, rtol=RTOL, err_msg=f"row {i} of 20")
