@@ -111,8 +111,7 @@ async def serve(
     restart = _cache_holds_programs(settings)
     first, later = warm_up_pieces(settings, warm_cache=restart)
     engine = await asyncio.to_thread(start_engine, settings, local_path, pieces=first)
-    # A surviving sampling client's first sample: its bucket read back before registering (a model that samples).
-    if restart and later and engine.slot_buckets:
+    if restart and later:  # a surviving sampling client's first sample: its bucket read back before registering
         from tinkerflow.workers.engine.warm_up import first_sample_piece
 
         piece = first_sample_piece(warm_up_plan(settings), engine.slot_buckets)

@@ -27,8 +27,11 @@ def stack(tmp_path_factory) -> Iterator[tuple[RunningStack, object]]:
     root = tmp_path_factory.mktemp("e2e-qwen3_5")
     model = make_tiny_model(root / "tiny-qwen3_5", family="qwen3_5")
     os.environ["HF_HUB_CACHE"] = str(root / "empty-hub")  # the stack inherits it: the hub id is never looked up
-    s = launch(root / "state", api_key=API_KEY,
-               extra=["--base-model", str(model), "--served-model-name", HUB_ID, "--warm-up", "off"])  # fmt: skip
+    s = launch(
+        root / "state",
+        api_key=API_KEY,
+        extra=["--base-model", str(model), "--served-model-name", HUB_ID, "--warm-up", "off"],
+    )
     yield s, model
     s.stop()
 
@@ -48,8 +51,9 @@ def _engine_logprobs(model) -> np.ndarray:
     engine = Engine.load(str(model), max_lora_adapters=2, max_lora_rank=8, progress=False)
     engine.create_adapter(0, LoraConfig(rank=8))
     datum = Datum(tokens=np.asarray(TOKENS[:-1], np.int32), inputs={"target_tokens": np.asarray(TOKENS[1:], np.int32)})
-    [res] = engine.forward_backward([ForwardBackwardInput(slot=0, data=[datum], loss_fn="cross_entropy",
-                                                          forward_only=True)])  # fmt: skip
+    [res] = engine.forward_backward(
+        [ForwardBackwardInput(slot=0, data=[datum], loss_fn="cross_entropy", forward_only=True)]
+    )
     assert not isinstance(res, Exception), res
     return res.outputs[0]["logprobs"]
 

@@ -3,6 +3,8 @@ shape_buckets.py train_seq_len)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tinkerflow.workers.engine.model.families import ModelConfig
@@ -68,3 +70,33 @@ def test_training_rows_have_three_lengths_up_to_4096_tokens():
     assert train_seq_len(3000, limit=3072) == 3072  # a 4x bucket past the limit: the tighter one
     assert [round_up_pow4(n) for n in (1, 2, 4, 5, 16, 17)] == [1, 4, 4, 16, 16, 64]
     assert round_up_pow4(5, cap=8) == 8
+
+
+def test_recurrent_states_per_slot_come_out_of_the_kv_budget():
+    from tinkerflow.workers.engine.runtime.memory_plan import SLOT_BUFFER_BYTES_PER_TOKEN, TRAIN_SHARE, MemoryPlan
+
+    per_token = 1000 + SLOT_BUFFER_BYTES_PER_TOKEN
+    fields: dict[str, Any] = dict(
+        device="test",
+        capacity_bytes=0,
+        resident_bytes=0,
+        snapshot_bytes=0,
+        reserve_bytes=0,
+        prefix_cache_bytes=0,
+        work_bytes=int(per_token * 10_000 / TRAIN_SHARE) + 1,
+        train_bytes_per_token=1,
+        train_bytes_per_token_no_remat=1,
+        train_fixed_bytes=0,
+        kv_bytes_per_token=1000,
+        prefill_bytes_per_token=0,
+        max_train_tokens=1,
+        remat_min_tokens=1,
+        max_sample_tokens=1,
+        max_lora_rank=1,
+    )
+    plain = MemoryPlan(**fields)
+    hybrid = MemoryPlan(**fields, state_bytes_per_slot=per_token * 100)  # a slot's state: 100 tokens' worth
+    assert plain.kv_tokens(64) == plain.kv_slots(1) == 10_000
+    assert hybrid.kv_tokens(64) == 10_000 - 64 * 100
+    assert hybrid.kv_slots(100) == 10_000 // 200
+    assert hybrid.prefill_rows(1, 10, 0) < plain.prefill_rows(1, 10, 0)

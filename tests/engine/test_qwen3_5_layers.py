@@ -131,7 +131,7 @@ def test_every_module_matches_transformers(pair):
         if layer.layer_type == "linear_attention":
             check(".mixer", layer.linear_attn(given(".mixer"), r)[0])
         else:
-            check(".mixer", layer.self_attn(given(".mixer"), rope, r))
+            check(".mixer", layer.self_attn(given(".mixer"), rope, r)[0])
         check(".post_attention_layernorm", layer.post_attention_layernorm(given(".post_attention_layernorm")))
         if moe:
             assert isinstance(layer.mlp, SparseMoeBlock)

@@ -85,8 +85,10 @@ def test_mtp_tensors_are_skipped_with_one_info_line(tmp_path, caplog):
     directory, model = _saved(tmp_path, "causal", False)
     from safetensors.numpy import save_file
 
-    save_file({"mtp.fc.weight": np.ones((4, 4), np.float32), "mtp.norm.weight": np.ones(4, np.float32)},
-              str(directory / "mtp.safetensors"))  # fmt: skip
+    save_file(
+        {"mtp.fc.weight": np.ones((4, 4), np.float32), "mtp.norm.weight": np.ones(4, np.float32)},
+        str(directory / "mtp.safetensors"),
+    )
     index = json.loads((directory / "model.safetensors.index.json").read_text())
     index["weight_map"].update({"mtp.fc.weight": "mtp.safetensors", "mtp.norm.weight": "mtp.safetensors"})
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))

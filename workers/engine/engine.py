@@ -103,24 +103,14 @@ class Engine:
         self.adapter_page_bytes, self.page_capacity = self._pager.page_bytes, self._pager.capacity
         self._sampler_snapshots.attach_pages(self.pages)
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
-        # A model whose layers keep state the sampler does not hold (SlotSampler refuses it) trains but cannot
-        # sample: every sample request answers `sampling_refusal`, and the warm-up builds no sampler program.
-        self._sampler: SlotSampler | None = None
-        self.sampling_refusal: str | None = None
-        try:
-            self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
-        except ValueError as e:
-            self.sampling_refusal = f"sampling is not available for this model ({self.config.arch}) yet: {e}"
-            log.warning("%s; training only", self.sampling_refusal)
-        prefix_tokens = max(0, prefix_cache_tokens) // BLOCK * BLOCK if self._sampler is not None else 0
-        if self._sampler is not None:
-            self._sampler.prefix_tokens = prefix_tokens
+        self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
+        self._sampler.prefix_tokens = max(0, prefix_cache_tokens) // BLOCK * BLOCK
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
         # and the slots are resident; it admits work and sizes micro-batches, decode slots and prefill rows.
         self._memory = make_plan(
             self.config, self.dtype, max_lora_rank=max_lora_rank,
             snapshot_bytes=self._sampler_snapshots.cache.budget_bytes, override_bytes=device_memory_bytes,
-            max_position=info.max_position_embeddings, prefix_cache_tokens=prefix_tokens,
+            max_position=info.max_position_embeddings, prefix_cache_tokens=self._sampler.prefix_tokens,
             host_pages_bytes=self.pages.host_budget,
         )  # fmt: skip
         if not gradient_checkpointing:
@@ -135,8 +125,7 @@ class Engine:
     @memory.setter
     def memory(self, plan: MemoryPlan) -> None:
         self._memory = plan
-        if self._sampler is not None:
-            self._sampler.memory = plan
+        self._sampler.memory = plan
         self._steps.max_seq = plan.max_train_tokens
 
     @property
@@ -153,8 +142,6 @@ class Engine:
 
     @property
     def sampler(self) -> SlotSampler:
-        if self._sampler is None:  # the model cannot sample
-            raise RuntimeError(str(self.sampling_refusal))
         return self._sampler
 
     @property
@@ -316,7 +303,7 @@ class Engine:
         """Bytes free for a program that needs `needed`, after letting go of the sampler's idle KV caches if that is
         what it takes."""
         free = self.memory.free_bytes()
-        if needed > free and self._sampler is not None and self._sampler.release_idle():
+        if needed > free and self._sampler.release_idle():
             free = self.memory.free_bytes()
         return free
 
@@ -328,17 +315,16 @@ class Engine:
     @property
     def sample_slots(self) -> int:
         """Decode slots (rows decoded together) at most; smaller row buckets are powers of 8 below it."""
-        return self._sampler.max_slots if self._sampler is not None else 0
+        return self._sampler.max_slots
 
     @sample_slots.setter
     def sample_slots(self, value: int) -> None:
-        if self._sampler is not None:
-            self._sampler.max_slots = self._layout.round_rows(int(value))
+        self._sampler.max_slots = self._layout.round_rows(int(value))
 
     @property
     def slot_buckets(self) -> list[int]:
         """The sampler's decode-slot buckets (rows decoded together), smallest first."""
-        return [b.slots for b in self._sampler.buckets()] if self._sampler is not None else []
+        return [b.slots for b in self._sampler.buckets()]
 
     def prefer_buckets(self, plan: WarmUpPlan) -> None:
         """Round training sequences up to the buckets `plan` warms, where one fits, so a workload within them
@@ -351,8 +337,6 @@ class Engine:
     def schedule_warm_up(self, pieces: tuple[WarmUpPiece, ...]) -> None:
         """The sampler families among `pieces` are about to be warmed up in the background: a request that comes
         first compiles only its own slot bucket of them (sampler.py)."""
-        if self._sampler is None:
-            return
         self._sampler.scheduled_families = frozenset(
             (stack_size(p.adapters), p.scoring) for p in pieces if p.kind == "sampler"
         )
@@ -370,8 +354,6 @@ class Engine:
         return warm_up.compile_ahead(self, tuple(pieces), threads)
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
-        if self._sampler is None:
-            return [InputError(str(self.sampling_refusal)) for _ in requests]
         with self._sampler_snapshots.paged_in(r.snapshot for r in requests if r.snapshot is not None):
             return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests,
                                           info=self.info, memory=self.memory)  # fmt: skip

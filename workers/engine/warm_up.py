@@ -83,9 +83,6 @@ class WarmUpEngine(EngineApi, Protocol):
     @property
     def sampler(self) -> SlotSampler: ...
 
-    # Why the model cannot sample (None: it can); its warm-up then builds no sampler program.
-    sampling_refusal: str | None
-
     @property
     def sampler_snapshots(self) -> SamplerSnapshots: ...
 
@@ -96,7 +93,6 @@ def run(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1)
     lifecycle's included) compile side by side on that many threads, beside the pieces' other work on this thread
     (XLA releases the GIL while it compiles; AotCache compiles each shape once, whoever asks first)."""
     t0 = time.perf_counter()
-    pieces = _runnable(engine, pieces)
     before = persistent_cache.counts().requests
     buckets = list(dict.fromkeys((p.rows, p.seq) for p in pieces if p.kind in ("lifecycle", "train")))
     pool = concurrent.futures.ThreadPoolExecutor(threads, "warm-up") if threads > 1 and buckets else None
@@ -133,7 +129,6 @@ def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads
     call (which may donate those arrays meanwhile), so it needs no turn on the engine (`EngineLock` lets it pass);
     a request that needs a program being compiled here waits for that compile alone (AotCache), never for a piece.
     The number of programs this process built meanwhile."""
-    pieces = _runnable(engine, pieces)
     before = persistent_cache.counts().requests
     jobs = [
         (step, f"batch={p.rows} seq={p.seq} (warm-up)", args, static)
@@ -146,11 +141,6 @@ def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads
         for future in futures:
             future.result()
     return persistent_cache.counts().requests - before
-
-
-def _runnable(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...]) -> tuple[WarmUpPiece, ...]:
-    """`pieces` less the sampler's where the model cannot sample (Engine.sampling_refusal)."""
-    return pieces if engine.sampling_refusal is None else tuple(p for p in pieces if p.kind != "sampler")
 
 
 def _train_steps(
@@ -259,7 +249,7 @@ def _lifecycle_sample(engine: WarmUpEngine, piece: WarmUpPiece) -> None:
         engine.snapshot(slot, SCRATCH_SNAPSHOT)
         engine.load_snapshot(SCRATCH_SNAPSHOT + "loaded", LoraConfig(rank=1), engine.adapter_weights(slot))
         prompt = np.arange(LIFECYCLE_PROMPT, dtype=np.int32) % engine.info.vocab_size
-        for snapshot in (SCRATCH_SNAPSHOT, None) if engine.sampling_refusal is None else ():
+        for snapshot in (SCRATCH_SNAPSHOT, None):
             _expect_ok(engine.sample([SampleInput(prompt=prompt, max_tokens=4, seed=0, snapshot=snapshot)]))
     finally:
         engine.drop_snapshot(SCRATCH_SNAPSHOT)

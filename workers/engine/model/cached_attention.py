@@ -1,6 +1,7 @@
 """Attention against a KV cache: one token per row decoding, or a prompt's suffix after its cached prefix. Both read
 only the key blocks the rows have filled (a loop over blocks up to the furthest position, with an online softmax),
-so a step's work follows what the rows hold, not the cache's length."""
+so a step's work follows what the rows hold, not the cache's length. `write_kv` and `attend_cached` are how a model's
+attention layer uses them (decoder.py's and the hybrid families' alike)."""
 
 from __future__ import annotations
 
@@ -114,3 +115,31 @@ def suffix_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
     _, den, acc = jax.lax.fori_loop(0, blocks, step, init)
     out = acc / jnp.where(den > 0, den, 1.0)[..., None]
     return out.reshape(b, t, h * d)
+
+
+def write_kv(
+    k: jax.Array,
+    v: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    layer,
+    positions: jax.Array,
+    rows: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """k/v [B, T, KV, D] written at cache[layer, row, positions] (row b is cache row `rows[b]`, or b). Each row
+    writes at its own positions, so rows of different lengths share one cache: entries past a row's position are
+    masked when read and overwritten before they become visible; positions past the cache's end (a chunk's
+    padding) and rows past it (padding rows) write nothing."""
+    at = (jnp.arange(k.shape[0]) if rows is None else rows)[:, None]
+    return k_cache.at[layer, at, positions].set(k, mode="drop"), v_cache.at[layer, at, positions].set(v, mode="drop")
+
+
+def attend_cached(
+    q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer, positions: jax.Array, rows: jax.Array | None = None
+) -> jax.Array:
+    """q [B, T, H, D] at `positions` [B, T] against cache[layer], its own keys already written: one token per row of
+    the whole cache decodes (`decode_attention`); anything else continues the rows' cached keys
+    (`suffix_attention`). Float32 [B, T, H * D]."""
+    if q.shape[1] == 1 and rows is None:
+        return decode_attention(q, k_cache, v_cache, layer, positions[:, 0])
+    return suffix_attention(q, k_cache, v_cache, layer, positions, rows=rows)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import Segments, attention
-from .cached_attention import decode_attention, suffix_attention
+from .cached_attention import attend_cached, write_kv
 from .families import CacheKind, LayerOptions, ModelConfig, ModuleKind, family_named
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, base_matmul, lora_delta, lora_embedding_delta
 
@@ -54,6 +54,13 @@ class LayerCache(NamedTuple):
     k: jax.Array
     v: jax.Array
 
+    def through(self, rows: jax.Array, lengths: jax.Array, fresh: jax.Array) -> RowCache:
+        """The slots `rows` as a call's batch rows. Keys and values need neither how many of the call's tokens are
+        real (a padded tail's keys lie past the row's position: masked, then overwritten) nor which rows start
+        afresh (a previous occupant's keys past the row's position are never read); a recurrent cache does."""
+        del lengths, fresh
+        return RowCache(self.k, self.v, rows)
+
 
 class RowCache(NamedTuple):
     """A `LayerCache` of many slots seen through `rows` (int32 [R]): batch row r of a call reads and writes slot
@@ -63,6 +70,9 @@ class RowCache(NamedTuple):
     k: jax.Array
     v: jax.Array
     rows: jax.Array
+
+    def settled(self) -> LayerCache:
+        return LayerCache(self.k, self.v)
 
 
 def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32, sharding=None) -> LayerCache:
@@ -142,21 +152,11 @@ class Attention(nnx.Module):
         q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
 
         if cache is not None:
-            # Each row writes its new keys at its own positions, so rows of different prompt lengths share one
-            # cache; slots past a row's position are masked when read and overwritten before they become visible.
-            # Positions past the cache's end (a chunk's padding) write nothing.
             view = cache.rows if isinstance(cache, RowCache) else None
-            rows = (jnp.arange(b) if view is None else view)[:, None]
-            cache = cache._replace(
-                k=cache.k.at[layer, rows, positions].set(k, mode="drop"),
-                v=cache.v.at[layer, rows, positions].set(v, mode="drop"),
-            )
-            if t == 1 and view is None:
-                out = decode_attention(q, cache.k, cache.v, layer, positions[:, 0])
-                return self.o_proj(out, routing), cache
-            if segments is None:
-                out = suffix_attention(q, cache.k, cache.v, layer, positions, rows=view)
-                return self.o_proj(out, routing), cache
+            k_cache, v_cache = write_kv(k, v, cache.k, cache.v, layer, positions, view)
+            cache = cache._replace(k=k_cache, v=v_cache)
+            if segments is None or (t == 1 and view is None):
+                return self.o_proj(attend_cached(q, k_cache, v_cache, layer, positions, view), routing), cache
         seg = segments if segments is not None else Segments.whole(b, t)
         out = attention(q, k, v, seg.ids, seg.ids, single_segment=seg.single)
         return self.o_proj(out, routing), cache

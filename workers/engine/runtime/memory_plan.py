@@ -11,8 +11,9 @@ at a time): a forward_backward's activations, a sampling call's KV cache and pre
 Per-token costs are computed from the model's shape (the formulas below, checked in tests against what XLA reports
 for the compiled programs): with gradient checkpointing a training token keeps one float32 hidden state per layer
 and the recomputed layer's intermediates; a KV-cache token keeps keys and values of every layer in the compute
-dtype. Work is admitted against it: a datum that can never fit is a user error before anything is allocated, naming
-the limit in tokens and the flags that move it; a sampling call's decode slots and prefill rows are sized so they
+dtype, and a model with linear-attention layers adds each decode slot's fixed-size recurrent state. Work is
+admitted against it: a datum that can never fit is a user error before anything is allocated, naming the limit in
+tokens and the flags that move it; a sampling call's decode slots and prefill rows are sized so they
 fit (rows that do not fit now wait for a free slot).
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..model.families import ModelConfig, family_named
 from ..model.logprobs import chunk_tokens
+from ..model.slot_cache import state_bytes_per_slot
 from ..shape_buckets import round_down_seq_len
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class MemoryPlan:
     remat_min_tokens: int  # micro-batches of at least this many tokens recompute layers in the backward pass
     max_sample_tokens: int  # prompt + max_tokens of one sampled row (one slot's KV cache and its prefill)
     max_lora_rank: int
+    # One decode slot's recurrent state (linear-attention layers), whatever its length; 0 for keys and values only.
+    state_bytes_per_slot: int = 0
 
     def as_metrics(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if isinstance(v, int)}
@@ -81,13 +85,20 @@ class MemoryPlan:
         return max(0, free - self.reserve_bytes)
 
     def kv_slots(self, cache_len: int) -> int:
-        """Decode slots whose KV caches of `cache_len` fit the work memory (with their prefill's activations)."""
-        per_slot = cache_len * (self.kv_bytes_per_token + SLOT_BUFFER_BYTES_PER_TOKEN)
+        """Decode slots whose KV caches of `cache_len` (and recurrent states) fit the work memory."""
+        per_slot = cache_len * (self.kv_bytes_per_token + SLOT_BUFFER_BYTES_PER_TOKEN) + self.state_bytes_per_slot
         return max(0, int(self.work_bytes * TRAIN_SHARE) // max(1, per_slot))
+
+    def kv_tokens(self, slots: int) -> int:
+        """KV-cache positions (with their slot buffers) that fit the work memory beside `slots` slots' states."""
+        room = int(self.work_bytes * TRAIN_SHARE) - slots * self.state_bytes_per_slot
+        return max(0, room // (self.kv_bytes_per_token + SLOT_BUFFER_BYTES_PER_TOKEN))
 
     def prefill_rows(self, prompt_len: int, slots: int, cache_len: int) -> int:
         """Prompt rows one admission may prefill at once beside `slots` KV caches of `cache_len` (at least 1)."""
-        room = int(self.work_bytes * TRAIN_SHARE) - slots * cache_len * self.kv_bytes_per_token
+        room = int(self.work_bytes * TRAIN_SHARE) - slots * (
+            cache_len * self.kv_bytes_per_token + self.state_bytes_per_slot
+        )
         per_row = prompt_len * (self.prefill_bytes_per_token + self.kv_bytes_per_token)
         return max(1, room // max(1, per_row))
 
@@ -215,6 +226,7 @@ def make_plan(
         kv_bytes_per_token=costs["kv"], prefill_bytes_per_token=costs["prefill"], max_train_tokens=int(max_train),
         remat_min_tokens=max(1, int(work * NO_REMAT_SHARE) // costs["train_no_remat"]),
         max_sample_tokens=int(max_sample), max_lora_rank=max_lora_rank,
+        state_bytes_per_slot=state_bytes_per_slot(config),
     )  # fmt: skip
     log.info(
         "memory plan: %s %.1f GiB = resident %.1f (weights, adapter slots) + snapshots %.1f + prefix cache %.2f"

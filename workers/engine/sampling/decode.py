@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..model.decoder import LayerCache, RowCache, empty_cache
+from ..model.decoder import LayerCache
 from ..model.families import ModelConfig
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..model.sharding import DeviceLayout
+from ..model.slot_cache import empty_slot_cache, kv_layers
 from .buckets import STOP_IDS
 from .prefix_cache import BLOCK
 from .prompt_scoring import alt_tokens, target_prompt_logprobs
@@ -50,7 +51,9 @@ MAX_TARGET_PROMPT_LOGPROBS = 64
 class Slots:
     """The decode slots: KV cache, per-slot parameters and routing, and generation state. Free slots are done."""
 
-    cache: LayerCache  # [layers, B, L, kv_heads, head_dim]
+    # The model's slot cache (model/slot_cache.py): keys/values [kv layers, B, L, kv_heads, head_dim] as `k`, `v`,
+    # and a recurrent model's per-slot states beside them.
+    cache: Any
     params: RowParams
     adapter: jax.Array  # int32 [B]: index into the LoRA stack, -1 = base model
     scale: jax.Array  # float32 [B]
@@ -69,7 +72,9 @@ def _constrain(slots: Slots, placement: DeviceLayout) -> Slots:
     """Pin the slots to their layout (cache rows on fsdp and kv heads on tp, the rest rows on fsdp), so every
     compiled function takes and returns the same shardings."""
     cache_sharding = placement.cache_sharding()
-    cache = LayerCache(*(jax.lax.with_sharding_constraint(x, cache_sharding) for x in slots.cache))
+    kv = slots.cache
+    k, v = (jax.lax.with_sharding_constraint(x, cache_sharding) for x in (kv.k, kv.v))
+    cache = kv._replace(k=k, v=v)
     rest = placement.constrain_batch({k: v for k, v in vars(slots).items() if k != "cache"})
     return Slots(cache=cache, **rest)
 
@@ -88,7 +93,7 @@ def empty_slots(config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slo
         topk=zeros((b,), jnp.int32),
     )
     out = Slots(
-        cache=empty_cache(config, b, cache_len, dtype),
+        cache=empty_slot_cache(config, b, cache_len, dtype),
         params=params,
         adapter=jnp.full((b,), -1, jnp.int32),
         scale=zeros((b,), jnp.float32),
@@ -106,8 +111,10 @@ def empty_slots(config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slo
 
 
 def empty_pool(config: ModelConfig, dtype: Any, blocks: int) -> LayerCache:
-    """The prefix cache's pool: `blocks` blocks of BLOCK tokens of every layer's keys and values (prefix_cache.py)."""
-    return empty_cache(config, blocks, BLOCK, dtype)
+    """The prefix cache's pool: `blocks` blocks of BLOCK tokens of every cached layer's keys and values
+    (prefix_cache.py)."""
+    shape = (kv_layers(config), blocks, BLOCK, config.num_kv_heads, config.head_dim)
+    return LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 def pool_program(config: ModelConfig, dtype: Any, prefix_tokens: int) -> Any:
@@ -163,7 +170,7 @@ def admit(
     # longest hit, so the copy follows what was cached and not the cache's length.
     groups = read.reshape(r, -1, c // BLOCK)
 
-    def copy_in(g, cache: LayerCache) -> LayerCache:
+    def copy_in(g, cache: Any) -> Any:
         cols = g * c + jnp.arange(c)
         keep = (cols[None, :] < cached[:, None])[None, :, :, None, None]  # [1, R, C, 1, 1]
         blocks = jax.lax.dynamic_index_in_dim(groups, g, axis=1, keepdims=False)  # [R, C / BLOCK]
@@ -174,13 +181,14 @@ def admit(
             old = dst.at[at].get(mode="fill", fill_value=0)
             return dst.at[at].set(jnp.where(keep, got, old), mode="drop")
 
-        return LayerCache(one(cache.k, pool.k), one(cache.v, pool.v))
+        return cache._replace(k=one(cache.k, pool.k), v=one(cache.v, pool.v))
 
     cache = jax.lax.fori_loop(0, (jnp.max(cached) + c - 1) // c, copy_in, slots.cache)
     positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
-    h, view = model.hidden(chunk, positions, routing, RowCache(cache.k, cache.v, index))
-    assert isinstance(view, RowCache)
-    cache = LayerCache(view.k, view.v)
+    # A recurrent layer's state takes only the prompt's tokens, and a row's first chunk starts from zero state.
+    real = jnp.clip(prompt_len - start, 0, c)
+    h, view = model.hidden(chunk, positions, routing, cache.through(index, real, start == 0))
+    cache = view.settled()
 
     def copy_out(pool: LayerCache) -> LayerCache:  # this chunk's whole blocks, from the slots into the pool
         def one(dst, src):

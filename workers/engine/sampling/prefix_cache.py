@@ -14,6 +14,11 @@ under one version of its weights (`sample_requests.py`): a cached block is never
 tenant or other weights, so caching changes no number anyone sees. Blocks are evicted least recently used first;
 every use touches a prompt's blocks from its last to its first, so a parent is always more recent than its children
 and the oldest block is always a leaf: evicting it never orphans another.
+
+A model with recurrent layers (Gated DeltaNet: `model/slot_cache.py`) takes no hits: resuming after a cached prefix
+would need each such layer's state at the prefix's end, which the pool does not keep. Its prompts are prefilled
+whole (the sampler keeps no index and a pool of one block nothing is written to), so they miss cleanly and report
+`prompt_cache_hit_tokens` 0; snapshotting states at block boundaries would make them hit.
 """
 
 from __future__ import annotations

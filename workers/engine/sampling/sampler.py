@@ -38,8 +38,9 @@ from flax import nnx
 
 from tinkerflow.common.settings import env_setting
 
-from ..model.families import ModelConfig, family_named
+from ..model.families import ModelConfig
 from ..model.sharding import DeviceLayout
+from ..model.slot_cache import recurrent
 from ..runtime.aot_cache import AotCache, abstract
 from ..runtime.memory_plan import MemoryPlan
 from . import admission
@@ -64,13 +65,9 @@ class SlotSampler:
     def __init__(
         self, graphdef: nnx.GraphDef, placement: DeviceLayout, config: ModelConfig, dtype: Any, tokenizer: Any
     ):
-        # What the model's family caches per layer; the decode slots hold keys and values (decoder.LayerCache) only.
-        kinds = family_named(config.arch).cache_kinds(config)
-        other = next(((i, k) for i, k in enumerate(kinds) if k != "kv"), None)
-        if other is not None:
-            raise ValueError(
-                f"{config.arch} layer {other[0]} caches {other[1]!r} state; the sampler holds KV caches only"
-            )
+        # A model with recurrent layers (its slots hold their states beside the keys and values) takes no prefix
+        # cache hits: a hit would need each layer's state at the prefix's end, which the pool does not keep.
+        self.recurrent = recurrent(config)
         self.placement = placement
         self.config = config
         self.tokenizer = tokenizer
@@ -110,7 +107,7 @@ class SlotSampler:
             self.max_slots,
             self.config.max_position_embeddings,
             self.placement,
-            kv_tokens=None if memory is None else memory.kv_slots(1),
+            kv_tokens=None if memory is None else memory.kv_tokens(self.max_slots),
             prefill_rows=None if memory is None else memory.prefill_rows,
         )
 
@@ -132,9 +129,13 @@ class SlotSampler:
     def pool(self) -> Any:
         """The prefix cache's pool of blocks, made at first use (prefix_cache.py)."""
         if self._pool is None:
-            self._pool = pool_program(self._config, self._dtype, self.prefix_tokens)()
-            self.prefix = PrefixIndex(self._pool.k.shape[1]) if self.prefix_tokens >= BLOCK else None
+            self._pool = pool_program(self._config, self._dtype, self._pool_tokens())()
+            caching = self.prefix_tokens >= BLOCK and not self.recurrent
+            self.prefix = PrefixIndex(self._pool.k.shape[1]) if caching else None
         return self._pool
+
+    def _pool_tokens(self) -> int:
+        return 0 if self.recurrent else self.prefix_tokens  # 0: a pool of one block nothing is written to
 
     def release_idle(self) -> int:
         """Let go of the decode slots kept for the next call (their KV caches); the number of slot sets released."""
@@ -179,7 +180,7 @@ class SlotSampler:
         call uses read or changed, so safe on another thread beside any call; a call that needs one of these
         programs meanwhile waits for that compile alone (AotCache)."""
         if from_shapes:  # the pool's shapes from its program, compiled (cheap) and not run
-            pool = pool_program(self._config, self._dtype, self.prefix_tokens).lower().compile().out_info
+            pool = pool_program(self._config, self._dtype, self._pool_tokens()).lower().compile().out_info
             slots = self.programs.empty.prepare(bucket.label, slots=bucket.slots, cache_len=bucket.cache_len).out_info
             release = None
         else:

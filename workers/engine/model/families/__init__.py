@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 EMBEDDED_DEFAULT = "qwen3"
 
 # What the sampler keeps for one layer between decode steps: keys and values of every position ("kv"), or a
-# fixed-size recurrent state ("recurrent", linear-attention layers: the sampler holds no such cache yet).
+# fixed-size recurrent state ("recurrent", linear-attention layers: the family's cache.py builds it, slot_cache.py).
 CacheKind = Literal["kv", "recurrent"]
 # The train_attn / train_mlp / train_unembed group of a LoRA target module.
 ModuleKind = Literal["attn", "mlp", "unembed"]

@@ -18,13 +18,14 @@ attention output is multiplied by sigmoid(gate) before o_proj.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ...attention import Segments, attention
+from ...cached_attention import attend_cached, write_kv
 from ...decoder import apply_rope
 from ...lora import LoRALinear, LoraRouting
 from .config import Qwen35Config
@@ -109,9 +110,13 @@ class GatedAttention(nnx.Module):
         rope: tuple[jax.Array, jax.Array],
         routing: LoraRouting,
         segments: Segments | None = None,
-    ) -> jax.Array:
+        cache: KVView | None = None,
+    ) -> tuple[jax.Array, KVView | None]:
         """Causal attention within `segments` (packed rows; None: each row one sequence, every token real) for
-        x [B, T, hidden]; `rope` the cos/sin tables [B, T, rotary_dim] at the tokens' positions."""
+        x [B, T, hidden]; `rope` the cos/sin tables [B, T, rotary_dim] at the tokens' positions. With `cache`
+        (this layer's keys/values among the slots', as decoder.Attention's cache): the tokens' keys and values are
+        written at their positions and the queries read the cache (a decode step, or a prompt's chunk after what
+        the row holds), unless `segments` are given (a prefill from position 0 attending within the call)."""
         c = self.config
         b, t, _ = x.shape
         query_gate = self.q_proj(x, routing).reshape(b, t, c.num_heads, 2 * c.head_dim)
@@ -120,6 +125,25 @@ class GatedAttention(nnx.Module):
         v = self.v_proj(x, routing).reshape(b, t, c.num_kv_heads, c.head_dim)
         q, k = apply_partial_rope(self.q_norm(q), *rope), apply_partial_rope(self.k_norm(k), *rope)
         cd = self.q_proj.kernel[...].dtype  # attention in the weights' dtype, float32 accumulation (decoder.py)
+        q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
+        if cache is not None:
+            k_cache, v_cache = write_kv(k, v, cache.k, cache.v, cache.layer, cache.positions, cache.rows)
+            cache = cache._replace(k=k_cache, v=v_cache)
+            if segments is None:
+                out = attend_cached(q, k_cache, v_cache, cache.layer, cache.positions, cache.rows)
+                return self.o_proj(out * jax.nn.sigmoid(gate), routing), cache
         seg = segments if segments is not None else Segments.whole(b, t)
-        out = attention(q.astype(cd), k.astype(cd), v.astype(cd), seg.ids, seg.ids, single_segment=seg.single)
-        return self.o_proj(out * jax.nn.sigmoid(gate), routing)
+        out = attention(q, k, v, seg.ids, seg.ids, single_segment=seg.single)
+        return self.o_proj(out * jax.nn.sigmoid(gate), routing), cache
+
+
+class KVView(NamedTuple):
+    """One full-attention layer's part of a sampling cache: the keys/values of every such layer and slot
+    (cache.py), the layer's index among them, the tokens' positions [B, T] and the slot of each batch row (None:
+    row b is slot b)."""
+
+    k: jax.Array
+    v: jax.Array
+    layer: int
+    positions: jax.Array
+    rows: jax.Array | None

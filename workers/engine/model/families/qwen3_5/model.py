@@ -23,8 +23,9 @@ from flax import nnx
 from ...attention import Segments
 from ...decoder import Embedding, LMHead, constrain, rope_tables
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
+from .cache import HybridCache, HybridRowCache, layer_slots
 from .config import LINEAR_ATTENTION, Qwen35Config
-from .layers import MLP, GatedAttention, ZeroCenteredRMSNorm
+from .layers import MLP, GatedAttention, KVView, ZeroCenteredRMSNorm
 from .linear_attention import GatedDeltaNet, LinearAttentionState
 from .sparse_moe import SparseMoeBlock
 
@@ -72,15 +73,18 @@ class DecoderLayer(nnx.Module):
         routing: LoraRouting,
         segments: Segments | None = None,
         state: LinearAttentionState | None = None,
-    ) -> tuple[jax.Array, LinearAttentionState | None]:
-        """(x after the layer, the linear-attention state after the call; None for a full-attention layer)."""
+        kv: KVView | None = None,
+    ) -> tuple[jax.Array, LinearAttentionState | KVView | None]:
+        """(x after the layer, its mixer's cache after the call: the linear-attention state, or the full-attention
+        layer's `kv` view; `state` and `kv` are the caches going in, each read by its own kind of layer only)."""
         mixed = self.input_layernorm(x)
+        after: LinearAttentionState | KVView | None
         if self.layer_type == LINEAR_ATTENTION:
-            mixed, state = self.linear_attn(mixed, routing, segments, state)
+            mixed, after = self.linear_attn(mixed, routing, segments, state)
         else:
-            mixed = self.self_attn(mixed, rope, routing, segments)
+            mixed, after = self.self_attn(mixed, rope, routing, segments, kv)
         x = x + mixed
-        return x + self.mlp(self.post_attention_layernorm(x), routing), state
+        return x + self.mlp(self.post_attention_layernorm(x), routing), after
 
 
 def _remat_layer(layer: DecoderLayer, x, rope, routing, segments):
@@ -130,28 +134,44 @@ class CausalLM(nnx.Module):
         tokens: jax.Array,
         positions: jax.Array,
         routing: LoraRouting,
-        cache: Any = None,
+        cache: HybridCache | HybridRowCache | None = None,
         segments: Segments | None = None,
         *,
         remat: bool | None = None,
-    ) -> tuple[jax.Array, Any]:
+    ) -> tuple[jax.Array, HybridCache | HybridRowCache | None]:
         """Final-norm hidden states [B, T, hidden] for tokens [B, T] at `positions` [B, T] (restarting at each packed
-        datum), and the cache; `segments`: which datum each token belongs to (None: one per row, every token real).
-        `remat` overrides the model's gradient checkpointing for this call (decoder.CausalLM.hidden)."""
-        if cache is not None:
-            raise ValueError(f"{self.config.arch} has no sampler state cache yet: it cannot sample")
+        datum), and the cache after them when one is given. `segments`: which datum each token belongs to (None: one
+        per row, every token real). `remat` overrides the model's gradient checkpointing for this call
+        (decoder.CausalLM.hidden; without a cache only).
+
+        With `cache` (cache.py), each row continues what its slot holds: full-attention layers write their keys
+        and values at `positions` and read the slot's earlier ones; linear layers continue the slot's state (zero
+        for a `fresh` row) over the row's real tokens (`lengths` of a row view; a whole cache's call is one
+        decode token per slot) and leave the state after the last of them."""
         remat = self.remat if remat is None else remat
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
         x = constrain(x, self.act_sharding)
         rope = rope_tables(self.config, positions)
-        for layer in self.layers:
-            if remat:
-                x = _remat_layer(layer, x, rope, routing, segments)
+        if cache is None:
+            for layer in self.layers:
+                x = _remat_layer(layer, x, rope, routing, segments) if remat else layer(x, rope, routing, segments)[0]
+                x = constrain(x, self.act_sharding)
+            return self.norm(x), None
+        rows = cache.rows if isinstance(cache, HybridRowCache) else None
+        linear_segments = segments
+        if isinstance(cache, HybridRowCache) and segments is None:  # the chunk's tail past a prompt is padding
+            linear_segments = Segments.right_padded(cache.lengths, tokens.shape[1])
+        for layer, slot in zip(self.layers, layer_slots(self.config), strict=True):
+            if layer.layer_type == LINEAR_ATTENTION:
+                x, state = layer(x, rope, routing, linear_segments, cache.state(slot))
+                assert isinstance(state, LinearAttentionState)
+                cache = cache.with_state(slot, state)
             else:
-                x, _ = layer(x, rope, routing, segments)
-            x = constrain(x, self.act_sharding)
+                x, kv = layer(x, rope, routing, segments, kv=KVView(cache.k, cache.v, slot, positions, rows))
+                assert isinstance(kv, KVView)
+                cache = cache._replace(k=kv.k, v=kv.v)
         return self.norm(x), cache
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:

@@ -1,0 +1,40 @@
+"""What the sampler's decode slots keep per model, asked of the model's family: every layer's keys and values
+(`decoder.LayerCache`) for a family whose layers all cache "kv", or the family's own cache for one with recurrent
+layers. Such a family's folder holds `cache.py` with `empty_cache(config, slots, length, dtype)` and
+`state_bytes_per_slot(config)` (families/qwen3_5/cache.py); its cache answers what the sampler asks of any cache:
+`k`/`v` (the full-attention layers' [La, slots, S, kv_heads, head_dim]), `through(rows, lengths, fresh)` (a row
+view for an admission) and the view's `settled()`."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .decoder import empty_cache
+from .families import ModelConfig, family_named
+
+
+def recurrent(config: ModelConfig) -> bool:
+    """Some layer keeps a fixed-size recurrent state rather than keys and values."""
+    return "recurrent" in family_named(config.arch).cache_kinds(config)
+
+
+def kv_layers(config: ModelConfig) -> int:
+    """The layers whose keys and values are cached."""
+    return family_named(config.arch).cache_kinds(config).count("kv")
+
+
+def _family_cache(config: ModelConfig) -> Any:
+    return importlib.import_module(f"{__package__}.families.{config.arch}.cache")
+
+
+def empty_slot_cache(config: ModelConfig, slots: int, length: int, dtype: Any) -> Any:
+    """Zero caches for `slots` slots of `length` positions, keys/values in `dtype` (the compute dtype)."""
+    if recurrent(config):
+        return _family_cache(config).empty_cache(config, slots, length, dtype)
+    return empty_cache(config, slots, length, dtype)
+
+
+def state_bytes_per_slot(config: ModelConfig) -> int:
+    """One slot's recurrent state, whatever its length (0 for a model of keys and values only)."""
+    return _family_cache(config).state_bytes_per_slot(config) if recurrent(config) else 0
