@@ -2,8 +2,8 @@
 # (this test reads Optional results where a None fails the test at once, as an assert would)
 """The tiny Qwen3.5 through the unmodified SDK against the real stack, served under a hub id as a local copy
 (`--served-model-name Qwen/Qwen3.5-4B`, with an empty Hugging Face cache: nothing is fetched): the README loop
-(forward_backward + optim_step) learns, forward logprobs equal the engine's, and sampling, which needs the sampler's
-state cache this model lacks yet, fails as a clear error."""
+(forward_backward + optim_step) learns, forward logprobs equal the engine's, and a sampling client samples through
+the hybrid state cache with the logprobs its `compute_logprobs` gives the same tokens."""
 
 from __future__ import annotations
 
@@ -76,11 +76,16 @@ def test_trains_under_the_hub_id_and_forward_equals_the_engine(stack):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_sampling_fails_as_a_clear_error(stack):
+def test_samples_with_the_logprobs_compute_logprobs_gives(stack):
     import tinker
 
     s, _ = stack
     client = tinker.ServiceClient(base_url=s.base_url, api_key=s.api_key)
     sampler = client.create_sampling_client(base_model=HUB_ID)
-    with pytest.raises(Exception, match="sampling is not available"):
-        sampler.sample(tinker.ModelInput.from_ints(TOKENS), 1, tinker.SamplingParams(max_tokens=2)).result()
+    params = tinker.SamplingParams(max_tokens=6, temperature=1.0, seed=5)
+    seq = sampler.sample(tinker.ModelInput.from_ints(TOKENS), 1, params).result().sequences[0]
+    assert len(seq.tokens) >= 1 and seq.logprobs is not None
+    whole = tinker.ModelInput.from_ints([*TOKENS, *seq.tokens])
+    scored = sampler.compute_logprobs(whole).result()
+    # As tests/engine/test_qwen3_5_engine.py: the recurrent decode step against the chunked form, float32.
+    np.testing.assert_allclose(seq.logprobs, np.asarray(scored[len(TOKENS) :], float), atol=5e-5)
