@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, cast
 
 import jax.numpy as jnp
 import numpy as np
@@ -78,15 +77,15 @@ def test_tiny_checkpoint_logits_match_transformers(tiny_dirs, name):
     np.testing.assert_allclose(np.asarray(ours), ref, atol=TOL, rtol=TOL)
 
 
-def test_the_sampler_refuses_a_family_that_caches_other_than_kv(monkeypatch):
-    """A hybrid family's recurrent layers need a cache the sampler does not hold yet: it says so at start."""
-    from tinkerflow.workers.engine.sampling import sampler
+def test_the_sampler_asks_the_family_what_it_caches(monkeypatch):
+    """A family's recurrent layers get the family's own slot cache (model/slot_cache.py), its KV layers only keys and
+    values: the sampler asks the family, never names it."""
+    from tinkerflow.workers.engine.model import slot_cache
 
     qwen3 = family_named("qwen3")
     hybrid = dataclasses.replace(qwen3, cache_kinds=lambda c: ("recurrent", "kv")[: c.num_layers])
-    monkeypatch.setattr(sampler, "family_named", lambda name: hybrid)
     shape = {"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2}
     config = ModelConfig.from_hf({"model_type": "qwen3", "num_attention_heads": 2, "head_dim": 4, **shape})
-    unused = cast(Any, None)  # refused before the graph, placement or tokenizer are looked at
-    with pytest.raises(ValueError, match="qwen3 layer 0 caches 'recurrent' state; the sampler holds KV caches only"):
-        sampler.SlotSampler(unused, unused, config, jnp.float32, unused)
+    assert not slot_cache.recurrent(config) and slot_cache.kv_layers(config) == 2
+    monkeypatch.setattr(slot_cache, "family_named", lambda name: hybrid)
+    assert slot_cache.recurrent(config) and slot_cache.kv_layers(config) == 1

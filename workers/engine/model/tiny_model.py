@@ -43,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -193,15 +194,19 @@ def head_shapes() -> list[tuple[str, tuple[int, ...]]]:
 
 
 def make_weights(
-    shapes: list[tuple[str, tuple[int, ...]]], seed: int = 0, init_std: float = 0.25, progress: bool = False
+    shapes: list[tuple[str, tuple[int, ...]]],
+    seed: int = 0,
+    init_std: float = 0.25,
+    progress: bool = False,
+    norm_weight: Callable[[str], float] = lambda name: 1.0,
 ) -> dict[str, np.ndarray]:
     """float32 weights: matrices ~ N(0, init_std) from `np.random.default_rng(seed)` in `shapes` order, norm weights
-    1.0."""
+    `norm_weight(name)` (1.0: the identity of a plain RMSNorm)."""
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
     for name, shape in _progress(shapes, progress, "tiny model weights"):
         if name.endswith("norm.weight"):
-            weights[name] = np.ones(shape, dtype=np.float32)
+            weights[name] = np.full(shape, norm_weight(name), dtype=np.float32)
         else:
             weights[name] = rng.normal(0.0, init_std, size=shape).astype(np.float32)
     return weights
@@ -260,7 +265,7 @@ def _write_model(
 
     _write_json(tmp / "config.json", tiny.config(eos_id))
     _write_json(tmp / "generation_config.json", generation_config_dict(eos_id))
-    weights = make_weights(tiny.parameter_shapes(), seed, init_std, progress)
+    weights = make_weights(tiny.parameter_shapes(), seed, init_std, progress, tiny.norm_weight)
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     _write_json(tmp / MARKER, params)  # last: its presence means the rest is there
     _finish_tree(tmp)

@@ -191,6 +191,9 @@ class TinyCheckpoint:
     config: Callable[[int], dict[str, Any]]  # eos token id -> config.json as transformers writes it
     parameter_shapes: Callable[[], list[tuple[str, tuple[int, ...]]]]  # HF names and shapes, in draw order
     marker: Mapping[str, Any] = field(default_factory=dict)  # what tells its directory from another family's
+    # A norm weight's value by tensor name (1.0 for every norm by default; a zero-centred norm, scaling by 1 + w, is
+    # 0.0 at its identity, as transformers initialises it).
+    norm_weight: Callable[[str], float] = lambda name: 1.0
     # Special tokens after the shared tokenizer's (its chat format's: thinking, tool calls, vision placeholders) and
     # the chat template over them; none and None: the shared ChatML tokenizer as it is.
     extra_tokens: tuple[str, ...] = ()

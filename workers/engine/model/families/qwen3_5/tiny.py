@@ -130,7 +130,14 @@ def _tiny(moe: bool) -> TinyCheckpoint:
         marker={"qwen3_5": {**QWEN35_SHAPE, **(MOE_SHAPE if moe else {})}, "chat_tokens": list(CHAT_TOKENS)},
         extra_tokens=CHAT_TOKENS,
         chat_template=CHAT_TEMPLATE,
+        norm_weight=norm_weight,
     )
+
+
+def norm_weight(name: str) -> float:
+    """Qwen3.5's norms scale by 1 + weight (0.0 is their identity), but for the linear attention's gated norm, which
+    scales by its weight (transformers' init for each)."""
+    return 1.0 if name.endswith("linear_attn.norm.weight") else 0.0
 
 
 TINY, TINY_MOE = _tiny(False), _tiny(True)
