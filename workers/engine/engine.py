@@ -90,8 +90,7 @@ class Engine:
         self.mesh = self._layout.mesh
         self._base = loaded.base
         self.dtype = base_dtype(self._base)
-        self._adapters = AdapterSlots(loaded.lora, self._layout, max_adapters=max_lora_adapters,
-                                      max_rank=max_lora_rank)  # fmt: skip
+        self._adapters = AdapterSlots(loaded.lora, self._layout, max_adapters=max_lora_adapters, max_rank=max_lora_rank)
         # Sampler snapshots under a byte budget, least recently used out first (snapshots.py); 0: a tenth of the
         # memory the plan divides (the device's, or --device-memory-gb).
         _, capacity, _ = device_capacity(device_memory_bytes)
@@ -108,11 +107,15 @@ class Engine:
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
         # and the slots are resident; it admits work and sizes micro-batches, decode slots and prefill rows.
         self._memory = make_plan(
-            self.config, self.dtype, max_lora_rank=max_lora_rank,
-            snapshot_bytes=self._sampler_snapshots.cache.budget_bytes, override_bytes=device_memory_bytes,
-            max_position=info.max_position_embeddings, prefix_cache_tokens=self._sampler.prefix_tokens,
+            self.config,
+            self.dtype,
+            max_lora_rank=max_lora_rank,
+            snapshot_bytes=self._sampler_snapshots.cache.budget_bytes,
+            override_bytes=device_memory_bytes,
+            max_position=info.max_position_embeddings,
+            prefix_cache_tokens=self._sampler.prefix_tokens,
             host_pages_bytes=self.pages.host_budget,
-        )  # fmt: skip
+        )
         if not gradient_checkpointing:
             self._steps.remat_min_tokens = self._memory.remat_min_tokens
         self.memory = self._memory
@@ -181,10 +184,15 @@ class Engine:
         t0 = time.perf_counter()
         path = resolve_model_path(model_path)
         loaded = load_model(
-            path, max_adapters=max_lora_adapters, max_rank=max_lora_rank, progress=progress,
-            dtype=weight_dtype(dtype), mesh=as_mesh(mesh),
-            remat=gradient_checkpointing, scan_layers=scan_layers,
-        )  # fmt: skip
+            path,
+            max_adapters=max_lora_adapters,
+            max_rank=max_lora_rank,
+            progress=progress,
+            dtype=weight_dtype(dtype),
+            mesh=as_mesh(mesh),
+            remat=gradient_checkpointing,
+            scan_layers=scan_layers,
+        )
         tokenizer = AutoTokenizer.from_pretrained(path)
         cfg = loaded.config
         info = ModelInfo(
@@ -198,10 +206,17 @@ class Engine:
         mesh_shape = dict(loaded.placement.mesh.shape) if loaded.placement is not None else {}
         log.info(
             "loaded %s (%s, %d layers, vocab %d, %s weights, mesh %s%s) with %d LoRA slots of rank <= %d in %.1fs",
-            path, cfg.arch, cfg.num_layers, cfg.vocab_size, base_dtype(loaded.base), mesh_shape,
-            ", gradient checkpointing" if gradient_checkpointing else "", max_lora_adapters, max_lora_rank,
+            path,
+            cfg.arch,
+            cfg.num_layers,
+            cfg.vocab_size,
+            base_dtype(loaded.base),
+            mesh_shape,
+            ", gradient checkpointing" if gradient_checkpointing else "",
+            max_lora_adapters,
+            max_lora_rank,
             time.perf_counter() - t0,
-        )  # fmt: skip
+        )
         return cls(
             path,
             loaded,
@@ -219,22 +234,41 @@ class Engine:
 
     @classmethod
     def random(
-        cls, hf_config: dict[str, Any], *, max_lora_adapters: int = 8, max_lora_rank: int = 32, seed: int = 0,
-        mesh: Mesh | MeshConfig | None = None, dtype: Any = None, eos_token_ids: tuple[int, ...] = (0,),
+        cls,
+        hf_config: dict[str, Any],
+        *,
+        max_lora_adapters: int = 8,
+        max_lora_rank: int = 32,
+        seed: int = 0,
+        mesh: Mesh | MeshConfig | None = None,
+        dtype: Any = None,
+        eos_token_ids: tuple[int, ...] = (0,),
         **options: Any,
-    ) -> Engine:  # fmt: skip
+    ) -> Engine:
         """An engine over random weights of `hf_config`'s shape drawn on the device (loader.random_model), no
         checkpoint and no tokenizer (stop strings then cannot be checked): for benchmarks and device checks.
         `options`: as for `load` (micro_batch_tokens, gradient_checkpointing, device_memory_bytes, ...)."""
-        loaded = random_model(hf_config, max_adapters=max_lora_adapters, max_rank=max_lora_rank, seed=seed,
-                              dtype=weight_dtype(dtype), mesh=as_mesh(mesh))  # fmt: skip
+        loaded = random_model(
+            hf_config,
+            max_adapters=max_lora_adapters,
+            max_rank=max_lora_rank,
+            seed=seed,
+            dtype=weight_dtype(dtype),
+            mesh=as_mesh(mesh),
+        )
         cfg = loaded.config
-        info = ModelInfo(arch=cfg.arch, vocab_size=cfg.vocab_size, eos_token_ids=eos_token_ids,
-                         max_position_embeddings=cfg.max_position_embeddings, num_layers=cfg.num_layers,
-                         hidden_size=cfg.hidden_size)  # fmt: skip
+        info = ModelInfo(
+            arch=cfg.arch,
+            vocab_size=cfg.vocab_size,
+            eos_token_ids=eos_token_ids,
+            max_position_embeddings=cfg.max_position_embeddings,
+            num_layers=cfg.num_layers,
+            hidden_size=cfg.hidden_size,
+        )
         options.setdefault("micro_batch_tokens", DEFAULT_MICRO_BATCH_TOKENS)
-        return cls("random", loaded, None, info, max_lora_adapters=max_lora_adapters, max_lora_rank=max_lora_rank,
-                   **options)  # fmt: skip
+        return cls(
+            "random", loaded, None, info, max_lora_adapters=max_lora_adapters, max_lora_rank=max_lora_rank, **options
+        )
 
     # ------------------------------------------------------------------ adapters
 
@@ -296,8 +330,16 @@ class Engine:
 
     def forward_backward(self, requests: list[ForwardBackwardInput]) -> list[ForwardBackwardResult | InputError]:
         budget = max(16, min(self.micro_batch_tokens, self.memory.max_train_tokens))
-        return trainer.forward_backward(self._adapters, self._steps, self._base, requests, info=self.info,
-                                        micro_batch_tokens=budget, memory=self.memory, room=self._room)  # fmt: skip
+        return trainer.forward_backward(
+            self._adapters,
+            self._steps,
+            self._base,
+            requests,
+            info=self.info,
+            micro_batch_tokens=budget,
+            memory=self.memory,
+            room=self._room,
+        )
 
     def _room(self, needed: int) -> int:
         """Bytes free for a program that needs `needed`, after letting go of the sampler's idle KV caches if that is
@@ -355,5 +397,6 @@ class Engine:
 
     def sample(self, requests: list[SampleInput]) -> list[SampleResult | InputError]:
         with self._sampler_snapshots.paged_in(r.snapshot for r in requests if r.snapshot is not None):
-            return sample_requests.sample(self._sampler, self._sampler_snapshots, self._base, requests,
-                                          info=self.info, memory=self.memory)  # fmt: skip
+            return sample_requests.sample(
+                self._sampler, self._sampler_snapshots, self._base, requests, info=self.info, memory=self.memory
+            )
