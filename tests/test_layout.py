@@ -22,12 +22,7 @@ NOT_SOURCE = {"build", "typings", "node_modules"}
 KNOWN_OVER: set[str] = set()
 # Formatter markers (comments that turn ruff format off for a line or a block) hand-lay code it would lay out; these
 # folders and files still hold some, being laid out again by work in progress. Nothing else may gain one.
-KNOWN_SQUEEZED = (
-    "workers/engine/",
-    "tests/engine/test_sampler.py",
-    "tests/engine/test_warm_up.py",
-    "platform/common/settings_",
-)
+KNOWN_SQUEEZED = ("platform/common/settings_",)
 
 
 def _source_files() -> list[Path]:
