@@ -306,7 +306,7 @@ ENGINE_FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     ("training",),
     ("sampling",),
-    ("", "engine", "warm_up", "engine_lock", "multihost"),
+    ("", "engine", "engine_parts", "warm_up", "engine_lock", "multihost"),
 )
 
 

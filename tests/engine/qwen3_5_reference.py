@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tinkerflow.workers.engine.model.decoder import LMHead
+from tinkerflow.workers.engine.model.embedding import LMHead
 from tinkerflow.workers.engine.model.families.qwen3_5.config import Qwen35Config
 from tinkerflow.workers.engine.model.families.qwen3_5.linear_attention import DepthwiseConv
 from tinkerflow.workers.engine.model.families.qwen3_5.model import CausalLM

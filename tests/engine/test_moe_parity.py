@@ -14,10 +14,10 @@ import pytest
 from flax import nnx
 from moe_checkpoint import EXPERTS, build_moe_model, moe_layers
 
-from tinkerflow.workers.engine.model.decoder import rope_tables
 from tinkerflow.workers.engine.model.loader import load_model
 from tinkerflow.workers.engine.model.lora import LoraRouting
 from tinkerflow.workers.engine.model.moe import SparseMoeBlock, _blocked_grouped_matmul
+from tinkerflow.workers.engine.model.rope import rope_tables
 
 pytestmark = pytest.mark.parity
 torch = pytest.importorskip("torch")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tinkerflow.workers.engine.model.decoder import rope_tables
 from tinkerflow.workers.engine.model.loader import load_model
 from tinkerflow.workers.engine.model.lora import LoraRouting
+from tinkerflow.workers.engine.model.rope import rope_tables
 
 pytestmark = pytest.mark.parity
 torch = pytest.importorskip("torch")

@@ -24,10 +24,10 @@ import pytest
 from qwen3_5_reference import VOCAB, hf_model, logits_close, our_model, positions, routing, text_config
 
 from tinkerflow.workers.engine.model.attention import Segments
-from tinkerflow.workers.engine.model.decoder import rope_tables
 from tinkerflow.workers.engine.model.families.qwen3_5.config import Qwen35Config
 from tinkerflow.workers.engine.model.families.qwen3_5.linear_attention import empty_state
 from tinkerflow.workers.engine.model.families.qwen3_5.sparse_moe import SparseMoeBlock
+from tinkerflow.workers.engine.model.rope import rope_tables
 
 pytestmark = pytest.mark.parity
 torch = pytest.importorskip("torch")

@@ -22,7 +22,7 @@ from tinkerflow.workers.engine.types import (
     InputError,
     LoraConfig,
     SampleInput,
-)  # fmt: skip
+)
 
 PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
 
@@ -39,8 +39,12 @@ def _small_slot_set(engine):
 
 def trainer_logprobs(engine, slot, prompt, completion):
     full = np.concatenate([prompt, completion]).astype(np.int32)
-    req = ForwardBackwardInput(slot=slot, data=[Datum(tokens=full[:-1], inputs={"target_tokens": full[1:]})],
-                               loss_fn="cross_entropy", forward_only=True)  # fmt: skip
+    req = ForwardBackwardInput(
+        slot=slot,
+        data=[Datum(tokens=full[:-1], inputs={"target_tokens": full[1:]})],
+        loss_fn="cross_entropy",
+        forward_only=True,
+    )
     [res] = engine.forward_backward([req])
     return res.outputs[0]["logprobs"]
 
@@ -75,8 +79,9 @@ def trained_snapshot(engine, rng):
     """Slot 0 trained for a step (so LoRA B is non-zero), snapshotted as 'snap'."""
     engine.create_adapter(0, LoraConfig(rank=4, seed=3))
     toks = rng.integers(1, 300, 12).astype(np.int32)
-    engine.forward_backward([ForwardBackwardInput(slot=0, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})],
-                                                  loss_fn="cross_entropy")])  # fmt: skip
+    engine.forward_backward(
+        [ForwardBackwardInput(slot=0, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})], loss_fn="cross_entropy")]
+    )
     engine.optim_step(0, AdamConfig(learning_rate=0.05))
     engine.snapshot(0, "snap")
     yield "snap"
@@ -85,10 +90,17 @@ def trained_snapshot(engine, rng):
 
 def test_sampler_logprobs_equal_trainer_logprobs(engine, trained_snapshot):
     reqs = [
-        SampleInput(prompt=PROMPT, num_samples=2, max_tokens=12, seed=1, snapshot=trained_snapshot,
-                    stop_token_ids=[], include_prompt_logprobs=True),
+        SampleInput(
+            prompt=PROMPT,
+            num_samples=2,
+            max_tokens=12,
+            seed=1,
+            snapshot=trained_snapshot,
+            stop_token_ids=[],
+            include_prompt_logprobs=True,
+        ),
         SampleInput(prompt=PROMPT[:4], max_tokens=9, seed=2, stop_token_ids=[]),  # base model, other length
-    ]  # fmt: skip
+    ]
     snap_res, base_res = engine.sample(reqs)
     for seq in snap_res.sequences:
         assert len(seq.tokens) == 12 and seq.stop_reason == "length"
@@ -105,8 +117,13 @@ def test_sampler_logprobs_equal_trainer_logprobs(engine, trained_snapshot):
 
 def test_greedy_is_deterministic_and_top_k_1_is_greedy(engine):
     greedy: dict[str, Any] = dict(prompt=PROMPT, max_tokens=10, temperature=0.0, stop_token_ids=[])
-    a, b, c = engine.sample([SampleInput(**greedy), SampleInput(**greedy, num_samples=2),
-                             SampleInput(**{**greedy, "temperature": 1.0}, top_k=1, seed=5)])  # fmt: skip
+    a, b, c = engine.sample(
+        [
+            SampleInput(**greedy),
+            SampleInput(**greedy, num_samples=2),
+            SampleInput(**{**greedy, "temperature": 1.0}, top_k=1, seed=5),
+        ]
+    )
     tokens = a.sequences[0].tokens
     assert [s.tokens for s in b.sequences] == [tokens, tokens] and c.sequences[0].tokens == tokens
     assert len(set(tokens)) > 1, "fixture too degenerate: greedy decoding repeats one token"
@@ -123,9 +140,12 @@ def test_seeds(engine):
     assert run(8) != first
     assert run(None) != run(None)
     # Batch composition does not change a seeded request's samples.
-    res = engine.sample([SampleInput(prompt=PROMPT[:3], max_tokens=4, seed=1),
-                         SampleInput(prompt=PROMPT, num_samples=2, max_tokens=10, seed=7,
-                                     stop_token_ids=[])])  # fmt: skip
+    res = engine.sample(
+        [
+            SampleInput(prompt=PROMPT[:3], max_tokens=4, seed=1),
+            SampleInput(prompt=PROMPT, num_samples=2, max_tokens=10, seed=7, stop_token_ids=[]),
+        ]
+    )
     assert [s.tokens for s in res[1].sequences] == first
 
 
@@ -209,11 +229,17 @@ def _tokens(res):
 def _mixed_requests():
     rng = np.random.default_rng(11)
     return [
-        SampleInput(prompt=rng.integers(1, 300, 3 + i % 9).astype(np.int32), num_samples=1 + i % 3,
-                    max_tokens=4 + (7 * i) % 13, seed=100 + i, temperature=[1.0, 0.7, 0.0][i % 3],
-                    top_k=[-1, 5, -1][i % 3], stop_token_ids=[] if i % 2 else None)
+        SampleInput(
+            prompt=rng.integers(1, 300, 3 + i % 9).astype(np.int32),
+            num_samples=1 + i % 3,
+            max_tokens=4 + (7 * i) % 13,
+            seed=100 + i,
+            temperature=[1.0, 0.7, 0.0][i % 3],
+            top_k=[-1, 5, -1][i % 3],
+            stop_token_ids=[] if i % 2 else None,
+        )
         for i in range(7)
-    ]  # fmt: skip
+    ]
 
 
 def test_continuous_batching_admits_more_rows_than_slots(engine):
@@ -231,8 +257,9 @@ def test_continuous_batching_admits_more_rows_than_slots(engine):
 
 
 def test_seeded_results_do_not_depend_on_batch_composition(engine):
-    probe = SampleInput(prompt=PROMPT, num_samples=3, max_tokens=10, seed=42, top_p=0.9, stop_token_ids=[],
-                        include_prompt_logprobs=True)  # fmt: skip
+    probe = SampleInput(
+        prompt=PROMPT, num_samples=3, max_tokens=10, seed=42, top_p=0.9, stop_token_ids=[], include_prompt_logprobs=True
+    )
     [ref] = engine.sample([probe])
     for others in (_mixed_requests()[:2], _mixed_requests()):
         got = engine.sample(others[:1] + [probe] + others[1:])[1]
@@ -248,8 +275,12 @@ def _sampler_compiles(engine) -> int:
 
 def test_a_steady_workload_compiles_nothing_new(engine):
     def workload(n):
-        return engine.sample([SampleInput(prompt=PROMPT[: 3 + i % 5], num_samples=2, max_tokens=6, seed=i,
-                                          stop_token_ids=[]) for i in range(n)])  # fmt: skip
+        return engine.sample(
+            [
+                SampleInput(prompt=PROMPT[: 3 + i % 5], num_samples=2, max_tokens=6, seed=i, stop_token_ids=[])
+                for i in range(n)
+            ]
+        )
 
     engine.sample_slots = 64  # slot buckets 8 and 64
     workload(1)
@@ -267,13 +298,16 @@ def test_rows_of_different_snapshots_share_a_batch(engine, trained_snapshot, rng
     # A second snapshot with other weights: the batch then stacks two adapters (plus base-model rows).
     engine.create_adapter(1, LoraConfig(rank=2, seed=8))
     toks = rng.integers(1, 300, 10).astype(np.int32)
-    engine.forward_backward([ForwardBackwardInput(slot=1, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})],
-                                                  loss_fn="cross_entropy")])  # fmt: skip
+    engine.forward_backward(
+        [ForwardBackwardInput(slot=1, data=[Datum(toks[:-1], {"target_tokens": toks[1:]})], loss_fn="cross_entropy")]
+    )
     engine.optim_step(1, AdamConfig(learning_rate=0.05))
     engine.snapshot(1, "snap2")
     try:
-        reqs = [SampleInput(prompt=PROMPT, max_tokens=8, num_samples=2, seed=5, snapshot=s, stop_token_ids=[])
-                for s in (trained_snapshot, "snap2", None)]  # fmt: skip
+        reqs = [
+            SampleInput(prompt=PROMPT, max_tokens=8, num_samples=2, seed=5, snapshot=s, stop_token_ids=[])
+            for s in (trained_snapshot, "snap2", None)
+        ]
         alone = [engine.sample([r])[0] for r in reqs]
         together = engine.sample(reqs)
         assert len({tuple(a.sequences[0].tokens) for a in alone}) > 1, "snapshots should sample differently"
@@ -291,8 +325,9 @@ def test_rows_of_different_snapshots_share_a_batch(engine, trained_snapshot, rng
 def test_topk_prompt_logprobs_are_the_trainers_top_tokens(engine, trained_snapshot):
     """topk_prompt_logprobs=k: at every prompt position the k most likely next tokens, as the trainer scores them."""
     k = 5
-    [res] = engine.sample([SampleInput(prompt=PROMPT, max_tokens=1, seed=0, snapshot=trained_snapshot,
-                                       topk_prompt_logprobs=k)])  # fmt: skip
+    [res] = engine.sample(
+        [SampleInput(prompt=PROMPT, max_tokens=1, seed=0, snapshot=trained_snapshot, topk_prompt_logprobs=k)]
+    )
     assert res.prompt_logprobs is None  # only what was asked for
     ids, lps = res.topk_prompt_logprobs
     assert ids.shape == lps.shape == (len(PROMPT), k)
@@ -301,8 +336,12 @@ def test_topk_prompt_logprobs_are_the_trainers_top_tokens(engine, trained_snapsh
     # the top k of that, in descending order.
     vocab = engine.info.vocab_size
     every = np.broadcast_to(np.arange(vocab, dtype=np.int64), (len(PROMPT) - 1, vocab))
-    req = ForwardBackwardInput(slot=0, data=[Datum(tokens=PROMPT[:-1], inputs={"target_tokens": every})],
-                               loss_fn="cross_entropy", forward_only=True)  # fmt: skip
+    req = ForwardBackwardInput(
+        slot=0,
+        data=[Datum(tokens=PROMPT[:-1], inputs={"target_tokens": every})],
+        loss_fn="cross_entropy",
+        forward_only=True,
+    )
     [full] = engine.forward_backward([req])
     full_lp = full.outputs[0]["logprobs"]  # [P-1, V]
     expected_ids = np.argsort(-full_lp, axis=1, kind="stable")[:, :k]

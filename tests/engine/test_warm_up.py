@@ -31,8 +31,15 @@ from tinkerflow.workers.engine.warm_up import first_sample_piece, split_by_slot_
 # Small shapes, so the test compiles little: train buckets (1, 4) x 256 tokens, one sampler family (one snapshot,
 # no scoring).
 def _settings() -> Settings:
-    return Settings(max_lora_adapters=MAX_ADAPTERS, max_lora_rank=MAX_RANK, warm_up="ready", warm_up_train_rows=(1, 4),
-                    warm_up_train_lens=(32,), warm_up_sampler_stacks=(1,), warm_up_scoring=False)  # fmt: skip
+    return Settings(
+        max_lora_adapters=MAX_ADAPTERS,
+        max_lora_rank=MAX_RANK,
+        warm_up="ready",
+        warm_up_train_rows=(1, 4),
+        warm_up_train_lens=(32,),
+        warm_up_sampler_stacks=(1,),
+        warm_up_scoring=False,
+    )
 
 
 def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
@@ -40,8 +47,14 @@ def _datum(n: int, loss: str, rng: np.random.Generator) -> Datum:
     targets = rng.integers(1, 200, n).astype(np.int32)
     if loss == "cross_entropy":
         return Datum(tokens=tokens, inputs={"target_tokens": targets, "weights": np.ones(n, np.float32)})
-    return Datum(tokens=tokens, inputs={"target_tokens": targets, "logprobs": np.full(n, -2.0, np.float32),
-                                        "advantages": rng.normal(size=n).astype(np.float32)})  # fmt: skip
+    return Datum(
+        tokens=tokens,
+        inputs={
+            "target_tokens": targets,
+            "logprobs": np.full(n, -2.0, np.float32),
+            "advantages": rng.normal(size=n).astype(np.float32),
+        },
+    )
 
 
 def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
@@ -68,16 +81,20 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
     engine.create_adapter(0, LoraConfig(rank=4, seed=1))
     engine.create_adapter(1, LoraConfig(rank=8, seed=2, train_unembed=False))
     # Three of the four sequence lengths fall in buckets (16, 24) that were not warmed: they round up to 32.
-    for step, (n, loss) in enumerate([(9, "cross_entropy"), (20, "importance_sampling"), (31, "ppo"),
-                                      (23, "cross_entropy")]):  # fmt: skip
+    for step, (n, loss) in enumerate(
+        [(9, "cross_entropy"), (20, "importance_sampling"), (31, "ppo"), (23, "cross_entropy")]
+    ):
         # two tenants in one batch (1 + 3 rows: the 4-row bucket), then one alone (1 row), then a forward
-        results = engine.forward_backward([
-            ForwardBackwardInput(slot=0, data=[_datum(n, loss, rng)], loss_fn=loss),
-            ForwardBackwardInput(slot=1, data=[_datum(n - 3, loss, rng) for _ in range(3)], loss_fn=loss),
-        ])  # fmt: skip
+        results = engine.forward_backward(
+            [
+                ForwardBackwardInput(slot=0, data=[_datum(n, loss, rng)], loss_fn=loss),
+                ForwardBackwardInput(slot=1, data=[_datum(n - 3, loss, rng) for _ in range(3)], loss_fn=loss),
+            ]
+        )
         results += engine.forward_backward([ForwardBackwardInput(slot=1, data=[_datum(n, loss, rng)], loss_fn=loss)])
-        forward = ForwardBackwardInput(slot=0, data=[_datum(n, "cross_entropy", rng)], loss_fn="cross_entropy",
-                                       forward_only=True)  # fmt: skip
+        forward = ForwardBackwardInput(
+            slot=0, data=[_datum(n, "cross_entropy", rng)], loss_fn="cross_entropy", forward_only=True
+        )
         results += engine.forward_backward([forward])
         assert all(isinstance(r, ForwardBackwardResult) for r in results), results
         for slot in (0, 1):
@@ -89,21 +106,30 @@ def test_after_warm_up_a_steady_mixed_workload_compiles_nothing(qwen3_dir):
             requests = [
                 SampleInput(
                     prompt=rng.integers(1, 200, 3 + (i * 7 + step) % 28).astype(np.int32),
-                    num_samples=1 + i % 2, max_tokens=4 + i % 13, seed=i,
+                    num_samples=1 + i % 2,
+                    max_tokens=4 + i % 13,
+                    seed=i,
                     stop_token_ids=[None, [5, 9], [], [int(x) for x in range(1, 8)]][i % 4],  # + EOS: width 8
                     stop_strings=["the"] if i % 5 == 0 else [],
                     snapshot=f"s{step}" if i % 3 else None,
                 )
                 for i in range(calls)
-            ]  # fmt: skip
+            ]
             sampled = engine.sample(requests)
             assert all(isinstance(r, SampleResult) for r in sampled), sampled
         # Prompts that start in the prefix cache: a group of 4 samples of one prompt (after the first, they take its
         # whole blocks from the cache) and the next turn of a conversation whose first turn was cached by the group.
-        group = SampleInput(prompt=turn, num_samples=4, max_tokens=5, seed=step, cache_namespace="session",
-                            snapshot=f"s{step}" if step % 2 else None)  # fmt: skip
-        follow = dataclasses.replace(group, prompt=np.concatenate([turn, rng.integers(1, 200, 9).astype(np.int32)]),
-                                     num_samples=1)  # fmt: skip
+        group = SampleInput(
+            prompt=turn,
+            num_samples=4,
+            max_tokens=5,
+            seed=step,
+            cache_namespace="session",
+            snapshot=f"s{step}" if step % 2 else None,
+        )
+        follow = dataclasses.replace(
+            group, prompt=np.concatenate([turn, rng.integers(1, 200, 9).astype(np.int32)]), num_samples=1
+        )
         served = prefix.hits
         assert all(isinstance(r, SampleResult) for r in engine.sample([group]))
         assert prefix.hits - served >= 3 * 16  # the group's three later samples took the prompt's first block
@@ -138,7 +164,10 @@ def test_the_default_plan_in_the_order_a_first_user_needs_it_and_every_piece_onc
     # family's other slot buckets.
     plan = jax_worker.warm_up_plan(settings)
     assert [(p.kind, p.rows, p.seq, p.adapters, p.scoring) for p in later[: plan.first_user() - 2]] == [
-        ("train", 64, 256, 1, False), ("train", 1, 256, 1, False), ("sampler", 0, 0, 1, False)]  # fmt: skip
+        ("train", 64, 256, 1, False),
+        ("train", 1, 256, 1, False),
+        ("sampler", 0, 0, 1, False),
+    ]
     assert sorted(first + later, key=plan.pieces().index) == list(plan.pieces())
     assert len(set(plan.pieces())) == len(plan.pieces())
     trains = {(p.rows, p.seq) for p in first + later if p.kind == "train"}
@@ -183,8 +212,12 @@ async def test_the_background_warm_up_runs_the_urgent_pieces_at_once_then_waits_
 
     fake = Fake()
     engine = EngineLock(fake)
-    pieces = (WarmUpPiece("train", rows=8, seq=32), WarmUpPiece("lifecycle_sample", rows=1),
-              WarmUpPiece("sampler", rows=2), WarmUpPiece("train", rows=4, seq=32))  # fmt: skip
+    pieces = (
+        WarmUpPiece("train", rows=8, seq=32),
+        WarmUpPiece("lifecycle_sample", rows=1),
+        WarmUpPiece("sampler", rows=2),
+        WarmUpPiece("train", rows=4, seq=32),
+    )
     engine.forward_backward([])  # traffic just now: no pause yet
     task = asyncio.create_task(jax_worker._warm_up_later(engine, pieces, threads=2, urgent=2))
     for _ in range(500):

@@ -8,7 +8,7 @@ Its floors, each importing only those below it (tests/test_import_rules.py holds
 * `runtime/`: compilation caches, the program budget, the memory plan, the paging store;
 * `training/`: steps, losses, AdamW, the adapter slots, a forward_backward's datum checks;
 * `sampling/`: the sampler, its snapshots, a sample request's checks;
-* at the top, the engine as a whole: `engine.py` (the `Engine` facade), `warm_up.py` (what is compiled ahead of
-  traffic), `engine_lock.py` (one call at a time, a background warm-up between them) and `multihost.py` (one engine
-  over several processes).
+* at the top, the engine as a whole: `engine.py` (the `Engine` facade over `engine_parts.py`), `warm_up.py`
+  (what is compiled ahead of traffic), `engine_lock.py` (one call at a time, a background warm-up between them) and
+  `multihost.py` (one engine over several processes).
 """

@@ -69,8 +69,9 @@ BROKEN_GROUP_MARKERS = (
 EXIT_BROKEN_GROUP = 70  # the exit status of a process 0 that left a broken group (EX_SOFTWARE)
 
 
-def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
-               initialization_timeout_s: int = 300) -> None:  # fmt: skip
+def initialize(
+    coordinator_address: str, num_processes: int, process_id: int, *, initialization_timeout_s: int = 300
+) -> None:
     """Join `jax.distributed` (before any other JAX call in this process). On CPU, collectives across processes
     go through gloo (TCP), the default of jax 0.10; an explicit `jax_cpu_collectives_implementation` is kept."""
     if num_processes < 2:
@@ -84,12 +85,20 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
     if not jax.config.jax_cpu_collectives_implementation:  # pyright: ignore[reportAttributeAccessIssue] (unstubbed flag)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
         initialization_timeout=initialization_timeout_s,
-    )  # fmt: skip
-    log.info("jax.distributed: process %d of %d (coordinator %s), %d local / %d global devices (%s)",
-             process_id, num_processes, coordinator_address, jax.local_device_count(), jax.device_count(),
-             jax.default_backend())  # fmt: skip
+    )
+    log.info(
+        "jax.distributed: process %d of %d (coordinator %s), %d local / %d global devices (%s)",
+        process_id,
+        num_processes,
+        coordinator_address,
+        jax.local_device_count(),
+        jax.device_count(),
+        jax.default_backend(),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the channel
@@ -146,8 +155,9 @@ class KeyValueChannel:
         if head[:1] == b"I":
             data = head[1:]
         else:
-            data = b"".join(self._client.blocking_key_value_get_bytes(f"{key}/{i}", 60_000)
-                            for i in range(int(head[1:])))  # fmt: skip
+            data = b"".join(
+                self._client.blocking_key_value_get_bytes(f"{key}/{i}", 60_000) for i in range(int(head[1:]))
+            )
         if self._client.key_value_increment(f"{key}/read", 1) >= self._readers:
             self._client.key_value_delete(key)
         self._seq += 1
@@ -209,8 +219,12 @@ def _with_seeds(name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if name == "create_adapter" and isinstance(value, LoraConfig) and value.seed is None:
             return dataclasses.replace(value, seed=secrets.randbits(63))
         if name == "sample" and isinstance(value, list):
-            return [dataclasses.replace(r, seed=secrets.randbits(64))
-                    if isinstance(r, SampleInput) and r.seed is None else r for r in value]  # fmt: skip
+            return [
+                dataclasses.replace(r, seed=secrets.randbits(64))
+                if isinstance(r, SampleInput) and r.seed is None
+                else r
+                for r in value
+            ]
         return value
 
     return tuple(fill(a) for a in args), {k: fill(v) for k, v in kwargs.items()}
@@ -292,14 +306,19 @@ class DrivenEngine(EngineForwarder):
 
 
 def _leave_broken_group(name: str, error: Exception) -> None:
-    log.critical("engine call %s failed because a process of the group is gone (%s); leaving the group so that it "
-                 "is restarted whole", name, str(error)[:300])  # fmt: skip
+    log.critical(
+        "engine call %s failed because a process of the group is gone (%s); leaving the group so that it "
+        "is restarted whole",
+        name,
+        str(error)[:300],
+    )
     logging.shutdown()
     os._exit(EXIT_BROKEN_GROUP)
 
 
-def follow(engine: Any, channel: Channel | None = None, stop: threading.Event | None = None,
-           poll_s: float = POLL_S) -> int:  # fmt: skip
+def follow(
+    engine: Any, channel: Channel | None = None, stop: threading.Event | None = None, poll_s: float = POLL_S
+) -> int:
     """A follower's loop: replay the leader's engine calls on `engine` until the leader says stop (or `stop` is
     set). Returns the number of calls replayed. An exception from a replayed call is the leader's too (same state,
     same inputs) and is logged, not raised; a channel failure (the leader is gone) is raised."""
@@ -335,6 +354,11 @@ def follow(engine: Any, channel: Channel | None = None, stop: threading.Event | 
         try:
             method(*command[2], **command[3])
         except Exception as e:  # noqa: BLE001 — the leader got the same and answers it
-            log.log(logging.DEBUG if isinstance(e, InputError) else logging.WARNING,
-                    "follower: %s raised %s: %s", name, type(e).__name__, e)  # fmt: skip
+            log.log(
+                logging.DEBUG if isinstance(e, InputError) else logging.WARNING,
+                "follower: %s raised %s: %s",
+                name,
+                type(e).__name__,
+                e,
+            )
     return calls

@@ -118,8 +118,13 @@ def run(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1)
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     built = persistent_cache.counts().requests - before
-    log.info("warm-up: %d pieces, %d programs built in %.1fs (%d threads)", len(pieces), built,
-             time.perf_counter() - t0, threads if pool is not None else 1)  # fmt: skip
+    log.info(
+        "warm-up: %d pieces, %d programs built in %.1fs (%d threads)",
+        len(pieces),
+        built,
+        time.perf_counter() - t0,
+        threads if pool is not None else 1,
+    )
     return built
 
 

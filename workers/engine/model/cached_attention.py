@@ -11,8 +11,9 @@ import jax
 import jax.numpy as jnp
 
 
-def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer, positions: jax.Array,
-                     block: int = 512) -> jax.Array:  # fmt: skip
+def decode_attention(
+    q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer, positions: jax.Array, block: int = 512
+) -> jax.Array:
     """One query token per row (q [B, 1, H, D]) against cache[layer] (k/v caches [L, B, S, KV, D]), reading only
     the key blocks up to the longest row's position (`positions` [B]: the query's index): a while loop over blocks
     with an online softmax, so a step's work follows what the rows have filled, not the cache's length. Float32
@@ -69,8 +70,15 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer
     return out.reshape(b, 1, h * d)
 
 
-def suffix_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer, positions: jax.Array,
-                     block: int = 256, rows: jax.Array | None = None) -> jax.Array:  # fmt: skip
+def suffix_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    layer,
+    positions: jax.Array,
+    block: int = 256,
+    rows: jax.Array | None = None,
+) -> jax.Array:
     """Several query tokens per row (q [B, T, H, D], at `positions` [B, T]) continuing rows whose earlier keys and
     values are in cache[layer] (k/v caches [L, N, S, KV, D]; row b is cache row `rows[b]`, or b when `rows` is
     None): a prompt's suffix after its cached prefix, or one chunk of a prompt prefilled in chunks. A query at

@@ -59,8 +59,16 @@ _PEFT_REQUIRED = {
     "lora_bias": False,
     "bias": "none",
 }
-_PEFT_EMPTY = ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform", "layer_replication",
-               "trainable_token_indices", "target_parameters", "exclude_modules")  # fmt: skip
+_PEFT_EMPTY = (
+    "rank_pattern",
+    "alpha_pattern",
+    "modules_to_save",
+    "layers_to_transform",
+    "layer_replication",
+    "trainable_token_indices",
+    "target_parameters",
+    "exclude_modules",
+)
 
 
 # ---------------------------------------------------------------------------------------------------- configs
@@ -131,8 +139,9 @@ def lora_config_from_peft(config: dict[str, Any]) -> LoraConfig:
     if unknown:
         raise InputError(f"{ADAPTER_CONFIG}: target_modules {unknown} are not supported (only {sorted(known)})")
     groups = {known[t] for t in targets}
-    return LoraConfig(rank=rank, train_attn="attn" in groups, train_mlp="mlp" in groups,
-                      train_unembed="unembed" in groups)  # fmt: skip
+    return LoraConfig(
+        rank=rank, train_attn="attn" in groups, train_mlp="mlp" in groups, train_unembed="unembed" in groups
+    )
 
 
 def peft_scaling(config: dict[str, Any]) -> float:

@@ -31,8 +31,10 @@ from flax import nnx
 
 from .attention import Segments, attention
 from .cached_attention import attend_cached, write_kv
+from .embedding import Embedding, LMHead
 from .families import CacheKind, LayerOptions, ModelConfig, ModuleKind, family_named
-from .lora import LoRALinear, LoraRouting, StackedLoraRouting, base_matmul, lora_delta, lora_embedding_delta
+from .lora import LoRALinear, LoraRouting, StackedLoraRouting, lora_embedding_delta
+from .rope import apply_rope, rope_tables
 
 # The LoRA target modules of the layers here (moe.py's experts name their projections as the MLP does) by train group,
 # named as PEFT and Tinker exports name them (the unembedding: Tinker's `unembed_tokens`, our `lm_head`).
@@ -93,19 +95,6 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
         return self.weight[...] * (x * jax.lax.rsqrt(var + self.eps))
-
-
-def rope_tables(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """cos/sin [B, T, head_dim] in transformers' rotate-half layout (frequencies repeated, not interleaved)."""
-    freqs = positions[..., None].astype(jnp.float32) * jnp.asarray(config.inv_freq())
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
 class Attention(nnx.Module):
@@ -180,8 +169,16 @@ class DecoderLayer(nnx.Module):
     """Attention, then `mlp` (the family's block for this layer: `MLP`, or moe.py's routed experts), each after an
     RMSNorm and with a residual around it."""
 
-    def __init__(self, config: ModelConfig, mlp: nnx.Module, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
-                 param_dtype=jnp.float32):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        mlp: nnx.Module,
+        *,
+        max_adapters: int,
+        max_rank: int,
+        rngs: nnx.Rngs,
+        param_dtype=jnp.float32,
+    ):
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, **kw)
@@ -195,30 +192,6 @@ class DecoderLayer(nnx.Module):
         return x, cache
 
 
-class Embedding(nnx.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, param_dtype=jnp.float32):
-        self.weight = nnx.Param(jnp.zeros((vocab_size, hidden_size), param_dtype))
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        return jnp.take(self.weight[...], tokens, axis=0).astype(jnp.float32)
-
-
-class LMHead(nnx.Module):
-    """Unembedding with LoRA (train_unembed); reuses the embedding matrix when the checkpoint ties them, and then
-    the LoRA is an update of that shared matrix, applied to the embedding lookup as well (`CausalLM.hidden`)."""
-
-    def __init__(self, config: ModelConfig, *, max_adapters: int, max_rank: int, param_dtype=jnp.float32):
-        if not config.tie_word_embeddings:
-            self.kernel = nnx.Param(jnp.zeros((config.hidden_size, config.vocab_size), param_dtype))
-        self.lora_a = nnx.LoRAParam(jnp.zeros((max_adapters, config.hidden_size, max_rank), jnp.float32))
-        self.lora_b = nnx.LoRAParam(jnp.zeros((max_adapters, max_rank, config.vocab_size), jnp.float32))
-        self.tied = config.tie_word_embeddings
-
-    def __call__(self, h: jax.Array, embedding: Embedding, routing: LoraRouting) -> jax.Array:
-        base = base_matmul(h, embedding.weight[...].T) if self.tied else base_matmul(h, self.kernel[...])
-        return base + lora_delta(h, self.lora_a[...], self.lora_b[...], routing)
-
-
 class DecoderStack(DecoderLayer):
     """`num_layers` identical decoder layers stored as one: every base leaf gains a leading layer axis ([L, ...]),
     every LoRA leaf a layer axis after its adapter axis ([S, L, ...], the adapter axis stays first: see the module
@@ -226,14 +199,25 @@ class DecoderStack(DecoderLayer):
     weights layer by layer. `CausalLM.hidden` scans over it; indexing gives one layer as a `DecoderLayer` view (for
     tests and inspection, not for the hot path)."""
 
-    def __init__(self, config: ModelConfig, mlp: nnx.Module, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
-                 param_dtype=jnp.float32):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        mlp: nnx.Module,
+        *,
+        max_adapters: int,
+        max_rank: int,
+        rngs: nnx.Rngs,
+        param_dtype=jnp.float32,
+    ):
         super().__init__(config, mlp, max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.num_layers = config.num_layers
         n = config.num_layers
         lora, rest = nnx.state(self, nnx.LoRAParam, ...)
-        nnx.update(self, jax.tree.map(lambda x: jnp.repeat(x[:, None], n, axis=1), lora),
-                   jax.tree.map(lambda x: jnp.repeat(x[None], n, axis=0), rest))  # fmt: skip
+        nnx.update(
+            self,
+            jax.tree.map(lambda x: jnp.repeat(x[:, None], n, axis=1), lora),
+            jax.tree.map(lambda x: jnp.repeat(x[None], n, axis=0), rest),
+        )
 
     def __len__(self) -> int:
         return self.num_layers
@@ -246,8 +230,18 @@ class DecoderStack(DecoderLayer):
     def __iter__(self):
         return (self[i] for i in range(self.num_layers))
 
-    def scan(self, x, positions, rope, routing, cache: LayerCache | RowCache | None, *, remat: bool, act_sharding,
-             segments: Segments | None = None):  # fmt: skip
+    def scan(
+        self,
+        x,
+        positions,
+        rope,
+        routing,
+        cache: LayerCache | RowCache | None,
+        *,
+        remat: bool,
+        act_sharding,
+        segments: Segments | None = None,
+    ):
         """Every layer in order as one `jax.lax.scan` over the layer axis; the cache (all layers') rides in the
         carry and each layer writes its slice in place.
 
@@ -360,8 +354,9 @@ class CausalLM(nnx.Module):
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
         x = constrain(x, self.act_sharding)
         if isinstance(self.layers, DecoderStack):
-            x, cache = self.layers.scan(x, positions, rope, routing, cache, remat=remat,
-                                        act_sharding=self.act_sharding, segments=segments)  # fmt: skip
+            x, cache = self.layers.scan(
+                x, positions, rope, routing, cache, remat=remat, act_sharding=self.act_sharding, segments=segments
+            )
             return self.norm(x), cache
         assert isinstance(self.layers, nnx.List)  # built above: a stack or a per-layer list
         for i, layer in enumerate(self.layers):

@@ -151,10 +151,16 @@ def load_model(
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(
         lambda: build_causal_lm(
-            config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0), param_dtype=dtype, remat=remat,
-            act_sharding=act_sharding, scan_layers=scan_layers,
+            config,
+            max_adapters=max_adapters,
+            max_rank=max_rank,
+            rngs=nnx.Rngs(0),
+            param_dtype=dtype,
+            remat=remat,
+            act_sharding=act_sharding,
+            scan_layers=scan_layers,
         )
-    )  # fmt: skip
+    )
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
     missing = {p for p, _ in _flat_paths(pure)}
@@ -246,10 +252,15 @@ def random_model(
     act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
     abstract = nnx.eval_shape(
         lambda: build_causal_lm(
-            config, max_adapters=max_adapters, max_rank=max_rank, rngs=nnx.Rngs(0), param_dtype=dtype,
-            act_sharding=act_sharding, scan_layers=scan_layers,
+            config,
+            max_adapters=max_adapters,
+            max_rank=max_rank,
+            rngs=nnx.Rngs(0),
+            param_dtype=dtype,
+            act_sharding=act_sharding,
+            scan_layers=scan_layers,
         )
-    )  # fmt: skip
+    )
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
     key = jax.random.key(seed)

@@ -141,9 +141,15 @@ class LoRALinear(nnx.Module):
     """y = x @ W + scale * (x @ A[slot]) @ B[slot]; W stored [in, out] (HF's weight transposed), no bias."""
 
     def __init__(
-        self, in_features: int, out_features: int, *, max_adapters: int, max_rank: int, rngs: nnx.Rngs,
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        max_adapters: int,
+        max_rank: int,
+        rngs: nnx.Rngs,
         param_dtype=jnp.float32,
-    ):  # fmt: skip
+    ):
         # The base kernel in param_dtype (bf16 on accelerators); LoRA A/B always float32.
         self.kernel = nnx.Param(jnp.zeros((in_features, out_features), param_dtype))
         self.lora_a = nnx.LoRAParam(jnp.zeros((max_adapters, in_features, max_rank), jnp.float32))

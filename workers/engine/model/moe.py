@@ -88,8 +88,16 @@ class Router(nnx.Module):
 class ExpertLinear(nnx.Module):
     """E stacked linears (kernel [E, in, out], no bias) with per-expert LoRA slots A [S, E, in, R], B [S, E, R, out]."""
 
-    def __init__(self, experts: int, in_features: int, out_features: int, *, max_adapters: int, max_rank: int,
-                 param_dtype=jnp.float32):  # fmt: skip
+    def __init__(
+        self,
+        experts: int,
+        in_features: int,
+        out_features: int,
+        *,
+        max_adapters: int,
+        max_rank: int,
+        param_dtype=jnp.float32,
+    ):
         self.kernel = nnx.Param(jnp.zeros((experts, in_features, out_features), param_dtype))
         self.lora_a = nnx.LoRAParam(jnp.zeros((max_adapters, experts, in_features, max_rank), jnp.float32))
         self.lora_b = nnx.LoRAParam(jnp.zeros((max_adapters, experts, max_rank, out_features), jnp.float32))

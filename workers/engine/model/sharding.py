@@ -63,8 +63,12 @@ class MeshConfig:
                 f"mesh fsdp={fsdp} x tp={self.tp}{ep} needs {max(fsdp, 1) * other} devices, have {len(devices)}"
             )
         if self.ep > 1:
-            return jax.make_mesh((fsdp, self.ep, self.tp), (FSDP, EP, TP), axis_types=(AxisType.Auto,) * 3,
-                                 devices=devices[: fsdp * other])  # fmt: skip
+            return jax.make_mesh(
+                (fsdp, self.ep, self.tp),
+                (FSDP, EP, TP),
+                axis_types=(AxisType.Auto,) * 3,
+                devices=devices[: fsdp * other],
+            )
         return jax.make_mesh(
             (fsdp, self.tp), (FSDP, TP), axis_types=(AxisType.Auto, AxisType.Auto), devices=devices[: fsdp * self.tp]
         )
@@ -123,8 +127,11 @@ def _layer_spec(path: tuple, shape: tuple[int, ...], config: ModelConfig, mesh: 
     if "experts" in names:  # stacked expert kernels / per-expert LoRA: the expert axis on ep
         expert_axis = EP if mesh.shape.get(EP, 1) > 1 else None
         in_axis, out_axis = (FSDP, TP) if owner in _COLUMN else (TP, FSDP)
-        return {"kernel": P(expert_axis, in_axis, out_axis), "lora_a": P(None, expert_axis, in_axis, None),
-                "lora_b": P(None, expert_axis, None, out_axis)}[leaf]  # fmt: skip
+        return {
+            "kernel": P(expert_axis, in_axis, out_axis),
+            "lora_a": P(None, expert_axis, in_axis, None),
+            "lora_b": P(None, expert_axis, None, out_axis),
+        }[leaf]
     vocab_axis = TP if config.vocab_size % tp == 0 else None
     if owner in _COLUMN or owner in _ROW:
         in_axis, out_axis = (FSDP, TP) if owner in _COLUMN else (TP, FSDP)
@@ -158,8 +165,11 @@ class DeviceLayout:
         self.replicated = NamedSharding(mesh, P())
         self._gather = None  # to_host's jitted gather, made on first multi-host use
         if config.vocab_size % self.tp:
-            log.info("vocab_size=%d is not divisible by tp=%d: the vocabulary axis stays replicated",
-                     config.vocab_size, self.tp)  # fmt: skip
+            log.info(
+                "vocab_size=%d is not divisible by tp=%d: the vocabulary axis stays replicated",
+                config.vocab_size,
+                self.tp,
+            )
 
     def sharding_of(self, path: tuple, shape: tuple[int, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, param_spec(path, shape, self.config, self.mesh))

@@ -220,21 +220,41 @@ def make_plan(
     if max_position:
         max_train, max_sample = min(max_train, max_position), min(max_sample, max_position)
     plan = MemoryPlan(
-        device=device, capacity_bytes=capacity, resident_bytes=resident, snapshot_bytes=snapshot_bytes,
-        reserve_bytes=reserve, prefix_cache_bytes=prefix, work_bytes=work, train_bytes_per_token=costs["train"],
-        train_bytes_per_token_no_remat=costs["train_no_remat"], train_fixed_bytes=train_fixed,
-        kv_bytes_per_token=costs["kv"], prefill_bytes_per_token=costs["prefill"], max_train_tokens=int(max_train),
+        device=device,
+        capacity_bytes=capacity,
+        resident_bytes=resident,
+        snapshot_bytes=snapshot_bytes,
+        reserve_bytes=reserve,
+        prefix_cache_bytes=prefix,
+        work_bytes=work,
+        train_bytes_per_token=costs["train"],
+        train_bytes_per_token_no_remat=costs["train_no_remat"],
+        train_fixed_bytes=train_fixed,
+        kv_bytes_per_token=costs["kv"],
+        prefill_bytes_per_token=costs["prefill"],
+        max_train_tokens=int(max_train),
         remat_min_tokens=max(1, int(work * NO_REMAT_SHARE) // costs["train_no_remat"]),
-        max_sample_tokens=int(max_sample), max_lora_rank=max_lora_rank,
+        max_sample_tokens=int(max_sample),
+        max_lora_rank=max_lora_rank,
         state_bytes_per_slot=state_bytes_per_slot(config),
-    )  # fmt: skip
+    )
     log.info(
         "memory plan: %s %.1f GiB = resident %.1f (weights, adapter slots) + snapshots %.1f + prefix cache %.2f"
         " + reserve %.1f + work %.1f;"
         " per token: training %s B (%s B without checkpointing), KV %s B; fits %s tokens per forward_backward datum,"
         " %s tokens per sampled sequence; gradient checkpointing from %s tokens per micro-batch",
-        device, capacity / GIB, resident / GIB, snapshot_bytes / GIB, prefix / GIB, reserve / GIB, work / GIB,
-        f"{plan.train_bytes_per_token:,}", f"{plan.train_bytes_per_token_no_remat:,}", f"{plan.kv_bytes_per_token:,}",
-        f"{plan.max_train_tokens:,}", f"{plan.max_sample_tokens:,}", f"{plan.remat_min_tokens:,}",
-    )  # fmt: skip
+        device,
+        capacity / GIB,
+        resident / GIB,
+        snapshot_bytes / GIB,
+        prefix / GIB,
+        reserve / GIB,
+        work / GIB,
+        f"{plan.train_bytes_per_token:,}",
+        f"{plan.train_bytes_per_token_no_remat:,}",
+        f"{plan.kv_bytes_per_token:,}",
+        f"{plan.max_train_tokens:,}",
+        f"{plan.max_sample_tokens:,}",
+        f"{plan.remat_min_tokens:,}",
+    )
     return plan

@@ -101,10 +101,15 @@ class AdapterPager:
         for key in moves.drop:
             self.drop(key)
         return PageReport(
-            failed=failed, out_seconds=tuple(out_s), in_seconds=tuple(in_s), in_tiers=tuple(tiers),
-            resident=len(self.slots.configs), paged=len(self.store.keys("adapter")),
-            host_bytes=self.store.host_bytes, disk_bytes=self.store.disk_bytes,
-        )  # fmt: skip
+            failed=failed,
+            out_seconds=tuple(out_s),
+            in_seconds=tuple(in_s),
+            in_tiers=tuple(tiers),
+            resident=len(self.slots.configs),
+            paged=len(self.store.keys("adapter")),
+            host_bytes=self.store.host_bytes,
+            disk_bytes=self.store.disk_bytes,
+        )
 
     # ------------------------------------------------------------------ out
 
@@ -146,14 +151,16 @@ class AdapterPager:
         try:
             config = LoraConfig(**page.meta["config"])
             values = tuple(
-                [page.arrays[f"{tree}/{name}"] for name in self._names] if f"{tree}/{self._names[0]}" in page.arrays
+                [page.arrays[f"{tree}/{name}"] for name in self._names]
+                if f"{tree}/{self._names[0]}" in page.arrays
                 else None
                 for tree in TREES
-            )  # fmt: skip
+            )
             with_grads = values[1] is not None
             count = np.int32(page.meta["count"])
-            s.lora, s.grads, s.opt = self._put(s.lora, s.grads, s.opt, np.int32(slot), values, count,
-                                               with_grads=with_grads)  # fmt: skip
+            s.lora, s.grads, s.opt = self._put(
+                s.lora, s.grads, s.opt, np.int32(slot), values, count, with_grads=with_grads
+            )
             jax.block_until_ready(s.opt.count)  # the seconds reported are the copy's, not its dispatch's
         except BaseException:
             self.store.put(adapter_key(key), page)  # not written: the page stays where the run will look for it

@@ -66,8 +66,11 @@ class AdapterSlots:
             # Any pytree whose leaves carry the adapter axis first (LoRA-shaped trees, OptState with its counts).
             out = jax.tree.map(lambda x: x.at[slot].set(jnp.zeros((), x.dtype)), tree)
             if isinstance(out, OptState):
-                return OptState(mu=placement.constrain_params(out.mu), nu=placement.constrain_params(out.nu),
-                                count=jax.lax.with_sharding_constraint(out.count, placement.replicated))  # fmt: skip
+                return OptState(
+                    mu=placement.constrain_params(out.mu),
+                    nu=placement.constrain_params(out.nu),
+                    count=jax.lax.with_sharding_constraint(out.count, placement.replicated),
+                )
             return placement.constrain_params(out)
 
         self.write_slot = jax.jit(write_slot, donate_argnums=0)
@@ -97,8 +100,9 @@ class AdapterSlots:
         return self.placement.put_params(tree)
 
     def put_opt(self, opt: OptState) -> OptState:
-        return OptState(mu=self.put_lora(opt.mu), nu=self.put_lora(opt.nu),
-                        count=self.placement.put_replicated(opt.count))  # fmt: skip
+        return OptState(
+            mu=self.put_lora(opt.mu), nu=self.put_lora(opt.nu), count=self.placement.put_replicated(opt.count)
+        )
 
     # ------------------------------------------------------------------ allocation
 
@@ -165,8 +169,9 @@ class AdapterSlots:
         current_full = {
             leaf_name(p): np.array(x)
             for p, x in jax.tree_util.tree_flatten_with_path(
-                self.placement.to_host(self.take_slot(self.lora, np.int32(slot))))[0]
-        }  # fmt: skip
+                self.placement.to_host(self.take_slot(self.lora, np.int32(slot)))
+            )[0]
+        }
 
         def put(path, leaf):
             full = current_full[leaf_name(path)]
@@ -221,10 +226,13 @@ class AdapterSlots:
         self.zero_training_state(slot)
         if moments is not None:
             s, (mu, nu) = np.int32(slot), moments
-            self.opt = self.put_opt(OptState(
-                mu=self.write_slot(self.opt.mu, s, mu), nu=self.write_slot(self.opt.nu, s, nu),
-                count=self.opt.count.at[slot].set(int(state.step)),
-            ))  # fmt: skip
+            self.opt = self.put_opt(
+                OptState(
+                    mu=self.write_slot(self.opt.mu, s, mu),
+                    nu=self.write_slot(self.opt.nu, s, nu),
+                    count=self.opt.count.at[slot].set(int(state.step)),
+                )
+            )
         self.configs[slot] = state.config
         return state.config
 

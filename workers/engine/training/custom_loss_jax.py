@@ -161,8 +161,10 @@ def prepare(req: ForwardBackwardInput) -> Prepared:
     for i, d in enumerate(req.data):
         targets = np.asarray(d.inputs.get("target_tokens")) if "target_tokens" in d.inputs else None
         if targets is None or targets.ndim != lp_rank:
-            raise InputError(f"datum {i}: loss {loss.loss.name!r} takes logprobs of rank {lp_rank}, so it needs "
-                             f"target_tokens of rank {lp_rank}")  # fmt: skip
+            raise InputError(
+                f"datum {i}: loss {loss.loss.name!r} takes logprobs of rank {lp_rank}, so it needs "
+                f"target_tokens of rank {lp_rank}"
+            )
         row = []
         for name, rank in declared:
             if name not in d.inputs:
@@ -171,12 +173,15 @@ def prepare(req: ForwardBackwardInput) -> Prepared:
             if rank == 0 and value.size == 1:  # the wire cannot tell shape [] from [1]: the declared rank decides
                 value = value.reshape(())
             if value.ndim != rank:
-                raise InputError(f"datum {i}: loss_fn_inputs[{name!r}] has rank {value.ndim}, loss "
-                                 f"{loss.loss.name!r} declared rank {rank}")  # fmt: skip
+                raise InputError(
+                    f"datum {i}: loss_fn_inputs[{name!r}] has rank {value.ndim}, loss "
+                    f"{loss.loss.name!r} declared rank {rank}"
+                )
             row.append(value.astype(np.float32) if value.dtype.kind == "f" else value.astype(np.int32))
         inputs.append(row)
-        probes.append(Datum(tokens=d.tokens, inputs={"target_tokens": targets,
-                                                     "weights": np.zeros(targets.shape, np.float32)}))  # fmt: skip
+        probes.append(
+            Datum(tokens=d.tokens, inputs={"target_tokens": targets, "weights": np.zeros(targets.shape, np.float32)})
+        )
     probe = ForwardBackwardInput(slot=req.slot, data=probes, loss_fn="cross_entropy", forward_only=True)
     return Prepared(loss, inputs, probe)
 
@@ -191,13 +196,16 @@ def weighted(prep: Prepared, req: ForwardBackwardInput, logprobs: list[np.ndarra
         if not math.isfinite(value):
             raise InputError(f"custom loss {name!r}: datum {i}: the loss is {value}")
         if not np.all(np.isfinite(grad)):
-            raise InputError(f"custom loss {name!r}: datum {i}: the gradient is not finite at position "
-                             f"{int(np.flatnonzero(~np.isfinite(grad.reshape(-1)))[0])}")  # fmt: skip
+            raise InputError(
+                f"custom loss {name!r}: datum {i}: the gradient is not finite at position "
+                f"{int(np.flatnonzero(~np.isfinite(grad.reshape(-1)))[0])}"
+            )
         total += value
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v
-        data.append(Datum(tokens=probe.tokens, inputs={"target_tokens": probe.inputs["target_tokens"],
-                                                        "weights": -grad}))  # fmt: skip
+        data.append(
+            Datum(tokens=probe.tokens, inputs={"target_tokens": probe.inputs["target_tokens"], "weights": -grad})
+        )
     n = len(logprobs)
     metrics = {k: v / n if k.endswith(":mean") else v for k, v in sums.items()}
     train = ForwardBackwardInput(slot=req.slot, data=data, loss_fn="cross_entropy", forward_only=req.forward_only)

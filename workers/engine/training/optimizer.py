@@ -143,8 +143,16 @@ def adamw_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, pac
 
 
 @partial(jax.jit, static_argnames=("placement",), donate_argnames=("lora", "grads", "opt"))
-def write_slot_values(lora: Any, grads: Any, opt: OptState, slot: jax.Array, values: tuple[list, list, list],
-                      count: jax.Array, *, placement: DeviceLayout | None = None):  # fmt: skip
+def write_slot_values(
+    lora: Any,
+    grads: Any,
+    opt: OptState,
+    slot: jax.Array,
+    values: tuple[list, list, list],
+    count: jax.Array,
+    *,
+    placement: DeviceLayout | None = None,
+):
     """Write-only half: `slot`'s weights, moments (`values` from adamw_slot_values) and step count set and its
     gradient accumulator zeroed, in place on the donated buffers; with a placement, outputs keep its shardings."""
 

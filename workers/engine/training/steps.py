@@ -84,8 +84,7 @@ class MicroBatch:
     single: bool = field(default=False)  # every row holds one datum (a fused single-segment kernel may apply)
 
 
-def pack(rows: list[Row], packed: list[list[int]], batch: int, seq: int, k: int, *, single: bool = False
-         ) -> TrainBatch:  # fmt: skip
+def pack(rows: list[Row], packed: list[list[int]], batch: int, seq: int, k: int, *, single: bool = False) -> TrainBatch:
     """Lay out `packed` (datum indices per row) as one [batch, seq] bucket in numpy (the jit call moves it)."""
     tokens = np.zeros((batch, seq), np.int32)
     positions = np.zeros((batch, seq), np.int32)
@@ -107,10 +106,18 @@ def pack(rows: list[Row], packed: list[list[int]], batch: int, seq: int, k: int,
             segments[b, cut] = seg
             targets[b, cut, :kk] = r.targets
             weights[b, cut, :kk] = r.weights
-            per_token[:, b, cut] = np.stack([
-                np.ones(n, np.float32), r.sampler_logprobs, r.advantages, r.seq_mask,
-                np.full(n, r.clip_low), np.full(n, r.clip_high), np.full(n, r.beta), np.full(n, float(r.train)),
-            ])  # fmt: skip
+            per_token[:, b, cut] = np.stack(
+                [
+                    np.ones(n, np.float32),
+                    r.sampler_logprobs,
+                    r.advantages,
+                    r.seq_mask,
+                    np.full(n, r.clip_low),
+                    np.full(n, r.clip_high),
+                    np.full(n, r.beta),
+                    np.full(n, float(r.train)),
+                ]
+            )
             loss_id[b, cut] = r.loss_id
             at += n
         if members:
@@ -280,9 +287,14 @@ class DoesNotFit(Exception):
 
 
 def run_rows(
-    steps: StepFunctions, lora: Any, base: Any, acc: Any, rows: list[Row], token_budget: int,
+    steps: StepFunctions,
+    lora: Any,
+    base: Any,
+    acc: Any,
+    rows: list[Row],
+    token_budget: int,
     room: Callable[[int], int] | None = None,
-) -> tuple[Any, list[RowOutput]]:  # fmt: skip
+) -> tuple[Any, list[RowOutput]]:
     """Run every row through forward (+backward where row.train), accumulating into `acc`; outputs in row order.
 
     With `room` (bytes needed -> bytes free, after making what room it can), every micro-batch's program is compiled
@@ -291,8 +303,9 @@ def run_rows(
     outputs: list[RowOutput | None] = [None] * len(rows)
     k = round_up_pow4(max(r.targets.shape[1] for r in rows))  # target widths 1, 4, 16, ...: a few programs
     work = []
-    for plan in plan_micro_batches(rows, token_budget, steps.warmed_seqs, steps.pack_tokens, steps.warmed_rows,
-                                   steps.max_seq):  # fmt: skip
+    for plan in plan_micro_batches(
+        rows, token_budget, steps.warmed_seqs, steps.pack_tokens, steps.warmed_rows, steps.max_seq
+    ):
         batch = pack(rows, plan.packed, steps.placement.round_rows(plan.rows), plan.seq, k, single=plan.single)
         batch = steps.placement.put_batch(batch)
         train = any(rows[i].train for members in plan.packed for i in members)
@@ -313,7 +326,8 @@ def run_rows(
             at = 0
             for i in members:
                 n, kk = rows[i].targets.shape
-                outputs[i] = RowOutput(target_logprobs=target_lp[b, at : at + n, :kk],
-                                       token_loss=per_token[b, at : at + n])  # fmt: skip
+                outputs[i] = RowOutput(
+                    target_logprobs=target_lp[b, at : at + n, :kk], token_loss=per_token[b, at : at + n]
+                )
                 at += n
     return acc, outputs  # type: ignore[return-value]

@@ -29,18 +29,25 @@ log = logging.getLogger(__name__)
 
 
 def forward_backward(
-    slots: AdapterSlots, steps: StepFunctions, base: Any, requests: list[ForwardBackwardInput], *,
-    info: ModelInfo, micro_batch_tokens: int, memory: MemoryPlan | None = None,
+    slots: AdapterSlots,
+    steps: StepFunctions,
+    base: Any,
+    requests: list[ForwardBackwardInput],
+    *,
+    info: ModelInfo,
+    micro_batch_tokens: int,
+    memory: MemoryPlan | None = None,
     room: Callable[[int], int] | None = None,
-) -> list[ForwardBackwardResult | InputError]:  # fmt: skip
+) -> list[ForwardBackwardResult | InputError]:
     """One pass over every valid request's rows (slots mixed in one batch); gradients add into `slots.grads`.
 
     With `memory`, a datum longer than the plan admits is refused before anything else; with `room`, a request
     whose micro-batch's compiled program needs more memory than is free is refused before any program runs, and
     the others go on without it."""
     if any(req.loss_fn == "custom" for req in requests):
-        return _with_custom_losses(slots, steps, base, requests, info=info, micro_batch_tokens=micro_batch_tokens,
-                                   memory=memory, room=room)  # fmt: skip
+        return _with_custom_losses(
+            slots, steps, base, requests, info=info, micro_batch_tokens=micro_batch_tokens, memory=memory, room=room
+        )
     results: list[ForwardBackwardResult | InputError | None] = [None] * len(requests)
     rows: list[Row] = []
     spans: dict[int, tuple[int, int]] = {}
@@ -48,8 +55,11 @@ def forward_backward(
         try:
             slots.check_slot(req.slot)
             new = forward_backward_rows(
-                req, slot_scale=slots.scale(req.slot), vocab=info.vocab_size, max_len=info.max_position_embeddings,
-            )  # fmt: skip
+                req,
+                slot_scale=slots.scale(req.slot),
+                vocab=info.vocab_size,
+                max_len=info.max_position_embeddings,
+            )
             for i, row in enumerate(new):
                 if memory is not None and len(row.tokens) > memory.max_train_tokens:
                     raise InputError(memory.train_limit_message(f"datum {i}: model_input", len(row.tokens)))
@@ -155,13 +165,19 @@ def optim_step(slots: AdapterSlots, slot: int, config: AdamConfig | DimuonConfig
         )
     shape = (cfg.train_attn, cfg.train_mlp, cfg.train_unembed)
     if isinstance(config, DimuonConfig):
-        values = (config.learning_rate, config.beta1, config.grad_clip_norm, config.damping,
-                  config.rank_lr_correction_exponent)  # fmt: skip
+        values = (
+            config.learning_rate,
+            config.beta1,
+            config.grad_clip_norm,
+            config.damping,
+            config.rank_lr_correction_exponent,
+        )
         problem = _dimuon_problem(config)
         if problem:
             raise InputError(problem)
-        new, count, metrics = dimuon_slot_values(slots.lora, slots.grads, slots.opt, np.int32(slot),
-                                                 pack_dimuon(values, cfg.rank, shape))  # fmt: skip
+        new, count, metrics = dimuon_slot_values(
+            slots.lora, slots.grads, slots.opt, np.int32(slot), pack_dimuon(values, cfg.rank, shape)
+        )
         return _write_step(slots, slot, new, count, metrics, config.learning_rate)
     adam = config
     values = (adam.learning_rate, adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.grad_clip_norm)

@@ -48,8 +48,11 @@ class Qwen35Names(ExpertNames):
         part = next((p for p in _NOT_BUILT if name.startswith(p)), None)
         if part is not None:
             if part not in self.skipped:
-                log.info("not loading %s of this checkpoint (%s*): the engine serves the text model only",
-                         _NOT_BUILT[part], part)  # fmt: skip
+                log.info(
+                    "not loading %s of this checkpoint (%s*): the engine serves the text model only",
+                    _NOT_BUILT[part],
+                    part,
+                )
             self.skipped[part] = self.skipped.get(part, 0) + 1
             return None
         name = text_name(name)

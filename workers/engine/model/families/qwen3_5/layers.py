@@ -26,8 +26,8 @@ from flax import nnx
 
 from ...attention import Segments, attention
 from ...cached_attention import attend_cached, write_kv
-from ...decoder import apply_rope
 from ...lora import LoRALinear, LoraRouting
+from ...rope import apply_rope
 from .config import Qwen35Config
 
 

@@ -21,8 +21,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ...attention import Segments
-from ...decoder import Embedding, LMHead, constrain, rope_tables
+from ...decoder import constrain
+from ...embedding import Embedding, LMHead
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
+from ...rope import rope_tables
 from .cache import HybridCache, HybridRowCache, layer_slots
 from .config import LINEAR_ATTENTION, Qwen35Config
 from .layers import MLP, GatedAttention, KVView, ZeroCenteredRMSNorm

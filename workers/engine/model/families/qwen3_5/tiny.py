@@ -38,9 +38,16 @@ MOE_SHAPE: dict[str, Any] = {
 }
 # Qwen3.5's chat tokens beyond ChatML's (the order of its tokenizer's added tokens, those the renderer reads).
 CHAT_TOKENS = (
-    "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-    "<tool_call>", "</tool_call>", "<think>", "</think>",
-)  # fmt: skip
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+)
 # Qwen3.5's chat format in brief (the renderer builds prompts itself; this serves apply_chat_template): ChatML turns,
 # and a generation prompt that opens the assistant's thinking.
 CHAT_TEMPLATE = (
@@ -101,21 +108,35 @@ def parameter_shapes(*, moe: bool) -> list[tuple[str, tuple[int, ...]]]:
         shapes.append((f"{p}.input_layernorm.weight", (h,)))
         if kind == "linear_attention":
             a = f"{p}.linear_attn"
-            shapes += [(f"{a}.in_proj_qkv.weight", (conv, h)), (f"{a}.in_proj_z.weight", (vd, h)),
-                       (f"{a}.in_proj_b.weight", (nv, h)), (f"{a}.in_proj_a.weight", (nv, h)),
-                       (f"{a}.conv1d.weight", (conv, 1, s["linear_conv_kernel_dim"])), (f"{a}.dt_bias", (nv,)),
-                       (f"{a}.A_log", (nv,)), (f"{a}.norm.weight", (s["linear_value_head_dim"],)),
-                       (f"{a}.out_proj.weight", (h, vd))]  # fmt: skip
+            shapes += [
+                (f"{a}.in_proj_qkv.weight", (conv, h)),
+                (f"{a}.in_proj_z.weight", (vd, h)),
+                (f"{a}.in_proj_b.weight", (nv, h)),
+                (f"{a}.in_proj_a.weight", (nv, h)),
+                (f"{a}.conv1d.weight", (conv, 1, s["linear_conv_kernel_dim"])),
+                (f"{a}.dt_bias", (nv,)),
+                (f"{a}.A_log", (nv,)),
+                (f"{a}.norm.weight", (s["linear_value_head_dim"],)),
+                (f"{a}.out_proj.weight", (h, vd)),
+            ]
         else:
             a = f"{p}.self_attn"
-            shapes += [(f"{a}.q_proj.weight", (2 * nh * hd, h)), (f"{a}.k_proj.weight", (nkv * hd, h)),
-                       (f"{a}.v_proj.weight", (nkv * hd, h)), (f"{a}.o_proj.weight", (h, nh * hd)),
-                       (f"{a}.q_norm.weight", (hd,)), (f"{a}.k_norm.weight", (hd,))]  # fmt: skip
+            shapes += [
+                (f"{a}.q_proj.weight", (2 * nh * hd, h)),
+                (f"{a}.k_proj.weight", (nkv * hd, h)),
+                (f"{a}.v_proj.weight", (nkv * hd, h)),
+                (f"{a}.o_proj.weight", (h, nh * hd)),
+                (f"{a}.q_norm.weight", (hd,)),
+                (f"{a}.k_norm.weight", (hd,)),
+            ]
         shapes.append((f"{p}.post_attention_layernorm.weight", (h,)))
         if moe:
             e, inter = m["num_experts"], m["moe_intermediate_size"]
-            shapes += [(f"{p}.mlp.gate.weight", (e, h)), (f"{p}.mlp.experts.gate_up_proj", (e, 2 * inter, h)),
-                       (f"{p}.mlp.experts.down_proj", (e, h, inter))]  # fmt: skip
+            shapes += [
+                (f"{p}.mlp.gate.weight", (e, h)),
+                (f"{p}.mlp.experts.gate_up_proj", (e, 2 * inter, h)),
+                (f"{p}.mlp.experts.down_proj", (e, h, inter)),
+            ]
             shapes += dense_mlp_shapes(f"{p}.mlp.shared_expert", h, m["shared_expert_intermediate_size"])
             shapes.append((f"{p}.mlp.shared_expert_gate.weight", (1, h)))
         else:

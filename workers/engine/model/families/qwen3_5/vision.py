@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ...decoder import apply_rope
 from ...lora import base_matmul
+from ...rope import apply_rope
 from .vision_config import VisionConfig, VisionInputs
 
 # Queries per attention block: a block's [heads, QUERY_BLOCK, patches] float32 scores are live at a time, so memory

@@ -30,9 +30,10 @@ MOE_SHAPE: dict[str, Any] = {
 def moe_layers() -> list[int]:
     s = MOE_SHAPE
     return [
-        i for i in range(s["num_hidden_layers"])
+        i
+        for i in range(s["num_hidden_layers"])
         if i not in s["mlp_only_layers"] and (i + 1) % s["decoder_sparse_step"] == 0
-    ]  # fmt: skip
+    ]
 
 
 def moe_config_dict(dense: dict[str, Any]) -> dict[str, Any]:
