@@ -247,7 +247,7 @@ class DecoderStack(DecoderLayer):
 
         Gradient checkpointing (`remat`): `jax.checkpoint` around the scanned body with the default policy (nothing
         saveable), so the backward pass keeps one [B, T, H] hidden state per layer and recomputes the layer's
-        insides from it, as the per-layer `_remat_layer` of the loop does."""
+        insides from it, as the per-layer `checkpointed` of the loop does."""
         graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
         lora = jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0), lora)  # layer-first for the scan: LoRA-sized copy
 
@@ -269,17 +269,17 @@ def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing, segments=N
     return layer(x, positions, rope, routing, None, 0, segments)[0]
 
 
-def _remat_layer(layer: DecoderLayer, x, positions, rope, routing, segments=None):
-    """Gradient checkpointing: keep only the layer's input; recompute the layer in the backward pass.
+def checkpointed(layer: nnx.Module, call, *args):
+    """Gradient checkpointing of one layer: keep only its inputs, recompute `call(layer, *args)` in the backward pass.
 
     A pure `jax.checkpoint` over the layer's split state (the layer is already a traced value inside the step's
-    grad, which `nnx.remat` would try to update in place)."""
+    grad, which `nnx.remat` would try to update in place). Every family's per-layer loop checkpoints through this."""
     graphdef, state = nnx.split(layer)
 
-    def run(state, x, positions, rope, routing, segments):
-        return _layer_no_cache(nnx.merge(graphdef, state), x, positions, rope, routing, segments)
+    def run(state, *args):
+        return call(nnx.merge(graphdef, state), *args)
 
-    return jax.checkpoint(run)(state, x, positions, rope, routing, segments)
+    return jax.checkpoint(run)(state, *args)
 
 
 def dense_layer(config: ModelConfig, index: int, options: LayerOptions) -> DecoderLayer:
@@ -361,7 +361,7 @@ class CausalLM(nnx.Module):
         assert isinstance(self.layers, nnx.List)  # built above: a stack or a per-layer list
         for i, layer in enumerate(self.layers):
             if cache is None and remat:
-                x = _remat_layer(layer, x, positions, rope, routing, segments)
+                x = checkpointed(layer, _layer_no_cache, x, positions, rope, routing, segments)
             elif cache is None:
                 x = _layer_no_cache(layer, x, positions, rope, routing, segments)
             else:

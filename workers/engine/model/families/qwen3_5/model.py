@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ...attention import Segments
-from ...decoder import constrain
+from ...decoder import checkpointed, constrain
 from ...embedding import Embedding, LMHead
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
 from ...rope import rope_tables
@@ -89,15 +89,8 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(self.post_attention_layernorm(x), routing), after
 
 
-def _remat_layer(layer: DecoderLayer, x, rope, routing, segments):
-    """Gradient checkpointing: keep only the layer's input, recompute the layer in the backward pass (a pure
-    `jax.checkpoint` over its split state, as decoder.py's per-layer loop)."""
-    graphdef, state = nnx.split(layer)
-
-    def run(state, x, rope, routing, segments):
-        return nnx.merge(graphdef, state)(x, rope, routing, segments)[0]
-
-    return jax.checkpoint(run)(state, x, rope, routing, segments)
+def _layer_output(layer: DecoderLayer, x, rope, routing, segments):
+    return layer(x, rope, routing, segments)[0]
 
 
 class CausalLM(nnx.Module):
@@ -158,7 +151,11 @@ class CausalLM(nnx.Module):
         rope = rope_tables(self.config, positions)
         if cache is None:
             for layer in self.layers:
-                x = _remat_layer(layer, x, rope, routing, segments) if remat else layer(x, rope, routing, segments)[0]
+                x = (
+                    checkpointed(layer, _layer_output, x, rope, routing, segments)
+                    if remat
+                    else _layer_output(layer, x, rope, routing, segments)
+                )
                 x = constrain(x, self.act_sharding)
             return self.norm(x), None
         rows = cache.rows if isinstance(cache, HybridRowCache) else None
