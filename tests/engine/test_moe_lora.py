@@ -242,13 +242,33 @@ def test_peft_export_import_round_trip(moe_engine, tmp_path):
     write_peft(config, e.adapter_weights(1), tmp_path / "peft", base_model_name_or_path="tiny-moe")
     from safetensors.numpy import load_file
 
-    keys = set(load_file(str(tmp_path / "peft" / "adapter_model.safetensors")))
-    assert "base_model.model.model.layers.0.mlp.experts.7.up_proj.lora_A.weight" in keys
-    assert "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight" in keys  # the dense layer
+    tensors = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+    # Hosted Tinker's expert layout (tinker-cookbook's weights tools read it): w3 is up_proj, A [E, r, in].
+    assert tensors["base_model.model.model.layers.0.mlp.experts.w3.lora_A.weight"].shape == (EXPERTS, 4, 64)
+    assert "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight" in tensors  # the dense layer
     back_config, back = read_peft(tmp_path / "peft")
     assert back_config.rank == 4 and back.keys() == weights.keys()
     for k in weights:
         np.testing.assert_array_equal(back[k], weights[k], err_msg=k)
+
+    # The same experts one tensor each (PEFT's per-expert names, as build_lora_adapter writes for vLLM) read the same.
+    from safetensors.numpy import save_file
+
+    names = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+    per_expert = {}
+    for key, value in tensors.items():
+        parts = key.split(".")
+        if "experts" not in parts:
+            per_expert[key] = value
+            continue
+        at = parts.index("experts")
+        for expert in range(value.shape[0]):
+            key_of_one = [*parts[: at + 1], str(expert), names[parts[at + 1]], *parts[at + 2 :]]
+            per_expert[".".join(key_of_one)] = value[expert]
+    save_file(per_expert, str(tmp_path / "peft" / "adapter_model.safetensors"))
+    _, again = read_peft(tmp_path / "peft")
+    for k in weights:
+        np.testing.assert_array_equal(again[k], weights[k], err_msg=k)
     e.create_adapter(2, config)
     e.set_adapter_weights(2, back)  # loads back into the engine with the right shapes
 

@@ -47,8 +47,16 @@ _PEFT_KEY = re.compile(
     r"|(lm_head|model\.unembed_tokens))"
     r"\.lora_([AB])\.weight$"
 )
-# Qwen3-MoE experts, per expert as PEFT names them on transformers 4's per-expert linears (vLLM's MoE LoRA layout):
-# base_model.model.model.layers.0.mlp.experts.5.up_proj.lora_A.weight; ours stack them: layers.0.mlp.experts.up_proj.
+# Routed experts as hosted Tinker exports them, which tinker-cookbook's weights tools (build_hf_model,
+# build_lora_adapter) read: one tensor per projection for every expert, A [E, r, in] and B [E, out, r], under
+# Tinker's names w1 (gate), w3 (up), w2 (down): base_model.model.model.layers.0.mlp.experts.w1.lora_A.weight.
+# Ours stack them the same way, [E, in, r] / [E, r, out], as layers.0.mlp.experts.gate_proj.
+_EXPERT_EXPORT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+_TINKER_EXPERT_KEY = re.compile(
+    r"^base_model\.model\.model\.(layers\.\d+\.mlp\.experts)\.(w1|w2|w3)\.lora_([AB])\.weight$"
+)
+# The same experts one tensor each, as PEFT names them on per-expert linears (build_lora_adapter's output for vLLM,
+# and tinkerflow's exports before it wrote Tinker's layout): layers.0.mlp.experts.5.up_proj.lora_A.weight.
 _PEFT_EXPERT_KEY = re.compile(
     r"^base_model\.model\.model\.(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.lora_([AB])\.weight$"
 )
@@ -190,11 +198,10 @@ def write_peft(
             continue
         module, ab = name.rsplit(".lora_", 1)
         value = np.asarray(value, np.float32)
-        if ".experts." in module:  # stacked [E, in, r] / [E, r, out]: one PEFT tensor per expert
+        if ".experts." in module:  # stacked [E, in, r] / [E, r, out]: Tinker's [E, r, in] / [E, out, r]
             parent, proj = module.rsplit(".", 1)
-            for e in range(value.shape[0]):
-                key = f"{_PEFT_PREFIX}model.{parent}.{e}.{proj}.lora_{ab.upper()}.weight"
-                tensors[key] = np.ascontiguousarray(value[e].T)
+            key = f"{_PEFT_PREFIX}model.{parent}.{_EXPERT_EXPORT_NAMES[proj]}.lora_{ab.upper()}.weight"
+            tensors[key] = np.ascontiguousarray(np.swapaxes(value, -1, -2))
             continue
         key = (
             _PEFT_PREFIX
@@ -235,6 +242,24 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
     for key, value in tensors.items():
         if key.endswith(".base_layer.weight"):
             continue
+        stacked = _TINKER_EXPERT_KEY.match(key)
+        if stacked is not None:
+            parent, tinker_name, ab = stacked.groups()
+            proj = {w: p for p, w in _EXPERT_EXPORT_NAMES.items()}[tinker_name]
+            if proj not in targets:
+                raise InputError(f"{ADAPTER_WEIGHTS}: tensor {key!r} is not in target_modules {sorted(targets)}")
+            if value.ndim != 3 or value.shape[1 if ab == "A" else 2] != config.rank:
+                raise InputError(
+                    f"{ADAPTER_WEIGHTS}: tensor {key!r} has shape {value.shape}, "
+                    f"not [experts, ...] of rank r={config.rank}"
+                )
+            ours = np.ascontiguousarray(np.swapaxes(value.astype(np.float32), -1, -2))
+            ours = ours * np.float32(factor) if ab == "B" and factor != 1 else ours
+            name = f"{parent}.{proj}.lora_{ab.lower()}"
+            if name in weights or name in experts:
+                raise InputError(f"{ADAPTER_WEIGHTS}: {name} is there twice (stacked and per expert)")
+            weights[name] = ours
+            continue
         expert = _PEFT_EXPERT_KEY.match(key)
         if expert is not None:
             parent, index, proj, ab = expert.groups()
@@ -260,6 +285,8 @@ def read_peft(directory: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
         ours = np.ascontiguousarray(value.astype(np.float32).T)
         weights[f"{module}.lora_{ab.lower()}"] = ours * np.float32(factor) if ab == "B" and factor != 1 else ours
     for name, by_expert in experts.items():
+        if name in weights:
+            raise InputError(f"{ADAPTER_WEIGHTS}: {name} is there twice (stacked and per expert)")
         if sorted(by_expert) != list(range(len(by_expert))):
             absent = sorted(set(range(max(by_expert) + 1)) - set(by_expert))
             raise InputError(f"{ADAPTER_WEIGHTS}: {name} lacks experts {absent[:5]}")

@@ -1,17 +1,16 @@
 """What the sampler's decode slots keep per model, asked of the model's family: every layer's keys and values
 (`decoder.LayerCache`) for a family whose layers all cache "kv", or the family's own cache for one with recurrent
-layers. Such a family's folder holds `cache.py` with `empty_cache(config, slots, length, dtype)` and
-`state_bytes_per_slot(config)` (families/qwen3_5/cache.py); its cache answers what the sampler asks of any cache:
-`k`/`v` (the full-attention layers' [La, slots, S, kv_heads, head_dim]), `through(rows, lengths, fresh)` (a row
-view for an admission) and the view's `settled()`."""
+layers (`Family.state_cache`, e.g. families/qwen3_5/cache.py: `empty_cache(config, slots, length, dtype)` and
+`state_bytes_per_slot(config)`); its cache answers what the sampler asks of any cache: `k`/`v` (the full-attention
+layers' [La, slots, S, kv_heads, head_dim]), `through(rows, lengths, fresh)` (a row view for an admission) and the
+view's `settled()`."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from .decoder import empty_cache
-from .families import ModelConfig, family_named
+from .families import ModelConfig, StateCache, family_named
 
 
 def recurrent(config: ModelConfig) -> bool:
@@ -24,8 +23,11 @@ def kv_layers(config: ModelConfig) -> int:
     return family_named(config.arch).cache_kinds(config).count("kv")
 
 
-def _family_cache(config: ModelConfig) -> Any:
-    return importlib.import_module(f"{__package__}.families.{config.arch}.cache")
+def _family_cache(config: ModelConfig) -> StateCache:
+    cache = family_named(config.arch).state_cache
+    if cache is None:
+        raise TypeError(f"{config.arch} has recurrent layers but no Family.state_cache for the sampler's slots")
+    return cache
 
 
 def empty_slot_cache(config: ModelConfig, slots: int, length: int, dtype: Any) -> Any:

@@ -184,6 +184,16 @@ class CheckpointNames(Protocol):
         ...
 
 
+class StateCache(Protocol):
+    """What a family whose layers keep a recurrent state gives the sampler for its decode slots (model/slot_cache.py):
+    its cache answers what the sampler asks of any cache (`k`/`v`, `through(rows, lengths, fresh)`, `settled()`)."""
+
+    # `config`: the family's own ModelConfig (its read_config's), hence Any here; positional, as slot_cache calls.
+    def empty_cache(self, config: Any, slots: int, length: int, dtype: Any, /) -> Any: ...
+
+    def state_bytes_per_slot(self, config: Any, /) -> int: ...
+
+
 @dataclass(frozen=True)
 class TinyCheckpoint:
     """A family's tiny offline checkpoint (model/tiny_model.py writes it with the shared tokenizer)."""
@@ -223,6 +233,9 @@ class Family:
     # remat=, act_sharding=, scan_layers=), with its `hidden`, `logits`, `dtype`, `lm_head` and `scan_layers`.
     # `decoder_layer` / `decoder_stack` are then unused. None: decoder.CausalLM.
     causal_lm: Callable[..., nnx.Module] | None = None
+    # The sampler's slot cache of a family with "recurrent" layers (e.g. the family's cache.py module); None: every
+    # layer caches keys and values in decoder.LayerCache.
+    state_cache: StateCache | None = None
 
 
 @functools.cache

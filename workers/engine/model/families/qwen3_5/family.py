@@ -9,6 +9,7 @@ from typing import Any
 from ...decoder import DECODER_TARGETS
 from ...layer_costs import swiglu_params
 from .. import CacheKind, Family, ModelConfig, ModuleKind
+from . import cache
 from .checkpoint import Qwen35Names
 from .config import LINEAR_ATTENTION, Qwen35Config
 from .model import LORA_KINDS, CausalLM
@@ -97,6 +98,7 @@ def family(name: str, tiny: Any) -> Family:
         activation_bytes=activation_bytes,
         tiny=tiny,
         causal_lm=CausalLM,
+        state_cache=cache,
     )
 
 
