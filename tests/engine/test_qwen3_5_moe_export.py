@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.checkpoint import ADAPTER_WEIGHTS, write_peft
 from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
-from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, LoraConfig
+from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, ForwardBackwardResult, LoraConfig
 
 pytestmark = pytest.mark.parity
 
@@ -37,6 +37,7 @@ def test_moe_export_merges_into_transformers_with_the_engines_logprobs(tmp_path)
     [res] = engine.forward_backward(
         [ForwardBackwardInput(slot=0, data=[datum], loss_fn="cross_entropy", forward_only=True)]
     )
+    assert isinstance(res, ForwardBackwardResult), res
     ours = res.outputs[0]["logprobs"]
 
     write_peft(config, weights, tmp_path / "adapter", base_model_name_or_path=str(directory))
