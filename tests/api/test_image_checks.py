@@ -37,9 +37,13 @@ def _tokens(height: int, width: int) -> int:
     return token_count(height, width, ImageProcessing.from_hf(PROCESSOR))
 
 
+def _tensor(values: list[float]) -> types.TensorData:
+    return types.TensorData.from_numpy(np.asarray(values, np.float32))
+
+
 def _body(*chunk_lists: list) -> bytes:
     data = [
-        types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs={"weights": [1.0, 1.0]})
+        types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs={"weights": _tensor([1.0, 1.0])})
         for chunks in chunk_lists
     ]
     request = types.ForwardBackwardRequest(

@@ -43,19 +43,23 @@ def _big_png() -> bytes:
     return out.getvalue()
 
 
+def _tensor(values: list, dtype: Any = np.float32) -> types.TensorData:
+    return types.TensorData.from_numpy(np.asarray(values, dtype))
+
+
 def _datum(*image: types.ImageChunk) -> types.Datum:
     chunks: list[Any] = [types.EncodedTextChunk(tokens=TOKENS[:4]), *image, types.EncodedTextChunk(tokens=TOKENS[4:8])]
     n = 8 + sum(c.expected_tokens or 0 for c in image)
     return types.Datum(
         model_input=types.ModelInput(chunks=chunks),
-        loss_fn_inputs={"target_tokens": [1] * n, "weights": [1.0] * n},
+        loss_fn_inputs={"target_tokens": _tensor([1] * n, np.int64), "weights": _tensor([1.0] * n)},
     )
 
 
 def _text_datum() -> types.Datum:
     return types.Datum(
         model_input=types.ModelInput.from_ints(TOKENS[:-1]),
-        loss_fn_inputs={"target_tokens": TOKENS[1:], "weights": [1.0] * (len(TOKENS) - 1)},
+        loss_fn_inputs={"target_tokens": _tensor(TOKENS[1:], np.int64), "weights": _tensor([1.0] * (len(TOKENS) - 1))},
     )
 
 

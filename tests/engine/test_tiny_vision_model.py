@@ -79,6 +79,7 @@ def test_the_engine_reads_its_text_model_and_the_api_its_image_rules(tiny_vl):
     config = json.loads((tiny_vl / "config.json").read_text())
     assert read_config(config).arch == "qwen3_5"
     found = model_image_processor(tiny_vl)
+    assert found is not None
     assert found == json.loads((tiny_vl / "preprocessor_config.json").read_text())
     assert ImageProcessing.from_hf(found) == ImageProcessing(min_pixels=64 * 64, max_pixels=256 * 256)
 
@@ -104,7 +105,7 @@ def test_every_tower_tensor_has_a_place(tiny_vl):
 
     names = VisionNames()
     with safe_open(str(tiny_vl / "model.safetensors"), "np") as f:
-        visual = [n for n in f.keys() if n.startswith(PREFIX)]
+        visual = [n for n in f.keys() if n.startswith(PREFIX)]  # noqa: SIM118 (safe_open is no Mapping)
         for name in visual:
             assert names.state_path(name) is not None or names.gather(name, lambda n=name: f.get_tensor(n)), name
     assert len(visual) == 3 + 12 * 2 + 6  # patch embed (2) + positions, 12 per block, the merger's 6
