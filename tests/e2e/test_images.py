@@ -128,7 +128,7 @@ def test_bad_images_are_user_errors_while_another_tenant_trains(stack):
         out = mine.forward_backward([_text_datum()], "cross_entropy").result(timeout=TIMEOUT_S)
         assert np.isfinite(out.metrics["loss:sum"])
 
-        sampler = service.create_sampling_client(base_model=model)
+        sampler = service.create_sampling_client(base_model=model).result()
         prompt = types.ModelInput(
             chunks=[
                 types.EncodedTextChunk(tokens=TOKENS[:4]),
