@@ -1,7 +1,8 @@
-"""The tiny Qwen3.5 vision-language checkpoint (`make-tiny-model --family qwen3_5 --vision`) against transformers
-5.23, offline: it loads as `Qwen3_5ForConditionalGeneration` with no missing or unexpected tensor, its vision token
-ids are its tokenizer's, transformers' own image processor reads its preprocessor_config.json and counts the same
-tokens as tinkerflow.common.images, and its tower, placed by vision_checkpoint.py's names, equals transformers'.
+"""The tiny vision-language checkpoints (`make-tiny-model --family qwen3_5 --vision`, `--family qwen3_vl`) against
+transformers 5.23, offline: each loads as its `...ForConditionalGeneration` with no missing or unexpected tensor, its
+vision token ids are its tokenizer's, transformers' own image processor reads its preprocessor_config.json and counts
+the same tokens as tinkerflow.common.images, and its tower (with Qwen3-VL's DeepStack mergers), placed by
+vision_checkpoint.py's names, equals transformers'.
 
 Tolerances: 1e-5 on the patch rows (values in [-1, 1]); on the tower's float32 features 1e-5 relative to their
 largest magnitude (test_qwen3_5_vision.py's 1e-5 is for features of order one; the tiny checkpoint's weights,
@@ -32,14 +33,17 @@ TOL = 1e-5
 SIZES = [(100, 150), (30, 40), (1000, 700), (64, 64), (257, 513), (20, 3000)]  # (height, width)
 
 
-@pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_vl") / "m", family="qwen3_5", vision=True)
+CLASSES = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+
+
+@pytest.fixture(scope="module", params=sorted(CLASSES))
+def tiny_vl(request, tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_vl") / request.param, family=request.param, vision=True)
 
 
 @pytest.fixture(scope="module")
 def hf_model(tiny_vl):
-    model, info = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+    model, info = getattr(transformers, CLASSES[tiny_vl.name]).from_pretrained(
         str(tiny_vl), output_loading_info=True, attn_implementation="eager"
     )
     assert not any(info.values()), info  # no missing, unexpected or mismatched tensor
@@ -56,8 +60,8 @@ def _png(height: int, width: int, seed: int = 0) -> bytes:
 
 
 def test_only_families_with_a_vision_twin_offer_one(tmp_path):
-    assert tiny_families(vision=True) == ["qwen3_5"]
-    with pytest.raises(ValueError, match="has no vision-language tiny checkpoint; those that have: qwen3_5"):
+    assert tiny_families(vision=True) == ["qwen3_5", "qwen3_vl"]
+    with pytest.raises(ValueError, match="has no vision-language tiny checkpoint; those that have: qwen3_5, qwen3_vl"):
         make_tiny_model(tmp_path / "m", family="qwen3", vision=True)
 
 
@@ -75,9 +79,11 @@ def test_vision_token_ids_are_the_tokenizers(tiny_vl):
 
 
 def test_the_engine_reads_its_text_model_and_the_api_its_image_rules(tiny_vl):
-    """The engine's Qwen3.5 reads the composite config's text model; the worker's card carries the processor."""
+    """The engine's Qwen3.5 reads the composite config's text model (no engine family reads Qwen3-VL's yet); the
+    worker's card carries the processor."""
     config = json.loads((tiny_vl / "config.json").read_text())
-    assert read_config(config).arch == "qwen3_5"
+    if tiny_vl.name == "qwen3_5":
+        assert read_config(config).arch == "qwen3_5"
     found = model_image_processor(tiny_vl)
     assert found is not None
     assert found == json.loads((tiny_vl / "preprocessor_config.json").read_text())
@@ -108,7 +114,10 @@ def test_every_tower_tensor_has_a_place(tiny_vl):
         visual = [n for n in f.keys() if n.startswith(PREFIX)]  # noqa: SIM118 (safe_open is no Mapping)
         for name in visual:
             assert names.state_path(name) is not None or names.gather(name, lambda n=name: f.get_tensor(n)), name
-    assert len(visual) == 3 + 12 * 2 + 6  # patch embed (2) + positions, 12 per block, the merger's 6
+    deepstack = len(
+        json.loads((tiny_vl / "config.json").read_text())["vision_config"].get("deepstack_visual_indexes", [])
+    )
+    assert len(visual) == 3 + 12 * 2 + 6 * (1 + deepstack)  # patch embed (2), positions, 12 per block, 6 per merger
     assert [path for path, _ in names.gathered()] == [("visual", "patch_embed", "proj", "kernel")]
 
 
@@ -121,12 +130,13 @@ def test_tower_on_a_png_matches_transformers(tiny_vl, hf_model):
     processed = preprocess(image, processing)
     inputs = vision_inputs([processed.grid], ours.config, None)
     padded = np.pad(processed.patches, ((0, len(inputs.segments) - len(processed.patches)), (0, 0)))
-    got, _ = jax.jit(lambda m, p, i: m(p, i))(ours, jnp.asarray(padded), inputs)
+    got, got_deepstack = jax.jit(lambda m, p, i: m(p, i))(ours, jnp.asarray(padded), inputs)
     theirs = hf_processor(images=[image], return_tensors="pt")
     with torch.no_grad():
-        want = hf_model.model.visual(
-            theirs["pixel_values"], grid_thw=theirs["image_grid_thw"], return_dict=True
-        ).pooler_output
-    assert len(want) == processed.tokens == 15
-    scale = float(np.abs(want.numpy()).max())
-    np.testing.assert_allclose(np.asarray(got)[: processed.tokens], want.numpy(), atol=TOL * scale, rtol=0)
+        out = hf_model.model.visual(theirs["pixel_values"], grid_thw=theirs["image_grid_thw"], return_dict=True)
+    want = [out.pooler_output.numpy(), *[f.numpy() for f in getattr(out, "deepstack_features", None) or []]]
+    assert len(want[0]) == processed.tokens == 15
+    assert len(want) == 1 + len(got_deepstack)
+    for ours_, theirs_ in zip([got, *got_deepstack], want, strict=True):
+        scale = float(np.abs(theirs_).max())
+        np.testing.assert_allclose(np.asarray(ours_)[: processed.tokens], theirs_, atol=TOL * scale, rtol=0)
