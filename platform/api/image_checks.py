@@ -12,6 +12,7 @@ The routes turn a problem into their contract's user error: a `reject` op for in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -91,7 +92,12 @@ async def forward_backward_problem(svc: Services, model_id: str, body: bytes, wh
     card = await svc.registry.get(base_model)
     if card is None:
         return f"base model {base_model!r} is not served right now, so its images cannot be checked; retry later"
-    return images_problem(images, card)
+    return await checked_off_loop(images, card)
+
+
+async def checked_off_loop(images: list[RawImage], card: ModelCard) -> str:
+    """`images_problem` in a thread: decoding a large image takes the CPU for a while, not the API's event loop."""
+    return await asyncio.to_thread(images_problem, images, card)
 
 
 def forward_backward_images(body: bytes) -> list[RawImage]:

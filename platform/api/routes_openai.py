@@ -34,7 +34,7 @@ from tinkerflow.api.endpoint_sampling import (
     submit,
     token_budget,
 )
-from tinkerflow.api.image_checks import images_problem
+from tinkerflow.api.image_checks import checked_off_loop
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.openai_images import message_images
 from tinkerflow.api.openai_models import (
@@ -193,7 +193,7 @@ async def chat_completions(
     check_request_caps(svc, req.n, limit, field)
     target = await resolve_target(svc, req.model, who)
     images = message_images(req.messages)
-    problem = images_problem(images, target.card) if images else ""
+    problem = await checked_off_loop(images, target.card) if images else ""
     if problem:
         raise OpenAIError(400, problem, "messages", "invalid_image")
     samplers = samplers_of(request)

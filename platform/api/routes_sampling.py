@@ -13,7 +13,7 @@ from tinkerflow.api import request_ids, session_futures
 from tinkerflow.api.caller import owner, services
 from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
-from tinkerflow.api.image_checks import images_problem, prompt_images
+from tinkerflow.api.image_checks import checked_off_loop, prompt_images
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.quota_checks import Refusal, too_many
 from tinkerflow.api.request_ids import BatchItemRef
@@ -110,7 +110,7 @@ async def _prompt_problem(svc: Services, base_model: str, req: SampleRequest) ->
     card = await svc.registry.get(base_model)
     if card is None:
         return f"sample: base model {base_model!r} is not served right now, so its images cannot be checked"
-    problem = images_problem(images, card)
+    problem = await checked_off_loop(images, card)
     return f"sample: {problem}" if problem else ""
 
 
