@@ -112,6 +112,8 @@ def forward_backward_images(body: bytes) -> list[RawImage]:
                     chunk = pb.ImageChunk.FromString(body[start:end])
                 except DecodeError as e:
                     raise InputError(f"{where}: the image chunk is not a valid ImageChunk protobuf ({e})") from e
+                if chunk.HasField("override_dimensions"):  # the SDK never sets it; honouring it would resize
+                    raise InputError(f"{where}: image.override_dimensions is not supported; send the image at its size")
                 expected = chunk.expected_tokens if chunk.HasField("expected_tokens") else None
                 images.append(RawImage(where, chunk.data, chunk.format, expected))
     return images

@@ -75,6 +75,19 @@ def test_images_are_found_where_the_sdk_puts_them():
     assert unset[0].expected_tokens is None
 
 
+def test_override_dimensions_is_refused_by_name():
+    from tinker.proto import tinker_public_pb2 as pb
+
+    msg = pb.ForwardBackwardRequest(model_id="m", seq_id=1)
+    chunk = msg.data.add().model_input.add().image
+    chunk.data, chunk.format = _png(64, 64), "png"
+    chunk.override_dimensions.width = 32
+    with pytest.raises(
+        ValueError, match=r"datum 0: model_input.chunks\[0\]: image.override_dimensions is not supported"
+    ):
+        forward_backward_images(msg.SerializeToString())
+
+
 def test_a_good_image_is_refused_plainly_while_the_engine_does_not_run_the_tower():
     assert _tokens(100, 150) == 15
     problem = _problem(types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=15))
