@@ -46,6 +46,7 @@ from temporalio.worker import Worker
 from tinkerflow.activities.accelerator_metrics import AcceleratorMeter, publish_memory_plan
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
+from tinkerflow.common.images import model_image_processor
 from tinkerflow.common.run_metrics import RunMetricsStore
 from tinkerflow.common.settings import Settings
 from tinkerflow.common.store import ClaimCheckStore
@@ -124,6 +125,7 @@ async def serve(
         local_path=str(engine.model_path),
         vocab_size=engine.info.vocab_size,
         max_context=engine.info.max_position_embeddings,
+        image_processor=model_image_processor(engine.model_path),
     )
     worker_id = worker_id or stable_worker_id(settings)
     queue = names.worker_task_queue(name, settings.pool, worker_id)

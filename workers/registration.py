@@ -47,6 +47,7 @@ async def register(client, settings: Settings, info: WorkerInfo) -> WorkflowHand
                 "local_path": card.local_path,
                 "vocab_size": card.vocab_size,
                 "max_context": card.max_context,
+                "image_processor": card.image_processor,  # a few hundred bytes; None for a text-only model
             }
         },
         search_attributes=None,

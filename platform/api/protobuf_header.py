@@ -83,7 +83,7 @@ def read_forward_backward_header(body: bytes) -> ForwardBackwardHeader:
     return ForwardBackwardHeader(model_id, seq_id, datums, b"".join(loss_fields))
 
 
-def _fields(body: bytes, start: int, end: int):
+def walk_fields(body: bytes, start: int, end: int):
     """(field number, value start, value end) of the length-delimited fields in body[start:end]; stops quietly at
     anything malformed (what it cannot walk, the JAX worker refuses when it decodes the datums)."""
     at = start
@@ -112,13 +112,13 @@ def input_tokens(body: bytes) -> int:
     """The input tokens of a ForwardBackwardRequest's datums, as the meter counts them (training_tokens), walked off
     the wire like the header: what the training quota charges the op (platform/api/quota_checks.py)."""
     tokens = 0
-    for field, start, end in _fields(body, 0, len(body)):
+    for field, start, end in walk_fields(body, 0, len(body)):
         if field != DATA:
             continue
-        for f, chunk_start, chunk_end in _fields(body, start, end):
+        for f, chunk_start, chunk_end in walk_fields(body, start, end):
             if f != MODEL_INPUT:
                 continue
-            for g, text_start, text_end in _fields(body, chunk_start, chunk_end):
+            for g, text_start, text_end in walk_fields(body, chunk_start, chunk_end):
                 if g == ENCODED_TEXT:
-                    tokens += sum((e - s) // 4 for h, s, e in _fields(body, text_start, text_end) if h == TOKENS)
+                    tokens += sum((e - s) // 4 for h, s, e in walk_fields(body, text_start, text_end) if h == TOKENS)
     return tokens

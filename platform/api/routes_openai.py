@@ -34,7 +34,9 @@ from tinkerflow.api.endpoint_sampling import (
     submit,
     token_budget,
 )
+from tinkerflow.api.image_checks import checked_off_loop
 from tinkerflow.api.lookups import json_body
+from tinkerflow.api.openai_images import message_images
 from tinkerflow.api.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -190,6 +192,10 @@ async def chat_completions(
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     check_request_caps(svc, req.n, limit, field)
     target = await resolve_target(svc, req.model, who)
+    images = message_images(req.messages)
+    problem = await checked_off_loop(images, target.card) if images else ""
+    if problem:
+        raise OpenAIError(400, problem, "messages", "invalid_image")
     samplers = samplers_of(request)
     tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
     if not getattr(tokenizer, "chat_template", None):

@@ -13,12 +13,14 @@ from tinkerflow.api import request_ids, session_futures
 from tinkerflow.api.caller import owner, services
 from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_sampler_id
+from tinkerflow.api.image_checks import checked_off_loop, prompt_images
 from tinkerflow.api.lookups import checkpoint_of_caller, json_body, session_of_caller
 from tinkerflow.api.quota_checks import Refusal, too_many
 from tinkerflow.api.request_ids import BatchItemRef
 from tinkerflow.api.sample_submit import QueueFull, check_caps, submit_sample
 from tinkerflow.api.services import Services
 from tinkerflow.common import stability_records
+from tinkerflow.common.errors import InputError
 from tinkerflow.workflows.protocol import names
 from tinkerflow.workflows.protocol.messages import SamplerInfo, SamplerRequest
 from tinkerflow.workflows.session import SessionWorkflow
@@ -97,6 +99,29 @@ async def get_sampler(sampler_id: str, svc: Services = Depends(services), who: s
     return out
 
 
+async def _prompt_problem(svc: Services, base_model: str, req: SampleRequest) -> str:
+    """What is wrong with the prompt's images ("" when it has none)."""
+    try:
+        images = prompt_images(list(req.prompt.chunks))
+    except InputError as e:
+        return f"sample: {e}"
+    if not images:
+        return ""
+    card = await svc.registry.get(base_model)
+    if card is None:
+        return f"sample: base model {base_model!r} is not served right now, so its images cannot be checked"
+    problem = await checked_off_loop(images, card)
+    return f"sample: {problem}" if problem else ""
+
+
+async def _failed_sample(svc: Services, sampler_id: str, seq_id: int | None, message: str, who: str) -> dict:
+    """A sample call's future failed with `message` (category user) before anything was queued."""
+    failed = request_ids.encode(request_ids.FailedRef(message), svc.signing_key, who)
+    if seq_id is not None:
+        await asyncio.to_thread(session_futures.record, svc, sampler_id, seq_id, failed, "")
+    return {"request_id": failed, "sample_sequence_ids": []}
+
+
 @router.post("/asample", response_model=None)
 async def asample(
     request: Request, svc: Services = Depends(services), who: str = Depends(owner)
@@ -107,6 +132,9 @@ async def asample(
     if not req.sampling_session_id:
         raise http_error(400, "asample needs a sampling_session_id (create one with create_sampling_session)")
     info = await resolve_sampler(svc, req.sampling_session_id, who)
+    problem = await _prompt_problem(svc, info.base_model, req)
+    if problem:  # the call's future fails as the sender's error, as a bad training datum's does
+        return await _failed_sample(svc, info.sampler_id, req.seq_id, problem, who)
     ref = await submit_sample(svc, info, raw, req)
     if isinstance(ref, QueueFull):
         return JSONResponse(
@@ -117,10 +145,7 @@ async def asample(
             raise too_many(ref)
         # The SDK retries a 429 on asample every second without end: past a daily quota it would wait for
         # midnight in silence, so the call's future fails with the reason instead (quota_checks.py).
-        failed = request_ids.encode(request_ids.FailedRef(ref.message), svc.signing_key, who)
-        if req.seq_id is not None:
-            await asyncio.to_thread(session_futures.record, svc, info.sampler_id, req.seq_id, failed, "")
-        return {"request_id": failed, "sample_sequence_ids": []}
+        return await _failed_sample(svc, info.sampler_id, req.seq_id, ref.message, who)
     wf_id, index = ref.workflow_id, ref.index
     request_id = request_ids.encode(ref, svc.signing_key, who)
     if req.seq_id is not None:  # for the session's retrieve_futures poll and cancel_future

@@ -28,6 +28,7 @@ from tinkerflow.api import request_ids
 from tinkerflow.api.caller import owner, services
 from tinkerflow.api.http_errors import from_temporal, http_error
 from tinkerflow.api.identifiers import check_model_id
+from tinkerflow.api.image_checks import forward_backward_problem
 from tinkerflow.api.lookups import json_body, run_of_caller, session_of_caller
 from tinkerflow.api.op_checks import check_metadata, metadata_problem, parse, sequence_key
 from tinkerflow.api.optimizers import family, optim_spec
@@ -186,6 +187,8 @@ async def forward_backward(request: Request, svc: Services = Depends(services), 
         )
     elif is_custom(msg):
         problem = custom_loss_problem(svc, msg, who)
+    if not problem:
+        problem = await forward_backward_problem(svc, msg.model_id, body, who)
     if not problem:  # the datums' tokens are counted only for a key with a training quota
         charge = svc.quotas.admit_training(who, (msg.model_id, msg.seq_id), lambda: input_tokens(body))
         if isinstance(charge, Refusal):

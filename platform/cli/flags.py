@@ -15,6 +15,7 @@ NOT_SETTINGS = {
     "--with-stack": "`ray`: also run Temporal, the workflow worker and the API on the driver's node",
     "--seed": "`make-tiny-model`: the weights' seed",
     "--family": "`make-tiny-model`: which model family's tiny checkpoint",
+    "--vision": "`make-tiny-model`: the family's vision-language tiny checkpoint",
     "--days": "`usage`: the last N UTC days",
     "--prices": "`usage`: a price table to estimate costs with",
     "-h": "argparse's own help",

@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="another model family's tiny checkpoint (a folder of the engine's model/families/ that has one) instead "
         "of the embedded default's; serve it with --base-model D",
     )
+    tiny.add_argument(
+        "--vision",
+        action="store_true",
+        help="the family's vision-language checkpoint (a vision tower, preprocessor_config.json, the vision tokens); "
+        "--family qwen3_vl writes a tiny Qwen3-VL, which no engine family serves yet",
+    )
 
     usage.add_parser(sub)  # a client of a running API: no settings flags of its own
 
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
         family = {"family": args.family} if args.family else {}
         try:
-            print(make_tiny_model(args.directory, seed=args.seed, progress=True, **family))
+            print(make_tiny_model(args.directory, seed=args.seed, progress=True, vision=args.vision, **family))
         except ValueError as e:
             parser.error(str(e))
         return 0

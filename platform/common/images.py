@@ -24,7 +24,9 @@ or the limit, never another exception, whatever the bytes (tests/platform/test_i
 from __future__ import annotations
 
 import io
+import json
 import math
+import pathlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +39,10 @@ from tinkerflow.common.errors import InputError
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG"}  # ImageChunk.format -> PIL's format name
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
-MAX_IMAGE_PIXELS = 50_000_000  # decoded width x height, checked from the header before any pixel is decoded
+# Decoded width x height, checked from the header before any pixel is decoded: twice the most Qwen's processor keeps
+# (4096 x 4096), so a photo from any phone camera passes and a 40-megapixel scan is refused before 120 MB of RGB.
+MAX_IMAGE_PIXELS = 2 * 4096 * 4096
+MAX_IMAGES_PER_DATUM = 16  # each image's tower pass is a forward of its own: a bound on one datum's work
 MAX_ASPECT_RATIO = 200  # smart_resize's own limit
 
 
@@ -226,3 +231,17 @@ def image_chunk_tokens(
     tokens = token_count(image.height, image.width, processing)
     check_expected_tokens(expected_tokens, tokens)
     return tokens
+
+
+def model_image_processor(model_dir: str | pathlib.Path) -> dict[str, Any] | None:
+    """A served checkpoint's image processor settings (its preprocessor_config.json, or processor_config.json's
+    `image_processor`; {} for the defaults when it has neither), or None when its config.json has no vision tower."""
+    root = pathlib.Path(model_dir)
+    config = json.loads((root / "config.json").read_text())
+    if not config.get("vision_config"):
+        return None
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        if (root / name).is_file():
+            found = json.loads((root / name).read_text())
+            return dict(found.get("image_processor") or found)
+    return {}

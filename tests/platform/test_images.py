@@ -19,6 +19,7 @@ from PIL import Image
 
 from tinkerflow.common.errors import InputError
 from tinkerflow.common.images import (
+    MAX_IMAGE_PIXELS,
     ImageProcessing,
     check_expected_tokens,
     decode_image,
@@ -145,9 +146,10 @@ def _png_header(width: int, height: int) -> bytes:
 
 
 def test_a_header_claiming_too_many_pixels_is_refused_before_decoding():
-    with pytest.raises(InputError, match="8000x8000 pixels, over the limit of 50000000 pixels"):
+    assert MAX_IMAGE_PIXELS == 33_554_432  # 2 x 4096 x 4096: a 40-megapixel image is over it
+    with pytest.raises(InputError, match="8000x8000 pixels, over the limit of 33554432 pixels"):
         decode_image(_png_header(8000, 8000), "png")
-    with pytest.raises(InputError, match="over the limit of 50000000 pixels"):  # past PIL's own bomb ceiling
+    with pytest.raises(InputError, match="over the limit of 33554432 pixels"):  # past PIL's own bomb ceiling
         decode_image(_png_header(30000, 30000), "png")
 
 

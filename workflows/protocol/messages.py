@@ -61,6 +61,9 @@ class ModelCard:
     local_path: str  # resolved directory holding config, weights and tokenizer
     vocab_size: int
     max_context: int
+    # A vision-language model's image processor settings (its preprocessor_config.json) the API checks ImageChunks
+    # with; None: the model has no vision tower and takes text only.
+    image_processor: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,8 @@ def _write_model(
 
     _write_json(tmp / "config.json", tiny.config(eos_id))
     _write_json(tmp / "generation_config.json", generation_config_dict(eos_id))
+    for name, content in tiny.extra_json.items():
+        _write_json(tmp / name, content)
     weights = make_weights(tiny.parameter_shapes(), seed, init_std, progress, tiny.norm_weight)
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     _write_json(tmp / MARKER, params)  # last: its presence means the rest is there
@@ -293,6 +295,7 @@ def make_tiny_model(
     seed: int = 0,
     init_std: float = 0.25,
     progress: bool = False,
+    vision: bool = False,
 ) -> pathlib.Path:
     """Write (or find) `family`'s tiny checkpoint in `out_dir` and return its path (ValueError: the family has none).
 
@@ -300,11 +303,11 @@ def make_tiny_model(
     tiny model made with the same parameters it is returned untouched; one made with other parameters is replaced;
     any other non-empty directory raises `FileExistsError`.
     """
-    tiny = family_named(family).tiny
+    tiny = _tiny_of(family, vision)
     if tiny is None:
-        raise ValueError(
-            f"model family {family!r} has no tiny checkpoint; those that have: {', '.join(tiny_families())}"
-        )
+        have = tiny_families(vision=vision)
+        kind = "vision-language tiny checkpoint" if vision else "tiny checkpoint"
+        raise ValueError(f"model family {family!r} has no {kind}; those that have: {', '.join(have) or 'none'}")
     out = pathlib.Path(out_dir).expanduser().absolute()
     params = _marker_params(seed, init_std, tiny)
     if _is_complete(out, params):
@@ -331,21 +334,44 @@ def make_tiny_model(
     return out
 
 
-def tiny_families() -> list[str]:
-    """The families that have a tiny checkpoint, sorted."""
-    return sorted(name for name in served_names() if family_named(name).tiny is not None)
+# Vision-language checkpoints written for tests although no engine family reads them yet (their text model is
+# another family's inside a composite config).
+UNSERVED_VISION = ("qwen3_vl",)
+
+
+def _tiny_of(family: str, vision: bool) -> TinyCheckpoint | None:
+    if family in UNSERVED_VISION:
+        from .families.qwen3_5.tiny_vision import TINY_QWEN3_VL
+
+        return TINY_QWEN3_VL
+    found = family_named(family)
+    return found.tiny_vision if vision else found.tiny
+
+
+def tiny_families(*, vision: bool = False) -> list[str]:
+    """The families that have a tiny checkpoint (`vision`: a vision-language one), sorted."""
+    served = [name for name in served_names() if _tiny_of(name, vision) is not None]
+    return sorted([*served, *UNSERVED_VISION] if vision else served)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write a deterministic tiny checkpoint (the ones tests use).")
     parser.add_argument("out_dir")
-    parser.add_argument("--family", default=EMBEDDED_DEFAULT, choices=tiny_families())
+    parser.add_argument(
+        "--family", default=EMBEDDED_DEFAULT, choices=sorted({*tiny_families(), *tiny_families(vision=True)})
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-std", type=float, default=0.25)
+    parser.add_argument("--vision", action="store_true", help="the family's vision-language tiny checkpoint")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     path = make_tiny_model(
-        args.out_dir, family=args.family, seed=args.seed, init_std=args.init_std, progress=sys.stderr.isatty()
+        args.out_dir,
+        family=args.family,
+        seed=args.seed,
+        init_std=args.init_std,
+        progress=sys.stderr.isatty(),
+        vision=args.vision,
     )
     print(path)
     return 0

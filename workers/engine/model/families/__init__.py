@@ -208,6 +208,8 @@ class TinyCheckpoint:
     # the chat template over them; none and None: the shared ChatML tokenizer as it is.
     extra_tokens: tuple[str, ...] = ()
     chat_template: str | None = None
+    # JSON files written beside config.json, by name (a vision-language checkpoint's preprocessor_config.json).
+    extra_json: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ class Family:
     # max LoRA rank) -> bytes, for the memory plan.
     activation_bytes: Callable[[ModelConfig, int, int], int]
     tiny: TinyCheckpoint | None = None
+    tiny_vision: TinyCheckpoint | None = None  # its vision-language twin (make-tiny-model --vision), if it has one
     # The family's own causal LM, for a family whose model is not decoder.CausalLM over its layers (other norms,
     # rope or layer kinds): called as decoder.CausalLM is (config, max_adapters=, max_rank=, rngs=, param_dtype=,
     # remat=, act_sharding=, scan_layers=), with its `hidden`, `logits`, `dtype`, `lm_head` and `scan_layers`.

@@ -14,6 +14,7 @@ from .checkpoint import Qwen35Names
 from .config import LINEAR_ATTENTION, Qwen35Config
 from .model import LORA_KINDS, CausalLM
 from .tiny import TINY
+from .tiny_vision import TINY_VISION
 
 LORA_TARGETS: dict[str, ModuleKind] = {**DECODER_TARGETS, **LORA_KINDS}
 # The chunk length of gated_delta.chunk_gated_delta_rule as the model calls it (its default).
@@ -84,7 +85,7 @@ def activation_bytes(config: ModelConfig, compute_bytes: int, max_rank: int) -> 
     return widest + mlp + lora
 
 
-def family(name: str, tiny: Any) -> Family:
+def family(name: str, tiny: Any, tiny_vision: Any = None) -> Family:
     """The Family of one Qwen3.5 folder (`qwen3_5`, `qwen3_5_moe`): they differ by name and tiny checkpoint only."""
     return Family(
         name=name,
@@ -97,6 +98,7 @@ def family(name: str, tiny: Any) -> Family:
         matmul_params=matmul_params,
         activation_bytes=activation_bytes,
         tiny=tiny,
+        tiny_vision=tiny_vision,
         causal_lm=CausalLM,
         state_cache=cache,
     )
@@ -106,4 +108,4 @@ def _no_decoder_layer(config: ModelConfig, index: int, options: Any) -> Any:
     raise TypeError(f"{config.arch} builds its whole causal LM (Family.causal_lm), not decoder.CausalLM's layers")
 
 
-FAMILY = family("qwen3_5", TINY)
+FAMILY = family("qwen3_5", TINY, TINY_VISION)

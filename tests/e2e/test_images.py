@@ -1,0 +1,167 @@
+"""Images on the wire through the unmodified SDK against the real stack serving the tiny Qwen3.5 vision-language
+model (`make-tiny-model --family qwen3_5 --vision`): an `expected_tokens` that disagrees, a truncated png, a
+40-megapixel image and a text file named .png each fail their own future as a `user` error naming the field or the
+limit, while another tenant's forward_backward loop runs through them; the JAX worker's process is the same
+throughout. A sample's bad image fails the same way; an `image_asset_pointer` chunk is refused by name; chat
+completions refuse a remote image URL by name. One stack, a few steps."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+from PIL import Image
+from tinker import types
+
+from tests.e2e.conftest import API_KEY, OTHER_API_KEY
+from tinkerflow.cli.launch import launch
+from tinkerflow.common.images import MAX_IMAGE_PIXELS
+from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.e2e
+TIMEOUT_S = 600
+TOKENS = [5, 17, 42, 99, 3, 250, 7, 11, 64, 2, 9, 1500, 33]
+
+
+def _png(height: int = 100, width: int = 150) -> bytes:
+    """Noise, so cutting the file cuts the pixel data (100 x 150 becomes 15 tokens on the tiny model)."""
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (height, width, 3), np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _big_png() -> bytes:
+    """8,000 x 5,000 pixels of one colour: 40 megapixels in a small file."""
+    out = io.BytesIO()
+    Image.new("RGB", (8000, 5000), (200, 30, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _tensor(values: list, dtype: Any = np.float32) -> types.TensorData:
+    return types.TensorData.from_numpy(np.asarray(values, dtype))
+
+
+def _datum(*image: types.ImageChunk) -> types.Datum:
+    chunks: list[Any] = [types.EncodedTextChunk(tokens=TOKENS[:4]), *image, types.EncodedTextChunk(tokens=TOKENS[4:8])]
+    n = 8 + sum(c.expected_tokens or 0 for c in image)
+    return types.Datum(
+        model_input=types.ModelInput(chunks=chunks),
+        loss_fn_inputs={"target_tokens": _tensor([1] * n, np.int64), "weights": _tensor([1.0] * n)},
+    )
+
+
+def _text_datum() -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+        loss_fn_inputs={"target_tokens": _tensor(TOKENS[1:], np.int64), "weights": _tensor([1.0] * (len(TOKENS) - 1))},
+    )
+
+
+def _user_error(future) -> str:
+    with pytest.raises(tinker.RequestFailedError) as info:
+        future.result(timeout=TIMEOUT_S)
+    assert str(info.value.category).lower().endswith("user"), info.value
+    return str(info.value)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e-images")
+    model = make_tiny_model(root / "tiny-qwen3_5-vl", family="qwen3_5", vision=True)
+    s = launch(root / "state", api_key=API_KEY, extra=["--base-model", str(model), "--api-key", OTHER_API_KEY])
+    yield s
+    s.stop()
+
+
+def test_bad_images_are_user_errors_while_another_tenant_trains(stack):
+    model = stack.served_model()
+    pid = stack.parts()["jax-worker"]["pid"]
+    theirs = (
+        tinker.ServiceClient(base_url=stack.base_url, api_key=OTHER_API_KEY)
+        .create_lora_training_client(base_model=model, rank=8)
+        .result()
+    )
+    losses: list[float] = []
+    failures: list[BaseException] = []
+    running, checked = threading.Event(), threading.Event()
+
+    def their_loop() -> None:
+        try:
+            while not checked.is_set() or len(losses) < 4:
+                out = theirs.forward_backward([_text_datum()], "cross_entropy").result(timeout=TIMEOUT_S)
+                losses.append(out.metrics["loss:sum"])
+                theirs.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT_S)
+                running.set()
+        except BaseException as e:  # reported by the main thread
+            failures.append(e)
+            running.set()
+
+    loop = threading.Thread(target=their_loop, name="other-tenant")
+    loop.start()
+    try:
+        assert running.wait(TIMEOUT_S)
+        service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
+        mine = service.create_lora_training_client(base_model=model, rank=8).result()
+        png = _png()
+        where = "forward_backward: datum 0: model_input.chunks[1]: "
+
+        def fb(image: types.ImageChunk) -> str:
+            return _user_error(mine.forward_backward([_datum(image)], "cross_entropy"))
+
+        err = fb(types.ImageChunk(data=png, format="png", expected_tokens=7))
+        assert where + "expected_tokens=7 but the image becomes 15 tokens" in err
+        err = fb(types.ImageChunk(data=png[: len(png) // 2], format="png", expected_tokens=15))
+        assert where + "image data is not a valid png image" in err
+        err = fb(types.ImageChunk(data=_big_png(), format="png", expected_tokens=64))
+        assert where + f"image is 8000x5000 pixels, over the limit of {MAX_IMAGE_PIXELS} pixels" in err
+        err = fb(types.ImageChunk(data=b"notes.txt, renamed notes.png\n" * 20, format="png", expected_tokens=15))
+        assert where + "image data is not a valid png image" in err
+        # A good image is refused plainly, never dropped, while the engine does not run the tower.
+        assert "does not run it yet" in fb(types.ImageChunk(data=png, format="png", expected_tokens=15))
+        # Every refusal consumed its place in the sequence: the same client trains right after.
+        out = mine.forward_backward([_text_datum()], "cross_entropy").result(timeout=TIMEOUT_S)
+        assert np.isfinite(out.metrics["loss:sum"])
+
+        sampler = service.create_sampling_client(base_model=model).result()
+        prompt = types.ModelInput(
+            chunks=[
+                types.EncodedTextChunk(tokens=TOKENS[:4]),
+                types.ImageChunk(data=png, format="png", expected_tokens=9),
+            ]
+        )
+        err = _user_error(sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)))
+        assert "sample: prompt: chunks[1]: expected_tokens=9 but the image becomes 15 tokens" in err
+        pointer = types.ModelInput(
+            chunks=[types.ImageAssetPointerChunk(format="png", location="s3://bucket/cat.png", expected_tokens=15)]
+        )
+        err = _user_error(sampler.sample(pointer, 1, types.SamplingParams(max_tokens=2)))
+        assert "image_asset_pointer chunks are not served" in err
+    finally:
+        checked.set()
+        loop.join(TIMEOUT_S)
+    assert not failures, failures
+    assert len(losses) >= 4 and all(np.isfinite(losses)), losses
+    assert stack.parts()["jax-worker"]["pid"] == pid
+
+
+def test_chat_completions_refuse_a_remote_image_url_by_name(stack):
+    def chat(url: str) -> dict:
+        content = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]
+        response = httpx.post(
+            f"{stack.base_url}/v1/chat/completions",
+            json={"model": stack.served_model(), "messages": [{"role": "user", "content": content}]},
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=60,
+        )
+        assert response.status_code == 400, response.text
+        return response.json()["error"]
+
+    assert "this service does not fetch images" in chat("https://example.com/cat.png")["message"]
+    truncated = "data:image/png;base64," + base64.b64encode(_png()[:300]).decode()
+    assert "image data is not a valid png image" in chat(truncated)["message"]
