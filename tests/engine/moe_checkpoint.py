@@ -29,6 +29,7 @@ def build_moe_model(
     fused: bool = False,
     tie: bool = False,
     layers: int = LAYERS,
+    moe_inter: int = MOE_INTER,
 ) -> Path:
     from safetensors.numpy import save_file
     from transformers import Qwen3MoeConfig
@@ -43,7 +44,7 @@ def build_moe_model(
         num_key_value_heads=KV,
         head_dim=HD,  # pyright: ignore[reportCallIssue]  (transformers 5 types the config fields it declares; head_dim is taken as a kwarg and set)
         intermediate_size=INTER,
-        moe_intermediate_size=MOE_INTER,
+        moe_intermediate_size=moe_inter,
         num_experts=EXPERTS,
         num_experts_per_tok=TOP_K,
         norm_topk_prob=norm_topk_prob,
@@ -86,7 +87,7 @@ def build_moe_model(
             )
             continue
         tensors[pre + "mlp.gate.weight"] = normal(EXPERTS, H)
-        gate, up, down = normal(EXPERTS, MOE_INTER, H), normal(EXPERTS, MOE_INTER, H), normal(EXPERTS, H, MOE_INTER)
+        gate, up, down = normal(EXPERTS, moe_inter, H), normal(EXPERTS, moe_inter, H), normal(EXPERTS, H, moe_inter)
         if fused:
             tensors[pre + "mlp.experts.gate_up_proj"] = np.concatenate([gate, up], axis=1)
             tensors[pre + "mlp.experts.down_proj"] = down

@@ -289,3 +289,42 @@ def test_greedy_sampling_matches_transformers_generate(moe_engine, moe_dir):
         with torch.no_grad():
             out = hf.generate(torch.from_numpy(p[None]).long(), max_new_tokens=8, do_sample=False, min_new_tokens=8)  # pyright: ignore[reportAttributeAccessIssue] (transformers' module stubs)
         assert list(res.sequences[0].tokens) == out[0, len(p) :].tolist()
+
+
+def test_export_merges_through_the_cookbook_with_the_engines_logprobs(tmp_path):
+    """tinker-cookbook's build_hf_model (what `weights.download` → merge runs) reads the export's Tinker expert layout
+    and merges it into transformers' Qwen3-MoE: the merged model gives the engine's logprobs.
+
+    With a moe_intermediate of 48: at the usual 32, 2 · moe_intermediate equals hidden and the cookbook takes the
+    fused gate_up's wrong axis (its `_detect_fused_axis` tries [E, hidden, 2I] first), which no published
+    Qwen3-MoE's shapes allow."""
+    pytest.importorskip("tinker_cookbook", reason="the cookbook extra is not installed")
+    from tinker_cookbook.weights import build_hf_model
+
+    directory = build_moe_model(tmp_path / "qwen3-moe", seed=12, moe_inter=48)
+    e = Engine.load(str(directory), max_lora_adapters=2, max_lora_rank=8, progress=False)
+    config = LoraConfig(rank=4, seed=5, train_attn=True, train_mlp=True, train_unembed=True)
+    e.create_adapter(1, config)
+    rng = np.random.default_rng(11)
+    weights = {k: rng.normal(0, 0.2, v.shape).astype(np.float32) for k, v in e.adapter_weights(1).items()}
+    e.set_adapter_weights(1, weights)
+    tokens = np.array([3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26], np.int32)
+    [res] = e.forward_backward([_ce(1, tokens, forward_only=True)])
+    ours = res.outputs[0]["logprobs"]
+    write_peft(config, weights, tmp_path / "adapter", base_model_name_or_path=str(directory))
+    build_hf_model(
+        base_model=str(directory),
+        adapter_path=str(tmp_path / "adapter"),
+        output_path=str(tmp_path / "merged"),
+        dtype="float32",
+        merge_strategy="full",
+        device="cpu",
+    )
+    with torch.no_grad():
+        logits = _hf(str(tmp_path / "merged"))(torch.from_numpy(tokens[None, :-1]).long()).logits[0]
+        base_logits = _hf(str(directory))(torch.from_numpy(tokens[None, :-1]).long()).logits[0]
+    target = torch.from_numpy(tokens[1:]).long()[:, None]
+    merged = torch.log_softmax(logits, -1).gather(-1, target)[:, 0].numpy()
+    unmerged = torch.log_softmax(base_logits, -1).gather(-1, target)[:, 0].numpy()
+    assert np.abs(ours - unmerged).max() > 100 * TOL, "the adapter moves the logprobs, so the check bites"
+    np.testing.assert_allclose(ours, merged, atol=TOL, rtol=TOL)
