@@ -20,7 +20,14 @@ from moe_checkpoint import EXPERTS, MOE_INTER, build_moe_model
 
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.checkpoint import read_peft, write_peft
-from tinkerflow.workers.engine.types import AdamConfig, Datum, ForwardBackwardInput, LoraConfig, SampleInput
+from tinkerflow.workers.engine.types import (
+    AdamConfig,
+    Datum,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    LoraConfig,
+    SampleInput,
+)
 
 pytestmark = pytest.mark.parity
 torch = pytest.importorskip("torch")
@@ -310,6 +317,7 @@ def test_export_merges_through_the_cookbook_with_the_engines_logprobs(tmp_path):
     e.set_adapter_weights(1, weights)
     tokens = np.array([3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26], np.int32)
     [res] = e.forward_backward([_ce(1, tokens, forward_only=True)])
+    assert isinstance(res, ForwardBackwardResult), res
     ours = res.outputs[0]["logprobs"]
     write_peft(config, weights, tmp_path / "adapter", base_model_name_or_path=str(directory))
     build_hf_model(
