@@ -3,13 +3,19 @@
 layers (`Family.state_cache`, e.g. families/qwen3_5/cache.py: `empty_cache(config, slots, length, dtype)` and
 `state_bytes_per_slot(config)`); its cache answers what the sampler asks of any cache: `k`/`v` (the full-attention
 layers' [La, slots, S, kv_heads, head_dim]), `through(rows, lengths, fresh)` (a row view for an admission) and the
-view's `settled()`."""
+view's `settled()`.
+
+The prefix cache's pool (sampling/prefix_cache.py) is keys and values in blocks, and for such a family also state
+snapshots: `empty_pool(config, blocks, block, states, dtype)` makes it, `cache.resumed(pool, rows, resume)` sets slots'
+states from snapshots and `pool.with_snapshots(cache, rows, snap)` takes them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .decoder import empty_cache
+import jax.numpy as jnp
+
+from .decoder import LayerCache, empty_cache
 from .families import ModelConfig, StateCache, family_named
 
 
@@ -35,6 +41,15 @@ def empty_slot_cache(config: ModelConfig, slots: int, length: int, dtype: Any) -
     if recurrent(config):
         return _family_cache(config).empty_cache(config, slots, length, dtype)
     return empty_cache(config, slots, length, dtype)
+
+
+def empty_prefix_pool(config: ModelConfig, blocks: int, block: int, states: int, dtype: Any) -> Any:
+    """The prefix cache's pool: `blocks` blocks of `block` tokens of every cached layer's keys and values in
+    `dtype`, and a recurrent model's `states` state snapshots."""
+    if recurrent(config):
+        return _family_cache(config).empty_pool(config, blocks, block, states, dtype)
+    shape = (kv_layers(config), blocks, block, config.num_kv_heads, config.head_dim)
+    return LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 def state_bytes_per_slot(config: ModelConfig) -> int:

@@ -4,7 +4,8 @@ Made once at start, after the weights and adapter slots are on the device, from 
 (`memory_stats()`: the allocator's limit and what is in use) or, on CPU, from the host's memory (or the
 `--device-memory-gb` flag, which also caps an accelerator's). The fixed part is what is resident: base weights,
 every slot's LoRA weights, gradient accumulator and Adam moments, the sampler-snapshot budget, the sampler's prefix
-KV cache (its pool of prompt blocks, a fixed number of tokens of KV), and a reserve for the runtime and compiled
+KV cache (its pool of prompt blocks, a fixed number of tokens of KV, and on a model with linear-attention layers its
+fixed number of state snapshots), and a reserve for the runtime and compiled
 programs. The rest, `work_bytes`, is shared in time by whatever op runs (the engine runs one op
 at a time): a forward_backward's activations, a sampling call's KV cache and prefill.
 
@@ -31,6 +32,7 @@ import numpy as np
 from ..model.families import ModelConfig, family_named
 from ..model.logprobs import chunk_tokens
 from ..model.slot_cache import state_bytes_per_slot
+from ..sampling.prefix_cache import BLOCK, state_slots
 from ..shape_buckets import round_down_seq_len
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ class MemoryPlan:
     resident_bytes: int  # weights, adapter slots (weights, gradients, Adam moments): in use when the plan was made
     snapshot_bytes: int  # the sampler-snapshot budget
     reserve_bytes: int
-    prefix_cache_bytes: int  # the sampler's prefix KV cache (its pool of prompt blocks)
+    prefix_cache_bytes: int  # the sampler's prefix KV cache (its pool of prompt blocks, and their state snapshots)
     work_bytes: int  # capacity - resident - snapshots - prefix cache - reserve: what one op may use at a time
     train_bytes_per_token: int  # a forward_backward token, with gradient checkpointing
     train_bytes_per_token_no_remat: int
@@ -202,7 +204,10 @@ def make_plan(
     # their budget is memory work cannot have.
     paged = host_pages_bytes if device.startswith("host memory") else 0
     costs = per_token_costs(config, dtype, max_lora_rank)
+    # The pool's blocks of keys and values, and a recurrent model's state snapshots beside them (prefix_cache.py).
     prefix = prefix_cache_tokens * costs["kv"]
+    if state_bytes_per_slot(config):
+        prefix += state_slots(max(1, prefix_cache_tokens // BLOCK)) * state_bytes_per_slot(config)
     work = max(0, capacity - resident - snapshot_bytes - reserve - prefix - paged)
     # A chunk of positions' logits, their log-softmax and their gradient (model/logprobs.py): per token up to the
     # chunk's length (a small vocabulary's whole sequence is one chunk), a fixed cost past it.

@@ -11,6 +11,11 @@ An admission's rows are prefilled in chunks of one length (the sampler's chunk f
 row covers its prompt positions start + k·C .. start + (k+1)·C - 1, so every prompt length and every cache hit runs
 the same program. The admission is done once its longest remaining prompt is; a row whose prompt ended earlier is a
 padding row of the later chunks.
+
+On a model with recurrent layers a row that starts in the cache first takes the snapshot of its layers' states at
+its start (`resume`), and a row that snapshots the block boundary before its last token (prefix_cache.py) pauses
+there: its chunk that reaches the boundary ends at it (its state there is the slot's after that chunk, copied to
+the pool: `snap`), and one more chunk prefills the rest, at most a block. The chunks keep their one length.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ class Chunk:
     read: np.ndarray  # int32 [R, NB]
     write: np.ndarray  # int32 [R, C / BLOCK]
     targets: np.ndarray  # int32 [R, C, K]
+    resume: np.ndarray  # int32 [R]: the state slot a row resumes from before this chunk (NO_STATE: none)
+    snap: np.ndarray  # int32 [R]: the state slot a row's state after this chunk goes to (NO_STATE: none)
+
+
+# No state slot: an index past any pool, which reads as nothing and writes nowhere.
+NO_STATE = np.iinfo(np.int32).max
 
 
 @dataclass
@@ -54,6 +65,9 @@ class Admission:
     starts: list[int]  # prompt tokens each takes from the cache
     read: list[list[int]]  # the pool blocks of those tokens
     writes: list[list[int]]  # per prompt block from the row's first computed one on: the pool block (-1: none)
+    resumes: list[int]  # the state slot each resumes from (-1: none)
+    pauses: list[int]  # where each pauses its prefill to snapshot its state (0: nowhere)
+    snaps: list[int]  # the state slot of that snapshot
     # Some row asks for: prompt logprobs, target logprobs, prompt draws. Any of them makes a scoring admission (its
     # program computes each of them only when some row asks: data, not a shape).
     wants: tuple[bool, bool, bool]
@@ -63,7 +77,13 @@ class Admission:
         return any(self.wants)
 
     def chunk_count(self, rows: list[SampleRow], c: int) -> int:
-        return max(-(-(len(rows[i].prompt) - s) // c) for i, s in zip(self.chosen, self.starts))
+        return max(len(self.pieces(j, len(rows[i].prompt), c)) for j, i in enumerate(self.chosen))
+
+    def pieces(self, j: int, p: int, c: int) -> list[tuple[int, int]]:
+        """(first, end) prompt positions of row j's chunks: `c` at a time from its start, one ending at its pause."""
+        s, pause = self.starts[j], self.pauses[j]
+        out = [(f, min(f + c, pause or p)) for f in range(s, pause or p, c)]
+        return out + [(pause, p)] if pause else out
 
     def chunks(
         self, rows: list[SampleRow], r: int, c: int, cache_len: int, slots: int, pool_blocks: int
@@ -78,25 +98,32 @@ class Admission:
         nb, per = cache_len // BLOCK, c // BLOCK
         out = blank(r, c, cache_len, slots, pool_blocks, self.scoring)
         for j, (i, slot, s) in enumerate(zip(self.chosen, self.slots, self.starts)):
-            row, first = rows[i], s + k * c
+            row = rows[i]
             p = len(row.prompt)
-            if first >= p:
+            pieces = self.pieces(j, p, c)
+            if k >= len(pieces):
                 continue  # its prompt is done: a padding row of this chunk
-            piece = row.prompt[first : first + c]
+            first, end = pieces[k]
+            piece = row.prompt[first:end]
             out.chunk[j, : len(piece)] = piece
-            after = row.prompt[first + 1 : first + c + 1]
+            after = row.prompt[first + 1 : end + 1]
             out.nexts[j, : len(after)] = after
-            out.start[j], out.prompt_len[j], out.index[j] = first, p, slot
-            out.final[j] = first + c >= p
+            # A chunk ending at a pause is a non-final one whose prompt ends there: its state is the boundary's.
+            out.start[j], out.prompt_len[j], out.index[j] = first, end, slot
+            out.final[j] = end >= p
             if k == 0 and s:
                 out.cached[j] = s
                 out.read[j, : len(self.read[j])] = self.read[j]
+                if self.resumes[j] >= 0:
+                    out.resume[j] = self.resumes[j]
+            if end == self.pauses[j] and end < p:
+                out.snap[j] = self.snaps[j]
             block0 = first // BLOCK - s // BLOCK  # this chunk's first block, counted from the row's first computed
-            for b in range(per):
+            for b in range(min(per, (end - first) // BLOCK)):  # its whole blocks only
                 if 0 <= block0 + b < len(self.writes[j]) and self.writes[j][block0 + b] >= 0:
                     out.write[j, b] = self.writes[j][block0 + b]
             if row.target_ids is not None:  # row t of target_ids predicts prompt token t + 1
-                t = row.target_ids[first : first + c]
+                t = row.target_ids[first:end]
                 out.targets[j, : len(t), : t.shape[1]] = t
         assert nb == out.read.shape[1]
         return out
@@ -137,17 +164,31 @@ def plan(rows: list[SampleRow], chosen: list[int], slots: list[int], index: Pref
     if index is not None:
         index.hits += sum(len(c) for c in cached) * BLOCK
     pinned = {b for c in cached for b in c}
-    writes = []
+    writes, resumes, pauses, snaps = [], [], [], []
     for i, c in zip(chosen, cached):
         row = rows[i]
         ok = index is not None and row.cache_namespace is not None
-        writes.append(index.plan_writes(row.cache_namespace, row.prompt, c, pinned) if ok else [])  # type: ignore[union-attr]
+        w = index.plan_writes(row.cache_namespace, row.prompt, c, pinned) if ok else []  # type: ignore[union-attr]
+        writes.append(w)
+        recurrent = ok and index.states > 0  # type: ignore[union-attr]
+        resumes.append(index.state_of(c[-1]) if recurrent and c else -1)  # type: ignore[union-attr]
+        # The boundary a prompt like this one resumes from: the last one before its last token.
+        pause, snap = (len(row.prompt) - 1) // BLOCK * BLOCK, -1
+        b = pause // BLOCK - 1 - len(c)  # the block ending there, among this row's writes
+        if recurrent and 0 <= b < len(w) and w[b] >= 0:
+            snap = index.plan_state(w[b], pinned)  # type: ignore[union-attr]
+            pinned.add(w[b])  # its state slot is this admission's to write: no later row of it takes that
+        pauses.append(pause if snap >= 0 else 0)
+        snaps.append(snap)
     return Admission(
         chosen=chosen,
         slots=slots,
         starts=[len(c) * BLOCK for c in cached],
         read=cached,
         writes=writes,
+        resumes=resumes,
+        pauses=pauses,
+        snaps=snaps,
         wants=(
             any(rows[i].prompt_logprobs for i in chosen),
             any(rows[i].target_ids is not None for i in chosen),
@@ -170,6 +211,8 @@ def blank(r: int, c: int, cache_len: int, slots: int, pool_blocks: int, scoring:
         read=np.zeros((r, cache_len // BLOCK), np.int32),
         write=np.full((r, c // BLOCK), pool_blocks, np.int32),
         targets=np.full((r, c, MAX_TARGET_PROMPT_LOGPROBS if scoring else 0), -1, np.int32),
+        resume=np.full((r,), NO_STATE, np.int32),
+        snap=np.full((r,), NO_STATE, np.int32),
     )
 
 

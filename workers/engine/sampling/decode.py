@@ -22,14 +22,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..model.decoder import LayerCache
 from ..model.families import ModelConfig
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..model.sharding import DeviceLayout
-from ..model.slot_cache import empty_slot_cache, kv_layers
+from ..model.slot_cache import empty_prefix_pool, empty_slot_cache, recurrent
 from .buckets import STOP_IDS
-from .prefix_cache import BLOCK
+from .prefix_cache import BLOCK, state_slots
 from .prompt_scoring import alt_tokens, target_prompt_logprobs
 from .token_choice import RowParams, choose, is_stop, top_tokens, when
 
@@ -110,17 +109,13 @@ def empty_slots(config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slo
     return _constrain(out, placement)
 
 
-def empty_pool(config: ModelConfig, dtype: Any, blocks: int) -> LayerCache:
-    """The prefix cache's pool: `blocks` blocks of BLOCK tokens of every cached layer's keys and values
-    (prefix_cache.py)."""
-    shape = (kv_layers(config), blocks, BLOCK, config.num_kv_heads, config.head_dim)
-    return LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
-
-
 def pool_program(config: ModelConfig, dtype: Any, prefix_tokens: int) -> Any:
-    """The jitted program that makes the pool for `prefix_tokens` of prefix cache (one block at least): run once by
-    the sampler, and compiled (never run) for its shapes by a warm-up from shapes."""
-    return jax.jit(partial(empty_pool, config, dtype, max(1, prefix_tokens // BLOCK)))
+    """The jitted program that makes the pool for `prefix_tokens` of prefix cache (one block at least; a recurrent
+    model's with its state slots, prefix_cache.py): run once by the sampler, and compiled (never run) for its shapes
+    by a warm-up from shapes."""
+    blocks = max(1, prefix_tokens // BLOCK)
+    states = state_slots(blocks) if recurrent(config) else 0
+    return jax.jit(partial(empty_prefix_pool, config, blocks, BLOCK, states, dtype))
 
 
 def admit(
@@ -129,7 +124,7 @@ def admit(
     lora: Any,
     base: Any,
     slots: Slots,
-    pool: LayerCache,  # the prefix cache's blocks [L, N, BLOCK, KV, D]
+    pool: Any,  # the prefix cache's blocks `k`, `v` [L, N, BLOCK, KV, D] (and a recurrent model's state slots)
     chunk: jax.Array,  # int32 [R, C]: prompt tokens at positions start .. start + C - 1 (anything past the prompt)
     nexts: jax.Array,  # int32 [R, C]: the prompt token after each of those positions (-1: none), for scoring
     start: jax.Array,  # int32 [R]: the position of chunk[:, 0]
@@ -144,9 +139,11 @@ def admit(
     write: jax.Array,  # int32 [R, C / BLOCK]: the pool block of each whole block of this chunk (out of range: none)
     targets: jax.Array,  # int32 [R, C, K]: target ids per position, predicting the next token (-1: none; K = 0: none)
     wants: jax.Array,  # bool [3]: some row asks for prompt logprobs, target logprobs, prompt draws
+    resume: jax.Array,  # int32 [R]: the pool's state slot a row's recurrent state resumes from (out of range: none)
+    snap: jax.Array,  # int32 [R]: the pool's state slot the row's state after this chunk goes to (out of range: none)
     *,
     scoring: bool,
-) -> tuple[Slots, LayerCache, dict[str, jax.Array]]:
+) -> tuple[Slots, Any, dict[str, jax.Array]]:
     """Prefill one chunk of C prompt tokens of R rows straight into their slots of the shared KV cache; rows whose
     prompt ends in it sample their first token and have their state written into their slots.
 
@@ -154,7 +151,9 @@ def admit(
     length, with or without prefix-cache hits (sampler.py: the bounded program set). A row that starts in the
     prefix cache has its cached blocks copied from the pool into its slot first (`cached`, `read`: its first chunk
     only, a chunk's length at a time up to the longest hit) and is prefilled from there; every whole block a chunk
-    computes is written to the pool where `write` says.
+    computes is written to the pool where `write` says. On a recurrent model such a row's layer states are first
+    set to the pool's snapshot (`resume`), and a row whose chunk ends at a block boundary it snapshots leaves its
+    states there in the pool (`snap`).
 
     A `scoring` admission also returns, by name, what is scored on the chunk's positions (entry t predicts the
     token at start + t + 1), each computed only when `wants` says some row asks and zeros otherwise: `token_lp`
@@ -184,21 +183,26 @@ def admit(
         return cache._replace(k=one(cache.k, pool.k), v=one(cache.v, pool.v))
 
     cache = jax.lax.fori_loop(0, (jnp.max(cached) + c - 1) // c, copy_in, slots.cache)
+    states = hasattr(pool, "recurrent")  # static: the pool keeps recurrent-state snapshots
+    if states:
+        cache = cache.resumed(pool, index, resume)
     positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
     # A recurrent layer's state takes only the prompt's tokens, and a row's first chunk starts from zero state.
     real = jnp.clip(prompt_len - start, 0, c)
     h, view = model.hidden(chunk, positions, routing, cache.through(index, real, start == 0))
     cache = view.settled()
 
-    def copy_out(pool: LayerCache) -> LayerCache:  # this chunk's whole blocks, from the slots into the pool
+    def copy_out(pool: Any) -> Any:  # this chunk's whole blocks, from the slots into the pool
         def one(dst, src):
             got = src.at[:, index[:, None], positions].get(mode="fill", fill_value=0)  # [L, R, C, KV, D]
             blocks = got.reshape(src.shape[0], r * (c // BLOCK), BLOCK, *src.shape[3:])
             return dst.at[:, write.reshape(-1)].set(blocks.astype(dst.dtype), mode="drop")
 
-        return LayerCache(one(pool.k, cache.k), one(pool.v, cache.v))
+        return pool._replace(k=one(pool.k, cache.k), v=one(pool.v, cache.v))
 
     pool = jax.lax.cond(jnp.any(write < pool.k.shape[1]), copy_out, lambda x: x, pool)
+    if states:
+        pool = pool.with_snapshots(cache, index, snap)
 
     last = jnp.take_along_axis(h, jnp.clip(prompt_len - start - 1, 0, c - 1)[:, None, None], axis=1)  # [R, 1, H]
     logits = model.logits(last, routing)[:, 0]

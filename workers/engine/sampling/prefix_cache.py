@@ -15,10 +15,15 @@ tenant or other weights, so caching changes no number anyone sees. Blocks are ev
 every use touches a prompt's blocks from its last to its first, so a parent is always more recent than its children
 and the oldest block is always a leaf: evicting it never orphans another.
 
-A model with recurrent layers (Gated DeltaNet: `model/slot_cache.py`) takes no hits: resuming after a cached prefix
-would need each such layer's state at the prefix's end, which the pool does not keep. Its prompts are prefilled
-whole (the sampler keeps no index and a pool of one block nothing is written to), so they miss cleanly and report
-`prompt_cache_hit_tokens` 0; snapshotting states at block boundaries would make them hit.
+A model with recurrent layers (Gated DeltaNet: `model/slot_cache.py`) resumes after a cached prefix only from each
+such layer's state at the prefix's end. The pool keeps those states too, as snapshots beside the blocks: a snapshot
+is the linear layers' (conv, recurrent) state after a block's last token, taken when an admission prefills up to
+that block's end, held in one of a fixed number of state slots (`state_slots`: one per STATE_EVERY blocks, counted
+in the memory plan), keyed by the block it follows (so by namespace and every token before it, as the block) and
+freed with it. A hit on such a model is the longest cached run of blocks whose last one has a snapshot. A row
+snapshots the block boundary a prompt like it resumes from: the last one before its last token (the samples of one
+request, a longer next turn). When every state slot is taken, the least recently used block's snapshot gives way
+(the block itself stays, a parent of others; it is just no longer a place to resume from).
 """
 
 from __future__ import annotations
@@ -30,13 +35,24 @@ import numpy as np
 
 # Tokens per cached block: prompts share whole blocks only.
 BLOCK = 16
+# A recurrent model's pool keeps one state snapshot per this many blocks (module docstring): a snapshot is the size
+# of a decode slot's states, hundreds of blocks' keys and values on real models, and a prompt needs only one.
+STATE_EVERY = 4
+
+
+def state_slots(blocks: int) -> int:
+    """The state snapshots a recurrent model's pool of `blocks` blocks keeps."""
+    return max(1, blocks // STATE_EVERY)
 
 
 class PrefixIndex:
     """Which pool block holds which prompt block (module docstring). Host-only, one thread at a time."""
 
-    def __init__(self, blocks: int):
+    def __init__(self, blocks: int, states: int = 0):
         self.blocks = blocks
+        self.states = states  # state-snapshot slots (0: a model of keys and values only, nothing to resume)
+        self._state: dict[int, int] = {}  # block -> the state slot of its snapshot
+        self._free_states = list(range(states - 1, -1, -1))
         self._where: dict[tuple[Hashable, int, tuple[int, ...]], int] = {}  # (namespace, parent, tokens) -> block
         self._key: dict[int, tuple[Hashable, int, tuple[int, ...]]] = {}  # block -> its key
         self._children: dict[int, int] = {}  # block -> how many cached blocks follow it
@@ -59,8 +75,28 @@ class PrefixIndex:
                 break
             found.append(block)
             parent = block
+        if self.states:  # a recurrent model resumes only where a snapshot is
+            while found and found[-1] not in self._state:
+                found.pop()
         self._touch(found)
         return found
+
+    def state_of(self, block: int) -> int:
+        """The state slot of the snapshot after `block` (a block `lookup` returned last)."""
+        return self._state[block]
+
+    def plan_state(self, block: int, pinned: set[int]) -> int:
+        """A state slot for the snapshot after `block` (one `plan_writes` just registered), or -1: none could be
+        freed without taking a `pinned` block's. Registered now, as the block."""
+        if block in self._state:
+            return -1
+        if not self._free_states:
+            victim = next((b for b in self._lru if b in self._state and b not in pinned), None)
+            if victim is None:
+                return -1
+            self._free_states.append(self._state.pop(victim))
+        self._state[block] = slot = self._free_states.pop()
+        return slot
 
     def plan_writes(self, namespace: Hashable, prompt: np.ndarray, cached: list[int], pinned: set[int]) -> list[int]:
         """Pool blocks to write `prompt`'s whole blocks after the `cached` ones into (one entry per block of the
@@ -108,6 +144,8 @@ class PrefixIndex:
         del self._where[key]
         del self._lru[block]
         self._children.pop(block, None)
+        if block in self._state:
+            self._free_states.append(self._state.pop(block))
         if key[1] >= 0:
             self._children[key[1]] -= 1
         self.evictions += 1

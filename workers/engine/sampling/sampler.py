@@ -47,7 +47,7 @@ from . import admission
 from .admission import Admission
 from .buckets import DEFAULT_SAMPLE_SLOTS, SlotBucket, pick_bucket, slot_buckets
 from .decode import Slots, pool_program
-from .prefix_cache import BLOCK, PrefixIndex
+from .prefix_cache import BLOCK, PrefixIndex, state_slots
 from .rows import PromptScores, RowOutput, SampleRow, first_stop_string_end
 from .sampler_programs import SamplerPrograms, stack_size
 
@@ -65,8 +65,8 @@ class SlotSampler:
     def __init__(
         self, graphdef: nnx.GraphDef, placement: DeviceLayout, config: ModelConfig, dtype: Any, tokenizer: Any
     ):
-        # A model with recurrent layers (its slots hold their states beside the keys and values) takes no prefix
-        # cache hits: a hit would need each layer's state at the prefix's end, which the pool does not keep.
+        # A model with recurrent layers (its slots hold their states beside the keys and values) resumes prefix
+        # cache hits from state snapshots the pool keeps beside its blocks (prefix_cache.py).
         self.recurrent = recurrent(config)
         self.placement = placement
         self.config = config
@@ -129,13 +129,11 @@ class SlotSampler:
     def pool(self) -> Any:
         """The prefix cache's pool of blocks, made at first use (prefix_cache.py)."""
         if self._pool is None:
-            self._pool = pool_program(self._config, self._dtype, self._pool_tokens())()
-            caching = self.prefix_tokens >= BLOCK and not self.recurrent
-            self.prefix = PrefixIndex(self._pool.k.shape[1]) if caching else None
+            self._pool = pool_program(self._config, self._dtype, self.prefix_tokens)()
+            blocks = self._pool.k.shape[1]
+            caching = self.prefix_tokens >= BLOCK
+            self.prefix = PrefixIndex(blocks, state_slots(blocks) if self.recurrent else 0) if caching else None
         return self._pool
-
-    def _pool_tokens(self) -> int:
-        return 0 if self.recurrent else self.prefix_tokens  # 0: a pool of one block nothing is written to
 
     def release_idle(self) -> int:
         """Let go of the decode slots kept for the next call (their KV caches); the number of slot sets released."""
@@ -180,7 +178,7 @@ class SlotSampler:
         call uses read or changed, so safe on another thread beside any call; a call that needs one of these
         programs meanwhile waits for that compile alone (AotCache)."""
         if from_shapes:  # the pool's shapes from its program, compiled (cheap) and not run
-            pool = pool_program(self._config, self._dtype, self._pool_tokens()).lower().compile().out_info
+            pool = pool_program(self._config, self._dtype, self.prefix_tokens).lower().compile().out_info
             slots = self.programs.empty.prepare(bucket.label, slots=bucket.slots, cache_len=bucket.cache_len).out_info
             release = None
         else:

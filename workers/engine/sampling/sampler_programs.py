@@ -79,6 +79,8 @@ class SamplerPrograms:
             put(c.write),
             put(c.targets),
             jnp.asarray(wants),
+            put(c.resume),
+            put(c.snap),
         )
         scoring = bool(chunk.targets.shape[2])  # a scoring chunk has room for target ids
         label += " scoring" if scoring else ""

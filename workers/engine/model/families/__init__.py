@@ -193,6 +193,9 @@ class StateCache(Protocol):
 
     def state_bytes_per_slot(self, config: Any, /) -> int: ...
 
+    # The prefix cache's pool with `states` state snapshots beside its blocks (sampling/prefix_cache.py).
+    def empty_pool(self, config: Any, blocks: int, block: int, states: int, dtype: Any, /) -> Any: ...
+
 
 @dataclass(frozen=True)
 class TinyCheckpoint:

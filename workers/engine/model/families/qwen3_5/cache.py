@@ -12,6 +12,10 @@ accumulates, as transformers keeps it). A slot's linear-layer memory is the same
 rows[r] in place (a row past the cache reads zeros and writes nothing). It also says, per row, how many of the
 call's tokens are real (`lengths`: an admission chunk's tail past a prompt is padding, which must not enter the
 recurrent state) and which rows start afresh (`fresh`: their slot's state is a previous occupant's, read as zeros).
+
+The prefix cache's pool (`empty_pool`, sampling/prefix_cache.py) is a `HybridCache` too, of other sizes: keys and
+values in blocks ([La, blocks, BLOCK, ...]) and state snapshots ([Ll, states, ...]), a slot's states at a block
+boundary: `resumed` sets slots' states from snapshots, `with_snapshots` takes slots' states as snapshots.
 """
 
 from __future__ import annotations
@@ -60,6 +64,25 @@ class HybridCache(NamedTuple):
     def state(self, layer: int) -> LinearAttentionState:
         return LinearAttentionState(self.conv[layer], self.recurrent[layer])
 
+    def resumed(self, pool: HybridCache, rows: jax.Array, resume: jax.Array) -> HybridCache:
+        """Slots `rows` (int32 [R]) with the linear layers' states of `pool`'s snapshots `resume` (int32 [R]; past
+        the pool: the slot keeps its own)."""
+        at = jnp.where(resume < pool.conv.shape[1], rows, self.conv.shape[1])  # rows that resume; others nowhere
+
+        def one(dst: jax.Array, src: jax.Array) -> jax.Array:
+            return dst.at[:, at].set(src.at[:, resume].get(mode="fill", fill_value=0), mode="drop")
+
+        return self._replace(conv=one(self.conv, pool.conv), recurrent=one(self.recurrent, pool.recurrent))
+
+    def with_snapshots(self, cache: HybridCache, rows: jax.Array, snap: jax.Array) -> HybridCache:
+        """This pool with the linear layers' states of `cache`'s slots `rows` (int32 [R]) as snapshots `snap`
+        (int32 [R]; past the pool: none taken)."""
+
+        def one(dst: jax.Array, src: jax.Array) -> jax.Array:
+            return dst.at[:, snap].set(src.at[:, rows].get(mode="fill", fill_value=0), mode="drop")
+
+        return self._replace(conv=one(self.conv, cache.conv), recurrent=one(self.recurrent, cache.recurrent))
+
     def with_state(self, layer: int, state: LinearAttentionState) -> HybridCache:
         return self._replace(
             conv=self.conv.at[layer].set(state.conv), recurrent=self.recurrent.at[layer].set(state.recurrent)
@@ -94,13 +117,30 @@ class HybridRowCache(NamedTuple):
         )
 
 
-def empty_cache(config: Qwen35Config, batch: int, length: int, dtype=jnp.float32, sharding=None) -> HybridCache:
-    """Zero keys/values in `dtype` (the compute dtype) and zero float32 states for `batch` slots of `length`."""
+def empty_pool(config: Qwen35Config, blocks: int, block: int, states: int, dtype=jnp.float32) -> HybridCache:
+    """The prefix cache's pool: zero keys/values of `blocks` blocks of `block` tokens in `dtype`, and `states` zero
+    float32 state snapshots."""
+    kv, conv, rec = _shapes(config, blocks, block)
+    return HybridCache(
+        jnp.zeros(kv, dtype),
+        jnp.zeros(kv, dtype),
+        jnp.zeros((conv[0], states, *conv[2:]), jnp.float32),
+        jnp.zeros((rec[0], states, *rec[2:]), jnp.float32),
+    )
+
+
+def _shapes(config: Qwen35Config, batch: int, length: int) -> tuple[tuple[int, ...], ...]:
     c = config
     full, linear = c.layer_types.count(FULL_ATTENTION), c.layer_types.count(LINEAR_ATTENTION)
     kv = (full, batch, length, c.num_kv_heads, c.head_dim)
     conv = (linear, batch, c.linear_conv_kernel_dim - 1, c.conv_dim)
     rec = (linear, batch, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+    return kv, conv, rec
+
+
+def empty_cache(config: Qwen35Config, batch: int, length: int, dtype=jnp.float32, sharding=None) -> HybridCache:
+    """Zero keys/values in `dtype` (the compute dtype) and zero float32 states for `batch` slots of `length`."""
+    kv, conv, rec = _shapes(config, batch, length)
     return HybridCache(
         jnp.zeros(kv, dtype, device=sharding),
         jnp.zeros(kv, dtype, device=sharding),
