@@ -98,4 +98,5 @@ def test_up_fails_at_start_naming_the_architecture_and_the_families_served(tmp_p
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tinkerflow up: error: "), out.stderr
     assert "'gpt_oss' (GptOssForCausalLM); families served: llama3 (model_type llama), qwen3" in lines[0]
+    assert "qwen3_5 (model_type qwen3_5, qwen3_5_text)" in lines[0]  # Qwen3.5 among them, by both its model types
     assert not (state / "logs").exists()  # no part was started
