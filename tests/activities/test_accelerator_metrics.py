@@ -13,7 +13,7 @@ from tinkerflow.activities.accelerator_metrics import NOMINAL_TFLOPS, Accelerato
 from tinkerflow.workers.engine.model.families import ModelConfig
 from tinkerflow.workers.engine.model.families.qwen3.tiny import config_dict, parameter_shapes
 from tinkerflow.workers.engine.model.families.qwen3_moe.tiny import MOE_SHAPE, moe_config_dict, moe_parameter_shapes
-from tinkerflow.workers.engine.model.tiny_model import SHAPE
+from tinkerflow.workers.engine.model.tiny_shapes import SHAPE
 
 
 def _reference_params(shapes: list[tuple[str, tuple[int, ...]]], active_fraction: float = 1.0) -> float:

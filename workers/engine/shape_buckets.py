@@ -60,3 +60,16 @@ def round_up_cache_len(n: int, minimum: int = 128, growth: int = 4) -> int:
 def round_up_pow2(n: int, minimum: int = 1) -> int:
     n = max(n, minimum)
     return 1 << (n - 1).bit_length()
+
+
+# The prefix cache's geometry, here because the memory plan (runtime) sizes the pool that sampling/ keeps.
+# Tokens per cached block: prompts share whole blocks only.
+BLOCK = 16
+# A recurrent model's pool keeps one state snapshot per this many blocks (sampling/prefix_cache.py): a snapshot is
+# the size of a decode slot's states, hundreds of blocks' keys and values on real models, and a prompt needs one.
+STATE_EVERY = 4
+
+
+def state_slots(blocks: int) -> int:
+    """The state snapshots a recurrent model's pool of `blocks` blocks keeps."""
+    return max(1, blocks // STATE_EVERY)

@@ -32,8 +32,7 @@ import numpy as np
 from ..model.families import ModelConfig, family_named
 from ..model.logprobs import chunk_tokens
 from ..model.slot_cache import state_bytes_per_slot
-from ..sampling.prefix_cache import BLOCK, state_slots
-from ..shape_buckets import round_down_seq_len
+from ..shape_buckets import BLOCK, round_down_seq_len, state_slots
 
 log = logging.getLogger(__name__)
 

@@ -33,16 +33,9 @@ from collections.abc import Hashable
 
 import numpy as np
 
-# Tokens per cached block: prompts share whole blocks only.
-BLOCK = 16
-# A recurrent model's pool keeps one state snapshot per this many blocks (module docstring): a snapshot is the size
-# of a decode slot's states, hundreds of blocks' keys and values on real models, and a prompt needs only one.
-STATE_EVERY = 4
+from ..shape_buckets import BLOCK, STATE_EVERY, state_slots
 
-
-def state_slots(blocks: int) -> int:
-    """The state snapshots a recurrent model's pool of `blocks` blocks keeps."""
-    return max(1, blocks // STATE_EVERY)
+__all__ = ["BLOCK", "STATE_EVERY", "PrefixIndex", "state_slots"]
 
 
 class PrefixIndex:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tiny_model import SHAPE, dense_mlp_shapes, embedding_shapes, head_shapes
+from ...tiny_shapes import SHAPE, dense_mlp_shapes, embedding_shapes, head_shapes
 from .. import TinyCheckpoint
 
 QWEN35_SHAPE: dict[str, Any] = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tiny_model import SHAPE
+from ...tiny_shapes import SHAPE
 from ...tiny_tokenizer import SPECIAL_TOKENS
 from .. import TinyCheckpoint
 from ..qwen3.tiny import config_dict as qwen3_config_dict

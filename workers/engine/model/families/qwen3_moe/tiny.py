@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tiny_model import SHAPE, attention_shapes, decoder_config_dict, dense_mlp_shapes, embedding_shapes, head_shapes
+from ...tiny_shapes import SHAPE, attention_shapes, decoder_config_dict, dense_mlp_shapes, embedding_shapes, head_shapes
 from .. import TinyCheckpoint
 
 MOE_SHAPE: dict[str, Any] = {
