@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cookbook_merge import merged_and_base_logprobs
 from moe_checkpoint import EXPERTS, MOE_INTER, build_moe_model
 
 from tinkerflow.workers.engine.engine import Engine
@@ -306,8 +307,6 @@ def test_export_merges_through_the_cookbook_with_the_engines_logprobs(tmp_path):
     fused gate_up's wrong axis (its `_detect_fused_axis` tries [E, hidden, 2I] first), which no published
     Qwen3-MoE's shapes allow."""
     pytest.importorskip("tinker_cookbook", reason="the cookbook extra is not installed")
-    from tinker_cookbook.weights import build_hf_model
-
     directory = build_moe_model(tmp_path / "qwen3-moe", seed=12, moe_inter=48)
     e = Engine.load(str(directory), max_lora_adapters=2, max_lora_rank=8, progress=False)
     config = LoraConfig(rank=4, seed=5, train_attn=True, train_mlp=True, train_unembed=True)
@@ -320,19 +319,6 @@ def test_export_merges_through_the_cookbook_with_the_engines_logprobs(tmp_path):
     assert isinstance(res, ForwardBackwardResult), res
     ours = res.outputs[0]["logprobs"]
     write_peft(config, weights, tmp_path / "adapter", base_model_name_or_path=str(directory))
-    build_hf_model(
-        base_model=str(directory),
-        adapter_path=str(tmp_path / "adapter"),
-        output_path=str(tmp_path / "merged"),
-        dtype="float32",
-        merge_strategy="full",
-        device="cpu",
-    )
-    with torch.no_grad():
-        logits = _hf(str(tmp_path / "merged"))(torch.from_numpy(tokens[None, :-1]).long()).logits[0]
-        base_logits = _hf(str(directory))(torch.from_numpy(tokens[None, :-1]).long()).logits[0]
-    target = torch.from_numpy(tokens[1:]).long()[:, None]
-    merged = torch.log_softmax(logits, -1).gather(-1, target)[:, 0].numpy()
-    unmerged = torch.log_softmax(base_logits, -1).gather(-1, target)[:, 0].numpy()
+    merged, unmerged = merged_and_base_logprobs(directory, tmp_path / "adapter", tmp_path / "merged", tokens)
     assert np.abs(ours - unmerged).max() > 100 * TOL, "the adapter moves the logprobs, so the check bites"
     np.testing.assert_allclose(ours, merged, atol=TOL, rtol=TOL)
