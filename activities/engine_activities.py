@@ -82,8 +82,10 @@ class EngineActivities:
         incarnation: str = "",
         points: OpPoints | None = None,
         meter: AcceleratorMeter | None = None,
+        images: wire.ImageRules | None = None,
     ):
         self.engine = engine
+        self.images = images  # how forward_backward datums' ImageChunks become tokens and patches (None: refused)
         self.points, self.meter = points, meter  # each op's metric point; device memory and MFU per engine call
         self.incarnation = incarnation
         self.store = store
@@ -278,7 +280,7 @@ class EngineActivities:
             bounds = wire.Bounds(max_rows=info.max_position_embeddings, max_cols=info.vocab_size)
             msg = wire.parse_forward_backward(self.store.get(payload(item)))  # stable_reinforce: checked, recorded
             inp = stability_checks.resolve(
-                self.store, msg, wire.forward_backward_input(msg, item.slot, bounds), item.model_id
+                self.store, msg, wire.forward_backward_input(msg, item.slot, bounds, self.images), item.model_id
             )
             asked[id(inp)] = item
             return inp

@@ -2,6 +2,10 @@
 
 Decoding failures raise `InputError`, so a malformed datum fails only its own future, with a message that says
 which datum and which field.
+
+A forward_backward datum's `ImageChunk`s (for a model with a vision tower: `ImageRules`) become the image's
+placeholder tokens in `Datum.tokens` (as many as its `expected_tokens`) and its patch rows in `Datum.images`, cut
+by the served checkpoint's own image processor (tinkerflow.common.images), the one the API checked the image with.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ from tinker.proto import tinker_public_pb2 as pb
 from tinker.types import EncodedTextChunk, SampleRequest
 from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
 
+from tinkerflow.common.images import (
+    MAX_IMAGES_PER_DATUM,
+    ImageProcessing,
+    ProcessedImage,
+    check_expected_tokens,
+    decode_image,
+    preprocess,
+)
 from tinkerflow.workers.engine.sampling.decode import MAX_TARGET_PROMPT_LOGPROBS
 from tinkerflow.workers.engine.types import (
     Datum,
@@ -108,16 +120,56 @@ def _tensor(name: str, t: pb.Tensor, where: str, bounds: Bounds = Bounds()) -> n
     return arr.copy()
 
 
-def _tokens(chunks: Iterable[pb.Chunk], where: str) -> np.ndarray:
+@dataclass(frozen=True)
+class ImageRules:
+    """How the served model takes images: its image processor, and the token an image's features replace."""
+
+    processing: ImageProcessing
+    token_id: int
+
+
+def image_rules(image_processor: dict[str, Any] | None, image_token_id: int | None) -> ImageRules | None:
+    """The rules of a model whose engine runs a vision tower (ModelCard.image_processor, ModelInfo.image_token_id);
+    None for a text model, or a processor this server does not follow (the API refuses its images by name)."""
+    if image_processor is None or image_token_id is None:
+        return None
+    try:
+        return ImageRules(ImageProcessing.from_hf(image_processor), image_token_id)
+    except ValueError:
+        return None
+
+
+def _image(chunk: pb.ImageChunk, where: str, rules: ImageRules) -> ProcessedImage:
+    if chunk.HasField("override_dimensions"):  # the SDK never sets it; honouring it would resize
+        raise InputError(f"{where}: image.override_dimensions is not supported; send the image at its size")
+    try:
+        image = preprocess(decode_image(chunk.data, chunk.format), rules.processing)
+        check_expected_tokens(chunk.expected_tokens if chunk.HasField("expected_tokens") else None, image.tokens)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from e
+    return image
+
+
+def _tokens(
+    chunks: Iterable[pb.Chunk], where: str, rules: ImageRules | None = None
+) -> tuple[np.ndarray, tuple[ProcessedImage, ...]]:
+    """The datum's token ids (an image: its placeholder tokens) and its images, in order."""
     parts: list[np.ndarray] = []
-    for chunk in chunks:
+    images: list[ProcessedImage] = []
+    for j, chunk in enumerate(chunks):
         which = chunk.WhichOneof("chunk")
+        if which == "image" and rules is not None:
+            if len(images) == MAX_IMAGES_PER_DATUM:
+                raise InputError(f"{where}: more than {MAX_IMAGES_PER_DATUM} images, the limit per datum")
+            images.append(_image(chunk.image, f"{where}: model_input.chunks[{j}]", rules))
+            parts.append(np.full(images[-1].tokens, rules.token_id, np.int32))
+            continue
         if which != "encoded_text":
             raise InputError(f"{where}: {which} chunks are not supported by this text-only model")
         if len(chunk.encoded_text.tokens) % 4:
             raise InputError(f"{where}: encoded_text tokens are not a whole number of int32 values")
         parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
-    return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+    return (np.concatenate(parts) if parts else np.zeros((0,), np.int32)), tuple(images)
 
 
 def _sampled_mask(spans: Sequence[pb.ProvenanceSpan], where: str) -> np.ndarray | None:
@@ -139,16 +191,19 @@ def _sampled_mask(spans: Sequence[pb.ProvenanceSpan], where: str) -> np.ndarray 
 
 
 def forward_backward_input(
-    msg: pb.ForwardBackwardRequest, slot: int, bounds: Bounds = Bounds()
+    msg: pb.ForwardBackwardRequest, slot: int, bounds: Bounds = Bounds(), images: ImageRules | None = None
 ) -> ForwardBackwardInput:
+    """The engine's input; `images`: the served model's rules for ImageChunks (None: text chunks only)."""
     data: list[Datum] = []
     for i, d in enumerate(msg.data):
         where = f"datum {i}"
+        tokens, datum_images = _tokens(d.model_input, where, images)
         data.append(
             Datum(
-                tokens=_tokens(d.model_input, where),
+                tokens=tokens,
                 inputs={k: _tensor(k, v, where, bounds) for k, v in d.loss_fn_inputs.items()},
                 sampled_mask=_sampled_mask(d.loss_fn_input_spans, where),
+                images=datum_images,
             )
         )
     config: dict[str, float | str] = dict(msg.loss_fn_config)
@@ -202,7 +257,7 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
     tokens: list[int] = []
     for chunk in req.prompt.chunks:
         if not isinstance(chunk, EncodedTextChunk):
-            raise InputError(f"{chunk.type} prompt chunks are not supported by this text-only model")
+            raise InputError(f"{chunk.type} prompt chunks are not served: sampling takes text chunks only")
         tokens.extend(chunk.tokens)
     p = req.sampling_params
     stop = p.stop

@@ -43,6 +43,7 @@ import prometheus_client
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from tinkerflow.activities import wire
 from tinkerflow.activities.accelerator_metrics import AcceleratorMeter, publish_memory_plan
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
@@ -144,6 +145,7 @@ async def serve(
         incarnation=incarnation,
         points=OpPoints(RunMetricsStore(settings.resolved_store_url, settings.run_metrics_max_points)),
         meter=AcceleratorMeter(getattr(engine, "config", None), settings.peak_tflops),
+        images=wire.image_rules(card.image_processor, engine.info.image_token_id),
     )
     # One thread per batch held: the one running, the next waiting its turn (activities/batch_order.py).
     depth = min(settings.pipeline_depth, PIPELINE_DEPTH)

@@ -13,7 +13,7 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tinkerflow.api.image_checks import (
-    ENGINE_NOT_WIRED,
+    SAMPLING_NOT_SERVED,
     forward_backward_images,
     images_problem,
     prompt_images,
@@ -52,9 +52,9 @@ def _body(*chunk_lists: list) -> bytes:
     return forward_backward_request_to_proto(request).SerializeToString()
 
 
-def _problem(chunk: types.ImageChunk, card: ModelCard = VL) -> str:
+def _problem(chunk: types.ImageChunk, card: ModelCard = VL, *, trains: bool = True) -> str:
     text = types.EncodedTextChunk(tokens=[1, 2])
-    return images_problem(forward_backward_images(_body([text], [text, chunk])), card)
+    return images_problem(forward_backward_images(_body([text], [text, chunk])), card, trains=trains)
 
 
 def test_images_are_found_where_the_sdk_puts_them():
@@ -88,11 +88,13 @@ def test_override_dimensions_is_refused_by_name():
         forward_backward_images(msg.SerializeToString())
 
 
-def test_a_good_image_is_refused_plainly_while_the_engine_does_not_run_the_tower():
+def test_a_good_image_trains_and_is_refused_plainly_for_sampling():
     assert _tokens(100, 150) == 15
-    problem = _problem(types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=15))
-    assert problem == ENGINE_NOT_WIRED.format(model="'tiny-vl'")
-    assert "does not run it yet" in problem
+    good = types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=15)
+    assert _problem(good) == ""
+    problem = _problem(good, trains=False)
+    assert problem == SAMPLING_NOT_SERVED.format(model="'tiny-vl'")
+    assert "sampling with images is not served yet" in problem
 
 
 def test_expected_tokens_that_disagree_names_both_counts():
@@ -126,13 +128,13 @@ def test_a_40_megapixel_image_is_over_the_pixel_limit():
 def test_too_many_images_in_one_datum():
     png = _png(64, 64)
     chunks = [types.ImageChunk(data=png, format="png") for _ in range(MAX_IMAGES_PER_DATUM + 1)]
-    problem = images_problem(forward_backward_images(_body(chunks)), VL)
+    problem = images_problem(forward_backward_images(_body(chunks)), VL, trains=True)
     assert problem == (
         f"datum 0 has more than {MAX_IMAGES_PER_DATUM} images, over the limit of {MAX_IMAGES_PER_DATUM} images "
         "per datum"
     )
     spread = [[types.ImageChunk(data=png, format="png")] * MAX_IMAGES_PER_DATUM] * 2  # the limit is per datum
-    assert images_problem(forward_backward_images(_body(*spread)), VL) == ENGINE_NOT_WIRED.format(model="'tiny-vl'")
+    assert images_problem(forward_backward_images(_body(*spread)), VL, trains=True) == ""
 
 
 def test_a_model_without_a_vision_tower_refuses_images_by_name():

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from tinkerflow.api import routes_openai
-from tinkerflow.api.image_checks import ENGINE_NOT_WIRED
+from tinkerflow.api.image_checks import SAMPLING_NOT_SERVED
 from tinkerflow.common.images import MAX_IMAGE_PIXELS
 from tinkerflow.common.settings import Settings
 from tinkerflow.workflows.protocol.messages import ModelCard
@@ -106,7 +106,7 @@ def test_data_url_images_go_through_the_image_checks(client):
 
 
 def test_a_good_image_is_refused_plainly_and_a_text_model_refuses_images(client):
-    assert _chat(client, _data_url(_png()))["message"] == ENGINE_NOT_WIRED.format(model="'tiny-vl'")
+    assert _chat(client, _data_url(_png()))["message"] == SAMPLING_NOT_SERVED.format(model="'tiny-vl'")
     assert _chat(client, _data_url(_png()), model="tiny")["message"] == (
         "base model 'tiny' has no vision tower: it takes text chunks only, not images"
     )

@@ -1,9 +1,10 @@
 """Images on the wire through the unmodified SDK against the real stack serving the tiny Qwen3.5 vision-language
-model (`make-tiny-model --family qwen3_5 --vision`): an `expected_tokens` that disagrees, a truncated png, a
-40-megapixel image and a text file named .png each fail their own future as a `user` error naming the field or the
-limit, while another tenant's forward_backward loop runs through them; the JAX worker's process is the same
-throughout. A sample's bad image fails the same way; an `image_asset_pointer` chunk is refused by name; chat
-completions refuse a remote image URL by name. One stack, a few steps."""
+model (`make-tiny-model --family qwen3_5 --vision`): a datum with an image trains (its loss falls over 5 steps, and
+`forward` scores it); an `expected_tokens` that disagrees, a truncated png, a 40-megapixel image and a text file
+named .png each fail their own future as a `user` error naming the field or the limit, while another tenant's
+forward_backward loop runs through them; the JAX worker's process is the same throughout. A sample's bad image fails
+the same way and a good one is refused plainly (sampling with images is not served yet); an `image_asset_pointer`
+chunk is refused by name; chat completions refuse a remote image URL by name. One stack, a few steps."""
 
 from __future__ import annotations
 
@@ -122,8 +123,6 @@ def test_bad_images_are_user_errors_while_another_tenant_trains(stack):
         assert where + f"image is 8000x5000 pixels, over the limit of {MAX_IMAGE_PIXELS} pixels" in err
         err = fb(types.ImageChunk(data=b"notes.txt, renamed notes.png\n" * 20, format="png", expected_tokens=15))
         assert where + "image data is not a valid png image" in err
-        # A good image is refused plainly, never dropped, while the engine does not run the tower.
-        assert "does not run it yet" in fb(types.ImageChunk(data=png, format="png", expected_tokens=15))
         # Every refusal consumed its place in the sequence: the same client trains right after.
         out = mine.forward_backward([_text_datum()], "cross_entropy").result(timeout=TIMEOUT_S)
         assert np.isfinite(out.metrics["loss:sum"])
@@ -137,6 +136,11 @@ def test_bad_images_are_user_errors_while_another_tenant_trains(stack):
         )
         err = _user_error(sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)))
         assert "sample: prompt: chunks[1]: expected_tokens=9 but the image becomes 15 tokens" in err
+        good = types.ModelInput(
+            chunks=[*prompt.chunks[:1], types.ImageChunk(data=png, format="png", expected_tokens=15)]
+        )
+        err = _user_error(sampler.sample(good, 1, types.SamplingParams(max_tokens=2)))
+        assert "sampling with images is not served yet" in err  # refused plainly, never dropped
         pointer = types.ModelInput(
             chunks=[types.ImageAssetPointerChunk(format="png", location="s3://bucket/cat.png", expected_tokens=15)]
         )
@@ -165,3 +169,31 @@ def test_chat_completions_refuse_a_remote_image_url_by_name(stack):
     assert "this service does not fetch images" in chat("https://example.com/cat.png")["message"]
     truncated = "data:image/png;base64," + base64.b64encode(_png()[:300]).decode()
     assert "image data is not a valid png image" in chat(truncated)["message"]
+
+
+def test_a_datum_with_an_image_trains(stack):
+    """The image's 15 placeholder positions sit between text; the weighted targets are the text after it, so the
+    loss reads the tower's features through attention. Five AdamW steps lower it; `forward` answers one logprob per
+    position, the image's included."""
+    service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
+    client = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
+    image = types.ImageChunk(data=_png(), format="png", expected_tokens=15)
+    before, after = TOKENS[:4], TOKENS[4:]
+    chunks: list[Any] = [types.EncodedTextChunk(tokens=before), image, types.EncodedTextChunk(tokens=after[:-1])]
+    n = len(before) + 15 + len(after) - 1
+    targets = [0] * (len(before) + 15 - 1) + after
+    weights = [0.0] * (len(before) + 15 - 1) + [1.0] * len(after)
+    datum = types.Datum(
+        model_input=types.ModelInput(chunks=chunks),
+        loss_fn_inputs={"target_tokens": _tensor(targets, np.int64), "weights": _tensor(weights)},
+    )
+    assert datum.model_input.length == n == len(targets)
+    losses = []
+    for _ in range(5):
+        out = client.forward_backward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
+        losses.append(out.metrics["loss:sum"])
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT_S)
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0] * 0.8, losses
+    scored = client.forward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
+    assert len(scored.loss_fn_outputs[0]["logprobs"].tolist()) == n
+    assert scored.metrics["loss:sum"] < losses[0]

@@ -187,6 +187,7 @@ def test_followers_refuse_what_the_leader_never_sends(command):
 def test_commands_unpickle_only_engine_types_and_numpy():
     from pathlib import PurePosixPath
 
+    from tinkerflow.common.images import ProcessedImage
     from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, SlotState
 
     ok = (
@@ -195,7 +196,13 @@ def test_commands_unpickle_only_engine_types_and_numpy():
         (
             ForwardBackwardInput(
                 slot=1,
-                data=[Datum(np.arange(3, dtype=np.int32), {"weights": np.ones(3, np.float32)})],
+                data=[
+                    Datum(
+                        np.arange(3, dtype=np.int32),
+                        {"weights": np.ones(3, np.float32)},
+                        images=(ProcessedImage(np.zeros((4, 6), np.float32), (1, 2, 2), 2),),
+                    )
+                ],
                 loss_fn="ppo",
                 loss_fn_config={"clip": 0.2},
             ),
@@ -208,6 +215,7 @@ def test_commands_unpickle_only_engine_types_and_numpy():
     )
     back = multihost.loads(multihost.dumps(ok))
     assert back[2][0].data[0].inputs["weights"].dtype == np.float32 and back[2][1].step == 3
+    assert back[2][0].data[0].images[0].grid == (1, 2, 2)  # a datum's images reach every host
     with pytest.raises(pickle.UnpicklingError, match=r"(os|posix)\.system"):
         multihost.loads(pickle.dumps(("call", "x", (os.system,), {})))
     with pytest.raises(pickle.UnpicklingError, match=r"subprocess\.Popen"):

@@ -4,12 +4,13 @@ device-memory plan that sizes them all (`EngineParts`, which `engine.Engine` ext
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Self
 
 from .model.dtypes import base_dtype, weight_dtype
-from .model.families import ModelConfig
+from .model.families import ModelConfig, family_named
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .model.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
@@ -75,6 +76,9 @@ class EngineParts:
         self.adapter_page_bytes, self.page_capacity = self._pager.page_bytes, self._pager.capacity
         self._sampler_snapshots.attach_pages(self.pages)
         self._steps = StepFunctions(self._graphdef, self._layout, gradient_checkpointing=gradient_checkpointing)
+        image_batch = family_named(self.config.arch).image_batch
+        if info.image_token_id is not None and image_batch is not None:  # the model holds a vision tower
+            self._steps.image_batch = functools.partial(image_batch, self.config)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
         self._sampler.prefix_tokens = max(0, prefix_cache_tokens) // BLOCK * BLOCK
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
@@ -175,6 +179,7 @@ class EngineParts:
             eos_token_ids=eos_token_ids(path, loaded.hf_config, tokenizer),
             num_layers=cfg.num_layers,
             hidden_size=cfg.hidden_size,
+            image_token_id=image_token_id(cfg),
         )
         mesh_shape = dict(loaded.placement.mesh.shape) if loaded.placement is not None else {}
         log.info(
@@ -237,8 +242,14 @@ class EngineParts:
             max_position_embeddings=cfg.max_position_embeddings,
             num_layers=cfg.num_layers,
             hidden_size=cfg.hidden_size,
+            image_token_id=image_token_id(cfg),
         )
         options.setdefault("micro_batch_tokens", DEFAULT_MICRO_BATCH_TOKENS)
         return cls(
             "random", loaded, None, info, max_lora_adapters=max_lora_adapters, max_lora_rank=max_lora_rank, **options
         )
+
+
+def image_token_id(config: ModelConfig) -> int | None:
+    """The image placeholder token of a config whose model holds a vision tower (a family's own field), else None."""
+    return getattr(config, "image_token_id", None)

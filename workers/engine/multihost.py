@@ -177,11 +177,11 @@ class _CommandUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         numpy = module == "numpy" or module.startswith("numpy.")
-        if module == engine_types.__name__ and not name.startswith("_"):
-            value = getattr(engine_types, name, None)
-            if isinstance(value, type):
-                return value
-        elif (
+        value = None if name.startswith("_") else getattr(engine_types, name, None)
+        # the engine's types, and those it takes from the common floor under their own module (ProcessedImage)
+        if isinstance(value, type) and module in (engine_types.__name__, value.__module__):
+            return value
+        if (
             (numpy and (name in _ALLOWED_NUMPY or module == "numpy.dtypes"))
             or (module == "builtins" and name in _ALLOWED_BUILTINS)
             or (module == "pathlib" and name in _ALLOWED_PATHLIB)

@@ -73,3 +73,19 @@ STATE_EVERY = 4
 def state_slots(blocks: int) -> int:
     """The state snapshots a recurrent model's pool of `blocks` blocks keeps."""
     return max(1, blocks // STATE_EVERY)
+
+
+# A batch's image patches (all its images side by side for the vision tower) are padded to 256 x 4^k rows, so the
+# tower's programs are a few per row bucket whatever the images' sizes (a 1024 x 1024 image at patch 16 is 4,096).
+MIN_IMAGE_PATCHES = 256
+
+
+def image_patch_len(n: int, merge_unit: int = 4) -> int:
+    """The padded patch count of a batch whose images have `n` patches: 256 x 4^k, at least n (a multiple of
+    `merge_unit`, the patches one feature merges)."""
+    out = MIN_IMAGE_PATCHES
+    while out < n:
+        out *= 4
+    if out % merge_unit:
+        raise ValueError(f"patch bucket {out} is not a multiple of merge_unit={merge_unit}")
+    return out

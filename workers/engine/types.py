@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 
 from tinkerflow.common.errors import InputError  # noqa: F401  (the taxonomy's; raised by this name)
+from tinkerflow.common.images import ProcessedImage
 
 from .shape_buckets import round_up_pow4, train_seq_len
 
@@ -77,6 +78,9 @@ class Datum:
     # From the datum's provenance (loss_fn_input_spans): 1.0 on target positions that are sampled tokens
     # (a SampledProvenanceSpan covers them); None when the datum carries no provenance.
     sampled_mask: np.ndarray | None = None
+    # The datum's images in the order of their placeholder runs in `tokens` (each image is `image.tokens`
+    # consecutive ModelInfo.image_token_id tokens there): patch rows and grid as the model's image processor cut them.
+    images: tuple[ProcessedImage, ...] = ()
 
 
 @dataclass
@@ -150,6 +154,8 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     num_layers: int
     hidden_size: int
+    # The placeholder token an image's features take the place of; None: the model runs no vision tower.
+    image_token_id: int | None = None
 
 
 @dataclass(frozen=True)

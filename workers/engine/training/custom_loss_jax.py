@@ -180,7 +180,11 @@ def prepare(req: ForwardBackwardInput) -> Prepared:
             row.append(value.astype(np.float32) if value.dtype.kind == "f" else value.astype(np.int32))
         inputs.append(row)
         probes.append(
-            Datum(tokens=d.tokens, inputs={"target_tokens": targets, "weights": np.zeros(targets.shape, np.float32)})
+            Datum(
+                tokens=d.tokens,
+                inputs={"target_tokens": targets, "weights": np.zeros(targets.shape, np.float32)},
+                images=d.images,
+            )
         )
     probe = ForwardBackwardInput(slot=req.slot, data=probes, loss_fn="cross_entropy", forward_only=True)
     return Prepared(loss, inputs, probe)
@@ -204,7 +208,11 @@ def weighted(prep: Prepared, req: ForwardBackwardInput, logprobs: list[np.ndarra
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v
         data.append(
-            Datum(tokens=probe.tokens, inputs={"target_tokens": probe.inputs["target_tokens"], "weights": -grad})
+            Datum(
+                tokens=probe.tokens,
+                inputs={"target_tokens": probe.inputs["target_tokens"], "weights": -grad},
+                images=probe.images,
+            )
         )
     n = len(logprobs)
     metrics = {k: v / n if k.endswith(":mean") else v for k, v in sums.items()}

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from tinkerflow.common.images import MAX_IMAGES_PER_DATUM, ProcessedImage
+
 from ..types import Datum, ForwardBackwardInput, InputError
 from .losses import (
     LOSS_CONFIG_DEFAULTS,
@@ -147,7 +149,37 @@ def _seq_mask(i: int, d: Datum, loss_fn: str, n: int, adv: np.ndarray, check_len
     return np.zeros((n,), np.float32)
 
 
-def forward_backward_rows(req: ForwardBackwardInput, *, slot_scale: float, vocab: int, max_len: int) -> list[Row]:
+def datum_images(i: int, d: Datum, tokens: np.ndarray, image_token_id: int | None) -> tuple[ProcessedImage, ...]:
+    """The datum's images, checked against its placeholder tokens: each image's `tokens` consecutive
+    `image_token_id` tokens, in order, and no placeholder without its image. InputError naming the datum."""
+    images = tuple(d.images)
+    if image_token_id is None:
+        if images:
+            raise InputError(f"datum {i}: this base model has no vision tower: it takes text chunks only, not images")
+        return images
+    if len(images) > MAX_IMAGES_PER_DATUM:
+        raise InputError(f"datum {i}: {len(images)} images, over the limit of {MAX_IMAGES_PER_DATUM} per datum")
+    for j, image in enumerate(images):
+        if image.patches.ndim != 2 or len(image.patches) != math.prod(image.grid):
+            raise InputError(f"datum {i}: image {j} has patches {list(image.patches.shape)} for grid {image.grid}")
+    is_image = tokens == image_token_id
+    counts = [image.tokens for image in images]
+    if int(is_image.sum()) != sum(counts):
+        raise InputError(
+            f"datum {i}: model_input has {int(is_image.sum())} image placeholder tokens (id {image_token_id}) but "
+            f"its {len(images)} images become {sum(counts)}: send images as ImageChunks, not their placeholder token"
+        )
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], is_image.astype(np.int8), [0]])))
+    runs = np.cumsum(edges[1::2] - edges[::2]).tolist()
+    if not set(runs) <= set(np.cumsum(counts).tolist()):
+        raise InputError(f"datum {i}: an image's placeholder tokens (id {image_token_id}) are not one consecutive run")
+    return images
+
+
+def forward_backward_rows(
+    req: ForwardBackwardInput, *, slot_scale: float, vocab: int, max_len: int, image_token_id: int | None = None
+) -> list[Row]:
+    """The request's datums as Rows; `image_token_id` None: the model takes no images."""
     cfg = loss_config(req.loss_fn, req.loss_fn_config)
     if not req.data:
         raise InputError("forward_backward needs at least one datum")
@@ -173,6 +205,7 @@ def forward_backward_rows(req: ForwardBackwardInput, *, slot_scale: float, vocab
                 slot=req.slot,
                 scale=slot_scale,
                 train=not req.forward_only,
+                images=datum_images(i, d, tokens, image_token_id),
             )
         )
     return rows

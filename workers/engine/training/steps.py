@@ -9,6 +9,11 @@ datums of different requests and losses share a row; a datum's numbers do not de
 Padding tokens have segment 0, mask 0 and train 0: they contribute exactly zero loss and gradient. Micro-batches are
 cut by a token budget; gradients are sums, so accumulating micro-batches equals the full batch.
 
+Images (a vision-language model's datums): a datum's images stay in its own segment, as its tokens do, so datums
+with and without images pack together. A micro-batch with images carries them as the family's image batch
+(`StepFunctions.image_batch`: the patches padded to a bucket, the tower's per-patch inputs, the 3-D positions), and
+its program is compiled per patch bucket besides (rows, length); a text-only micro-batch's program is unchanged.
+
 Long rows: gradient checkpointing turns on for a micro-batch of at least `remat_min_tokens` tokens (set from the
 device-memory plan), and the loss reads the vocabulary in chunks (logprobs.py), so activation memory grows linearly
 in length and never holds [tokens, vocab] logits.
@@ -24,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from tinkerflow.common.images import ProcessedImage
 
 from ..model.attention import Segments, single_segment_matters
 from ..model.logprobs import chunk_tokens, target_logprobs
@@ -47,6 +54,7 @@ class TrainBatch:
     routing: LoraRouting  # per row: every datum of a row is of one slot
     loss: LossInputs
     train: jax.Array  # float32 [B, T]: 1 where the token's gradient is accumulated (not forward_only, not padding)
+    images: Any = None  # the family's image batch (None: no datum of the micro-batch has an image)
 
 
 @dataclass
@@ -66,6 +74,7 @@ class Row:
     slot: int
     scale: float
     train: bool
+    images: tuple[ProcessedImage, ...] = ()  # in the order of their placeholder runs in `tokens`
 
 
 @dataclass
@@ -84,8 +93,21 @@ class MicroBatch:
     single: bool = field(default=False)  # every row holds one datum (a fused single-segment kernel may apply)
 
 
-def pack(rows: list[Row], packed: list[list[int]], batch: int, seq: int, k: int, *, single: bool = False) -> TrainBatch:
-    """Lay out `packed` (datum indices per row) as one [batch, seq] bucket in numpy (the jit call moves it)."""
+ImageBatcher = Callable[[np.ndarray, np.ndarray, list[ProcessedImage]], Any]
+
+
+def pack(
+    rows: list[Row],
+    packed: list[list[int]],
+    batch: int,
+    seq: int,
+    k: int,
+    *,
+    single: bool = False,
+    image_batch: ImageBatcher | None = None,
+) -> TrainBatch:
+    """Lay out `packed` (datum indices per row) as one [batch, seq] bucket in numpy (the jit call moves it);
+    `image_batch` lays out the images of its datums (tokens, segments, images in placeholder order)."""
     tokens = np.zeros((batch, seq), np.int32)
     positions = np.zeros((batch, seq), np.int32)
     segments = np.zeros((batch, seq), np.int32)
@@ -123,6 +145,10 @@ def pack(rows: list[Row], packed: list[list[int]], batch: int, seq: int, k: int,
         if members:
             slots[b], scales[b] = rows[members[0]].slot, rows[members[0]].scale
     mask, old_lp, adv, seq_mask, lo, hi, beta, train = per_token
+    images = [image for members in packed for i in members for image in rows[i].images]  # row-major, as placed
+    if images and image_batch is None:
+        raise ValueError("a datum has images but this model takes none")
+    image_inputs = image_batch(tokens, segments, images) if images and image_batch is not None else None
     # numpy leaves (host side, see the docstring): the jit call moves them; the fields name the traced type.
     return TrainBatch(
         tokens=tokens,  # pyright: ignore[reportArgumentType]
@@ -143,6 +169,7 @@ def pack(rows: list[Row], packed: list[list[int]], batch: int, seq: int, k: int,
             segments=segments,  # pyright: ignore[reportArgumentType]
         ),
         train=train,  # pyright: ignore[reportArgumentType]
+        images=image_inputs,
     )
 
 
@@ -208,7 +235,8 @@ def plan_micro_batches(
 def _forward(graphdef: nnx.GraphDef, lora: Any, base: Any, batch: TrainBatch, remat: bool):
     model = nnx.merge(graphdef, lora, base)
     b = batch.tokens.shape[0]
-    h, _ = model.hidden(batch.tokens, batch.positions, batch.routing, segments=batch.segments, remat=remat)
+    images = {} if batch.images is None else {"images": batch.images}  # only a vision-language model takes them
+    h, _ = model.hidden(batch.tokens, batch.positions, batch.routing, segments=batch.segments, remat=remat, **images)
     chunk = chunk_tokens(b, model.config.vocab_size)
     target_lp = target_logprobs(model, h, batch.targets, batch.routing, chunk)  # [B, T, K]
     per_token = token_losses(target_lp, batch.loss)
@@ -236,6 +264,8 @@ class StepFunctions:
         # Micro-batches of at least this many tokens recompute each layer in the backward pass instead of keeping
         # its activations (the device-memory plan sets it; 0 with --gradient-checkpointing: always).
         self.remat_min_tokens = 0 if gradient_checkpointing else DEFAULT_REMAT_MIN_TOKENS
+        # The family's image layout for this model (Family.image_batch with its config); None: it takes no images.
+        self.image_batch: ImageBatcher | None = None
 
         def grad_step(lora, base, acc, batch, *, remat: bool):
             grad_fn = jax.value_and_grad(lambda lo: _forward(graphdef, lo, base, batch, remat), has_aux=True)
@@ -274,7 +304,8 @@ DEFAULT_REMAT_MIN_TOKENS = 8192
 
 def _label(batch: TrainBatch, remat: bool) -> str:
     b, t, k = batch.targets.shape
-    return f"batch={b} seq={t}" + (f" k={k}" if k > 1 else "") + (" remat" if remat else "")
+    patches = f" patches={batch.images.patches.shape[0]}" if batch.images is not None else ""
+    return f"batch={b} seq={t}" + (f" k={k}" if k > 1 else "") + patches + (" remat" if remat else "")
 
 
 class DoesNotFit(Exception):
@@ -306,7 +337,15 @@ def run_rows(
     for plan in plan_micro_batches(
         rows, token_budget, steps.warmed_seqs, steps.pack_tokens, steps.warmed_rows, steps.max_seq
     ):
-        batch = pack(rows, plan.packed, steps.placement.round_rows(plan.rows), plan.seq, k, single=plan.single)
+        batch = pack(
+            rows,
+            plan.packed,
+            steps.placement.round_rows(plan.rows),
+            plan.seq,
+            k,
+            single=plan.single,
+            image_batch=steps.image_batch,
+        )
         batch = steps.placement.put_batch(batch)
         train = any(rows[i].train for members in plan.packed for i in members)
         if room is not None:

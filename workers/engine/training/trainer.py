@@ -59,6 +59,7 @@ def forward_backward(
                 slot_scale=slots.scale(req.slot),
                 vocab=info.vocab_size,
                 max_len=info.max_position_embeddings,
+                image_token_id=info.image_token_id,
             )
             for i, row in enumerate(new):
                 if memory is not None and len(row.tokens) > memory.max_train_tokens:

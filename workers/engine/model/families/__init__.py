@@ -26,7 +26,7 @@ import functools
 import importlib
 import math
 import pkgutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -242,6 +242,9 @@ class Family:
     # The sampler's slot cache of a family with "recurrent" layers (e.g. the family's cache.py module); None: every
     # layer caches keys and values in decoder.LayerCache.
     state_cache: StateCache | None = None
+    # A vision-language family's training images: (config, laid-out tokens [B, T], segments [B, T], the images in
+    # placeholder order) -> what its causal LM's `hidden(..., images=)` takes. None: the family takes no images.
+    image_batch: Callable[[ModelConfig, np.ndarray, np.ndarray, Sequence[Any]], Any] | None = None
 
 
 @functools.cache

@@ -1,9 +1,9 @@
 """Qwen3.5's checkpoint names, in both layouts transformers 5.23 saves: `*ForCausalLM` (`model.layers.*`,
 `model.embed_tokens`, `model.norm`, `lm_head`) and `*ForConditionalGeneration` (the same under
 `model.language_model.*`, with the vision tower `model.visual.*` beside it). Published Qwen3.5 checkpoints also carry
-`mtp.*`, the multi-token-prediction layers. Neither the vision tower nor the MTP layers are built (the engine trains
-and samples the text model, and MTP only drafts tokens for speculative decoding), so their tensors are skipped, with
-one INFO line saying so.
+`mtp.*`, the multi-token-prediction layers. A composite checkpoint's tower is loaded beside the text model (under
+`visual`, by vision_checkpoint.py's names) when its config.json has a `vision_config`; the MTP layers are not built
+(MTP only drafts tokens for speculative decoding), so their tensors are skipped, with one INFO line saying so.
 
 Our module tree mirrors transformers' (model.py), so a layer tensor `model.layers.3.linear_attn.in_proj_qkv.weight`
 [out, in] is the state leaf `layers.3.linear_attn.in_proj_qkv.kernel` [in, out]; norms, `A_log` and `dt_bias` keep
@@ -21,6 +21,9 @@ import numpy as np
 
 from .. import ModelConfig, StatePath
 from ..qwen3_moe.checkpoint import ExpertNames
+from .config import Qwen35Config
+from .vision_checkpoint import PREFIX as VISION_PREFIX
+from .vision_checkpoint import VisionNames
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +46,17 @@ class Qwen35Names(ExpertNames):
         super().__init__(config)
         self.convs: dict[StatePath, np.ndarray] = {}
         self.skipped: dict[str, int] = {}
+        has_tower = isinstance(config, Qwen35Config) and config.vision is not None
+        self.vision = VisionNames() if has_tower else None
 
     def state_path(self, name: str) -> tuple[StatePath, bool] | None:
+        if self.vision is not None and name.startswith(VISION_PREFIX):
+            return self.vision.state_path(name)
         part = next((p for p in _NOT_BUILT if name.startswith(p)), None)
         if part is not None:
             if part not in self.skipped:
                 log.info(
-                    "not loading %s of this checkpoint (%s*): the engine serves the text model only",
+                    "not loading %s of this checkpoint (%s*): the engine does not build them",
                     _NOT_BUILT[part],
                     part,
                 )
@@ -67,6 +74,8 @@ class Qwen35Names(ExpertNames):
         return ("layers", layer, *module, "kernel"), True
 
     def gather(self, name: str, read: Callable[[], np.ndarray]) -> bool:
+        if self.vision is not None and self.vision.gather(name, read):
+            return True
         name = text_name(name)
         m = _LAYER.match(name)
         if m is not None and m.group(2).endswith("conv1d"):
@@ -80,3 +89,5 @@ class Qwen35Names(ExpertNames):
     def gathered(self) -> Iterator[tuple[StatePath, np.ndarray]]:
         yield from self.convs.items()
         yield from super().gathered()
+        if self.vision is not None:
+            yield from self.vision.gathered()

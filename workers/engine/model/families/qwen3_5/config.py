@@ -3,8 +3,10 @@ experts, rope tables) plus what the hybrid layers add: which mixer each layer ru
 partial rotary fraction and the shared expert's width.
 
 Read from transformers' `Qwen3_5Config` / `Qwen3_5MoeConfig` (`qwen3_5`, `qwen3_5_moe`, whose text settings sit under
-`text_config`) or their text configs (`qwen3_5_text`, `qwen3_5_moe_text`). Text only: the vision tower is not
-built. Text positions are the same on mrope's three axes, so mrope reduces to plain rope on the rotary dims.
+`text_config`) or their text configs (`qwen3_5_text`, `qwen3_5_moe_text`). A composite config's `vision_config` gives
+`vision` (the tower the causal LM then holds, vision.py), with the image placeholder token and mrope's sections.
+Text positions are the same on mrope's three axes, so for text mrope reduces to plain rope on the rotary dims; a
+datum with images takes the 3-D positions of vision_merge.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from .. import ModelConfig
+from .vision_config import VisionConfig
+from .vision_merge import mrope_section
 
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 _ARCH = {
@@ -35,6 +39,11 @@ class Qwen35Config(ModelConfig):
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 4
     shared_expert_intermediate_size: int = 0
+    # A vision-language checkpoint's tower, the token its image features replace, and mrope's rotary frequencies per
+    # axis (temporal, height, width); None / unused for a text model.
+    vision: VisionConfig | None = None
+    image_token_id: int | None = None
+    mrope_section: tuple[int, int, int] = (11, 11, 10)
 
     def __post_init__(self) -> None:
         ModelConfig.__post_init__(self)  # (zero-argument super() does not reach a slots dataclass's parent)
@@ -53,6 +62,8 @@ class Qwen35Config(ModelConfig):
                 f"partial_rotary_factor={self.partial_rotary_factor} x head_dim={self.head_dim} must give an even "
                 f"rotary width in (0, head_dim]"
             )
+        if self.vision is not None and self.image_token_id is None:
+            raise ValueError("a config with a vision_config needs image_token_id")
 
     @property
     def rotary_dim(self) -> int:
@@ -104,6 +115,11 @@ class Qwen35Config(ModelConfig):
         if experts and not 1 <= top_k <= experts:
             raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={experts}]")
         num_heads = int(text["num_attention_heads"])
+        vision = VisionConfig.from_hf(hf) if hf.get("vision_config") else None
+        if vision is not None and vision.out_hidden_size != int(text["hidden_size"]):
+            raise ValueError(
+                f"vision_config.out_hidden_size={vision.out_hidden_size} != text hidden_size={text['hidden_size']}"
+            )
         return cls(
             arch=arch,
             vocab_size=int(text["vocab_size"]),
@@ -131,4 +147,7 @@ class Qwen35Config(ModelConfig):
             linear_value_head_dim=int(text["linear_value_head_dim"]),
             linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
             shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0) if experts else 0,
+            vision=vision,
+            image_token_id=int(hf["image_token_id"]) if vision is not None and "image_token_id" in hf else None,
+            mrope_section=mrope_section(hf),
         )

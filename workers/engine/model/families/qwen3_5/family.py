@@ -15,6 +15,7 @@ from .config import LINEAR_ATTENTION, Qwen35Config
 from .model import LORA_KINDS, CausalLM
 from .tiny import TINY
 from .tiny_vision import TINY_VISION
+from .vision_batch import image_batch
 
 LORA_TARGETS: dict[str, ModuleKind] = {**DECODER_TARGETS, **LORA_KINDS}
 # The chunk length of gated_delta.chunk_gated_delta_rule as the model calls it (its default).
@@ -101,6 +102,7 @@ def family(name: str, tiny: Any, tiny_vision: Any = None) -> Family:
         tiny_vision=tiny_vision,
         causal_lm=CausalLM,
         state_cache=cache,
+        image_batch=image_batch,
     )
 
 

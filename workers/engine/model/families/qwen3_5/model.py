@@ -8,6 +8,11 @@ layers, the final `norm` and `lm_head` (the engine's embedding and LM head, tied
 applied to the tied lookup too, as decoder.CausalLM), so state paths read as the checkpoint's names
 (`layers.0.linear_attn.in_proj_qkv.kernel` for `model.layers.0.linear_attn.in_proj_qkv.weight`).
 
+A vision-language checkpoint's model also holds the vision tower (`visual`, vision.py; plain weights, no LoRA): a
+training batch with images (vision_batch.ImageBatch) runs the tower over them, its features take the place of the
+image placeholder tokens' embeddings, and the full-attention layers turn with the 3-D multimodal positions
+(vision_merge.py). Without images the call is the text model's, unchanged.
+
 The layers are a per-layer list (as decoder.py's MoE models): the two mixers hold different parameters, so one
 scanned body cannot run every layer; stacking each kind's layers for a scan is left to the engine's integration.
 """
@@ -30,6 +35,9 @@ from .config import LINEAR_ATTENTION, Qwen35Config
 from .layers import MLP, GatedAttention, KVView, ZeroCenteredRMSNorm
 from .linear_attention import GatedDeltaNet, LinearAttentionState
 from .sparse_moe import SparseMoeBlock
+from .vision import VisionModel
+from .vision_batch import ImageBatch
+from .vision_merge import mrope_tables, placeholders, scatter_features
 
 # The LoRA module groups (train_attn / train_mlp) of the linears Qwen3.5 adds to those `lora.module_kind` knows.
 LORA_KINDS: dict[str, ModuleKind] = {
@@ -118,6 +126,7 @@ class CausalLM(nnx.Module):
         self.layers = nnx.List([DecoderLayer(config, kind, **kw) for kind in config.layer_types])
         self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = LMHead(config, max_adapters=max_adapters, max_rank=max_rank, param_dtype=param_dtype)
+        self.visual = VisionModel(config.vision, param_dtype) if config.vision is not None else None
 
     @property
     def dtype(self):
@@ -133,6 +142,7 @@ class CausalLM(nnx.Module):
         segments: Segments | None = None,
         *,
         remat: bool | None = None,
+        images: ImageBatch | None = None,
     ) -> tuple[jax.Array, HybridCache | HybridRowCache | None]:
         """Final-norm hidden states [B, T, hidden] for tokens [B, T] at `positions` [B, T] (restarting at each packed
         datum), and the cache after them when one is given. `segments`: which datum each token belongs to (None: one
@@ -142,13 +152,19 @@ class CausalLM(nnx.Module):
         With `cache` (cache.py), each row continues what its slot holds: full-attention layers write their keys
         and values at `positions` and read the slot's earlier ones; linear layers continue the slot's state (zero
         for a `fresh` row) over the row's real tokens (`lengths` of a row view; a whole cache's call is one
-        decode token per slot) and leave the state after the last of them."""
+        decode token per slot) and leave the state after the last of them.
+
+        `images` (a training batch's, without a cache): the tower's features replace the placeholders' embeddings
+        and its 3-D positions give the rope (`positions` then only matter where they equal them: text)."""
         remat = self.remat if remat is None else remat
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
+        if images is None:
+            rope = rope_tables(self.config, positions)
+        else:
+            x, rope = self._with_images(tokens, x, images)
         x = constrain(x, self.act_sharding)
-        rope = rope_tables(self.config, positions)
         if cache is None:
             for layer in self.layers:
                 x = (
@@ -172,6 +188,18 @@ class CausalLM(nnx.Module):
                 assert isinstance(kv, KVView)
                 cache = cache._replace(k=kv.k, v=kv.v)
         return self.norm(x), cache
+
+    def _with_images(
+        self, tokens: jax.Array, x: jax.Array, images: ImageBatch
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """The embeddings with the images' features at their placeholders, and the multimodal rope tables."""
+        config = self.config
+        if self.visual is None or config.image_token_id is None:
+            raise ValueError(f"{config.arch}: this checkpoint has no vision tower, so it takes no images")
+        features, _ = self.visual(images.patches, images.vision)  # Qwen3.5 has no DeepStack features
+        mask, index = placeholders(tokens, config.image_token_id)
+        x = scatter_features(x, mask, index, features)
+        return x, mrope_tables(jnp.moveaxis(images.positions, -1, 0), config.inv_freq(), config.mrope_section)
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
         return self.lm_head(h, self.embed_tokens, routing)

@@ -12,7 +12,7 @@ with `start` the position after the text before it; the text after the image con
 merge. Text tokens have the same position on all three axes, so a text-only row's positions are 0, 1, 2, ... and
 its rope is the text model's plain rope.
 
-How the causal LM calls it (model.py's `hidden`, once images are wired in; this module does not touch it):
+How the causal LM calls it (model.py's `hidden` with a vision_batch.ImageBatch; the host half is vision_batch.py):
 
     mrope, delta = rope_index(tokens, grids, image_token_id=..., merge_size=..., segment_ids=...)   # host, numpy
     features, deepstack = vision_model(patches, vision_inputs(grids, vision_config, length))          # jitted
