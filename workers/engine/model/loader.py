@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from .decoder import build_causal_lm
+from .decoder import CausalLM, build_causal_lm
 from .families import ModelConfig, StatePath, family_named
 from .sharding import DeviceLayout
 
@@ -148,18 +148,14 @@ def load_model(
     config = ModelConfig.from_hf(hf_config)
     placement = DeviceLayout(mesh, config) if mesh is not None else None
     names = family_named(config.arch).checkpoint_names(config)
-    act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
-    abstract = nnx.eval_shape(
-        lambda: build_causal_lm(
-            config,
-            max_adapters=max_adapters,
-            max_rank=max_rank,
-            rngs=nnx.Rngs(0),
-            param_dtype=dtype,
-            remat=remat,
-            act_sharding=act_sharding,
-            scan_layers=scan_layers,
-        )
+    abstract = _abstract_model(
+        config,
+        placement,
+        max_adapters=max_adapters,
+        max_rank=max_rank,
+        dtype=dtype,
+        remat=remat,
+        scan_layers=scan_layers,
     )
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
@@ -249,17 +245,14 @@ def random_model(
     benchmarks and device checks (writing a 16 GB Qwen3-8B checkpoint first would cost minutes)."""
     config = ModelConfig.from_hf(hf_config)
     placement = DeviceLayout(mesh, config) if mesh is not None else None
-    act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
-    abstract = nnx.eval_shape(
-        lambda: build_causal_lm(
-            config,
-            max_adapters=max_adapters,
-            max_rank=max_rank,
-            rngs=nnx.Rngs(0),
-            param_dtype=dtype,
-            act_sharding=act_sharding,
-            scan_layers=scan_layers,
-        )
+    abstract = _abstract_model(
+        config,
+        placement,
+        max_adapters=max_adapters,
+        max_rank=max_rank,
+        dtype=dtype,
+        remat=False,
+        scan_layers=scan_layers,
     )
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
@@ -279,6 +272,33 @@ def random_model(
         shardings = placement.param_shardings(lora)
         lora = jax.tree.map(lambda s, sh: jnp.zeros(s.shape, s.dtype, device=sh), lora, shardings)
     return LoadedModel(config=config, hf_config=hf_config, graphdef=graphdef, lora=lora, base=base, placement=placement)
+
+
+def _abstract_model(
+    config: ModelConfig,
+    placement: DeviceLayout | None,
+    *,
+    max_adapters: int,
+    max_rank: int,
+    dtype: Any,
+    remat: bool,
+    scan_layers: bool,
+) -> CausalLM:
+    """The model's shapes without its arrays (nnx.eval_shape), hidden states pinned to the fsdp batch layout on a
+    mesh of more than one device: what both a checkpoint and random weights fill."""
+    act_sharding = placement.batch_sharding(3) if placement is not None and placement.mesh.size > 1 else None
+    return nnx.eval_shape(
+        lambda: build_causal_lm(
+            config,
+            max_adapters=max_adapters,
+            max_rank=max_rank,
+            rngs=nnx.Rngs(0),
+            param_dtype=dtype,
+            remat=remat,
+            act_sharding=act_sharding,
+            scan_layers=scan_layers,
+        )
+    )
 
 
 class _LayerStacks:
