@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from qwen3_5_reference import VOCAB, hf_model, lora_modules, our_model, text_config
+from sample_rows import sample_row
 
 from tinkerflow.workers.engine.model import slot_cache
 from tinkerflow.workers.engine.model.lora import LoraRouting
@@ -80,19 +81,13 @@ def _rows(n: int, seed: int, shared: np.ndarray | None = None) -> list[SampleRow
         if shared is not None:
             prompt = np.concatenate([shared, prompt])
         rows.append(
-            SampleRow(
-                prompt=prompt,
+            sample_row(
+                prompt,
                 max_tokens=int(rng.integers(1, 12)),
-                temperature=1.0,
-                top_k=-1,
-                top_p=1.0,
                 seed=(seed, i),
-                sample_index=0,
-                stop_ids=[],
                 adapter=i % 2 - 1,
                 scale=SCALE,
                 cache_namespace=None if shared is None else ("shared", seed, i % 2),
-                needs_from=len(prompt) - 1,
             )
         )
     return rows
@@ -179,20 +174,7 @@ def test_a_row_pauses_its_prefill_at_the_boundary_it_snapshots():
     chunk prefills the rest. The same prompt again resumes there and computes only what follows."""
     index = PrefixIndex(blocks=32, states=4)
     prompt = np.arange(100, dtype=np.int32)
-    row = SampleRow(
-        prompt=prompt,
-        max_tokens=1,
-        temperature=1.0,
-        top_k=-1,
-        top_p=1.0,
-        seed=(0, 0),
-        sample_index=0,
-        stop_ids=[],
-        adapter=-1,
-        scale=1.0,
-        cache_namespace=("ns",),
-        needs_from=len(prompt) - 1,
-    )
+    row = sample_row(prompt)
     c, r, cache, slots, pool = 64, 2, 256, 8, 32
     adm = admission.plan([row], [0], [3], index)
     assert adm.pauses == [96] and adm.snaps[0] >= 0 and adm.resumes == [-1]

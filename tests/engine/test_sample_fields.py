@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sample_rows import sample_row
 
 from tinkerflow.workers.engine.sampling import admission
 from tinkerflow.workers.engine.sampling.prefix_cache import BLOCK, PrefixIndex
-from tinkerflow.workers.engine.sampling.rows import SampleRow
 from tinkerflow.workers.engine.types import Datum, ForwardBackwardInput, InputError, SampleInput
 
 PROMPT = np.array([5, 17, 42, 99, 3, 250, 7], np.int32)
@@ -172,24 +172,7 @@ def test_an_admission_is_chunks_of_one_length_from_where_each_row_starts_in_the_
     index = PrefixIndex(blocks=32)
     cached = np.arange(100, dtype=np.int32)
     index.plan_writes(("ns",), cached[: 2 * BLOCK + 1], [], set())  # blocks 0 and 1 of it are in the cache
-
-    def row(prompt: np.ndarray) -> SampleRow:
-        return SampleRow(
-            prompt=prompt,
-            max_tokens=1,
-            temperature=1.0,
-            top_k=-1,
-            top_p=1.0,
-            seed=(0, 0),
-            sample_index=0,
-            stop_ids=[],
-            adapter=-1,
-            scale=1.0,
-            cache_namespace=("ns",),
-            needs_from=len(prompt) - 1,
-        )
-
-    rows = [row(cached), row(np.arange(500, 520, dtype=np.int32))]
+    rows = [sample_row(cached), sample_row(np.arange(500, 520, dtype=np.int32))]
     adm = admission.plan(rows, [0, 1], [5, 6], index)
     assert adm.starts == [2 * BLOCK, 0] and adm.read[0] == [0, 1] and index.hits == 2 * BLOCK
     c, r, cache, slots, pool = 64, 2, 256, 8, 32
