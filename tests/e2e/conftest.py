@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from tests.conftest import ACCEPTANCE
 from tinkerflow.cli.launch import RunningStack, free_port, launch
 
 API_KEY = "tml-e2e-key"
+QWEN3_5_HUB_ID = "Qwen/Qwen3.5-4B"  # the id the Qwen3.5 stack serves its tiny local copy under
 OTHER_API_KEY = "tml-e2e-other"  # a second tenant on the same stack (tenant isolation tests)
 ADMIN_API_KEY = "tml-e2e-operator"  # the operator's key (--admin-api-key): every tenant's usage
 
@@ -40,6 +42,29 @@ def stack(tmp_path_factory, metrics_ports) -> Iterator[RunningStack]:
             *("--metrics-port", str(metrics_ports["jax-worker"]), "--up-metrics-port", str(metrics_ports["up"])),
         ],
     )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_model(tmp_path_factory) -> Path:
+    from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3_5") / "model", family="qwen3_5", progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_stack(tmp_path_factory, qwen3_5_model) -> Iterator[RunningStack]:
+    """The tiny Qwen3.5 served as QWEN3_5_HUB_ID (`--served-model-name`, a local copy named by its hub id) with an
+    empty Hugging Face cache, so nothing can be fetched: one stack for test_qwen3_5.py and the cookbook's recipes."""
+    root = tmp_path_factory.mktemp("e2e-qwen3_5")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_HUB_CACHE", str(root / "empty-hub"))  # the stack's environment, copied at its start
+        s = launch(
+            root / "state",
+            api_key=API_KEY,
+            extra=["--base-model", str(qwen3_5_model), "--served-model-name", QWEN3_5_HUB_ID, "--warm-up", "off"],
+        )
     yield s
     s.stop()
 

@@ -7,33 +7,13 @@ the hybrid state cache with the logprobs its `compute_logprobs` gives the same t
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import API_KEY
-from tinkerflow.cli.launch import RunningStack, launch
-from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
+from tests.e2e.conftest import QWEN3_5_HUB_ID as HUB_ID
 
 pytestmark = pytest.mark.e2e
-HUB_ID = "Qwen/Qwen3.5-4B"
 TOKENS = [5, 17, 42, 99, 3, 250, 7, 11, 64, 2, 9, 1500, 33]
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[tuple[RunningStack, object]]:
-    root = tmp_path_factory.mktemp("e2e-qwen3_5")
-    model = make_tiny_model(root / "tiny-qwen3_5", family="qwen3_5")
-    os.environ["HF_HUB_CACHE"] = str(root / "empty-hub")  # the stack inherits it: the hub id is never looked up
-    s = launch(
-        root / "state",
-        api_key=API_KEY,
-        extra=["--base-model", str(model), "--served-model-name", HUB_ID, "--warm-up", "off"],
-    )
-    yield s, model
-    s.stop()
 
 
 def _datum(tinker, tokens):
@@ -58,10 +38,10 @@ def _engine_logprobs(model) -> np.ndarray:
     return res.outputs[0]["logprobs"]
 
 
-def test_trains_under_the_hub_id_and_forward_equals_the_engine(stack):
+def test_trains_under_the_hub_id_and_forward_equals_the_engine(qwen3_5_stack, qwen3_5_model):
     import tinker
 
-    s, model = stack
+    s, model = qwen3_5_stack, qwen3_5_model
     client = tinker.ServiceClient(base_url=s.base_url, api_key=s.api_key)
     assert [m.model_name for m in client.get_server_capabilities().supported_models] == [HUB_ID]
     training = client.create_lora_training_client(base_model=HUB_ID, rank=8)
@@ -76,10 +56,10 @@ def test_trains_under_the_hub_id_and_forward_equals_the_engine(stack):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_samples_with_the_logprobs_compute_logprobs_gives(stack):
+def test_samples_with_the_logprobs_compute_logprobs_gives(qwen3_5_stack):
     import tinker
 
-    s, _ = stack
+    s = qwen3_5_stack
     client = tinker.ServiceClient(base_url=s.base_url, api_key=s.api_key)
     sampler = client.create_sampling_client(base_model=HUB_ID)
     params = tinker.SamplingParams(max_tokens=6, temperature=1.0, seed=5)
