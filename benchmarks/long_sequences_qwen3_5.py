@@ -117,24 +117,25 @@ def sdk_figures(model: Path, lengths: list[int], train_up_to: int) -> dict[int, 
         extra = ["--base-model", str(model), "--max-lora-adapters", "2", "--warm-up", "off"]
         stack = launch(Path(d) / "state", api_key=API_KEY, extra=extra)
         try:
-            service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
-            training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
-            sampler = training.save_weights_and_get_sampling_client().result()
+            # Closed before the stack stops: an open session would go on heartbeating a stopped service.
+            with tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY) as service:
+                training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
+                sampler = training.save_weights_and_get_sampling_client().result()
 
-            def fb(seed: int, n: int):
-                s = tokens(n + 1, seed).tolist()
-                datum = types.Datum(
-                    model_input=types.ModelInput.from_ints(s[:-1]),
-                    loss_fn_inputs={"target_tokens": s[1:]},  # pyright: ignore[reportArgumentType]
-                )
-                return training.forward_backward([datum], "cross_entropy").result()
+                def fb(seed: int, n: int):
+                    s = tokens(n + 1, seed).tolist()
+                    datum = types.Datum(
+                        model_input=types.ModelInput.from_ints(s[:-1]),
+                        loss_fn_inputs={"target_tokens": s[1:]},  # pyright: ignore[reportArgumentType]
+                    )
+                    return training.forward_backward([datum], "cross_entropy").result()
 
-            def sample(seed: int, n: int):
-                prompt = types.ModelInput.from_ints(tokens(n - 1, seed).tolist())
-                return sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1, seed=0)).result()
+                def sample(seed: int, n: int):
+                    prompt = types.ModelInput.from_ints(tokens(n - 1, seed).tolist())
+                    return sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1, seed=0)).result()
 
-            pid = stack.parts()["jax-worker"]["pid"]
-            return _measure(fb, sample, lengths, train_up_to, pid, f"sdk {model.name}")
+                pid = stack.parts()["jax-worker"]["pid"]
+                return _measure(fb, sample, lengths, train_up_to, pid, f"sdk {model.name}")
         finally:
             stack.stop()
 

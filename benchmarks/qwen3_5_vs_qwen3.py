@@ -62,29 +62,30 @@ def sdk_figures(model: Path, n_tokens: int, calls: int, repeats: int) -> dict[st
         extra = ["--base-model", str(model), "--max-lora-adapters", "2", "--warm-up", "off"]
         stack = launch(Path(d) / "state", api_key=API_KEY, extra=extra)
         try:
-            service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
-            training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
-            sampler = training.save_weights_and_get_sampling_client().result()
-            s = _datum_tokens(n_tokens, 0).tolist()
-            datum = types.Datum(
-                model_input=types.ModelInput.from_ints(s[:-1]),
-                loss_fn_inputs={"target_tokens": s[1:]},  # pyright: ignore[reportArgumentType]
-            )
-            params = types.SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, stop=[])
+            # Closed before the stack stops: an open session would go on heartbeating a stopped service.
+            with tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY) as service:
+                training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
+                sampler = training.save_weights_and_get_sampling_client().result()
+                s = _datum_tokens(n_tokens, 0).tolist()
+                datum = types.Datum(
+                    model_input=types.ModelInput.from_ints(s[:-1]),
+                    loss_fn_inputs={"target_tokens": s[1:]},  # pyright: ignore[reportArgumentType]
+                )
+                params = types.SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, stop=[])
 
-            def sample_round() -> None:
-                futures = [
-                    sampler.sample(types.ModelInput.from_ints(prompt_ids(i)), SAMPLES, params) for i in range(calls)
-                ]
-                for f in futures:
-                    f.result()
+                def sample_round() -> None:
+                    futures = [
+                        sampler.sample(types.ModelInput.from_ints(prompt_ids(i)), SAMPLES, params) for i in range(calls)
+                    ]
+                    for f in futures:
+                        f.result()
 
-            return {
-                "forward_backward": _timed(
-                    lambda: training.forward_backward([datum], "cross_entropy").result(), repeats
-                ),
-                "sample": _timed(sample_round, repeats),
-            }
+                return {
+                    "forward_backward": _timed(
+                        lambda: training.forward_backward([datum], "cross_entropy").result(), repeats
+                    ),
+                    "sample": _timed(sample_round, repeats),
+                }
         finally:
             stack.stop()
 
