@@ -7,7 +7,7 @@ import hashlib
 
 import numpy as np
 
-from tinkerflow.engine.sampling.prefix_cache import BLOCK, PrefixIndex
+from tinkerflow.workers.engine.sampling.prefix_cache import BLOCK, PrefixIndex
 
 
 def _digest(data: bytes) -> bytes:
