@@ -160,7 +160,9 @@ def plan(rows: list[SampleRow], chosen: list[int], slots: list[int], index: Pref
         if index is None or row.cache_namespace is None:
             cached.append([])
         else:
-            cached.append(index.lookup(row.cache_namespace, row.prompt, min(row.needs_from, len(row.prompt) - 1)))
+            cached.append(
+                index.lookup(row.cache_namespace, row.prompt, min(row.needs_from, len(row.prompt) - 1), row.image_spans)
+            )
     if index is not None:
         index.hits += sum(len(c) for c in cached) * BLOCK
     pinned = {b for c in cached for b in c}
@@ -168,7 +170,7 @@ def plan(rows: list[SampleRow], chosen: list[int], slots: list[int], index: Pref
     for i, c in zip(chosen, cached):
         row = rows[i]
         ok = index is not None and row.cache_namespace is not None
-        w = index.plan_writes(row.cache_namespace, row.prompt, c, pinned) if ok else []  # type: ignore[union-attr]
+        w = index.plan_writes(row.cache_namespace, row.prompt, c, pinned, row.image_spans) if ok else []  # type: ignore[union-attr]
         writes.append(w)
         recurrent = ok and index.states > 0  # type: ignore[union-attr]
         resumes.append(index.state_of(c[-1]) if recurrent and c else -1)  # type: ignore[union-attr]

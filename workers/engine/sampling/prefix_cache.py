@@ -15,6 +15,11 @@ tenant or other weights, so caching changes no number anyone sees. Blocks are ev
 every use touches a prompt's blocks from its last to its first, so a parent is always more recent than its children
 and the oldest block is always a leaf: evicting it never orphans another.
 
+A prompt with images holds placeholder tokens that are the same for every image of a grid size, so a block that
+holds any of an image's placeholders also keys on that image's digest (`ImageSpan`: the placeholders' token range
+and a digest of the image's bytes): the same tokens with another image never hit, and every block after it differs
+through its parent.
+
 A model with recurrent layers (Gated DeltaNet: `model/slot_cache.py`) resumes after a cached prefix only from each
 such layer's state at the prefix's end. The pool keeps those states too, as snapshots beside the blocks: a snapshot
 is the linear layers' (conv, recurrent) state after a block's last token, taken when an admission prefills up to
@@ -29,13 +34,16 @@ request, a longer next turn). When every state slot is taken, the least recently
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from ..shape_buckets import BLOCK, STATE_EVERY, state_slots
 
-__all__ = ["BLOCK", "STATE_EVERY", "PrefixIndex", "state_slots"]
+__all__ = ["BLOCK", "STATE_EVERY", "ImageSpan", "PrefixIndex", "state_slots"]
+
+ImageSpan = tuple[int, int, bytes]  # [start, end) of one image's placeholder tokens in the prompt, its bytes' digest
+BlockKey = tuple[Hashable, int, tuple[int, ...], tuple[bytes, ...]]  # namespace, parent, tokens, images' digests
 
 
 class PrefixIndex:
@@ -46,8 +54,8 @@ class PrefixIndex:
         self.states = states  # state-snapshot slots (0: a model of keys and values only, nothing to resume)
         self._state: dict[int, int] = {}  # block -> the state slot of its snapshot
         self._free_states = list(range(states - 1, -1, -1))
-        self._where: dict[tuple[Hashable, int, tuple[int, ...]], int] = {}  # (namespace, parent, tokens) -> block
-        self._key: dict[int, tuple[Hashable, int, tuple[int, ...]]] = {}  # block -> its key
+        self._where: dict[BlockKey, int] = {}  # (namespace, parent, tokens, image digests) -> block
+        self._key: dict[int, BlockKey] = {}  # block -> its key
         self._children: dict[int, int] = {}  # block -> how many cached blocks follow it
         self._lru: OrderedDict[int, None] = OrderedDict()  # used blocks, least recently used first
         self._free = list(range(blocks - 1, -1, -1))
@@ -57,13 +65,15 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._key)
 
-    def lookup(self, namespace: Hashable, prompt: np.ndarray, limit: int) -> list[int]:
+    def lookup(
+        self, namespace: Hashable, prompt: np.ndarray, limit: int, images: Sequence[ImageSpan] = ()
+    ) -> list[int]:
         """The pool blocks holding the longest cached run of `prompt`'s whole blocks, at most `limit` tokens' worth
         (the caller keeps the rest for itself: at least the last token, whose logits it samples from)."""
         found: list[int] = []
         parent = -1
         for b in range(min(len(prompt), max(0, limit)) // BLOCK):
-            block = self._where.get((namespace, parent, _tokens(prompt, b)))
+            block = self._where.get((namespace, parent, _tokens(prompt, b), _digests(images, b)))
             if block is None:
                 break
             found.append(block)
@@ -91,7 +101,14 @@ class PrefixIndex:
         self._state[block] = slot = self._free_states.pop()
         return slot
 
-    def plan_writes(self, namespace: Hashable, prompt: np.ndarray, cached: list[int], pinned: set[int]) -> list[int]:
+    def plan_writes(
+        self,
+        namespace: Hashable,
+        prompt: np.ndarray,
+        cached: list[int],
+        pinned: set[int],
+        images: Sequence[ImageSpan] = (),
+    ) -> list[int]:
         """Pool blocks to write `prompt`'s whole blocks after the `cached` ones into (one entry per block of the
         prompt from len(cached) on; -1 where nothing is written: no block could be freed without evicting a
         `pinned` one, which this admission reads). Registered now: the admission that writes them runs before any
@@ -100,7 +117,7 @@ class PrefixIndex:
         parent = cached[-1] if cached else -1
         chain = list(cached)
         for b in range(len(cached), len(prompt) // BLOCK):
-            key = (namespace, parent, _tokens(prompt, b))
+            key = (namespace, parent, _tokens(prompt, b), _digests(images, b))
             block = self._where.get(key)
             if block is not None:  # another row of this admission writes it: written once, read next time
                 out.append(-1)
@@ -146,3 +163,9 @@ class PrefixIndex:
 
 def _tokens(prompt: np.ndarray, b: int) -> tuple[int, ...]:
     return tuple(int(t) for t in prompt[b * BLOCK : (b + 1) * BLOCK])
+
+
+def _digests(images: Sequence[ImageSpan], b: int) -> tuple[bytes, ...]:
+    """The digests of the images with a placeholder in block `b`, in prompt order."""
+    lo, hi = b * BLOCK, (b + 1) * BLOCK
+    return tuple(digest for start, end, digest in images if start < hi and end > lo)

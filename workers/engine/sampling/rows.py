@@ -41,6 +41,8 @@ class SampleRow:
     # position whose hidden state the row needs (everything before it may come from the cache).
     cache_namespace: tuple | None = None
     needs_from: int = 0
+    # The prompt's images as the prefix cache keys them (prefix_cache.ImageSpan: placeholder range, bytes' digest).
+    image_spans: tuple[tuple[int, int, bytes], ...] = ()
 
     @property
     def scores_prompt(self) -> bool:
