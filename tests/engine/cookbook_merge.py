@@ -35,7 +35,9 @@ def merged_and_base_logprobs(base: Path, adapter: Path, out: Path, tokens: np.nd
     return _logprobs(out, tokens), _logprobs(base, tokens)
 
 
-def vl_logprobs(directory: Path, tokens: np.ndarray, images: tuple = (), image_token_id: int | None = None) -> np.ndarray:
+def vl_logprobs(
+    directory: Path, tokens: np.ndarray, images: tuple = (), image_token_id: int | None = None
+) -> np.ndarray:
     """Logprobs of tokens[1:] after tokens[:-1] from transformers' Qwen3_5ForConditionalGeneration loaded from
     `directory` (a vision-language checkpoint), with `images` (the engine's preprocessed images, in order) in the
     placeholders; float32."""
