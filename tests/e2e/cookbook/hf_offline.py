@@ -10,8 +10,12 @@ from pathlib import Path
 from typing import Any
 
 
-def cache_dataset(cache_dir: Path, repo_id: str, config: str | None, splits: dict[str, dict[str, list[Any]]]) -> Path:
-    """Write `splits` ({split: {column: values}}) as the cached `repo_id` / `config`; returns its directory."""
+def cache_dataset(
+    cache_dir: Path, repo_id: str, config: str | None, splits: dict[str, dict[str, list[Any]]], features: Any = None
+) -> Path:
+    """Write `splits` ({split: {column: values}}) as the cached `repo_id` / `config`; returns its directory.
+    `features` (a `datasets.Features`) when a column's type cannot be inferred from its values (an Image, a
+    ClassLabel); otherwise inferred."""
     import datasets
     from datasets.arrow_writer import ArrowWriter
 
@@ -20,9 +24,9 @@ def cache_dataset(cache_dir: Path, repo_id: str, config: str | None, splits: dic
     directory = Path(cache_dir) / f"{owner}___{name}" / config_name / "0.0.0" / "synthetic"
     directory.mkdir(parents=True, exist_ok=True)
     infos = datasets.SplitDict(dataset_name=name)
-    features = None
+    given = features
     for split, columns in splits.items():
-        table = datasets.Dataset.from_dict(columns)
+        table = datasets.Dataset.from_dict(columns, features=given)
         features = table.features
         with ArrowWriter(features=table.features, path=str(directory / f"{name}-{split}.arrow")) as writer:
             writer.write_table(table.data.table)
