@@ -1,7 +1,7 @@
 """Images: how many images per second the Qwen3.5 vision tower takes, and what an image prompt costs against a text
 prompt of the same token count, on the tiny vision-language model (`make-tiny-model --family qwen3_5 --vision`).
 
-    python -m benchmarks.images [--sizes 64,128,256] [--images 4] [--repeats 5] [--skip-sdk] [--smoke]
+    python -m benchmarks.images [--sizes 64,256,512] [--images 4] [--repeats 5] [--skip-sdk] [--smoke]
 
 Each image is a square PNG of noise of `size` pixels a side, cut by the model's own image processor (its token
 count follows from the processor's patch and merge sizes). Figures, one JSON line each, with the load average
@@ -156,7 +156,7 @@ def sdk_forward_backward(base_url: str, size: int, tokens: int, repeats: int) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="64,128,256", help="square image sides in pixels, comma-separated")
+    p.add_argument("--sizes", default="64,256,512", help="square image sides in pixels, comma-separated")
     p.add_argument("--images", type=int, default=4, help="images per tower call")
     p.add_argument("--repeats", type=int, default=5, help="warm calls per figure (after the first)")
     p.add_argument("--skip-sdk", action="store_true", help="the engine alone (no stack)")
