@@ -1,7 +1,7 @@
 """Images: how many images per second the Qwen3.5 vision tower takes, and what an image prompt costs against a text
 prompt of the same token count, on the tiny vision-language model (`make-tiny-model --family qwen3_5 --vision`).
 
-    python -m benchmarks.images [--sizes 64,256,512] [--images 4] [--repeats 5] [--skip-sdk] [--smoke]
+    python -m benchmarks.images [--sizes 64,128,256] [--images 4] [--repeats 5] [--skip-sdk] [--smoke]
 
 Each image is a square PNG of noise of `size` pixels a side, cut by the model's own image processor (its token
 count follows from the processor's patch and merge sizes). Figures, one JSON line each, with the load average
@@ -9,11 +9,12 @@ count follows from the processor's patch and merge sizes). Figures, one JSON lin
 
 * `images_tower_images_per_s` (pixels, images, tokens): `--images` images through the tower alone (the engine's
   `visual`, jitted on its own), warm (median of `--repeats`); `compile_s`, the first call, beside.
+  The tiny model's processor caps an image at 64 tokens (its max_pixels), so sizes past 256 add nothing here.
 * `images_forward_backward_ms` (pixels, tokens): forward_backward of one datum, 4 text tokens, the image's
   placeholders, 4 text tokens; tinkerflow = through the unmodified SDK against `tinkerflow up` (launched here, warm-up
   off), engine = Engine.forward_backward alone in this process; warm medians. `text_*` is the same for a text-only
   datum of the same token count, `image_over_text_*` the ratio (the tower's and the image batch's cost), `first_ms`
-  the first call of each (its compile).
+  the first call of each (its compile). The engine's image calls include cutting the PNG, as the JAX worker's do.
 """
 
 from __future__ import annotations
@@ -95,11 +96,14 @@ class EngineImages:
         run = jax.jit(lambda state, patches, vision: nnx.merge(graphdef, state)(patches, vision)[0])
         start, end = self.image_id - 2, self.image_id - 1  # <|vision_start|>, <|vision_end|>
 
-        def call(seed: int):
+        batches = []  # cut before the clock starts: the figure is the tower's alone
+        for seed in range(repeats + 1):
             images = [self.image(size, 1000 * seed + i) for i in range(count)]
             tokens = np.concatenate([[start] + [self.image_id] * im.tokens + [end] for im in images])[None]
-            batch = image_batch(engine.config, tokens.astype(np.int32), np.ones_like(tokens, np.int32), images)
-            return jax.block_until_ready(run(state, batch.patches, batch.vision))
+            batches.append(image_batch(engine.config, tokens.astype(np.int32), np.ones_like(tokens, np.int32), images))
+
+        def call(seed: int):
+            return jax.block_until_ready(run(state, batches[seed].patches, batches[seed].vision))
 
         first, warm = first_and_warm_ms(call, repeats)
         return first, warm, self.image(size, 0).tokens
@@ -129,7 +133,7 @@ def sdk_forward_backward(base_url: str, size: int, tokens: int, repeats: int) ->
     from tinker import types
 
     service = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)
-    training = service.create_lora_training_client(base_model=served_model(base_url, API_KEY), rank=8)
+    training = service.create_lora_training_client(base_model=served_model(base_url, API_KEY), rank=8).result()
 
     def call(with_image: bool, seed: int):
         if with_image:
@@ -156,7 +160,7 @@ def sdk_forward_backward(base_url: str, size: int, tokens: int, repeats: int) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="64,256,512", help="square image sides in pixels, comma-separated")
+    p.add_argument("--sizes", default="64,128,256", help="square image sides in pixels, comma-separated")
     p.add_argument("--images", type=int, default=4, help="images per tower call")
     p.add_argument("--repeats", type=int, default=5, help="warm calls per figure (after the first)")
     p.add_argument("--skip-sdk", action="store_true", help="the engine alone (no stack)")
