@@ -11,14 +11,11 @@ from typing import Any
 
 
 def cache_dataset(
-    cache_dir: Path,
-    repo_id: str,
-    config: str | None,
-    splits: dict[str, dict[str, list[Any]]],
-    features: Any = None,
+    cache_dir: Path, repo_id: str, config: str | None, splits: dict[str, dict[str, list[Any]]], features: Any = None
 ) -> Path:
     """Write `splits` ({split: {column: values}}) as the cached `repo_id` / `config`; returns its directory.
-    `features` (a `datasets.Features`) where the columns' types are not what the values infer (images, class labels)."""
+    `features` (a `datasets.Features`) when a column's type cannot be inferred from its values (an Image, a
+    ClassLabel); otherwise inferred."""
     import datasets
     from datasets.arrow_writer import ArrowWriter
 
@@ -27,16 +24,16 @@ def cache_dataset(
     directory = Path(cache_dir) / f"{owner}___{name}" / config_name / "0.0.0" / "synthetic"
     directory.mkdir(parents=True, exist_ok=True)
     infos = datasets.SplitDict(dataset_name=name)
-    written = None
+    given = features
     for split, columns in splits.items():
-        table = datasets.Dataset.from_dict(columns, features=features)
-        written = table.features
+        table = datasets.Dataset.from_dict(columns, features=given)
+        features = table.features
         with ArrowWriter(features=table.features, path=str(directory / f"{name}-{split}.arrow")) as writer:
             writer.write_table(table.data.table)
             rows, _ = writer.finalize()
         infos.add(datasets.SplitInfo(name=split, num_examples=rows, dataset_name=name))
     info = datasets.DatasetInfo(
-        features=written, config_name=config_name, dataset_name=name, builder_name=name, splits=infos, version="0.0.0"
+        features=features, config_name=config_name, dataset_name=name, builder_name=name, splits=infos, version="0.0.0"
     )
     info.write_to_directory(str(directory))
     return directory
