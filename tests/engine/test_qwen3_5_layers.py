@@ -97,7 +97,9 @@ def test_config_reads_transformers_configs():
     import transformers
 
     text = text_config(moe=True).to_dict()
-    for hf in (text, transformers.Qwen3_5MoeConfig(text_config=text).to_dict()):
+    # The wrapper's vision tower must feed the text width (its merger's out_hidden_size), as every release's does.
+    wrapper = transformers.Qwen3_5MoeConfig(text_config=text, vision_config={"out_hidden_size": text["hidden_size"]})
+    for hf in (text, wrapper.to_dict()):
         config = Qwen35Config.from_hf(hf)
         assert config.arch == "qwen3_5_moe" and config.num_experts == 8 and config.moe_layers == (0, 1, 2, 3)
         assert config.layer_types == ("linear_attention", "full_attention") * 2
