@@ -43,7 +43,6 @@ import prometheus_client
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from tinkerflow.activities import wire
 from tinkerflow.activities.accelerator_metrics import AcceleratorMeter, publish_memory_plan
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
@@ -90,6 +89,7 @@ async def serve(
     worker_id: str | None = None,
 ) -> None:
     """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered."""
+    from tinkerflow.activities import wire  # here: wire imports the tinker SDK, which imports torch
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.activities.op_points import OpPoints
 
