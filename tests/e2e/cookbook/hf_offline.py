@@ -6,6 +6,7 @@ directory (`$HF_DATASETS_CACHE/<owner>___<name>/`) to the offline machine."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +38,15 @@ def cache_dataset(
     )
     info.write_to_directory(str(directory))
     return directory
+
+
+def hub_cache(model: Path, cache: Path, hub_id: str) -> Path:
+    """A Hugging Face hub cache holding `model`'s files but its weights under `hub_id`
+    (models--<org>--<name>/snapshots/<revision>/, refs/main naming it): what a user's offline machine keeps after
+    loading the tokenizer and image processor once. Returns `cache`."""
+    revision = "0" * 40
+    repo = Path(cache) / ("models--" + hub_id.replace("/", "--"))
+    shutil.copytree(model, repo / "snapshots" / revision, ignore=shutil.ignore_patterns("*.safetensors"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return Path(cache)

@@ -11,13 +11,13 @@ default run; the others are `slow` (`bash scripts/test.sh -m slow tests/e2e/cook
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import QWEN3_5_HUB_ID
 from tests.e2e.cookbook.conftest import assert_steps_contiguous_from_zero, read_metrics, require_cookbook
+from tests.e2e.cookbook.hf_offline import hub_cache
 from tests.e2e.cookbook.test_recipe_clis import run_recipe
 from tests.e2e.cookbook.test_recipes_games import rewards
 from tests.e2e.cookbook.test_supervised import write_conversations
@@ -25,19 +25,11 @@ from tests.e2e.cookbook.test_supervised import write_conversations
 require_cookbook()
 
 RENDERER = "renderer_name=qwen3_5"
-REVISION = "0" * 40  # the snapshot refs/main names in the client's cache
 
 
 @pytest.fixture(scope="module")
 def client_hub_cache(tmp_path_factory, qwen3_5_model) -> Path:
-    """A Hugging Face hub cache with the tiny model's files but its weights under QWEN3_5_HUB_ID
-    (models--<org>--<name>/snapshots/<revision>/, refs/main naming the revision)."""
-    hub = tmp_path_factory.mktemp("client-hub")
-    repo = hub / ("models--" + QWEN3_5_HUB_ID.replace("/", "--"))
-    shutil.copytree(qwen3_5_model, repo / "snapshots" / REVISION, ignore=shutil.ignore_patterns("*.safetensors"))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(REVISION)
-    return hub
+    return hub_cache(qwen3_5_model, tmp_path_factory.mktemp("client-hub"), QWEN3_5_HUB_ID)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 
 from tests.e2e.conftest import API_KEY
 from tests.e2e.cookbook.conftest import assert_steps_contiguous_from_zero, read_metrics, require_cookbook
-from tests.e2e.cookbook.hf_offline import cache_dataset
+from tests.e2e.cookbook.hf_offline import cache_dataset, hub_cache
 from tests.e2e.cookbook.test_recipe_clis import run_recipe
 
 require_cookbook()
@@ -31,7 +30,6 @@ pytestmark = pytest.mark.e2e
 HUB_ID = "Qwen/Qwen3.5-397B-A17B"  # vlm_classifier.train's default model_name
 SAMPLING_EVALUATOR = False  # True once sampling with images is served
 CLASSES = ["airplanes", "Faces_easy", "Motorbikes"]
-REVISION = "0" * 40
 
 
 @pytest.fixture(scope="module")
@@ -57,20 +55,6 @@ def vl_stack(tmp_path_factory) -> Iterator[tuple[object, Path]]:
             os.environ["HF_HUB_CACHE"] = previous
     yield s, model
     s.stop()
-
-
-def client_hub_cache(model: Path, cache: Path) -> Path:
-    """The hub cache layout (models--<org>--<name>/snapshots/<revision>/, refs/main naming it) holding the model's
-    non-weight files: what a user's offline machine keeps after loading the tokenizer and image processor once."""
-    repo = cache / ("models--" + HUB_ID.replace("/", "--"))
-    snapshot = repo / "snapshots" / REVISION
-    snapshot.mkdir(parents=True)
-    for f in model.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
-            shutil.copy(f, snapshot / f.name)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(REVISION)
-    return cache
 
 
 def png(label: int, index: int) -> bytes:
@@ -105,7 +89,7 @@ def test_vlm_classifier_train_cli(vl_stack, tmp_path, monkeypatch):
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(client_hub_cache(model, tmp_path / "client-hub")))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache(model, tmp_path / "client-hub", HUB_ID)))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     cache_caltech101(tmp_path / "hf-datasets", {"train": 4, "test": 2})
     experiment_dir = tmp_path / "vlm_classifier"
