@@ -102,8 +102,9 @@ def _prompts(engine: Engine, images: list) -> list[tuple[np.ndarray, tuple]]:
 
 def _request(engine: Engine, prompt: np.ndarray, its: tuple, **fields) -> SampleInput:
     # A sampled placeholder token stops the row: the forward of the scored sequence never holds one past the prompt.
-    stops = [engine.info.image_token_id]
-    return SampleInput(prompt=prompt, max_tokens=8, seed=5, stop_token_ids=stops, images=its, **fields)
+    image_id = engine.info.image_token_id
+    assert image_id is not None
+    return SampleInput(prompt=prompt, max_tokens=8, seed=5, stop_token_ids=[image_id], images=its, **fields)
 
 
 def _forward_logprobs(engine: Engine, prompt: np.ndarray, its: tuple, tokens: list[int]) -> np.ndarray:

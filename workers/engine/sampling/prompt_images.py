@@ -26,9 +26,14 @@ from ..model.families import ModelConfig, family_named
 from .rows import SampleRow
 
 
+def image_token_id(config: ModelConfig) -> int | None:
+    """The image placeholder token of a config whose model holds a vision tower (a family's own field), else None."""
+    return getattr(config, "image_token_id", None)
+
+
 def takes_images(config: ModelConfig) -> bool:
     """The model holds a vision tower: its sampler programs carry the images' features and 3-D positions."""
-    return getattr(config, "image_token_id", None) is not None
+    return image_token_id(config) is not None
 
 
 def tower(graphdef: nnx.GraphDef, lora: Any, base: Any, patches: jax.Array, vision: Any) -> jax.Array:
@@ -56,7 +61,7 @@ def row_images(config: ModelConfig, row: SampleRow, run_tower: Any) -> RowImages
     batch = batcher(config, row.prompt[None], np.ones((1, p), np.int32), row.images)
     count = sum(image.tokens for image in row.images)
     features = np.asarray(run_tower(batch.patches, batch.vision), np.float32)[:count]
-    is_image = row.prompt == getattr(config, "image_token_id")
+    is_image = row.prompt == image_token_id(config)
     feature_of = np.where(is_image, np.cumsum(is_image) - 1, -1).astype(np.int32)
     positions = np.asarray(batch.positions[0], np.int32)
     return RowImages(features, feature_of, positions, int(positions.max()) + 1 - p)

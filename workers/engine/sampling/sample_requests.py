@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from ..runtime.memory_plan import MemoryPlan
+from ..training.datum_checks import checked_images
 from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
 from .buckets import STACK_SIZES, STOP_IDS
-from ..training.datum_checks import checked_images
 from .rows import SampleRow, image_spans, seed_words
 from .sample_checks import check_sample
 from .sampler import SlotSampler

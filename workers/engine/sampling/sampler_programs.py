@@ -4,6 +4,7 @@ sampler.py's."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -47,6 +48,7 @@ class SamplerPrograms:
         """The row's images through the tower (one program per patch bucket), on a model that takes images."""
 
         def run(patches, vision):
+            vision = jax.tree.map(jnp.asarray, vision)
             return self.tower(f"patches={len(patches)}", lora, base, jnp.asarray(patches), vision)
 
         return row_images(self.config, row, run) if takes_images(self.config) else None
@@ -61,7 +63,7 @@ class SamplerPrograms:
         rows: list[SampleRow],
         adm: Admission | None,
         chunk: Chunk,
-        images: list[RowImages | None] = (),  # type: ignore[assignment]
+        images: Sequence[RowImages | None] = (),
         *,
         compile_only: bool = False,
     ) -> tuple[Slots, Any, dict]:
