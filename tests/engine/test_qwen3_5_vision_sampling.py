@@ -156,3 +156,37 @@ def test_a_prefix_hit_with_the_same_image_resumes_exactly(engine, images):
         atol=ATOL,
         rtol=RTOL,
     )
+
+
+def test_prompt_logprobs_with_images_equal_the_forward(engine, images):
+    """compute_logprobs (a sample asking for prompt logprobs) on prompts with images and a text prompt together:
+    every prompt position's logprob is the forward's, placeholders' own among them."""
+    prompts = _prompts(engine, images)
+    requests = [_request(engine, p, its, include_prompt_logprobs=True) for p, its in prompts]
+    for i, ((prompt, its), res) in enumerate(zip(prompts, engine.sample(requests), strict=True)):
+        assert isinstance(res, SampleResult) and res.prompt_logprobs is not None, res
+        assert res.prompt_logprobs[0] is None
+        want = _forward_logprobs(engine, prompt[:1], its, prompt[1:].tolist())
+        np.testing.assert_allclose(res.prompt_logprobs[1:], want, atol=ATOL, rtol=RTOL, err_msg=f"prompt {i}")
+
+
+def test_samples_of_one_request_run_the_tower_once(engine, images, monkeypatch):
+    """Three samples of a prompt whose image lies in the prefix cache's blocks: the first runs the tower, the others
+    resume from its blocks without it, and every one's logprobs are the forward's."""
+    prompt, its = _prompts(engine, images)[0]
+    prompt = np.concatenate([prompt, np.arange(100, 120, dtype=np.int32)])
+    programs = engine.sampler.programs
+    calls = []
+
+    def counted(label, *args):
+        calls.append(label)
+        return tower(label, *args)
+
+    tower = programs.tower
+    monkeypatch.setattr(programs, "tower", counted)
+    [res] = engine.sample([_request(engine, prompt, its, cache_namespace="once", num_samples=3)])
+    assert isinstance(res, SampleResult) and len(res.sequences) == 3
+    assert len(calls) == 1
+    for j, seq in enumerate(res.sequences):
+        want = _forward_logprobs(engine, prompt, its, seq.tokens)
+        np.testing.assert_allclose(seq.logprobs, want, atol=ATOL, rtol=RTOL, err_msg=f"sample {j}")

@@ -51,8 +51,9 @@ class RowImages:
     delta: int  # a generated token's rotary position minus its place in the row
 
 
-def row_images(config: ModelConfig, row: SampleRow, run_tower: Any) -> RowImages | None:
-    """The row's `RowImages` (None for a text row), running its images through `run_tower(patches, vision)`."""
+def row_images(config: ModelConfig, row: SampleRow, run_tower: Any, start: int = 0) -> RowImages | None:
+    """The row's `RowImages` (None for a text row), running its images through `run_tower(patches, vision)` unless
+    every placeholder is before `start` (the prefix cache holds them: the samples of one request after the first)."""
     if not row.images:
         return None
     batcher = family_named(config.arch).image_batch
@@ -60,9 +61,12 @@ def row_images(config: ModelConfig, row: SampleRow, run_tower: Any) -> RowImages
     p = len(row.prompt)
     batch = batcher(config, row.prompt[None], np.ones((1, p), np.int32), row.images)
     count = sum(image.tokens for image in row.images)
-    features = np.asarray(run_tower(batch.patches, batch.vision), np.float32)[:count]
     is_image = row.prompt == image_token_id(config)
     feature_of = np.where(is_image, np.cumsum(is_image) - 1, -1).astype(np.int32)
+    if is_image[start:].any():
+        features = np.asarray(run_tower(batch.patches, batch.vision), np.float32)[:count]
+    else:  # no chunk reads a feature
+        features = np.zeros((count, config.hidden_size), np.float32)
     positions = np.asarray(batch.positions[0], np.int32)
     return RowImages(features, feature_of, positions, int(positions.max()) + 1 - p)
 

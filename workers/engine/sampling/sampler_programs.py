@@ -44,14 +44,15 @@ class SamplerPrograms:
     def caches(self) -> list[AotCache]:
         return [self.admit, self.decode, self.empty, self.tower]
 
-    def row_images(self, lora, base, row: SampleRow) -> RowImages | None:
-        """The row's images through the tower (one program per patch bucket), on a model that takes images."""
+    def row_images(self, lora, base, row: SampleRow, start: int) -> RowImages | None:
+        """The row's images through the tower (one program per patch bucket), on a model that takes images; the
+        row's prompt starts at `start` in the prefix cache."""
 
         def run(patches, vision):
             vision = jax.tree.map(jnp.asarray, vision)
             return self.tower(f"patches={len(patches)}", lora, base, jnp.asarray(patches), vision)
 
-        return row_images(self.config, row, run) if takes_images(self.config) else None
+        return row_images(self.config, row, run, start) if takes_images(self.config) else None
 
     def admit_call(
         self,
