@@ -167,7 +167,8 @@ def test_prompt_logprobs_with_images_equal_the_forward(engine, images):
         assert isinstance(res, SampleResult) and res.prompt_logprobs is not None, res
         assert res.prompt_logprobs[0] is None
         want = _forward_logprobs(engine, prompt[:1], its, prompt[1:].tolist())
-        np.testing.assert_allclose(res.prompt_logprobs[1:], want, atol=ATOL, rtol=RTOL, err_msg=f"prompt {i}")
+        got = np.asarray(res.prompt_logprobs[1:], np.float64)  # no None past position 0 (no cache hit)
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=f"prompt {i}")
 
 
 def test_samples_of_one_request_run_the_tower_once(engine, images, monkeypatch):
