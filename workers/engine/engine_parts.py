@@ -16,6 +16,7 @@ from .model.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
 from .runtime.paging_store import PageStore, default_host_budget_bytes
 from .sampling.prefix_cache import BLOCK
+from .sampling.prompt_images import image_token_id
 from .sampling.sampler import SlotSampler
 from .sampling.snapshots import SamplerSnapshots
 from .training.adapter_paging import AdapterPager
@@ -248,8 +249,3 @@ class EngineParts:
         return cls(
             "random", loaded, None, info, max_lora_adapters=max_lora_adapters, max_lora_rank=max_lora_rank, **options
         )
-
-
-def image_token_id(config: ModelConfig) -> int | None:
-    """The image placeholder token of a config whose model holds a vision tower (a family's own field), else None."""
-    return getattr(config, "image_token_id", None)

@@ -121,6 +121,9 @@ class SampleInput:
     prompt_logprobs_last_n: int | None = None  # score only the last N prompt tokens (earlier entries None)
     # Prompts of one namespace (a sampling session) share prefix-cache blocks; None: this request is not cached.
     cache_namespace: str | None = None
+    # The prompt's images in the order of their placeholder runs (as `Datum.images`): the tower's features take the
+    # place of their placeholder tokens' embeddings.
+    images: tuple[ProcessedImage, ...] = ()
 
 
 @dataclass

@@ -23,12 +23,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..model.families import ModelConfig
+from ..model.families.qwen3_5.vision_batch import PromptImages
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..model.sharding import DeviceLayout
 from ..model.slot_cache import empty_prefix_pool, empty_slot_cache, recurrent
 from .buckets import STOP_IDS
 from .prefix_cache import BLOCK, state_slots
+from .prompt_images import takes_images
 from .prompt_scoring import alt_tokens, target_prompt_logprobs
 from .token_choice import RowParams, choose, is_stop, top_tokens, when
 
@@ -58,6 +60,8 @@ class Slots:
     scale: jax.Array  # float32 [B]
     last_token: jax.Array  # int32 [B]: the token to feed next
     pos: jax.Array  # int32 [B]: its position
+    # int32 [B]: a vision-language model's rope delta (prompt_images.py): the token's rotary position minus `pos`
+    delta: jax.Array
     n_gen: jax.Array  # int32 [B]: tokens generated so far
     done: jax.Array  # bool [B]
     hit_stop_id: jax.Array  # bool [B]: finished on a stop token (vs. max_tokens)
@@ -98,6 +102,7 @@ def empty_slots(config: ModelConfig, dtype: Any, placement: DeviceLayout, *, slo
         scale=zeros((b,), jnp.float32),
         last_token=zeros((b,), jnp.int32),
         pos=zeros((b,), jnp.int32),
+        delta=zeros((b,), jnp.int32),
         n_gen=zeros((b,), jnp.int32),
         done=jnp.ones((b,), bool),
         hit_stop_id=zeros((b,), bool),
@@ -141,6 +146,8 @@ def admit(
     wants: jax.Array,  # bool [3]: some row asks for prompt logprobs, target logprobs, prompt draws
     resume: jax.Array,  # int32 [R]: the pool's state slot a row's recurrent state resumes from (out of range: none)
     snap: jax.Array,  # int32 [R]: the pool's state slot the row's state after this chunk goes to (out of range: none)
+    images: PromptImages | None,  # a vision-language model's: the chunk's features and 3-D positions (else None)
+    delta: jax.Array | None,  # int32 [R]: with `images`, each row's rope delta
     *,
     scoring: bool,
 ) -> tuple[Slots, Any, dict[str, jax.Array]]:
@@ -189,7 +196,11 @@ def admit(
     positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
     # A recurrent layer's state takes only the prompt's tokens, and a row's first chunk starts from zero state.
     real = jnp.clip(prompt_len - start, 0, c)
-    h, view = model.hidden(chunk, positions, routing, cache.through(index, real, start == 0))
+    view_in = cache.through(index, real, start == 0)
+    if images is None:
+        h, view = model.hidden(chunk, positions, routing, view_in)
+    else:  # the tower's features at the placeholders and the multimodal rope; keys still go at `positions`
+        h, view = model.hidden(chunk, positions, routing, view_in, prompt_images=images)
     cache = view.settled()
 
     def copy_out(pool: Any) -> Any:  # this chunk's whole blocks, from the slots into the pool
@@ -222,6 +233,7 @@ def admit(
         scale=put(slots.scale, scale),
         last_token=put(slots.last_token, token),
         pos=put(slots.pos, prompt_len),
+        delta=slots.delta if delta is None else put(slots.delta, delta),
         n_gen=put(slots.n_gen, jnp.ones((r,), jnp.int32)),
         done=put(slots.done, hit | (params.max_tokens <= 1)),
         hit_stop_id=put(slots.hit_stop_id, hit),
@@ -267,9 +279,18 @@ def decode(
     p = slots.params
     routing = StackedLoraRouting(adapter=slots.adapter, scale=slots.scale)
 
+    vision = takes_images(model.config)
+
     def step(carry):
         i, s = carry
-        h, cache = model.hidden(s.last_token[:, None], s.pos[:, None], routing, s.cache)
+        if vision:  # every axis at the slot's position plus its rope delta (no placeholders among sampled tokens)
+            token = s.last_token[:, None]
+            at = jnp.repeat((s.pos + s.delta)[:, None, None], 3, axis=2)
+            zero = jnp.zeros((*token.shape, model.config.hidden_size), jnp.float32)
+            images = PromptImages(features=zero, mask=jnp.zeros(token.shape, bool), positions=at)
+            h, cache = model.hidden(token, s.pos[:, None], routing, s.cache, prompt_images=images)
+        else:
+            h, cache = model.hidden(s.last_token[:, None], s.pos[:, None], routing, s.cache)
         logits = model.logits(h, routing)[:, 0]
         token, lp = choose(logits, p, s.n_gen)
         active = ~s.done
@@ -284,6 +305,7 @@ def decode(
             scale=s.scale,
             last_token=jnp.where(active, token, s.last_token),
             pos=s.pos + active,
+            delta=s.delta,
             n_gen=n_gen,
             done=s.done | hit | (n_gen >= p.max_tokens),
             hit_stop_id=s.hit_stop_id | hit,

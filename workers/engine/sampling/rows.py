@@ -8,10 +8,13 @@ the prompt (log-probs, top-k, targets, alternative draws) comes back chunk by ch
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
+from tinkerflow.common.images import ProcessedImage
 
 from ..types import TOPK_PAD_LOGPROB
 
@@ -41,7 +44,9 @@ class SampleRow:
     # position whose hidden state the row needs (everything before it may come from the cache).
     cache_namespace: tuple | None = None
     needs_from: int = 0
-    # The prompt's images as the prefix cache keys them (prefix_cache.ImageSpan: placeholder range, bytes' digest).
+    # The prompt's images in placeholder order (checked against the prompt), and as the prefix cache keys them
+    # (prefix_cache.ImageSpan: placeholder range, patches' digest; `image_spans`).
+    images: tuple[ProcessedImage, ...] = ()
     image_spans: tuple[tuple[int, int, bytes], ...] = ()
 
     @property
@@ -63,6 +68,22 @@ class RowOutput:
     cache_hit_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     # Positions 1..P-1 scored (None: none): a row that starts in the prefix cache scores only from there on.
     scored_from: int = 1
+
+
+def image_spans(
+    prompt: np.ndarray, images: tuple[ProcessedImage, ...], image_token_id: int
+) -> tuple[tuple[int, int, bytes], ...]:
+    """Each image's [start, end) placeholder range in `prompt` (image k takes the next `tokens` placeholders) and the
+    sha256 of its grid and patches: two images whose placeholders are the same tokens key differently."""
+    where = np.flatnonzero(prompt == image_token_id)
+    spans, taken = [], 0
+    for image in images:
+        run = where[taken : taken + image.tokens]
+        taken += image.tokens
+        digest = hashlib.sha256(np.asarray(image.grid, np.int64).tobytes())
+        digest.update(np.ascontiguousarray(image.patches, np.float32).tobytes())
+        spans.append((int(run[0]), int(run[-1]) + 1, digest.digest()))
+    return tuple(spans)
 
 
 def seed_words(seed: int) -> tuple[int, int]:

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from ..runtime.memory_plan import MemoryPlan
+from ..training.datum_checks import checked_images
 from ..types import TOPK_PAD_LOGPROB, InputError, ModelInfo, SampledSequence, SampleInput, SampleResult
 from .buckets import STACK_SIZES, STOP_IDS
-from .rows import SampleRow, seed_words
+from .rows import SampleRow, image_spans, seed_words
 from .sample_checks import check_sample
 from .sampler import SlotSampler
 from .snapshots import SamplerSnapshots, evicted_message
@@ -58,6 +59,7 @@ def sample(
             if req.snapshot is not None and snapshots.evicted(req.snapshot):
                 raise InputError(evicted_message(req.snapshot, snapshots.cache.budget_bytes))
             prompt = check_sample(req, vocab=info.vocab_size, max_len=max_len, snapshots=snapshots.keys())
+            req.images = checked_images("images", tuple(req.images), prompt, info.image_token_id)
             need = len(prompt) + min(req.max_tokens, max_len - len(prompt))
             if memory is not None and room is not None and need > room:
                 raise InputError(memory.sample_limit_message(need))
@@ -114,6 +116,7 @@ def _sample_group(
         if req.cache_namespace is not None:
             namespace = (req.cache_namespace, req.snapshot, snapshots.version(req.snapshot) if req.snapshot else 0)
         targets = req.target_prompt_logprobs
+        spans = image_spans(p, req.images, info.image_token_id) if req.images and info.image_token_id else ()
         for j in range(req.num_samples):
             scoring = (bool(req.include_prompt_logprobs) or req.topk_prompt_logprobs > 0) and j == 0
             rows.append(
@@ -135,6 +138,8 @@ def _sample_group(
                     target_ids=targets.astype(np.int32) if targets is not None and j == 0 else None,
                     prompt_alt_tokens_k=int(req.prompt_alt_tokens_k) if j == 0 else 0,
                     cache_namespace=namespace,
+                    images=req.images,
+                    image_spans=spans,
                     needs_from=_needs_from(req, len(p)) if j == 0 else len(p) - 1,
                 )
             )

@@ -225,9 +225,11 @@ class SlotSampler:
         """Every chunk of one admission, in order; rows that score their prompt gather their scores chunk by chunk."""
         scoring = {j: PromptScores(rows[i], adm.starts[j]) for j, i in enumerate(adm.chosen) if rows[i].scores_prompt}
         b, c = bucket.slots, bucket.chunk
+        # Each row's images through the tower, unless the prefix cache holds all their placeholders.
+        images = [self.programs.row_images(lora, base, rows[i], s) for i, s in zip(adm.chosen, adm.starts)]
         for chunk in adm.chunks(rows, bucket.rows, c, bucket.cache_len, b, self.pool().k.shape[1]):
             slots, self._pool, scores = self.programs.admit_call(
-                lora, base, bucket, slots, self.pool(), rows, adm, chunk
+                lora, base, bucket, slots, self.pool(), rows, adm, chunk, images
             )
             host = self.placement.to_host(scores) if scores else {}
             for j, acc in scoring.items():

@@ -4,6 +4,7 @@ sampler.py's."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -13,12 +14,14 @@ import numpy as np
 from flax import nnx
 
 from ..model.families import ModelConfig
+from ..model.families.qwen3_5.vision_batch import PromptImages
 from ..model.sharding import DeviceLayout
 from ..runtime.aot_cache import AotCache
 from . import admission
 from .admission import Admission, Chunk
 from .buckets import SlotBucket
 from .decode import Slots, admit, decode, empty_slots
+from .prompt_images import RowImages, chunk_images, row_images, takes_images, tower
 from .rows import SampleRow
 
 
@@ -35,9 +38,21 @@ class SamplerPrograms:
         self.admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots", "pool"))
         self.decode = AotCache("sample_decode", partial(decode, graphdef, placement), donate=("slots",))
         self.empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
+        self.tower = AotCache("sample_tower", partial(tower, graphdef))
+        self.config = config
 
     def caches(self) -> list[AotCache]:
-        return [self.admit, self.decode, self.empty]
+        return [self.admit, self.decode, self.empty, self.tower]
+
+    def row_images(self, lora, base, row: SampleRow, start: int) -> RowImages | None:
+        """The row's images through the tower (one program per patch bucket), on a model that takes images; the
+        row's prompt starts at `start` in the prefix cache."""
+
+        def run(patches, vision):
+            vision = jax.tree.map(jnp.asarray, vision)
+            return self.tower(f"patches={len(patches)}", lora, base, jnp.asarray(patches), vision)
+
+        return row_images(self.config, row, run, start) if takes_images(self.config) else None
 
     def admit_call(
         self,
@@ -49,10 +64,12 @@ class SamplerPrograms:
         rows: list[SampleRow],
         adm: Admission | None,
         chunk: Chunk,
+        images: Sequence[RowImages | None] = (),
         *,
         compile_only: bool = False,
     ) -> tuple[Slots, Any, dict]:
-        """One chunk of an admission: (the slots, the prefix cache's pool, the chunk's prompt scores) after it."""
+        """One chunk of an admission: (the slots, the prefix cache's pool, the chunk's prompt scores) after it;
+        `images`: the admitted rows' (`row_images`), on a model that takes them."""
         r = chunk.chunk.shape[0]
         chosen = [rows[i] for i in adm.chosen] if adm is not None else []
         params = self.placement.put_batch(admission.row_params(chosen, r))
@@ -81,6 +98,7 @@ class SamplerPrograms:
             jnp.asarray(wants),
             put(c.resume),
             put(c.snap),
+            *self._images(chunk, list(images), bucket.slots),
         )
         scoring = bool(chunk.targets.shape[2])  # a scoring chunk has room for target ids
         label += " scoring" if scoring else ""
@@ -88,6 +106,14 @@ class SamplerPrograms:
             self.admit.prepare(label, *args, scoring=scoring)
             return slots, pool, {}
         return self.admit(label, *args, scoring=scoring)
+
+    def _images(self, chunk: Chunk, images: list[RowImages | None], slots: int) -> tuple[Any, Any]:
+        """admit's `images` and `delta`: the chunk's (prompt_images.py), or None and None on a text-only model."""
+        if not takes_images(self.config):
+            return None, None
+        fields, delta = chunk_images(chunk, images, self.config.hidden_size, slots)
+        put = self.placement.put_batch
+        return PromptImages(**put(fields)), put(delta)
 
     def decode_call(
         self,

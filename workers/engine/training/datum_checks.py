@@ -150,29 +150,35 @@ def _seq_mask(i: int, d: Datum, loss_fn: str, n: int, adv: np.ndarray, check_len
 
 
 def datum_images(i: int, d: Datum, tokens: np.ndarray, image_token_id: int | None) -> tuple[ProcessedImage, ...]:
-    """The datum's images, checked against its placeholder tokens: each image's `tokens` consecutive
-    `image_token_id` tokens, in order, and no placeholder without its image. InputError naming the datum."""
-    images = tuple(d.images)
+    """The datum's images, checked against its placeholder tokens (`checked_images`). InputError naming the datum."""
+    return checked_images(f"datum {i}", tuple(d.images), tokens, image_token_id)
+
+
+def checked_images(
+    where: str, images: tuple[ProcessedImage, ...], tokens: np.ndarray, image_token_id: int | None
+) -> tuple[ProcessedImage, ...]:
+    """`images` checked against the placeholder tokens of `tokens`: each image's `tokens` consecutive
+    `image_token_id` tokens, in order, and no placeholder without its image. InputError naming `where`."""
     if image_token_id is None:
         if images:
-            raise InputError(f"datum {i}: this base model has no vision tower: it takes text chunks only, not images")
+            raise InputError(f"{where}: this base model has no vision tower: it takes text chunks only, not images")
         return images
     if len(images) > MAX_IMAGES_PER_DATUM:
-        raise InputError(f"datum {i}: {len(images)} images, over the limit of {MAX_IMAGES_PER_DATUM} per datum")
+        raise InputError(f"{where}: {len(images)} images, over the limit of {MAX_IMAGES_PER_DATUM} per datum")
     for j, image in enumerate(images):
         if image.patches.ndim != 2 or len(image.patches) != math.prod(image.grid):
-            raise InputError(f"datum {i}: image {j} has patches {list(image.patches.shape)} for grid {image.grid}")
+            raise InputError(f"{where}: image {j} has patches {list(image.patches.shape)} for grid {image.grid}")
     is_image = tokens == image_token_id
     counts = [image.tokens for image in images]
     if int(is_image.sum()) != sum(counts):
         raise InputError(
-            f"datum {i}: model_input has {int(is_image.sum())} image placeholder tokens (id {image_token_id}) but "
+            f"{where}: model_input has {int(is_image.sum())} image placeholder tokens (id {image_token_id}) but "
             f"its {len(images)} images become {sum(counts)}: send images as ImageChunks, not their placeholder token"
         )
     edges = np.flatnonzero(np.diff(np.concatenate([[0], is_image.astype(np.int8), [0]])))
     runs = np.cumsum(edges[1::2] - edges[::2]).tolist()
     if not set(runs) <= set(np.cumsum(counts).tolist()):
-        raise InputError(f"datum {i}: an image's placeholder tokens (id {image_token_id}) are not one consecutive run")
+        raise InputError(f"{where}: an image's placeholder tokens (id {image_token_id}) are not one consecutive run")
     return images
 
 

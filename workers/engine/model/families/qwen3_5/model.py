@@ -36,7 +36,7 @@ from .layers import MLP, GatedAttention, KVView, ZeroCenteredRMSNorm
 from .linear_attention import GatedDeltaNet, LinearAttentionState
 from .sparse_moe import SparseMoeBlock
 from .vision import VisionModel
-from .vision_batch import ImageBatch
+from .vision_batch import ImageBatch, PromptImages
 from .vision_merge import mrope_tables, placeholders, scatter_features
 
 # The LoRA module groups (train_attn / train_mlp) of the linears Qwen3.5 adds to those `lora.module_kind` knows.
@@ -143,6 +143,7 @@ class CausalLM(nnx.Module):
         *,
         remat: bool | None = None,
         images: ImageBatch | None = None,
+        prompt_images: PromptImages | None = None,
     ) -> tuple[jax.Array, HybridCache | HybridRowCache | None]:
         """Final-norm hidden states [B, T, hidden] for tokens [B, T] at `positions` [B, T] (restarting at each packed
         datum), and the cache after them when one is given. `segments`: which datum each token belongs to (None: one
@@ -155,15 +156,20 @@ class CausalLM(nnx.Module):
         decode token per slot) and leave the state after the last of them.
 
         `images` (a training batch's, without a cache): the tower's features replace the placeholders' embeddings
-        and its 3-D positions give the rope (`positions` then only matter where they equal them: text)."""
+        and its 3-D positions give the rope (`positions` then only matter where they equal them: text).
+        `prompt_images` (a sampler's, with a cache): features the tower gave before take the placeholders' place and
+        its 3-D positions give the rope, while `positions` still say where each token's keys go in its slot."""
         remat = self.remat if remat is None else remat
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
-        if images is None:
-            rope = rope_tables(self.config, positions)
-        else:
+        if images is not None:
             x, rope = self._with_images(tokens, x, images)
+        elif prompt_images is not None:
+            x = jnp.where(prompt_images.mask[..., None], prompt_images.features.astype(x.dtype), x)
+            rope = self._mrope(prompt_images.positions)
+        else:
+            rope = rope_tables(self.config, positions)
         x = constrain(x, self.act_sharding)
         if cache is None:
             for layer in self.layers:
@@ -199,7 +205,18 @@ class CausalLM(nnx.Module):
         features, _ = self.visual(images.patches, images.vision)  # Qwen3.5 has no DeepStack features
         mask, index = placeholders(tokens, config.image_token_id)
         x = scatter_features(x, mask, index, features)
-        return x, mrope_tables(jnp.moveaxis(images.positions, -1, 0), config.inv_freq(), config.mrope_section)
+        return x, self._mrope(images.positions)
+
+    def _mrope(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The multimodal rope tables of 3-D positions [B, T, 3]."""
+        config = self.config
+        return mrope_tables(jnp.moveaxis(positions, -1, 0), config.inv_freq(), config.mrope_section)
+
+    def image_features(self, patches: jax.Array, vision: Any) -> jax.Array:
+        """The tower's features [patches / merge unit, H] of a padded run of images' patches (vision_batch.py)."""
+        if self.visual is None:
+            raise ValueError(f"{self.config.arch}: this checkpoint has no vision tower, so it takes no images")
+        return self.visual(patches, vision)[0]  # Qwen3.5 has no DeepStack features
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
         return self.lm_head(h, self.embed_tokens, routing)
