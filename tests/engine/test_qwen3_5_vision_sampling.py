@@ -18,6 +18,7 @@ from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_batch import image_batch
 from tinkerflow.workers.engine.model.lora import LoraRouting
 from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
+from tinkerflow.workers.engine.runtime.aot_cache import abstract
 from tinkerflow.workers.engine.sampling.prefix_cache import BLOCK, PrefixIndex
 from tinkerflow.workers.engine.types import SampleInput, SampleResult
 
@@ -191,3 +192,39 @@ def test_samples_of_one_request_run_the_tower_once(engine, images, monkeypatch):
     for j, seq in enumerate(res.sequences):
         want = _forward_logprobs(engine, prompt, its, seq.tokens)
         np.testing.assert_allclose(seq.logprobs, want, atol=ATOL, rtol=RTOL, err_msg=f"sample {j}")
+
+
+def test_rows_sharing_an_image_in_one_call_run_the_tower_once(engine, images, monkeypatch):
+    """Two requests of one call with the same prompt and image, outside any prefix cache (so neither resumes from
+    the other's blocks): the tower runs once, its features found again by the image's digest, and each row's
+    logprobs are the forward's."""
+    prompt, its = _prompts(engine, images)[0]
+    programs = engine.sampler.programs
+    calls = []
+
+    def counted(label, *args):
+        calls.append(label)
+        return tower(label, *args)
+
+    tower = programs.tower
+    monkeypatch.setattr(programs, "tower", counted)
+    results = engine.sample([_request(engine, prompt, its) for _ in range(2)])
+    assert len(calls) == 1
+    for res in results:
+        assert isinstance(res, SampleResult)
+        [seq] = res.sequences
+        np.testing.assert_allclose(
+            seq.logprobs, _forward_logprobs(engine, prompt, its, seq.tokens), atol=ATOL, rtol=RTOL
+        )
+
+
+def test_the_tower_compiles_once_per_patch_bucket(engine, images):
+    """Every image of this file fits the smallest patch bucket: a warm-up from shapes of a larger snapshot stack
+    (another LoRA stack than the calls above used) finds the tower's program built, since the tower carries no
+    LoRA; a text chunk on this model reuses one device block of zero features per chunk shape."""
+    programs = engine.sampler.programs
+    assert programs.tower.compiled_count == 1
+    lora = engine.sampler_snapshots.stack_spec(4)
+    engine.sampler.warm_up(lora, abstract(engine.base), buckets=(engine.sampler.buckets()[0].slots,), from_shapes=True)
+    assert programs.tower.compiled_count == 1
+    assert programs._zeros and not any(np.asarray(z).any() for z in programs._zeros.values())

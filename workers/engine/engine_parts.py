@@ -11,12 +11,12 @@ from typing import Any, Self
 
 from .model.dtypes import base_dtype, weight_dtype
 from .model.families import ModelConfig, family_named
+from .model.image_inputs import image_token_id
 from .model.loader import eos_token_ids, load_model, random_model, resolve_model_path
 from .model.sharding import DeviceLayout, Mesh, MeshConfig, as_mesh
 from .runtime.memory_plan import MemoryPlan, device_capacity, make_plan
 from .runtime.paging_store import PageStore, default_host_budget_bytes
 from .sampling.prefix_cache import BLOCK
-from .sampling.prompt_images import image_token_id
 from .sampling.sampler import SlotSampler
 from .sampling.snapshots import SamplerSnapshots
 from .training.adapter_paging import AdapterPager

@@ -23,14 +23,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..model.families import ModelConfig
-from ..model.families.qwen3_5.vision_batch import PromptImages
+from ..model.image_inputs import PromptImages, takes_images
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..model.sharding import DeviceLayout
 from ..model.slot_cache import empty_prefix_pool, empty_slot_cache, recurrent
 from .buckets import STOP_IDS
 from .prefix_cache import BLOCK, state_slots
-from .prompt_images import takes_images
 from .prompt_scoring import alt_tokens, target_prompt_logprobs
 from .token_choice import RowParams, choose, is_stop, top_tokens, when
 

@@ -23,22 +23,28 @@ import numpy as np
 from flax import nnx
 
 from ..model.families import ModelConfig, family_named
+from ..model.image_inputs import image_token_id
 from .rows import SampleRow
 
 
-def image_token_id(config: ModelConfig) -> int | None:
-    """The image placeholder token of a config whose model holds a vision tower (a family's own field), else None."""
-    return getattr(config, "image_token_id", None)
+def visual(graphdef: nnx.GraphDef, lora: Any, base: Any) -> tuple[nnx.GraphDef, Any]:
+    """The vision tower alone, split (graph, state): its program then depends on the patch bucket only, not on the
+    LoRA stack's shapes (the tower carries no LoRA)."""
+    return nnx.split(nnx.merge(graphdef, lora, base).visual)
 
 
-def takes_images(config: ModelConfig) -> bool:
-    """The model holds a vision tower: its sampler programs carry the images' features and 3-D positions."""
-    return image_token_id(config) is not None
-
-
-def tower(graphdef: nnx.GraphDef, lora: Any, base: Any, patches: jax.Array, vision: Any) -> jax.Array:
+def tower(graphdef: nnx.GraphDef, state: Any, patches: jax.Array, vision: Any) -> jax.Array:
     """The tower's features [patches / merge unit, H] of one row's images, padded to a patch bucket."""
-    return nnx.merge(graphdef, lora, base).image_features(patches, vision)
+    features, _ = nnx.merge(graphdef, state)(patches, vision)  # the sampler takes no DeepStack features
+    return features
+
+
+def blank_images(config: ModelConfig) -> Any:
+    """An image batch (the family's image_batch) of no images at the smallest patch bucket: what the warm-up
+    compiles the tower for."""
+    batcher = family_named(config.arch).image_batch
+    assert batcher is not None, "a model that takes images has its family's image_batch"
+    return batcher(config, np.zeros((1, 1), np.int32), np.ones((1, 1), np.int32), ())
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,12 @@ class RowImages:
     delta: int  # a generated token's rotary position minus its place in the row
 
 
-def row_images(config: ModelConfig, row: SampleRow, run_tower: Any, start: int = 0) -> RowImages | None:
+def row_images(
+    config: ModelConfig, row: SampleRow, run_tower: Any, start: int = 0, seen: dict | None = None
+) -> RowImages | None:
     """The row's `RowImages` (None for a text row), running its images through `run_tower(patches, vision)` unless
-    every placeholder is before `start` (the prefix cache holds them: the samples of one request after the first)."""
+    every placeholder is before `start` (the prefix cache holds them: the samples of one request after the first),
+    or `seen` holds features of the same images (keyed by their digests: one call's rows sharing a prompt)."""
     if not row.images:
         return None
     batcher = family_named(config.arch).image_batch
@@ -63,25 +72,32 @@ def row_images(config: ModelConfig, row: SampleRow, run_tower: Any, start: int =
     count = sum(image.tokens for image in row.images)
     is_image = row.prompt == image_token_id(config)
     feature_of = np.where(is_image, np.cumsum(is_image) - 1, -1).astype(np.int32)
-    if is_image[start:].any():
-        features = np.asarray(run_tower(batch.patches, batch.vision), np.float32)[:count]
-    else:  # no chunk reads a feature
+    key = tuple(digest for *_, digest in row.image_spans) or None
+    if not is_image[start:].any():  # no chunk reads a feature
         features = np.zeros((count, config.hidden_size), np.float32)
+    elif seen is not None and key in seen:
+        features = seen[key]
+    else:
+        features = np.asarray(run_tower(batch.patches, batch.vision), np.float32)[:count]
+        if seen is not None and key is not None:
+            seen[key] = features
     positions = np.asarray(batch.positions[0], np.int32)
     return RowImages(features, feature_of, positions, int(positions.max()) + 1 - p)
 
 
 def chunk_images(
-    chunk: Any, images: list[RowImages | None], hidden: int, slots: int
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """One admission.Chunk's (vision_batch.PromptImages fields as numpy, rope delta int32 [R]): row j's features at
-    its placeholders and its tokens' 3-D positions, the 1-D ones on every axis where it has no images (`images[j]`
-    None, or a padding row: `chunk.index` out of range)."""
+    chunk: Any, images: list[RowImages | None], hidden: int, slots: int, dtype: Any = np.float32
+) -> tuple[dict[str, np.ndarray | None], np.ndarray]:
+    """One admission.Chunk's (image_inputs.PromptImages fields as numpy, rope delta int32 [R]): row j's features at
+    its placeholders (in `dtype`, the model's compute dtype) and its tokens' 3-D positions, the 1-D ones on every axis
+    where it has no images (`images[j]` None, or a padding row: `chunk.index` out of range). `features` is None when
+    no row has a placeholder in the chunk: the caller passes zeros it keeps on the device, so a text chunk of a
+    vision-language model moves no R x C x H block to the device."""
     r, c = chunk.chunk.shape
     flat = chunk.start[:, None] + np.arange(c, dtype=np.int32)[None, :]
     positions = np.repeat(flat[:, :, None], 3, axis=2).astype(np.int32)
     mask = np.zeros((r, c), bool)
-    features = np.zeros((r, c, hidden), np.float32)
+    features = np.zeros((r, c, hidden), dtype)
     delta = np.zeros((r,), np.int32)
     for j, got in enumerate(images):
         if got is None or chunk.index[j] >= slots:
@@ -95,4 +111,4 @@ def chunk_images(
         mask[j, :n] = at >= 0
         features[j, :n][at >= 0] = got.features[at[at >= 0]]
         delta[j] = got.delta
-    return {"features": features, "mask": mask, "positions": positions}, delta
+    return {"features": features if mask.any() else None, "mask": mask, "positions": positions}, delta

@@ -202,6 +202,7 @@ class SlotSampler:
         (None: all, and the family counts as done, unless `from_shapes`: then nothing is recorded, see
         `warm_bucket`)."""
         every = self.buckets()
+        self.programs.warm_tower(lora, base)
         for sc in scoring:
             if buckets is None and not from_shapes:
                 self._ensure_family(lora, base, sc, every[0])
@@ -221,12 +222,14 @@ class SlotSampler:
         rows: list[SampleRow],
         adm: Admission,
         results: list[RowOutput | None],
+        seen: dict,
     ) -> Slots:
-        """Every chunk of one admission, in order; rows that score their prompt gather their scores chunk by chunk."""
+        """Every chunk of one admission, in order; rows that score their prompt gather their scores chunk by chunk.
+        `seen`: the tower's features of this call's images so far, by digest (prompt_images.row_images)."""
         scoring = {j: PromptScores(rows[i], adm.starts[j]) for j, i in enumerate(adm.chosen) if rows[i].scores_prompt}
         b, c = bucket.slots, bucket.chunk
         # Each row's images through the tower, unless the prefix cache holds all their placeholders.
-        images = [self.programs.row_images(lora, base, rows[i], s) for i, s in zip(adm.chosen, adm.starts)]
+        images = [self.programs.row_images(lora, base, rows[i], s, seen) for i, s in zip(adm.chosen, adm.starts)]
         for chunk in adm.chunks(rows, bucket.rows, c, bucket.cache_len, b, self.pool().k.shape[1]):
             slots, self._pool, scores = self.programs.admit_call(
                 lora, base, bucket, slots, self.pool(), rows, adm, chunk, images
@@ -257,6 +260,7 @@ class SlotSampler:
         free = deque(range(b))
         occupant: dict[int, int] = {}  # slot -> row
         results: list[RowOutput | None] = [None] * n
+        seen: dict = {}  # the tower's features by image digest: rows of this call sharing an image run it once
         checked: dict[int, int] = {}  # row -> tokens already checked for stop strings
         hits: dict[int, int] = {}  # row -> prompt tokens it took from the prefix cache
         # (An exception leaves the slots out of the idle pool: their buffers may have been donated.)
@@ -268,7 +272,7 @@ class SlotSampler:
                     self._keep(bucket, slots, release)
                     self._compile_for(lora, base, bucket, adm.scoring)
                     slots, release = self._take(bucket)
-                slots = self._prefill(lora, base, bucket, slots, rows, adm, results)
+                slots = self._prefill(lora, base, bucket, slots, rows, adm, results, seen)
                 for i, s, start in zip(adm.chosen, adm.slots, adm.starts):
                     occupant[s] = i
                     release[s] = False

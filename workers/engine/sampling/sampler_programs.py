@@ -14,14 +14,14 @@ import numpy as np
 from flax import nnx
 
 from ..model.families import ModelConfig
-from ..model.families.qwen3_5.vision_batch import PromptImages
+from ..model.image_inputs import PromptImages, takes_images
 from ..model.sharding import DeviceLayout
 from ..runtime.aot_cache import AotCache
 from . import admission
 from .admission import Admission, Chunk
 from .buckets import SlotBucket
 from .decode import Slots, admit, decode, empty_slots
-from .prompt_images import RowImages, chunk_images, row_images, takes_images, tower
+from .prompt_images import RowImages, blank_images, chunk_images, row_images, tower, visual
 from .rows import SampleRow
 
 
@@ -38,21 +38,53 @@ class SamplerPrograms:
         self.admit = AotCache("sample_admit", partial(admit, graphdef, placement), donate=("slots", "pool"))
         self.decode = AotCache("sample_decode", partial(decode, graphdef, placement), donate=("slots",))
         self.empty = AotCache("sample_slots", partial(empty_slots, config, dtype, placement))
-        self.tower = AotCache("sample_tower", partial(tower, graphdef))
+        # The tower's graph is read when its program is traced (`_visual` sets it first): it is the same graph at
+        # every call, so its programs key on the tower's state and the patch bucket alone.
+        self._vgraph: nnx.GraphDef | None = None
+        self.tower = AotCache("sample_tower", self._traced_tower)
         self.config = config
+        self.graphdef = graphdef
+        self.dtype = dtype
+        self._zeros: dict[tuple[int, int], Any] = {}  # (rows, chunk): a text chunk's features, kept on the device
 
     def caches(self) -> list[AotCache]:
         return [self.admit, self.decode, self.empty, self.tower]
 
-    def row_images(self, lora, base, row: SampleRow, start: int) -> RowImages | None:
+    def row_images(self, lora, base, row: SampleRow, start: int, seen: dict | None = None) -> RowImages | None:
         """The row's images through the tower (one program per patch bucket), on a model that takes images; the
-        row's prompt starts at `start` in the prefix cache."""
+        row's prompt starts at `start` in the prefix cache; `seen`: features of one call's images by digest."""
+        if not takes_images(self.config) or not row.images:
+            return None
+        vstate = self._visual(lora, base)
 
         def run(patches, vision):
-            vision = jax.tree.map(jnp.asarray, vision)
-            return self.tower(f"patches={len(patches)}", lora, base, jnp.asarray(patches), vision)
+            return self._tower(vstate, jnp.asarray(patches), jax.tree.map(jnp.asarray, vision))
 
-        return row_images(self.config, row, run, start) if takes_images(self.config) else None
+        return row_images(self.config, row, run, start, seen)
+
+    def _traced_tower(self, state: Any, patches: jax.Array, vision: Any) -> jax.Array:
+        assert self._vgraph is not None, "_visual sets the tower's graph before its program is traced"
+        return tower(self._vgraph, state, patches, vision)
+
+    def _visual(self, lora, base) -> Any:
+        """The tower's state (its graph kept for its programs)."""
+        self._vgraph, state = visual(self.graphdef, lora, base)
+        return state
+
+    def _tower(self, vstate, patches, vision, *, compile_only: bool = False) -> Any:
+        label = f"patches={patches.shape[0]}"
+        if compile_only:
+            return self.tower.prepare(label, vstate, patches, vision)
+        return self.tower(label, vstate, patches, vision)
+
+    def warm_tower(self, lora, base) -> None:
+        """Compile the tower at the smallest patch bucket (what a prompt's one small image takes), on a model that
+        takes images; larger buckets compile when a prompt's images first reach them."""
+        if not takes_images(self.config):
+            return
+        batch = blank_images(self.config)
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)
+        self._tower(self._visual(lora, base), shapes.patches, shapes.vision, compile_only=True)
 
     def admit_call(
         self,
@@ -111,9 +143,17 @@ class SamplerPrograms:
         """admit's `images` and `delta`: the chunk's (prompt_images.py), or None and None on a text-only model."""
         if not takes_images(self.config):
             return None, None
-        fields, delta = chunk_images(chunk, images, self.config.hidden_size, slots)
+        fields, delta = chunk_images(chunk, images, self.config.hidden_size, slots, self.dtype)
         put = self.placement.put_batch
-        return PromptImages(**put(fields)), put(delta)
+        features = fields.pop("features")
+        if features is None:
+            r, c = chunk.chunk.shape
+            if (r, c) not in self._zeros:
+                self._zeros[(r, c)] = put(np.zeros((r, c, self.config.hidden_size), self.dtype))
+            features = self._zeros[(r, c)]
+        else:
+            features = put(features)
+        return PromptImages(features=features, **put(fields)), put(delta)
 
     def decode_call(
         self,

@@ -28,6 +28,7 @@ from flax import nnx
 from ...attention import Segments
 from ...decoder import checkpointed, constrain
 from ...embedding import Embedding, LMHead
+from ...image_inputs import PromptImages
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
 from ...rope import rope_tables
 from .cache import HybridCache, HybridRowCache, layer_slots
@@ -36,7 +37,7 @@ from .layers import MLP, GatedAttention, KVView, ZeroCenteredRMSNorm
 from .linear_attention import GatedDeltaNet, LinearAttentionState
 from .sparse_moe import SparseMoeBlock
 from .vision import VisionModel
-from .vision_batch import ImageBatch, PromptImages
+from .vision_batch import ImageBatch
 from .vision_merge import mrope_tables, placeholders, scatter_features
 
 # The LoRA module groups (train_attn / train_mlp) of the linears Qwen3.5 adds to those `lora.module_kind` knows.

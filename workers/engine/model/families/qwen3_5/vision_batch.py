@@ -43,19 +43,6 @@ class ImageBatch:
     positions: Any
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["features", "mask", "positions"], meta_fields=[])
-@dataclass(frozen=True)
-class PromptImages:
-    """Tokens the sampler runs with a cache whose images' features it computed before (a prompt chunk, or a decode
-    step): `features` [R, C, H] the tower's feature at each placeholder (anything elsewhere), `mask` bool [R, C] the
-    placeholders, `positions` int32 [R, C, 3] every token's 3-D rotary positions (the cache is still indexed by
-    the 1-D `positions` the call is given: a token's place in its row)."""
-
-    features: Any
-    mask: Any
-    positions: Any
-
-
 def image_batch(
     config: ModelConfig, tokens: np.ndarray, segments: np.ndarray, images: Sequence[ProcessedImage]
 ) -> ImageBatch:
