@@ -15,8 +15,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .kv_cache import LayerCache, empty_cache
 from .families import ModelConfig, StateCache, family_named
+from .kv_cache import LayerCache, empty_cache
 
 
 def recurrent(config: ModelConfig) -> bool:
