@@ -20,7 +20,7 @@ How the causal LM calls it (model.py's `hidden` with a vision_batch.ImageBatch; 
     mask, index = placeholders(tokens, image_token_id)
     x = scatter_features(x, mask, index, features)
     rope = mrope_tables(mrope, config.inv_freq(), section)   # section = mrope_section(config.json)
-    ...then the decoder layers as now; Qwen3-VL adds deepstack[i] after layer i: add_features(x, mask, index, ...)
+    ...then the decoder layers as now; Qwen3-VL adds deepstack[i] after layer i (`DeepStack`, `embed_images`)
 
 `delta` (the last datum's largest position + 1 - its length, per row) is what a sampler adds to a generated
 token's index to get its position on all three axes.
