@@ -20,8 +20,8 @@ from qwen3_vl_checkpoint import PATCH, TEMPORAL, build_qwen3_vl
 
 from tinkerflow.common.images import ProcessedImage
 from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.model.families.qwen3_5.vision_batch import PromptImages
 from tinkerflow.workers.engine.model.families.qwen3_vl.images import image_batch
+from tinkerflow.workers.engine.model.image_inputs import PromptImages
 from tinkerflow.workers.engine.model.kv_cache import empty_cache
 from tinkerflow.workers.engine.model.lora import LoraRouting
 
@@ -102,14 +102,16 @@ def test_chunked_prefill_and_decode_with_images_equal_the_training_forward(engin
 
 @pytest.mark.xfail(
     strict=True,
-    raises=ValueError,
-    reason="the sampler sizes a placeholder's features by hidden_size (sampling/prompt_images.py row_images, "
-    "sampler_programs.py _images); DeepStack's need config.image_feature_size",
+    raises=AssertionError,
+    reason="the sampler's tower() keeps the features alone and sizes them by hidden_size (sampling/prompt_images.py "
+    "tower, row_images; sampler_programs.py _images): Qwen3-VL's need vision_merge.tower_features and "
+    "config.image_feature_size",
 )
 def test_sampled_logprobs_with_images_equal_the_forward(engine):
     """Through the engine's sampler: a prompt with an image and a text prompt, sampled together; every sampled
-    token's logprob is the training forward's of the same sequence with its images (passes once the sampler sizes
-    the features by `image_feature_size`; the xfail is strict so that it says so)."""
+    token's logprob is the training forward's of the same sequence with its images (passes once the sampler keeps
+    the DeepStack features, `vision_merge.tower_features` `image_feature_size` wide; the xfail is strict so that it
+    says so)."""
     import jax
 
     from tinkerflow.workers.engine.types import SampleInput, SampleResult

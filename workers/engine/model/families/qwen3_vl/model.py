@@ -13,7 +13,7 @@ steps themselves are vision_merge.py's, shared with Qwen3.5:
     x = decoder layers, adding deepstack[i] at the placeholders after layer i (DeepStack, i < K)
 
 A training batch brings `images` (vision_batch.ImageBatch: patches and positions); the sampler brings
-`prompt_images` (vision_batch.PromptImages: per prompt token the tower's `image_features`, its feature and DeepStack
+`prompt_images` (image_inputs.PromptImages: per prompt token the tower's output, its feature and DeepStack
 features side by side, and the 3-D positions) with a cache. Without either the call is Qwen3's.
 """
 
@@ -26,11 +26,12 @@ import jax.numpy as jnp
 
 from ... import decoder
 from ...attention import Segments
+from ...image_inputs import PromptImages
 from ...kv_cache import LayerCache, RowCache
 from ...lora import LoraRouting, StackedLoraRouting
 from ...rope import rope_tables
 from ..qwen3_5.vision import VisionModel
-from ..qwen3_5.vision_batch import ImageBatch, PromptImages
+from ..qwen3_5.vision_batch import ImageBatch
 from ..qwen3_5.vision_merge import embed_images, embed_prompt_features, mrope_tables, tower_features
 from .config import Qwen3VLConfig
 
