@@ -53,7 +53,7 @@ def bare_tokens_per_s(engine, rows: int, repeats: int) -> float:
     """Prefill + NEW_TOKENS greedy decode steps of the same model under one jit, device-resident inputs."""
     from flax import nnx
 
-    from tinkerflow.workers.engine.model.decoder import empty_cache
+    from tinkerflow.workers.engine.model.kv_cache import empty_cache
     from tinkerflow.workers.engine.model.lora import LoraRouting
 
     graphdef, base, lora = engine._graphdef, engine._base, engine.adapters.lora

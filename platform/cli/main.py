@@ -118,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument(
         "--vision",
         action="store_true",
-        help="the family's vision-language checkpoint (a vision tower, preprocessor_config.json, the vision tokens); "
-        "--family qwen3_vl writes a tiny Qwen3-VL, which no engine family serves yet",
+        help="the family's vision-language checkpoint (a vision tower, preprocessor_config.json, the vision tokens): "
+        "--family qwen3_5 or qwen3_vl",
     )
 
     usage.add_parser(sub)  # a client of a running API: no settings flags of its own

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tinkerflow.workers.engine.model.decoder import empty_cache
+from tinkerflow.workers.engine.model.kv_cache import empty_cache
 from tinkerflow.workers.engine.model.loader import load_model
 from tinkerflow.workers.engine.model.lora import LoraRouting
 from tinkerflow.workers.engine.types import (

@@ -21,7 +21,7 @@ import pytest
 from qwen3_5_vision_reference import our_tower
 
 from tinkerflow.common.images import ImageProcessing, decode_image, model_image_processor, preprocess, token_count
-from tinkerflow.workers.engine.model.families.qwen3_5.family import read_config
+from tinkerflow.workers.engine.model.families import ModelConfig
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_checkpoint import PREFIX, VisionNames
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_config import vision_inputs
 from tinkerflow.workers.engine.model.tiny_model import make_tiny_model, tiny_families
@@ -79,11 +79,12 @@ def test_vision_token_ids_are_the_tokenizers(tiny_vl):
 
 
 def test_the_engine_reads_its_text_model_and_the_api_its_image_rules(tiny_vl):
-    """The engine's Qwen3.5 reads the composite config's text model (no engine family reads Qwen3-VL's yet); the
-    worker's card carries the processor."""
+    """The engine's family of each reads the composite config, tower and placeholder token included; the worker's
+    card carries the processor."""
     config = json.loads((tiny_vl / "config.json").read_text())
-    if tiny_vl.name == "qwen3_5":
-        assert read_config(config).arch == "qwen3_5"
+    read = ModelConfig.from_hf(config)
+    assert read.arch == tiny_vl.name
+    assert getattr(read, "image_token_id", None) == config["image_token_id"]
     found = model_image_processor(tiny_vl)
     assert found is not None
     assert found == json.loads((tiny_vl / "preprocessor_config.json").read_text())

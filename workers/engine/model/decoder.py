@@ -18,12 +18,13 @@ the program holds one layer's computation whatever the depth, so compile time do
 leaves are moved layer-first once per call for the scan (a copy of the LoRA state, which is small next to the base
 weights; the base weights are never copied). A family whose layers differ (a mixture of experts may mix dense and
 sparse layers, which one scan body cannot hold) has no stack (`Family.decoder_stack` None) and runs the per-layer
-loop (`nnx.List`). The KV cache is one `LayerCache` of [L, B, S, kv_heads, head_dim] arrays in both layouts.
+loop (`nnx.List`). The KV cache is one kv_cache.LayerCache of [L, B, S, kv_heads, head_dim] arrays in both layouts.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +34,12 @@ from .attention import Segments, attention
 from .cached_attention import attend_cached, write_kv
 from .embedding import Embedding, LMHead
 from .families import CacheKind, LayerOptions, ModelConfig, ModuleKind, family_named
+from .kv_cache import LayerCache, RowCache
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, lora_embedding_delta
 from .rope import apply_rope, rope_tables
+
+# What a model adds to the residual stream after a layer: (layer index, x [B, T, H]) -> x (CausalLM.decode).
+AfterLayer = Callable[[Any, jax.Array], jax.Array]
 
 # The LoRA target modules of the layers here (moe.py's experts name their projections as the MLP does) by train group,
 # named as PEFT and Tinker exports name them (the unembedding: Tinker's `unembed_tokens`, our `lm_head`).
@@ -48,39 +53,6 @@ DECODER_TARGETS: dict[str, ModuleKind] = {
     "down_proj": "mlp",
     "unembed_tokens": "unembed",
 }
-
-
-class LayerCache(NamedTuple):
-    """Keys/values of every layer for every cache slot: [L, B, S, num_kv_heads, head_dim]."""
-
-    k: jax.Array
-    v: jax.Array
-
-    def through(self, rows: jax.Array, lengths: jax.Array, fresh: jax.Array) -> RowCache:
-        """The slots `rows` as a call's batch rows. Keys and values need neither how many of the call's tokens are
-        real (a padded tail's keys lie past the row's position: masked, then overwritten) nor which rows start
-        afresh (a previous occupant's keys past the row's position are never read); a recurrent cache does."""
-        del lengths, fresh
-        return RowCache(self.k, self.v, rows)
-
-
-class RowCache(NamedTuple):
-    """A `LayerCache` of many slots seen through `rows` (int32 [R]): batch row r of a call reads and writes slot
-    rows[r] in place, so a chunk of a few rows' prompts continues them in the shared decode cache without a copy of
-    their caches. A row index past the cache (a padding row) reads zeros and writes nothing."""
-
-    k: jax.Array
-    v: jax.Array
-    rows: jax.Array
-
-    def settled(self) -> LayerCache:
-        return LayerCache(self.k, self.v)
-
-
-def empty_cache(config: ModelConfig, batch: int, length: int, dtype=jnp.float32, sharding=None) -> LayerCache:
-    """Zero keys/values; `dtype` is the model's compute dtype (its param_dtype), in which attention reads them."""
-    shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
-    return LayerCache(jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding))
 
 
 def constrain(x: jax.Array, sharding) -> jax.Array:
@@ -241,9 +213,11 @@ class DecoderStack(DecoderLayer):
         remat: bool,
         act_sharding,
         segments: Segments | None = None,
+        after_layer: AfterLayer | None = None,
     ):
         """Every layer in order as one `jax.lax.scan` over the layer axis; the cache (all layers') rides in the
-        carry and each layer writes its slice in place.
+        carry and each layer writes its slice in place; `after_layer` as `CausalLM.decode` takes it (its layer
+        index traced).
 
         Gradient checkpointing (`remat`): `jax.checkpoint` around the scanned body with the default policy (nothing
         saveable), so the backward pass keeps one [B, T, H] hidden state per layer and recomputes the layer's
@@ -256,6 +230,8 @@ class DecoderStack(DecoderLayer):
             layer_lora, layer_rest, i = xs
             layer = nnx.merge(graphdef, layer_lora, layer_rest)
             x, cache = DecoderLayer.__call__(layer, x, positions, rope, routing, cache, i, segments)
+            if after_layer is not None:
+                x = after_layer(i, x)
             return (constrain(x, act_sharding), cache), None
 
         if remat and cache is None:
@@ -347,15 +323,45 @@ class CausalLM(nnx.Module):
         """Final-norm hidden states [B, T, H] (and the updated cache when one is given). `segments`: which datum
         each token belongs to (packed rows; None: one datum per row, every token real). `remat` overrides the
         model's gradient checkpointing for this call (the training step turns it on by length)."""
-        remat = self.remat if remat is None else remat
-        rope = rope_tables(self.config, positions)
+        x = self.embed(tokens, routing)
+        return self.decode(x, positions, rope_tables(self.config, positions), routing, cache, segments, remat=remat)
+
+    def embed(self, tokens: jax.Array, routing: LoraRouting | StackedLoraRouting) -> jax.Array:
+        """The tokens' embeddings [B, T, H], with the unembedding LoRA's share where the embeddings are tied."""
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
+        return x
+
+    def decode(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        rope: tuple[jax.Array, jax.Array],
+        routing: LoraRouting | StackedLoraRouting,
+        cache: LayerCache | RowCache | None = None,
+        segments: Segments | None = None,
+        *,
+        remat: bool | None = None,
+        after_layer: AfterLayer | None = None,
+    ) -> tuple[jax.Array, LayerCache | RowCache | None]:
+        """`hidden` from the embeddings `x` on: the layers, turning q and k by the `rope` tables (cos, sin
+        [B, T, head_dim]; a multimodal model's are not those of `positions`, which still place the cache's keys),
+        then the final norm. `after_layer(i, x)`, when given, is the residual stream after layer i (Qwen3-VL adds
+        its DeepStack image features to the first layers' there); i is an int, or a traced int32 in the scan."""
+        remat = self.remat if remat is None else remat
         x = constrain(x, self.act_sharding)
         if isinstance(self.layers, DecoderStack):
             x, cache = self.layers.scan(
-                x, positions, rope, routing, cache, remat=remat, act_sharding=self.act_sharding, segments=segments
+                x,
+                positions,
+                rope,
+                routing,
+                cache,
+                remat=remat,
+                act_sharding=self.act_sharding,
+                segments=segments,
+                after_layer=after_layer,
             )
             return self.norm(x), cache
         assert isinstance(self.layers, nnx.List)  # built above: a stack or a per-layer list
@@ -366,6 +372,8 @@ class CausalLM(nnx.Module):
                 x = _layer_no_cache(layer, x, positions, rope, routing, segments)
             else:
                 x, cache = layer(x, positions, rope, routing, cache, i, segments)
+            if after_layer is not None:
+                x = after_layer(i, x)
             x = constrain(x, self.act_sharding)
         return self.norm(x), cache
 

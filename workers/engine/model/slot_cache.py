@@ -1,5 +1,5 @@
 """What the sampler's decode slots keep per model, asked of the model's family: every layer's keys and values
-(`decoder.LayerCache`) for a family whose layers all cache "kv", or the family's own cache for one with recurrent
+(`kv_cache.LayerCache`) for a family whose layers all cache "kv", or the family's own cache for one with recurrent
 layers (`Family.state_cache`, e.g. families/qwen3_5/cache.py: `empty_cache(config, slots, length, dtype)` and
 `state_bytes_per_slot(config)`); its cache answers what the sampler asks of any cache: `k`/`v` (the full-attention
 layers' [La, slots, S, kv_heads, head_dim]), `through(rows, lengths, fresh)` (a row view for an admission) and the
@@ -15,8 +15,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .decoder import LayerCache, empty_cache
 from .families import ModelConfig, StateCache, family_named
+from .kv_cache import LayerCache, empty_cache
 
 
 def recurrent(config: ModelConfig) -> bool:

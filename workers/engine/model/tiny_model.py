@@ -250,24 +250,14 @@ def make_tiny_model(
     return out
 
 
-# Vision-language checkpoints written for tests although no engine family reads them yet (their text model is
-# another family's inside a composite config).
-UNSERVED_VISION = ("qwen3_vl",)
-
-
 def _tiny_of(family: str, vision: bool) -> TinyCheckpoint | None:
-    if family in UNSERVED_VISION:
-        from .families.qwen3_5.tiny_vision import TINY_QWEN3_VL
-
-        return TINY_QWEN3_VL
     found = family_named(family)
     return found.tiny_vision if vision else found.tiny
 
 
 def tiny_families(*, vision: bool = False) -> list[str]:
     """The families that have a tiny checkpoint (`vision`: a vision-language one), sorted."""
-    served = [name for name in served_names() if _tiny_of(name, vision) is not None]
-    return sorted([*served, *UNSERVED_VISION] if vision else served)
+    return [name for name in served_names() if _tiny_of(name, vision) is not None]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -240,7 +240,7 @@ class Family:
     # `decoder_layer` / `decoder_stack` are then unused. None: decoder.CausalLM.
     causal_lm: Callable[..., nnx.Module] | None = None
     # The sampler's slot cache of a family with "recurrent" layers (e.g. the family's cache.py module); None: every
-    # layer caches keys and values in decoder.LayerCache.
+    # layer caches keys and values in kv_cache.LayerCache.
     state_cache: StateCache | None = None
     # A vision-language family's training images: (config, laid-out tokens [B, T], segments [B, T], the images in
     # placeholder order) -> what its causal LM's `hidden(..., images=)` takes. None: the family takes no images.

@@ -2,13 +2,13 @@
 attention (keys and values of every position) with Gated DeltaNet (a fixed-size state per row).
 
 `HybridCache` holds, for every cache slot, the full-attention layers' keys/values in the layout of
-`decoder.LayerCache` ([La, slots, S, kv_heads, head_dim], La the full-attention layers in order, so
+`kv_cache.LayerCache` ([La, slots, S, kv_heads, head_dim], La the full-attention layers in order, so
 `cached_attention`'s kernels and the prefix cache's pool read them as they read a dense model's) and the linear
 layers' states ([Ll, slots, ...], Ll the linear layers in order): the conv's last K - 1 inputs [K - 1, conv_dim]
 and the delta rule's matrix [value heads, dk, dv], both float32 whatever the compute dtype (the recurrence
 accumulates, as transformers keeps it). A slot's linear-layer memory is the same at any length.
 
-`HybridRowCache` is it seen through `rows`, as `decoder.RowCache`: batch row r of a call reads and writes slot
+`HybridRowCache` is it seen through `rows`, as `kv_cache.RowCache`: batch row r of a call reads and writes slot
 rows[r] in place (a row past the cache reads zeros and writes nothing). It also says, per row, how many of the
 call's tokens are real (`lengths`: an admission chunk's tail past a prompt is padding, which must not enter the
 recurrent state) and which rows start afresh (`fresh`: their slot's state is a previous occupant's, read as zeros).

@@ -66,6 +66,12 @@ class Qwen35Config(ModelConfig):
             raise ValueError("a config with a vision_config needs image_token_id")
 
     @property
+    def image_feature_size(self) -> int:
+        """The width of what the tower gives per placeholder (`CausalLM.image_features`): the hidden size, as Qwen3.5
+        has no DeepStack features (Qwen3-VL's config answers more)."""
+        return self.hidden_size
+
+    @property
     def rotary_dim(self) -> int:
         """The leading dims of each attention head that rope rotates (transformers' int(head_dim * factor))."""
         return int(self.head_dim * self.partial_rotary_factor)

@@ -5,9 +5,7 @@ inside `Qwen3_5ForConditionalGeneration`'s composite checkpoint, as transformers
 transformers' `Qwen2VLImageProcessor` (what tinkerflow.common.images reads, and what the API counts an image's tokens
 with). The tokenizer is the tiny Qwen3.5's, which already carries the vision tokens.
 
-The tiny Qwen3-VL (`make-tiny-model --family qwen3_vl`) is the same tower with one DeepStack merger around the tiny
-Qwen3's text model (`Qwen3VLForConditionalGeneration`, interleaved M-RoPE); no engine family reads it yet, it is for
-parity tests.
+The tiny Qwen3-VL (qwen3_vl/tiny_vision.py) is the same tower with one DeepStack merger, written by the helpers here.
 
 The tower is small (2 blocks of width 32 on 2 heads, Qwen3.5's patch 16, temporal patch 2 and merge 2) and its image
 processor keeps images between 64 x 64 and 256 x 256 pixels, so an image is 4 to 64 placeholder tokens and a test's
@@ -18,11 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tiny_shapes import SHAPE
 from ...tiny_tokenizer import SPECIAL_TOKENS
 from .. import TinyCheckpoint
-from ..qwen3.tiny import config_dict as qwen3_config_dict
-from ..qwen3.tiny import parameter_shapes as qwen3_parameter_shapes
 from .tiny import CHAT_TEMPLATE, CHAT_TOKENS, QWEN35_SHAPE, config_dict, norm_weight, parameter_shapes
 
 VISION_SHAPE: dict[str, Any] = {
@@ -54,7 +49,6 @@ PREPROCESSOR_CONFIG: dict[str, Any] = {
     "size": {"shortest_edge": 64 * 64, "longest_edge": 256 * 256},
 }
 _TEXT_PREFIX = "model.language_model."
-QWEN3_VL_DEEPSTACK = (0,)  # the first block's patches also feed the language model's first layer (DeepStack)
 
 
 def token_id(eos_token_id: int, token: str) -> int:
@@ -74,7 +68,7 @@ def vision_config_dict(out_hidden_size: int, deepstack: tuple[int, ...] = ()) ->
     return {**config, "deepstack_visual_indexes": list(deepstack)} if deepstack else config
 
 
-def _composite(architecture: str, model_type: str, eos_token_id: int, text: dict[str, Any], vision: dict[str, Any]):
+def composite(architecture: str, model_type: str, eos_token_id: int, text: dict[str, Any], vision: dict[str, Any]):
     import transformers
 
     text.pop("architectures", None)
@@ -97,23 +91,7 @@ def composite_config_dict(eos_token_id: int) -> dict[str, Any]:
     """Qwen3_5ForConditionalGeneration's config.json: the tiny text config as its `text_config`."""
     text = config_dict(eos_token_id, moe=False)
     vision = vision_config_dict(QWEN35_SHAPE["hidden_size"])
-    return _composite("Qwen3_5ForConditionalGeneration", "qwen3_5", eos_token_id, text, vision)
-
-
-def qwen3_vl_config_dict(eos_token_id: int) -> dict[str, Any]:
-    """Qwen3VLForConditionalGeneration's config.json: the tiny Qwen3's text config with Qwen3-VL's interleaved
-    M-RoPE (sections of the head's 16 rotary pairs for time, rows and columns)."""
-    text = {**qwen3_config_dict(eos_token_id), "model_type": "qwen3_vl_text"}
-    for key in ("layer_types", "max_window_layers", "sliding_window", "use_sliding_window", "rope_theta"):
-        text.pop(key, None)
-    text["rope_parameters"] = {
-        "rope_type": "default",
-        "rope_theta": SHAPE["rope_theta"],
-        "mrope_section": [6, 5, 5],
-        "mrope_interleaved": True,
-    }
-    vision = vision_config_dict(SHAPE["hidden_size"], QWEN3_VL_DEEPSTACK)
-    return _composite("Qwen3VLForConditionalGeneration", "qwen3_vl", eos_token_id, text, vision)
+    return composite("Qwen3_5ForConditionalGeneration", "qwen3_5", eos_token_id, text, vision)
 
 
 def _merger(prefix: str, h: int, merged: int, out: int, norm: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -161,21 +139,14 @@ def vision_parameter_shapes(out_hidden_size: int, deepstack: tuple[int, ...] = (
     return shapes
 
 
-def _under_language_model(shapes: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
+def under_language_model(shapes: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
     """A causal LM's tensors as a composite checkpoint names them (lm_head stays top-level)."""
     return [(_TEXT_PREFIX + n[len("model.") :] if n.startswith("model.") else n, s) for n, s in shapes]
 
 
 def composite_parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
     """The text model's tensors under `model.language_model.`, then the tower's."""
-    return _under_language_model(parameter_shapes(moe=False)) + vision_parameter_shapes(QWEN35_SHAPE["hidden_size"])
-
-
-def qwen3_vl_parameter_shapes() -> list[tuple[str, tuple[int, ...]]]:
-    """The tiny Qwen3's tensors under `model.language_model.`, then the tower's with its DeepStack mergers."""
-    return _under_language_model(qwen3_parameter_shapes()) + vision_parameter_shapes(
-        SHAPE["hidden_size"], QWEN3_VL_DEEPSTACK
-    )
+    return under_language_model(parameter_shapes(moe=False)) + vision_parameter_shapes(QWEN35_SHAPE["hidden_size"])
 
 
 def _norm_weight(name: str) -> float:
@@ -194,19 +165,5 @@ TINY_VISION = TinyCheckpoint(
     norm_weight=_norm_weight,
     extra_tokens=CHAT_TOKENS,
     chat_template=CHAT_TEMPLATE,
-    extra_json={"preprocessor_config.json": PREPROCESSOR_CONFIG},
-)
-# Qwen3-VL (`make-tiny-model --family qwen3_vl`): written for parity tests of images and the tower; no engine family
-# reads its composite config yet.
-TINY_QWEN3_VL = TinyCheckpoint(
-    config=qwen3_vl_config_dict,
-    parameter_shapes=qwen3_vl_parameter_shapes,
-    marker={
-        "qwen3_vl": dict(SHAPE),
-        "chat_tokens": list(CHAT_TOKENS),
-        "vision": {**VISION_SHAPE, "deepstack": list(QWEN3_VL_DEEPSTACK), "preprocessor": PREPROCESSOR_CONFIG},
-    },
-    norm_weight=lambda name: 1.0,
-    extra_tokens=CHAT_TOKENS,
     extra_json={"preprocessor_config.json": PREPROCESSOR_CONFIG},
 )

@@ -20,7 +20,7 @@ How the causal LM calls it (model.py's `hidden` with a vision_batch.ImageBatch; 
     mask, index = placeholders(tokens, image_token_id)
     x = scatter_features(x, mask, index, features)
     rope = mrope_tables(mrope, config.inv_freq(), section)   # section = mrope_section(config.json)
-    ...then the decoder layers as now; Qwen3-VL adds deepstack[i] after layer i: add_features(x, mask, index, ...)
+    ...then the decoder layers as now; Qwen3-VL adds deepstack[i] after layer i (`DeepStack`, `embed_images`)
 
 `delta` (the last datum's largest position + 1 - its length, per row) is what a sampler adds to a generated
 token's index to get its position on all three axes.
@@ -29,7 +29,7 @@ token's index to get its position on all three axes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -113,12 +113,12 @@ def _check_runs(is_image: np.ndarray, counts: Sequence[int], row: int) -> None:
         raise ValueError(f"row {row}: image placeholder runs {runs} do not split into images of {list(counts)} tokens")
 
 
-def mrope_section(hf: Mapping[str, Any]) -> tuple[int, int, int]:
+def mrope_section(hf: Mapping[str, Any], default: tuple[int, int, int] = (11, 11, 10)) -> tuple[int, int, int]:
     """The rotary frequencies given to the temporal, height and width axes, from a config.json (its text config's
-    `rope_parameters.mrope_section`; Qwen3.5's default [11, 11, 10])."""
+    `rope_parameters.mrope_section`; else the family's default: Qwen3.5's [11, 11, 10], Qwen3-VL's [24, 20, 20])."""
     text = hf.get("text_config") or hf
     rope = text.get("rope_parameters") or {}
-    section = tuple(int(s) for s in rope.get("mrope_section", (11, 11, 10)))
+    section = tuple(int(s) for s in rope.get("mrope_section", default))
     if len(section) != 3:
         raise ValueError(f"mrope_section {list(section)} must have 3 entries (temporal, height, width)")
     return section  # type: ignore[return-value]
@@ -156,3 +156,51 @@ def scatter_features(x: jax.Array, mask: jax.Array, index: jax.Array, features: 
 def add_features(x: jax.Array, mask: jax.Array, index: jax.Array, features: jax.Array) -> jax.Array:
     """Hidden states x [B, T, H] plus each placeholder's feature (Qwen3-VL's DeepStack, after an early layer)."""
     return x + jnp.where(mask[..., None], jnp.take(features, index, axis=0).astype(x.dtype), 0)
+
+
+class DeepStack(NamedTuple):
+    """Qwen3-VL's DeepStack as decoder.CausalLM.decode's `after_layer`: the tower's extra features [K, M, H] added
+    at the image placeholders (`mask`, `index` as `placeholders` gives them) to the residual stream after the
+    language model's layers 0 .. K-1 (transformers' `_deepstack_process`); later layers pass x through."""
+
+    mask: jax.Array
+    index: jax.Array
+    features: jax.Array
+
+    def __call__(self, layer: Any, x: jax.Array) -> jax.Array:
+        k = self.features.shape[0]
+        if isinstance(layer, int):  # the per-layer loop
+            return add_features(x, self.mask, self.index, self.features[layer]) if layer < k else x
+        # the scan's traced index: only the first K layers gather their features
+        at = jnp.minimum(layer, k - 1)
+        return jax.lax.cond(
+            layer < k, lambda x: add_features(x, self.mask, self.index, self.features[at]), lambda x: x, x
+        )
+
+
+def tower_features(features: jax.Array, deepstack: Sequence[jax.Array]) -> jax.Array:
+    """What a tower's call gives for a placeholder in one array [M, (1 + K) * H]: its feature, then its DeepStack
+    features (none for Qwen3.5), side by side, as the sampler keeps them per prompt token."""
+    return jnp.concatenate([features, *deepstack], axis=-1) if deepstack else features
+
+
+def embed_images(
+    x: jax.Array, tokens: jax.Array, image_token_id: int, features: jax.Array, deepstack: Sequence[jax.Array]
+) -> tuple[jax.Array, DeepStack | None]:
+    """A training batch's embeddings x [B, T, H] with the tower's `features` [M, H] at the placeholders of `tokens`
+    [B, T], and the DeepStack features [M, H] each (None when there are none) for the first layers."""
+    mask, index = placeholders(tokens, image_token_id)
+    extra = DeepStack(mask, index, jnp.stack(list(deepstack))) if deepstack else None
+    return scatter_features(x, mask, index, features), extra
+
+
+def embed_prompt_features(x: jax.Array, mask: jax.Array, features: jax.Array) -> tuple[jax.Array, DeepStack | None]:
+    """The sampler's form of `embed_images`: `features` [R, C, (1 + K) * H] at each prompt token (`tower_features`
+    of its placeholder, anything elsewhere), `mask` [R, C] the placeholders. A width of H: no DeepStack."""
+    r, c, h = x.shape
+    x = jnp.where(mask[..., None], features[..., :h].astype(x.dtype), x)
+    k = features.shape[-1] // h - 1
+    if k == 0:
+        return x, None
+    extra = jnp.moveaxis(features[..., h:].reshape(r * c, k, h), 1, 0)  # [K, R * C, H], token (i, j) at row i*C + j
+    return x, DeepStack(mask, jnp.arange(r * c, dtype=jnp.int32).reshape(r, c), extra)

@@ -8,10 +8,10 @@ from .. import ModelConfig
 
 
 def read_config(hf: dict[str, Any]) -> ModelConfig:
-    return ModelConfig.read(hf, arch="qwen3_moe", qk_norm=True, **_moe_fields(hf))
+    return ModelConfig.read(hf, arch="qwen3_moe", qk_norm=True, **moe_fields(hf))
 
 
-def _moe_fields(hf: dict[str, Any]) -> dict[str, Any]:
+def moe_fields(hf: dict[str, Any]) -> dict[str, Any]:
     """Qwen3MoeConfig's expert settings, with transformers' rule for which layers are sparse:
     layer i is MoE iff i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0."""
     # transformers 5 writes num_experts as num_local_experts (its attribute_map); published files say num_experts.
