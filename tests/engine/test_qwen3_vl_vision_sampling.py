@@ -100,18 +100,10 @@ def test_chunked_prefill_and_decode_with_images_equal_the_training_forward(engin
     np.testing.assert_allclose(np.concatenate(got), want, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the sampler's tower() keeps the features alone and sizes them by hidden_size (sampling/prompt_images.py "
-    "tower, row_images; sampler_programs.py _images): Qwen3-VL's need vision_merge.tower_features and "
-    "config.image_feature_size",
-)
 def test_sampled_logprobs_with_images_equal_the_forward(engine):
     """Through the engine's sampler: a prompt with an image and a text prompt, sampled together; every sampled
-    token's logprob is the training forward's of the same sequence with its images (passes once the sampler keeps
-    the DeepStack features, `vision_merge.tower_features` `image_feature_size` wide; the xfail is strict so that it
-    says so)."""
+    token's logprob is the training forward's of the same sequence with its images (the sampler keeps each
+    placeholder's DeepStack features beside its feature, `image_inputs.tower_features`)."""
     import jax
 
     from tinkerflow.workers.engine.types import SampleInput, SampleResult

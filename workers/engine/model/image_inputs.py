@@ -9,10 +9,12 @@ placeholder token in its config (`image_token_id`) and takes `prompt_images=` in
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 
 if TYPE_CHECKING:
     from .families import ModelConfig
@@ -39,3 +41,15 @@ def image_token_id(config: ModelConfig) -> int | None:
 def takes_images(config: ModelConfig) -> bool:
     """The model holds a vision tower: its sampler programs carry the images' features and 3-D positions."""
     return image_token_id(config) is not None
+
+
+def feature_width(config: ModelConfig) -> int:
+    """How wide the sampler keeps a placeholder's features: the tower's feature and its DeepStack features side by
+    side (`tower_features`; a family's `image_feature_size`), else the hidden size."""
+    return getattr(config, "image_feature_size", config.hidden_size)
+
+
+def tower_features(features: jax.Array, deepstack: Sequence[jax.Array]) -> jax.Array:
+    """What a tower's call gives for a placeholder in one array [M, (1 + K) * H]: its feature, then its DeepStack
+    features (none for Qwen3.5), side by side, as the sampler keeps them per prompt token."""
+    return jnp.concatenate([features, *deepstack], axis=-1) if deepstack else features

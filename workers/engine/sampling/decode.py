@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..model.families import ModelConfig
-from ..model.image_inputs import PromptImages, takes_images
+from ..model.image_inputs import PromptImages, feature_width, takes_images
 from ..model.logprobs import chunk_tokens, scored_next
 from ..model.lora import StackedLoraRouting
 from ..model.sharding import DeviceLayout
@@ -285,7 +285,7 @@ def decode(
         if vision:  # every axis at the slot's position plus its rope delta (no placeholders among sampled tokens)
             token = s.last_token[:, None]
             at = jnp.repeat((s.pos + s.delta)[:, None, None], 3, axis=2)
-            zero = jnp.zeros((*token.shape, model.config.hidden_size), jnp.float32)
+            zero = jnp.zeros((*token.shape, feature_width(model.config)), jnp.float32)
             images = PromptImages(features=zero, mask=jnp.zeros(token.shape, bool), positions=at)
             h, cache = model.hidden(token, s.pos[:, None], routing, s.cache, prompt_images=images)
         else:

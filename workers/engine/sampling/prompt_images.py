@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from ..model.families import ModelConfig, family_named
-from ..model.image_inputs import image_token_id
+from ..model.image_inputs import feature_width, image_token_id, tower_features
 from .rows import SampleRow
 
 
@@ -34,9 +34,9 @@ def visual(graphdef: nnx.GraphDef, lora: Any, base: Any) -> tuple[nnx.GraphDef, 
 
 
 def tower(graphdef: nnx.GraphDef, state: Any, patches: jax.Array, vision: Any) -> jax.Array:
-    """The tower's features [patches / merge unit, H] of one row's images, padded to a patch bucket."""
-    features, _ = nnx.merge(graphdef, state)(patches, vision)  # the sampler takes no DeepStack features
-    return features
+    """The tower's features [patches / merge unit, W] of one row's images, padded to a patch bucket: W the
+    feature's width, its DeepStack features beside it (image_inputs.feature_width)."""
+    return tower_features(*nnx.merge(graphdef, state)(patches, vision))
 
 
 def blank_images(config: ModelConfig) -> Any:
@@ -51,7 +51,7 @@ def blank_images(config: ModelConfig) -> Any:
 class RowImages:
     """One row's images as its chunks take them."""
 
-    features: np.ndarray  # float32 [placeholders, H]: the tower's, in placeholder order
+    features: np.ndarray  # float32 [placeholders, W]: the tower's, in placeholder order
     feature_of: np.ndarray  # int32 [P]: each prompt token's row of `features` (-1: not a placeholder)
     positions: np.ndarray  # int32 [P, 3]: the prompt's (temporal, height, width) rotary positions
     delta: int  # a generated token's rotary position minus its place in the row
@@ -74,7 +74,7 @@ def row_images(
     feature_of = np.where(is_image, np.cumsum(is_image) - 1, -1).astype(np.int32)
     key = tuple(digest for *_, digest in row.image_spans) or None
     if not is_image[start:].any():  # no chunk reads a feature
-        features = np.zeros((count, config.hidden_size), np.float32)
+        features = np.zeros((count, feature_width(config)), np.float32)
     elif seen is not None and key in seen:
         features = seen[key]
     else:
@@ -86,7 +86,7 @@ def row_images(
 
 
 def chunk_images(
-    chunk: Any, images: list[RowImages | None], hidden: int, slots: int, dtype: Any = np.float32
+    chunk: Any, images: list[RowImages | None], width: int, slots: int, dtype: Any = np.float32
 ) -> tuple[dict[str, np.ndarray | None], np.ndarray]:
     """One admission.Chunk's (image_inputs.PromptImages fields as numpy, rope delta int32 [R]): row j's features at
     its placeholders (in `dtype`, the model's compute dtype) and its tokens' 3-D positions, the 1-D ones on every axis
@@ -97,7 +97,7 @@ def chunk_images(
     flat = chunk.start[:, None] + np.arange(c, dtype=np.int32)[None, :]
     positions = np.repeat(flat[:, :, None], 3, axis=2).astype(np.int32)
     mask = np.zeros((r, c), bool)
-    features = np.zeros((r, c, hidden), dtype)
+    features = np.zeros((r, c, width), dtype)
     delta = np.zeros((r,), np.int32)
     for j, got in enumerate(images):
         if got is None or chunk.index[j] >= slots:

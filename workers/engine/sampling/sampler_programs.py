@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from ..model.families import ModelConfig
-from ..model.image_inputs import PromptImages, takes_images
+from ..model.image_inputs import PromptImages, feature_width, takes_images
 from ..model.sharding import DeviceLayout
 from ..runtime.aot_cache import AotCache
 from . import admission
@@ -143,13 +143,13 @@ class SamplerPrograms:
         """admit's `images` and `delta`: the chunk's (prompt_images.py), or None and None on a text-only model."""
         if not takes_images(self.config):
             return None, None
-        fields, delta = chunk_images(chunk, images, self.config.hidden_size, slots, self.dtype)
+        fields, delta = chunk_images(chunk, images, feature_width(self.config), slots, self.dtype)
         put = self.placement.put_batch
         features = fields.pop("features")
         if features is None:
             r, c = chunk.chunk.shape
             if (r, c) not in self._zeros:
-                self._zeros[(r, c)] = put(np.zeros((r, c, self.config.hidden_size), self.dtype))
+                self._zeros[(r, c)] = put(np.zeros((r, c, feature_width(self.config)), self.dtype))
             features = self._zeros[(r, c)]
         else:
             features = put(features)

@@ -178,12 +178,6 @@ class DeepStack(NamedTuple):
         )
 
 
-def tower_features(features: jax.Array, deepstack: Sequence[jax.Array]) -> jax.Array:
-    """What a tower's call gives for a placeholder in one array [M, (1 + K) * H]: its feature, then its DeepStack
-    features (none for Qwen3.5), side by side, as the sampler keeps them per prompt token."""
-    return jnp.concatenate([features, *deepstack], axis=-1) if deepstack else features
-
-
 def embed_images(
     x: jax.Array, tokens: jax.Array, image_token_id: int, features: jax.Array, deepstack: Sequence[jax.Array]
 ) -> tuple[jax.Array, DeepStack | None]:
@@ -195,8 +189,9 @@ def embed_images(
 
 
 def embed_prompt_features(x: jax.Array, mask: jax.Array, features: jax.Array) -> tuple[jax.Array, DeepStack | None]:
-    """The sampler's form of `embed_images`: `features` [R, C, (1 + K) * H] at each prompt token (`tower_features`
-    of its placeholder, anything elsewhere), `mask` [R, C] the placeholders. A width of H: no DeepStack."""
+    """The sampler's form of `embed_images`: `features` [R, C, (1 + K) * H] at each prompt token
+    (`image_inputs.tower_features` of its placeholder, anything elsewhere), `mask` [R, C] the placeholders. A width
+    of H: no DeepStack."""
     r, c, h = x.shape
     x = jnp.where(mask[..., None], features[..., :h].astype(x.dtype), x)
     k = features.shape[-1] // h - 1

@@ -47,7 +47,7 @@ class Qwen3VLConfig(ModelConfig):
     @property
     def image_feature_size(self) -> int:
         """The width of what the tower gives per placeholder: its feature and each DeepStack feature side by side
-        (vision_merge.tower_features)."""
+        (image_inputs.tower_features)."""
         assert self.vision is not None
         return self.hidden_size * (1 + len(self.vision.deepstack_visual_indexes))
 

@@ -26,13 +26,13 @@ import jax.numpy as jnp
 
 from ... import decoder
 from ...attention import Segments
-from ...image_inputs import PromptImages
+from ...image_inputs import PromptImages, tower_features
 from ...kv_cache import LayerCache, RowCache
 from ...lora import LoraRouting, StackedLoraRouting
 from ...rope import rope_tables
 from ..qwen3_5.vision import VisionModel
 from ..qwen3_5.vision_batch import ImageBatch
-from ..qwen3_5.vision_merge import embed_images, embed_prompt_features, mrope_tables, tower_features
+from ..qwen3_5.vision_merge import embed_images, embed_prompt_features, mrope_tables
 from .config import Qwen3VLConfig
 
 
@@ -85,5 +85,5 @@ class CausalLM(decoder.CausalLM):
 
     def image_features(self, patches: jax.Array, vision: Any) -> jax.Array:
         """The tower's output [patches / merge unit, (1 + K) * H] of a padded run of images' patches: per
-        placeholder its feature and its K DeepStack features side by side (vision_merge.tower_features)."""
+        placeholder its feature and its K DeepStack features side by side (image_inputs.tower_features)."""
         return tower_features(*self.visual(patches, vision))
