@@ -3,13 +3,15 @@ model (`make-tiny-model --family qwen3_5 --vision`): a datum with an image train
 `forward` scores it); an `expected_tokens` that disagrees, a truncated png, a 40-megapixel image and a text file
 named .png each fail their own future as a `user` error naming the field or the limit, while another tenant's
 forward_backward loop runs through them; the JAX worker's process is the same throughout. A sample's bad image fails
-the same way and a good one is refused plainly (sampling with images is not served yet); an `image_asset_pointer`
-chunk is refused by name; chat completions refuse a remote image URL by name. One stack, a few steps."""
+the same way; an `image_asset_pointer` chunk is refused by name; chat completions refuse a remote image URL by name.
+A prompt with an image samples, and its `compute_logprobs` equals the training forward's logprobs of the same
+model_input. One stack, a few steps."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import threading
 from typing import Any
 
@@ -72,10 +74,14 @@ def _user_error(future) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e-images")
-    model = make_tiny_model(root / "tiny-qwen3_5-vl", family="qwen3_5", vision=True)
-    s = launch(root / "state", api_key=API_KEY, extra=["--base-model", str(model), "--api-key", OTHER_API_KEY])
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("e2e-images") / "tiny-qwen3_5-vl", family="qwen3_5", vision=True)
+
+
+@pytest.fixture(scope="module")
+def stack(model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e-images-state")
+    s = launch(root / "state", api_key=API_KEY, extra=["--base-model", str(model_dir), "--api-key", OTHER_API_KEY])
     yield s
     s.stop()
 
@@ -136,11 +142,13 @@ def test_bad_images_are_user_errors_while_another_tenant_trains(stack):
         )
         err = _user_error(sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)))
         assert "sample: prompt: chunks[1]: expected_tokens=9 but the image becomes 15 tokens" in err
-        good = types.ModelInput(
-            chunks=[*prompt.chunks[:1], types.ImageChunk(data=png, format="png", expected_tokens=15)]
+        cut = types.ModelInput(
+            chunks=[*prompt.chunks[:1], types.ImageChunk(data=png[: len(png) // 2], format="png", expected_tokens=15)]
         )
-        err = _user_error(sampler.sample(good, 1, types.SamplingParams(max_tokens=2)))
-        assert "sampling with images is not served yet" in err  # refused plainly, never dropped
+        err = _user_error(sampler.sample(cut, 1, types.SamplingParams(max_tokens=2)))
+        assert "sample: prompt: chunks[1]: image data is not a valid png image" in err
+        err = _user_error(sampler.compute_logprobs(cut))
+        assert "sample: prompt: chunks[1]: image data is not a valid png image" in err
         pointer = types.ModelInput(
             chunks=[types.ImageAssetPointerChunk(format="png", location="s3://bucket/cat.png", expected_tokens=15)]
         )
@@ -197,3 +205,42 @@ def test_a_datum_with_an_image_trains(stack):
     scored = client.forward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
     assert len(scored.loss_fn_outputs[0]["logprobs"].tolist()) == n
     assert scored.metrics["loss:sum"] < losses[0]
+
+
+# The sampler's prefill (prompt chunks, the tower run alone) and one training forward differ only in float32 rounding
+# on the tiny model (tests/engine/test_qwen3_5_vision_sampling.py holds the engine to 1e-5); a misplaced image,
+# a wrong rotary position or a missing feature moves a logprob by far more.
+LOGPROB_ATOL = 1e-4
+
+
+def test_a_prompt_with_an_image_samples_and_scores_as_the_forward_does(stack, model_dir):
+    """A trained adapter's sampling client samples from a prompt with an image, and `compute_logprobs` of that
+    prompt equals the training client's `forward` logprobs of the same model_input, placeholders included."""
+    image_id = json.loads((model_dir / "config.json").read_text())["image_token_id"]
+    service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
+    client = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
+    image = types.ImageChunk(data=_png(), format="png", expected_tokens=15)
+    before, after = TOKENS[:4], TOKENS[4:8]
+    prompt = types.ModelInput(
+        chunks=[types.EncodedTextChunk(tokens=before), image, types.EncodedTextChunk(tokens=after)]
+    )
+    ids = [*before, *[image_id] * 15, *after]
+    assert prompt.length == len(ids)
+    datum = types.Datum(
+        model_input=prompt,
+        loss_fn_inputs={"target_tokens": _tensor([*ids[1:], 0], np.int64), "weights": _tensor([1.0] * len(ids))},
+    )
+    client.forward_backward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
+    client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT_S)  # the adapter is not zero
+    sampler = client.save_weights_and_get_sampling_client("with-image")
+
+    out = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4, seed=3)).result(timeout=TIMEOUT_S)
+    assert len(out.sequences) == 2 and all(len(s.tokens) >= 1 for s in out.sequences), out
+
+    scored = sampler.compute_logprobs(prompt).result(timeout=TIMEOUT_S)
+    assert len(scored) == len(ids) and scored[0] is None
+    got = np.asarray(scored[1:], np.float64)
+    assert np.all(np.isfinite(got)), got
+    forward = client.forward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
+    want = np.asarray(forward.loss_fn_outputs[0]["logprobs"].tolist()[:-1], np.float64)
+    np.testing.assert_allclose(got, want, atol=LOGPROB_ATOL, rtol=0)
