@@ -54,26 +54,33 @@ def model_processing(card: ModelCard) -> ImageProcessing:
 
 def images_problem(images: list[RawImage], card: ModelCard) -> str:
     """What is wrong with a request's images ("" when there are none or all are good)."""
-    if not images:
-        return ""
     try:
-        processing = model_processing(card)
-        counts: dict[str, int] = {}
-        for image in images:
-            datum = image.where.split(":", 1)[0]
-            counts[datum] = counts.get(datum, 0) + 1
-            if counts[datum] > MAX_IMAGES_PER_DATUM:
-                raise InputError(
-                    f"{datum} has more than {MAX_IMAGES_PER_DATUM} images, over the limit of {MAX_IMAGES_PER_DATUM} "
-                    "images per datum"
-                )
-            try:
-                image_chunk_tokens(image.data, image.format, image.expected_tokens, processing)
-            except InputError as e:
-                raise InputError(f"{image.where}: {e}") from e
+        image_tokens(images, card)
     except InputError as e:
         return str(e)
     return ""
+
+
+def image_tokens(images: list[RawImage], card: ModelCard) -> list[int]:
+    """The placeholder tokens each image becomes on the served model; InputError naming what is wrong."""
+    if not images:
+        return []
+    processing = model_processing(card)
+    counts: dict[str, int] = {}
+    tokens: list[int] = []
+    for image in images:
+        datum = image.where.split(":", 1)[0]
+        counts[datum] = counts.get(datum, 0) + 1
+        if counts[datum] > MAX_IMAGES_PER_DATUM:
+            raise InputError(
+                f"{datum} has more than {MAX_IMAGES_PER_DATUM} images, over the limit of {MAX_IMAGES_PER_DATUM} "
+                "images per datum"
+            )
+        try:
+            tokens.append(image_chunk_tokens(image.data, image.format, image.expected_tokens, processing))
+        except InputError as e:
+            raise InputError(f"{image.where}: {e}") from e
+    return tokens
 
 
 async def forward_backward_problem(svc: Services, model_id: str, body: bytes, who: str) -> str:
@@ -94,6 +101,11 @@ async def forward_backward_problem(svc: Services, model_id: str, body: bytes, wh
 async def checked_off_loop(images: list[RawImage], card: ModelCard) -> str:
     """`images_problem` in a thread: decoding a large image takes the CPU for a while, not the API's event loop."""
     return await asyncio.to_thread(images_problem, images, card)
+
+
+async def counted_off_loop(images: list[RawImage], card: ModelCard) -> list[int]:
+    """`image_tokens` in a thread, as `checked_off_loop`."""
+    return await asyncio.to_thread(image_tokens, images, card)
 
 
 def forward_backward_images(body: bytes) -> list[RawImage]:
