@@ -247,7 +247,7 @@ def test_a_prompt_with_an_image_samples_and_scores_as_the_forward_does(stack, mo
     )
     client.forward_backward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
     client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT_S)  # the adapter is not zero
-    sampler = client.save_weights_and_get_sampling_client("with-image")
+    sampler = client.save_weights_and_get_sampling_client().result()
 
     out = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4, seed=3)).result(timeout=TIMEOUT_S)
     assert len(out.sequences) == 2 and all(len(s.tokens) >= 1 for s in out.sequences), out
