@@ -35,6 +35,7 @@ from tinkerflow.activities.op_points import EngineTimer, OpPoints
 from tinkerflow.activities.paging import Paging
 from tinkerflow.activities.sampler_weights import SamplerWeights
 from tinkerflow.activities.specs import lora_config, optim_config
+from tinkerflow.activities.wire_images import ImageRules
 from tinkerflow.common import metrics
 from tinkerflow.common.checkpoints import CheckpointStore
 from tinkerflow.common.store import ClaimCheckStore
@@ -82,10 +83,10 @@ class EngineActivities:
         incarnation: str = "",
         points: OpPoints | None = None,
         meter: AcceleratorMeter | None = None,
-        images: wire.ImageRules | None = None,
+        images: ImageRules | None = None,
     ):
         self.engine = engine
-        self.images = images  # how forward_backward datums' ImageChunks become tokens and patches (None: refused)
+        self.images = images  # how datums' and prompts' ImageChunks become tokens and patches (None: refused)
         self.points, self.meter = points, meter  # each op's metric point; device memory and MFU per engine call
         self.incarnation = incarnation
         self.store = store
@@ -307,7 +308,7 @@ class EngineActivities:
             snapshot = item.snapshot or None
             self.sampler_weights.ready(item.snapshot)  # a failed load's error, or weights the budget pushed out
             body = self.store.get_unless_cancelled(payload(item))  # cancel_future marks queued samples
-            inp = wire.sample_input(body, snapshot)
+            inp = wire.sample_input(body, snapshot, self.images)
             asked[id(inp)] = (item, body)
             return inp
 

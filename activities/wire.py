@@ -3,33 +3,25 @@
 Decoding failures raise `InputError`, so a malformed datum fails only its own future, with a message that says
 which datum and which field.
 
-A forward_backward datum's `ImageChunk`s (for a model with a vision tower: `ImageRules`) become the image's
-placeholder tokens in `Datum.tokens` (as many as its `expected_tokens`) and its patch rows in `Datum.images`, cut
-by the served checkpoint's own image processor (tinkerflow.common.images), the one the API checked the image with.
+A forward_backward datum's and a sample prompt's `ImageChunk`s become placeholder tokens and patch rows
+(`Datum.images`, `SampleInput.images`) through one converter, wire_images.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
-from tinker.types import EncodedTextChunk, SampleRequest
+from tinker.types import SampleRequest
 from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
 
-from tinkerflow.common.images import (
-    MAX_IMAGES_PER_DATUM,
-    ImageProcessing,
-    ProcessedImage,
-    check_expected_tokens,
-    decode_image,
-    preprocess,
-)
+from tinkerflow.activities.wire_images import ImageRules, json_parts, model_tokens, proto_parts
 from tinkerflow.workers.engine.sampling.decode import MAX_TARGET_PROMPT_LOGPROBS
 from tinkerflow.workers.engine.types import (
     Datum,
@@ -120,58 +112,6 @@ def _tensor(name: str, t: pb.Tensor, where: str, bounds: Bounds = Bounds()) -> n
     return arr.copy()
 
 
-@dataclass(frozen=True)
-class ImageRules:
-    """How the served model takes images: its image processor, and the token an image's features replace."""
-
-    processing: ImageProcessing
-    token_id: int
-
-
-def image_rules(image_processor: dict[str, Any] | None, image_token_id: int | None) -> ImageRules | None:
-    """The rules of a model whose engine runs a vision tower (ModelCard.image_processor, ModelInfo.image_token_id);
-    None for a text model, or a processor this server does not follow (the API refuses its images by name)."""
-    if image_processor is None or image_token_id is None:
-        return None
-    try:
-        return ImageRules(ImageProcessing.from_hf(image_processor), image_token_id)
-    except ValueError:
-        return None
-
-
-def _image(chunk: pb.ImageChunk, where: str, rules: ImageRules) -> ProcessedImage:
-    if chunk.HasField("override_dimensions"):  # the SDK never sets it; honouring it would resize
-        raise InputError(f"{where}: image.override_dimensions is not supported; send the image at its size")
-    try:
-        image = preprocess(decode_image(chunk.data, chunk.format), rules.processing)
-        check_expected_tokens(chunk.expected_tokens if chunk.HasField("expected_tokens") else None, image.tokens)
-    except InputError as e:
-        raise InputError(f"{where}: {e}") from e
-    return image
-
-
-def _tokens(
-    chunks: Iterable[pb.Chunk], where: str, rules: ImageRules | None = None
-) -> tuple[np.ndarray, tuple[ProcessedImage, ...]]:
-    """The datum's token ids (an image: its placeholder tokens) and its images, in order."""
-    parts: list[np.ndarray] = []
-    images: list[ProcessedImage] = []
-    for j, chunk in enumerate(chunks):
-        which = chunk.WhichOneof("chunk")
-        if which == "image" and rules is not None:
-            if len(images) == MAX_IMAGES_PER_DATUM:
-                raise InputError(f"{where}: more than {MAX_IMAGES_PER_DATUM} images, the limit per datum")
-            images.append(_image(chunk.image, f"{where}: model_input.chunks[{j}]", rules))
-            parts.append(np.full(images[-1].tokens, rules.token_id, np.int32))
-            continue
-        if which != "encoded_text":
-            raise InputError(f"{where}: {which} chunks are not supported by this text-only model")
-        if len(chunk.encoded_text.tokens) % 4:
-            raise InputError(f"{where}: encoded_text tokens are not a whole number of int32 values")
-        parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
-    return (np.concatenate(parts) if parts else np.zeros((0,), np.int32)), tuple(images)
-
-
 def _sampled_mask(spans: Sequence[pb.ProvenanceSpan], where: str) -> np.ndarray | None:
     """The target positions a SampledProvenanceSpan covers (1.0), from runs that tile target_tokens in order
     (`Datum.with_provenance`); None when the datum has no provenance. Sequence ids are looked up by
@@ -197,7 +137,8 @@ def forward_backward_input(
     data: list[Datum] = []
     for i, d in enumerate(msg.data):
         where = f"datum {i}"
-        tokens, datum_images = _tokens(d.model_input, where, images)
+        chunks = f"{where}: model_input"
+        tokens, datum_images = model_tokens(proto_parts(d.model_input, chunks), chunks, images)
         data.append(
             Datum(
                 tokens=tokens,
@@ -249,16 +190,13 @@ def optim_step_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {OPTIM_METRICS_PREFIX + _OPTIM_METRIC_NAMES.get(k, k): float(v) for k, v in metrics.items()}
 
 
-def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
+def sample_input(body: bytes, snapshot: str | None, images: ImageRules | None = None) -> SampleInput:
+    """The engine's input; `images`: the served model's rules for the prompt's ImageChunks (None: text chunks only)."""
     try:
         req = SampleRequest.model_validate(json.loads(body))
     except Exception as e:
         raise InputError(f"malformed sample request: {e}") from None
-    tokens: list[int] = []
-    for chunk in req.prompt.chunks:
-        if not isinstance(chunk, EncodedTextChunk):
-            raise InputError(f"{chunk.type} prompt chunks are not served: sampling takes text chunks only")
-        tokens.extend(chunk.tokens)
+    tokens, prompt_images = model_tokens(json_parts(req.prompt.chunks), "prompt", images)
     p = req.sampling_params
     stop = p.stop
     # The stop rule (docs/wire-contract.md §Sampling): None and strings keep EOS; [] stops at nothing; ids add EOS.
@@ -275,7 +213,8 @@ def sample_input(body: bytes, snapshot: str | None) -> SampleInput:
     if p.max_tokens is not None and p.max_tokens < 1:
         raise InputError(f"max_tokens must be at least 1, got {p.max_tokens}")
     return SampleInput(
-        prompt=np.asarray(tokens, dtype=np.int32),
+        prompt=tokens,
+        images=prompt_images,
         num_samples=req.num_samples,
         max_tokens=p.max_tokens if p.max_tokens is not None else 16,
         temperature=p.temperature,

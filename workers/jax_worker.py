@@ -89,7 +89,7 @@ async def serve(
     worker_id: str | None = None,
 ) -> None:
     """Run the JAX worker until `stop` (forever without one); `ready` is set once it has registered."""
-    from tinkerflow.activities import wire  # here: wire imports the tinker SDK, which imports torch
+    from tinkerflow.activities import wire_images  # here: it imports the tinker SDK, which imports torch
     from tinkerflow.activities.engine_activities import EngineActivities
     from tinkerflow.activities.op_points import OpPoints
 
@@ -145,7 +145,7 @@ async def serve(
         incarnation=incarnation,
         points=OpPoints(RunMetricsStore(settings.resolved_store_url, settings.run_metrics_max_points)),
         meter=AcceleratorMeter(getattr(engine, "config", None), settings.peak_tflops),
-        images=wire.image_rules(card.image_processor, engine.info.image_token_id),
+        images=wire_images.image_rules(card.image_processor, engine.info.image_token_id),
     )
     # One thread per batch held: the one running, the next waiting its turn (activities/batch_order.py).
     depth = min(settings.pipeline_depth, PIPELINE_DEPTH)

@@ -1,7 +1,8 @@
 """Anthropic's Messages API on the wire, for routes_anthropic.py: the request bodies of /v1/messages and
 /v1/messages/count_tokens as pydantic models, the error body, the `Message` answer and the stream's events.
 
-Only what this server can honour is accepted. Content is text: any other content block type (image, document,
+Only what this server can honour is accepted. Content is text, and images in messages (inline base64 png or jpeg; a
+`url` source is refused by name, since this service does not fetch): any other content block type (document,
 tool_use, tool_result, thinking, ...) is refused with a 400 naming the type, and so is every parameter these models do
 not declare (tools, thinking, service_tier, ...): Anthropic's own API refuses unknown fields too, and accepting one it
 would act on (tools, thinking) while doing nothing would give a different answer than the client asked for. Types
@@ -10,6 +11,8 @@ are JSON's, strictly: `true` is not a max_tokens and "0.5" is not a temperature.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tinkerflow.api.image_checks import RawImage
 from tinkerflow.api.openai_models import MAX_STOPS
 from tinkerflow.api.openai_render import Rendered
 
@@ -66,35 +70,97 @@ class TextBlock(BaseModel):
     cache_control: CacheControl | None = None
 
 
-def _as_blocks(v: Any) -> Any:
-    """Content as a list of text blocks: a string is one block; a block of another type is refused by name here,
-    before pydantic would report it as a mismatch against the text block's fields."""
+# An image block's media type -> ImageChunk.format
+IMAGE_MEDIA_TYPES = {"image/png": "png", "image/jpeg": "jpeg"}
+SEND_BASE64 = 'send the image inline: {"type": "base64", "media_type": "image/png" or "image/jpeg", "data": ...}'
+
+
+class ImageSource(BaseModel):
+    """An image sent inline: base64 bytes of a png or jpeg (a `url` or `file` source is refused by name before)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+    @field_validator("media_type")
+    @classmethod
+    def _media(cls, v: str) -> str:
+        if v not in IMAGE_MEDIA_TYPES:
+            raise ValueError(f"media_type {v!r} is not served; images must be one of {', '.join(IMAGE_MEDIA_TYPES)}")
+        return v
+
+    @field_validator("data")
+    @classmethod
+    def _base64(cls, v: str) -> str:
+        try:
+            base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"data is not valid base64 ({e})") from None
+        return v
+
+
+class ImageBlock(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: CacheControl | None = None  # as TextBlock.cache_control
+
+
+def _as_blocks(v: Any, *, images: bool = False) -> Any:
+    """Content as a list of blocks: a string is one text block; a block of a type not taken here is refused by name
+    (before pydantic would report it as a mismatch against the text block's fields), and so is an image whose source
+    is not inline bytes, since this service does not fetch."""
     if isinstance(v, str):
         return [{"type": "text", "text": v}]
     if not isinstance(v, list):
         raise ValueError("content must be a string or a list of content blocks")
+    taken = ("text", "image") if images else ("text",)
     for block in v:
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text":
+        if kind not in taken:
             named = f"of type {kind!r}" if isinstance(kind, str) else "without a string `type`"
-            raise ValueError(f"content blocks {named} are not supported: this server accepts text blocks only")
+            raise ValueError(
+                f"content blocks {named} are not supported: this server accepts {' and '.join(taken)} blocks only"
+            )
+        source = block.get("source") if kind == "image" else None
+        where = source.get("type") if isinstance(source, dict) else None
+        if kind == "image" and where != "base64":
+            said = f"a {where!r} source is not served: this service does not fetch images" if where else "no source"
+            raise ValueError(f"an image block with {said}; {SEND_BASE64}")
     return v
 
 
 TextContent = Annotated[list[TextBlock], BeforeValidator(_as_blocks)]
+# A message's content: text, and images (each an inline png or jpeg).
+MessageContent = Annotated[
+    list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]],
+    BeforeValidator(lambda v: _as_blocks(v, images=True)),
+]
 # `system` may be absent or null: no blocks (a plain list, so an error's path names no union member).
 SystemContent = Annotated[list[TextBlock], BeforeValidator(lambda v: [] if v is None else _as_blocks(v))]
 
 
-def text_of(blocks: list[TextBlock]) -> str:
-    """The blocks' text joined as it is (no separator, as the OpenAI endpoint joins text parts)."""
-    return "".join(b.text for b in blocks)
+def text_of(blocks: list[TextBlock] | list[TextBlock | ImageBlock]) -> str:
+    """The text blocks' text joined as it is (no separator, as the OpenAI endpoint joins text parts)."""
+    return "".join(b.text for b in blocks if isinstance(b, TextBlock))
+
+
+def template_content(blocks: list[TextBlock | ImageBlock]) -> str | list[dict[str, Any]]:
+    """A message's content as a chat template reads it: its text, or with images a list of text items and
+    `{"type": "image"}` items in order, which a vision model's template renders as its image tokens (chat_images.py)."""
+    if not any(isinstance(b, ImageBlock) for b in blocks):
+        return text_of(blocks)
+    return [{"type": "text", "text": b.text} if isinstance(b, TextBlock) else {"type": "image"} for b in blocks]
 
 
 class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["user", "assistant"]
-    content: TextContent
+    content: MessageContent
+
+    def content_given(self) -> bool:
+        return bool(text_of(self.content)) or any(isinstance(b, ImageBlock) for b in self.content)
 
 
 class Metadata(BaseModel):
@@ -119,18 +185,33 @@ class PromptRequest(BaseModel):
         for i, m in enumerate(self.messages):
             # Anthropic's own rule: an empty final assistant turn asks for a fresh answer; an empty turn elsewhere
             # would render as a turn with nothing said, which no chat template expects.
-            if not text_of(m.content) and not (i == last and m.role == "assistant"):
+            if not m.content_given() and not (i == last and m.role == "assistant"):
                 raise ValueError(
                     f"messages.{i}: all messages must have non-empty content except for the optional final "
                     "assistant message"
                 )
         return self
 
-    def turns(self) -> list[dict[str, str]]:
+    def turns(self) -> list[dict[str, Any]]:
         """The conversation as a chat template reads it: the system prompt first when there is one."""
         system = text_of(self.system)
-        out = [{"role": "system", "content": system}] if system else []
-        return out + [{"role": m.role, "content": text_of(m.content)} for m in self.messages]
+        out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        return out + [{"role": m.role, "content": template_content(m.content)} for m in self.messages]
+
+    def images(self) -> list[RawImage]:
+        """The messages' image blocks in order (each checked as an ImageChunk is, image_checks.py); one prompt, so
+        they count toward one datum's image limit."""
+        return [
+            RawImage(
+                f"prompt: messages.{i}.content.{j}",
+                base64.b64decode(b.source.data),
+                IMAGE_MEDIA_TYPES[b.source.media_type],
+                None,
+            )
+            for i, m in enumerate(self.messages)
+            for j, b in enumerate(m.content)
+            if isinstance(b, ImageBlock)
+        ]
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ needs: routes_openai answers them as they are, routes_anthropic turns them into 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ from temporalio.client import WorkflowFailureError
 from tinker.proto.response_conv import deserialize_sample_response
 from tinker.types import SampleRequest
 
+from tinkerflow.api.chat_images import ChatPrompt
 from tinkerflow.api.lookups import checkpoint_of_caller
 from tinkerflow.api.openai_models import OpenAIError
 from tinkerflow.api.openai_samplers import OpenAISamplers
@@ -93,7 +95,7 @@ def check_request_caps(svc: Services, n: int, max_tokens: int | None, tokens_fie
         raise OpenAIError(400, str(e.detail), param, "invalid_value") from None
 
 
-def token_budget(svc: Services, card: ModelCard, prompt: list[int], max_tokens: int | None, field: str) -> int:
+def token_budget(svc: Services, card: ModelCard, prompt: Sized, max_tokens: int | None, field: str) -> int:
     """max_tokens checked against the context (prompt + completion), or what the context leaves when unset."""
     room = card.max_context - len(prompt)
     asked = max_tokens if max_tokens is not None else min(room, svc.settings.max_sample_tokens)
@@ -113,18 +115,19 @@ async def submit(
     samplers: OpenAISamplers,
     who: str,
     target: Target,
-    prompt: list[int],
+    prompt: list[int] | ChatPrompt,
     req: Knobs,
     max_tokens: int,
     topk_prompt: int | None = None,
 ) -> BatchItemRef:
-    """Submit one prompt; `topk_prompt` (not None) also scores the prompt, with that many alternatives per token."""
+    """Submit one prompt (token ids, or a chat's chunks with its images); `topk_prompt` (not None) also scores the
+    prompt, with that many alternatives per token."""
     info = await samplers.sampler(svc, who, target.card.name, target.model_path)
     raw: dict[str, Any] = {
         "sampling_session_id": info.sampler_id,
         "seq_id": 0,
         "num_samples": req.n,
-        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
+        "prompt": {"chunks": (prompt if isinstance(prompt, ChatPrompt) else ChatPrompt.of_tokens(prompt)).chunks},
         "sampling_params": {
             "max_tokens": max_tokens,
             "temperature": req.temperature,

@@ -4,9 +4,9 @@
 Each image is decoded whole: a truncated png, a text file named .png, an image over the pixel or byte limit, or an
 `expected_tokens` that disagrees with the tokens the model's processor makes of it is a problem naming the datum,
 the chunk and the field or limit. A model without a vision tower refuses every image by name;
-`image_asset_pointer` chunks are refused by name (this service does not fetch). A good image trains (forward_backward
-and forward: the engine runs the served model's vision tower); in a sampling prompt it is refused plainly, since
-the sampler does not take images yet.
+`image_asset_pointer` chunks are refused by name (this service does not fetch). A good image goes on to the worker
+(activities/wire_images.py), which trains on it (forward_backward, forward) or samples from it (a prompt's images go
+through the served model's vision tower either way).
 
 The routes turn a problem into their contract's user error: a `reject` op for in-sequence training ops
 (op_checks.py), a 400 for sampling.
@@ -30,11 +30,6 @@ from tinkerflow.common.images import MAX_IMAGES_PER_DATUM, ImageProcessing, imag
 from tinkerflow.workflows.protocol.messages import ModelCard
 
 IMAGE = 2  # tinker_public.Chunk.image
-# The engine runs the vision tower in training only: a good image in a prompt still cannot be served.
-SAMPLING_NOT_SERVED = (
-    "{model} has a vision tower, but sampling with images is not served yet (images train through "
-    "forward_backward and forward): send a text-only prompt for now"
-)
 
 
 @dataclass(frozen=True)
@@ -57,29 +52,35 @@ def model_processing(card: ModelCard) -> ImageProcessing:
         raise InputError(f"base model {card.name!r}: its image processor is not one this server follows ({e})") from e
 
 
-def images_problem(images: list[RawImage], card: ModelCard, *, trains: bool = False) -> str:
-    """What is wrong with a request's images ("" when there are none or all are good and the request `trains`);
-    a good image in any other request (sampling) is refused (SAMPLING_NOT_SERVED), never dropped."""
-    if not images:
-        return ""
+def images_problem(images: list[RawImage], card: ModelCard) -> str:
+    """What is wrong with a request's images ("" when there are none or all are good)."""
     try:
-        processing = model_processing(card)
-        counts: dict[str, int] = {}
-        for image in images:
-            datum = image.where.split(":", 1)[0]
-            counts[datum] = counts.get(datum, 0) + 1
-            if counts[datum] > MAX_IMAGES_PER_DATUM:
-                raise InputError(
-                    f"{datum} has more than {MAX_IMAGES_PER_DATUM} images, over the limit of {MAX_IMAGES_PER_DATUM} "
-                    "images per datum"
-                )
-            try:
-                image_chunk_tokens(image.data, image.format, image.expected_tokens, processing)
-            except InputError as e:
-                raise InputError(f"{image.where}: {e}") from e
+        image_tokens(images, card)
     except InputError as e:
         return str(e)
-    return "" if trains else SAMPLING_NOT_SERVED.format(model=repr(card.name))
+    return ""
+
+
+def image_tokens(images: list[RawImage], card: ModelCard) -> list[int]:
+    """The placeholder tokens each image becomes on the served model; InputError naming what is wrong."""
+    if not images:
+        return []
+    processing = model_processing(card)
+    counts: dict[str, int] = {}
+    tokens: list[int] = []
+    for image in images:
+        datum = image.where.split(":", 1)[0]
+        counts[datum] = counts.get(datum, 0) + 1
+        if counts[datum] > MAX_IMAGES_PER_DATUM:
+            raise InputError(
+                f"{datum} has more than {MAX_IMAGES_PER_DATUM} images, over the limit of {MAX_IMAGES_PER_DATUM} "
+                "images per datum"
+            )
+        try:
+            tokens.append(image_chunk_tokens(image.data, image.format, image.expected_tokens, processing))
+        except InputError as e:
+            raise InputError(f"{image.where}: {e}") from e
+    return tokens
 
 
 async def forward_backward_problem(svc: Services, model_id: str, body: bytes, who: str) -> str:
@@ -94,12 +95,17 @@ async def forward_backward_problem(svc: Services, model_id: str, body: bytes, wh
     card = await svc.registry.get(base_model)
     if card is None:
         return f"base model {base_model!r} is not served right now, so its images cannot be checked; retry later"
-    return await checked_off_loop(images, card, trains=True)
+    return await checked_off_loop(images, card)
 
 
-async def checked_off_loop(images: list[RawImage], card: ModelCard, *, trains: bool = False) -> str:
+async def checked_off_loop(images: list[RawImage], card: ModelCard) -> str:
     """`images_problem` in a thread: decoding a large image takes the CPU for a while, not the API's event loop."""
-    return await asyncio.to_thread(images_problem, images, card, trains=trains)
+    return await asyncio.to_thread(images_problem, images, card)
+
+
+async def counted_off_loop(images: list[RawImage], card: ModelCard) -> list[int]:
+    """`image_tokens` in a thread, as `checked_off_loop`."""
+    return await asyncio.to_thread(image_tokens, images, card)
 
 
 def forward_backward_images(body: bytes) -> list[RawImage]:

@@ -144,15 +144,21 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
     def as_template_input(self) -> dict[str, Any]:
-        """What a chat template reads: role and text content (text parts joined; other parts are refused)."""
+        """What a chat template reads: role and content. Text parts are joined into one string; with an image_url
+        part the content stays a list of text items and `{"type": "image"}` items, in order, which a vision model's
+        template renders as its image tokens (chat_images.py); other parts are refused."""
         content = self.content
         if isinstance(content, list):
-            texts = []
+            items: list[dict[str, Any]] = []
             for part in content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
-                texts.append(part["text"])
-            content = "".join(texts)
+                if part.get("type") == "image_url":
+                    items.append({"type": "image"})
+                elif part.get("type") == "text" and isinstance(part.get("text"), str):
+                    items.append({"type": "text", "text": part["text"]})
+                else:
+                    raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text, image_url)")
+            images = any(item["type"] == "image" for item in items)
+            content = items if images else "".join(item["text"] for item in items)
         out = {k: v for k, v in (self.model_extra or {}).items() if k in ("name",)}
         return {"role": self.role, "content": content or "", **out}
 

@@ -50,6 +50,9 @@ class FailedRef:
 
     error: str
     category: str = "user"
+    # What tells apart two calls that failed with the same message (a sampling call's sampler and seq_id): the SDK's
+    # retrieve_futures poll keys futures by request id, and acking one would retire the other's record with it.
+    call: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def _encode(ref: UpdateRef | WorkflowRef | BatchItemRef | FailedRef | DoneRef) -
     if isinstance(ref, DoneRef):
         return "d." + _b64(json.dumps(ref.result))
     if isinstance(ref, FailedRef):
-        return "f." + _b64(json.dumps([ref.error, ref.category]))
+        return "f." + _b64(json.dumps([ref.error, ref.category, *([ref.call] if ref.call else [])]))
     if isinstance(ref, UpdateRef):
         return "u." + _b64(json.dumps([ref.workflow_id, ref.run_id, ref.update_id]))
     if isinstance(ref, BatchItemRef):
@@ -116,8 +119,8 @@ def _decode(request_id: str) -> UpdateRef | WorkflowRef | BatchItemRef | FailedR
         if kind == "w":
             return WorkflowRef(_unb64(payload))
         if kind == "f":
-            error, category = json.loads(_unb64(payload))
-            return FailedRef(str(error), str(category))
+            error, category, *call = json.loads(_unb64(payload))
+            return FailedRef(str(error), str(category), str(call[0]) if call else "")
         if kind == "b":
             wf, index = json.loads(_unb64(payload))
             return BatchItemRef(str(wf), int(index))

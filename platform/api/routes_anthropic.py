@@ -36,6 +36,7 @@ from tinkerflow.api.anthropic_wire import (
     message_shell,
 )
 from tinkerflow.api.caller import metrics_caller, services
+from tinkerflow.api.chat_images import ChatPrompt, chat_prompt
 from tinkerflow.api.endpoint_sampling import (
     RETRY_AFTER_S,
     Target,
@@ -46,11 +47,12 @@ from tinkerflow.api.endpoint_sampling import (
     submit,
     token_budget,
 )
+from tinkerflow.api.image_checks import counted_off_loop
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.openai_models import OpenAIError
 from tinkerflow.api.openai_render import Rendered, render
 from tinkerflow.api.services import Services
-from tinkerflow.common.errors import TinkerflowError
+from tinkerflow.common.errors import InputError, TinkerflowError
 
 log = logging.getLogger(__name__)
 # A `ping` event this often while the engine works (a first compile can take minutes): proxies that cut idle
@@ -111,9 +113,15 @@ def _parse(model: type[PromptRequest], raw: dict[str, Any]) -> Any:
         raise first_error(e, list(model.model_fields)) from None
 
 
-async def _prompt(request: Request, svc: Services, who: str, req: PromptRequest) -> tuple[Target, Any, list[int]]:
-    """The target, its tokenizer, and the conversation rendered with its chat template as prompt tokens."""
+async def _prompt(request: Request, svc: Services, who: str, req: PromptRequest) -> tuple[Target, Any, ChatPrompt]:
+    """The target, its tokenizer, and the conversation rendered with its chat template as a prompt (its images
+    where the template puts them, chat_images.py)."""
     target = await resolve_target(svc, req.model, who)
+    images = req.images()
+    try:
+        image_tokens = await counted_off_loop(images, target.card) if images else []
+    except InputError as e:
+        raise AnthropicError(400, f"messages: {e}") from None
     tokenizer = await samplers_of(request).tokenizer(target.card.name, target.card.local_path)
     if not getattr(tokenizer, "chat_template", None):
         raise AnthropicError(
@@ -135,7 +143,7 @@ async def _prompt(request: Request, svc: Services, who: str, req: PromptRequest)
         )
     except Exception as e:  # the template itself raises on conversations it does not accept (roles, order)
         raise AnthropicError(400, f"messages: the chat template of {target.card.name} refused them: {e}") from None
-    return target, tokenizer, list(tokenizer.encode(text, add_special_tokens=False))
+    return target, tokenizer, chat_prompt(tokenizer, text, images, image_tokens, target.card)
 
 
 @router.post("/messages/count_tokens")

@@ -25,6 +25,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from tinkerflow.api.caller import metrics_caller, services
+from tinkerflow.api.chat_images import chat_prompt
 from tinkerflow.api.endpoint_sampling import (
     RETRY_AFTER_S,
     check_request_caps,
@@ -34,7 +35,7 @@ from tinkerflow.api.endpoint_sampling import (
     submit,
     token_budget,
 )
-from tinkerflow.api.image_checks import checked_off_loop
+from tinkerflow.api.image_checks import counted_off_loop
 from tinkerflow.api.lookups import json_body
 from tinkerflow.api.openai_images import message_images
 from tinkerflow.api.openai_models import (
@@ -54,6 +55,7 @@ from tinkerflow.api.openai_render import (
 )
 from tinkerflow.api.openai_stream import stream as _stream
 from tinkerflow.api.services import Services
+from tinkerflow.common.errors import InputError
 from tinkerflow.workflows.protocol.messages import ModelCard
 
 
@@ -193,9 +195,10 @@ async def chat_completions(
     check_request_caps(svc, req.n, limit, field)
     target = await resolve_target(svc, req.model, who)
     images = message_images(req.messages)
-    problem = await checked_off_loop(images, target.card) if images else ""
-    if problem:
-        raise OpenAIError(400, problem, "messages", "invalid_image")
+    try:
+        image_tokens = await counted_off_loop(images, target.card) if images else []
+    except InputError as e:
+        raise OpenAIError(400, str(e), "messages", "invalid_image") from None
     samplers = samplers_of(request)
     tokenizer = await samplers.tokenizer(target.card.name, target.card.local_path)
     if not getattr(tokenizer, "chat_template", None):
@@ -211,7 +214,7 @@ async def chat_completions(
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as e:  # the template itself raises on conversations it does not accept (roles, order)
         raise OpenAIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
-    prompt = list(tokenizer.encode(text, add_special_tokens=False))
+    prompt = chat_prompt(tokenizer, text, images, image_tokens, target.card)
     ref = await submit(svc, samplers, who, target, prompt, req, token_budget(svc, target.card, prompt, limit, field))
 
     async def choices() -> list[Rendered]:

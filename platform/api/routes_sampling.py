@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -116,7 +117,8 @@ async def _prompt_problem(svc: Services, base_model: str, req: SampleRequest) ->
 
 async def _failed_sample(svc: Services, sampler_id: str, seq_id: int | None, message: str, who: str) -> dict:
     """A sample call's future failed with `message` (category user) before anything was queued."""
-    failed = request_ids.encode(request_ids.FailedRef(message), svc.signing_key, who)
+    call = f"{sampler_id}#{seq_id}" if seq_id is not None else uuid.uuid4().hex
+    failed = request_ids.encode(request_ids.FailedRef(message, call=call), svc.signing_key, who)
     if seq_id is not None:
         await asyncio.to_thread(session_futures.record, svc, sampler_id, seq_id, failed, "")
     return {"request_id": failed, "sample_sequence_ids": []}

@@ -65,7 +65,10 @@ async def submit_sample(
     """Queue one checked sample request on `info`'s coordinator; where its outcome will be, QueueFull, or the
     caller's quota Refusal (quota_checks.py: each route answers it its own way)."""
     max_tokens = req.sampling_params.max_tokens
-    prompt_tokens = sum(len(getattr(c, "tokens", ()) or ()) for c in req.prompt.chunks)
+    # An image counts its placeholder tokens where the chunk says them (the SDK's ModelInput.length does so too).
+    prompt_tokens = sum(
+        len(getattr(c, "tokens", ()) or ()) or getattr(c, "expected_tokens", 0) or 0 for c in req.prompt.chunks
+    )
     asked = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
     # The quota's reservation counts the prompt once, as the meter does; the queue's work counts it per sample.
     charge = svc.quotas.admit_sampling(info.owner, prompt_tokens + req.num_samples * asked)

@@ -13,13 +13,13 @@ from PIL import Image
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from tinkerflow.activities import wire
+from tinkerflow.activities import wire, wire_images
 from tinkerflow.common.images import ImageProcessing, decode_image, preprocess
 from tinkerflow.workers.engine.types import InputError
 
 PROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "size": {"shortest_edge": 4096, "longest_edge": 65536}}
 IMAGE_ID = 90
-RULES = wire.image_rules(PROCESSOR, IMAGE_ID)
+RULES = wire_images.image_rules(PROCESSOR, IMAGE_ID)
 
 
 def _png(height: int, width: int) -> bytes:
@@ -81,3 +81,50 @@ def test_text_datums_carry_no_images():
 def test_images_the_worker_cannot_take_are_the_senders_error(chunk, rules, message):
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
         _input(types.EncodedTextChunk(tokens=[1]), chunk, rules=rules)
+
+
+def _sample(*chunks, rules=RULES):
+    request = types.SampleRequest(
+        prompt=types.ModelInput(chunks=list(chunks)),
+        sampling_params=types.SamplingParams(max_tokens=4),
+        num_samples=1,
+        prompt_logprobs=True,
+    )
+    return wire.sample_input(request.model_dump_json().encode(), None, rules)
+
+
+def test_a_prompts_images_become_placeholders_and_patches_as_a_datums_do():
+    png = _png(100, 150)
+    chunks = (
+        types.EncodedTextChunk(tokens=[1, 2]),
+        types.ImageChunk(data=png, format="png", expected_tokens=15),
+        types.EncodedTextChunk(tokens=[3]),
+    )
+    got, datum = _sample(*chunks), _input(*chunks).data[0]
+    assert got.prompt.tolist() == datum.tokens.tolist() == [1, 2] + [IMAGE_ID] * 15 + [3]
+    assert got.prompt.dtype == np.int32 and got.include_prompt_logprobs
+    [image] = got.images
+    assert image.grid == datum.images[0].grid
+    np.testing.assert_array_equal(image.patches, datum.images[0].patches)
+    assert _sample(types.EncodedTextChunk(tokens=[1])).images == ()
+
+
+@pytest.mark.parametrize(
+    "chunk, rules, message",
+    [
+        (types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=15), None, "text-only model"),
+        (
+            types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=7),
+            RULES,
+            "prompt.chunks[1]: expected_tokens=7 but the image becomes 15 tokens",
+        ),
+        (
+            types.ImageChunk(data=b"not a png" * 20, format="png"),
+            RULES,
+            "prompt.chunks[1]: image data is not a valid png image",
+        ),
+    ],
+)
+def test_images_the_sampler_cannot_take_are_the_senders_error(chunk, rules, message):
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _sample(types.EncodedTextChunk(tokens=[1]), chunk, rules=rules)

@@ -147,7 +147,6 @@ def test_a_full_request_parses_and_maps_to_the_engines_sampling_parameters():
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking: this parameter is not supported"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "of type 'image'"),
         ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "of type 'tool_result'"),
         ({"messages": [{"role": "user", "content": [{"text": "x"}]}]}, "without a string `type`"),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": []}]}]}, "citations"),
@@ -286,7 +285,10 @@ def test_keys_models_and_bad_bodies_answer_in_anthropic_shape(client):
     )
     assert _error(client.post("/v1/messages", json=[1, 2], headers=AUTH), 400)
     image = [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]
-    assert "'image'" in _error(client.post("/v1/messages", json=_body(messages=image), headers=AUTH), 400)["message"]
+    assert "not fetch" in _error(client.post("/v1/messages", json=_body(messages=image), headers=AUTH), 400)["message"]
+    png = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}  # a png's signature
+    inline = _body(messages=[{"role": "user", "content": [{"type": "image", "source": png}]}])
+    assert "no vision tower" in _error(client.post("/v1/messages", json=inline, headers=AUTH), 400)["message"]
     over = _error(client.post("/v1/messages", json=_body(max_tokens=10**6), headers=AUTH), 400)
     assert over["message"].startswith("max_tokens 1000000 is over this server's limit")
     long = _error(client.post("/v1/messages", json=_body(max_tokens=64), headers=AUTH), 400)  # tiny's context is 64

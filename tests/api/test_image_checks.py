@@ -1,6 +1,6 @@
 """ImageChunks as the API checks them (platform/api/image_checks.py), in the bodies the unmodified SDK encodes: each
 bad image is a problem naming the datum, the chunk and the field or limit; a text-only model refuses images by name;
-a good image on a vision model is refused plainly while the engine does not run the tower."""
+a good image on a vision model passes, for training and for a sample prompt alike."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tinkerflow.api.image_checks import (
-    SAMPLING_NOT_SERVED,
     forward_backward_images,
     images_problem,
     prompt_images,
@@ -52,9 +51,15 @@ def _body(*chunk_lists: list) -> bytes:
     return forward_backward_request_to_proto(request).SerializeToString()
 
 
-def _problem(chunk: types.ImageChunk, card: ModelCard = VL, *, trains: bool = True) -> str:
+# Where the chunk sits in each request kind: the second datum of a forward_backward, or a sample prompt.
+WHERE = {"train": "datum 1: model_input.chunks[1]", "sample": "prompt: chunks[1]"}
+
+
+def _problem(chunk: types.ImageChunk, card: ModelCard = VL, *, op: str = "train") -> str:
     text = types.EncodedTextChunk(tokens=[1, 2])
-    return images_problem(forward_backward_images(_body([text], [text, chunk])), card, trains=trains)
+    if op == "sample":
+        return images_problem(prompt_images([text, chunk]), card)
+    return images_problem(forward_backward_images(_body([text], [text, chunk])), card)
 
 
 def test_images_are_found_where_the_sdk_puts_them():
@@ -88,20 +93,20 @@ def test_override_dimensions_is_refused_by_name():
         forward_backward_images(msg.SerializeToString())
 
 
-def test_a_good_image_trains_and_is_refused_plainly_for_sampling():
+@pytest.mark.parametrize("op", WHERE)
+def test_a_good_image_passes_for_training_and_sampling(op):
     assert _tokens(100, 150) == 15
     good = types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=15)
-    assert _problem(good) == ""
-    problem = _problem(good, trains=False)
-    assert problem == SAMPLING_NOT_SERVED.format(model="'tiny-vl'")
-    assert "sampling with images is not served yet" in problem
+    assert _problem(good, op=op) == ""
 
 
-def test_expected_tokens_that_disagree_names_both_counts():
-    problem = _problem(types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=7))
-    assert problem == "datum 1: model_input.chunks[1]: expected_tokens=7 but the image becomes 15 tokens"
+@pytest.mark.parametrize("op", WHERE)
+def test_expected_tokens_that_disagree_names_both_counts(op):
+    problem = _problem(types.ImageChunk(data=_png(100, 150), format="png", expected_tokens=7), op=op)
+    assert problem == f"{WHERE[op]}: expected_tokens=7 but the image becomes 15 tokens"
 
 
+@pytest.mark.parametrize("op", WHERE)
 @pytest.mark.parametrize(
     "data, fmt, needle",
     [
@@ -110,31 +115,30 @@ def test_expected_tokens_that_disagree_names_both_counts():
         (_png(100, 150), "jpeg", "image data is not a valid jpeg image"),  # a png declared jpeg
     ],
 )
-def test_bad_bytes_are_named(data, fmt, needle):
-    problem = _problem(types.ImageChunk(data=data, format=fmt, expected_tokens=15))
-    assert problem.startswith("datum 1: model_input.chunks[1]: " + needle), problem
+def test_bad_bytes_are_named(data, fmt, needle, op):
+    problem = _problem(types.ImageChunk(data=data, format=fmt, expected_tokens=15), op=op)
+    assert problem.startswith(f"{WHERE[op]}: " + needle), problem
 
 
-def test_a_40_megapixel_image_is_over_the_pixel_limit():
+@pytest.mark.parametrize("op", WHERE)
+def test_a_40_megapixel_image_is_over_the_pixel_limit(op):
     """Refused from its header: 8,000 x 5,000 of one colour compresses to a small png."""
     big = io.BytesIO()
     Image.new("RGB", (8000, 5000)).save(big, format="PNG")
-    problem = _problem(types.ImageChunk(data=big.getvalue(), format="png"))
-    assert problem == (
-        f"datum 1: model_input.chunks[1]: image is 8000x5000 pixels, over the limit of {MAX_IMAGE_PIXELS} pixels"
-    )
+    problem = _problem(types.ImageChunk(data=big.getvalue(), format="png"), op=op)
+    assert problem == f"{WHERE[op]}: image is 8000x5000 pixels, over the limit of {MAX_IMAGE_PIXELS} pixels"
 
 
 def test_too_many_images_in_one_datum():
     png = _png(64, 64)
     chunks = [types.ImageChunk(data=png, format="png") for _ in range(MAX_IMAGES_PER_DATUM + 1)]
-    problem = images_problem(forward_backward_images(_body(chunks)), VL, trains=True)
+    problem = images_problem(forward_backward_images(_body(chunks)), VL)
     assert problem == (
         f"datum 0 has more than {MAX_IMAGES_PER_DATUM} images, over the limit of {MAX_IMAGES_PER_DATUM} images "
         "per datum"
     )
     spread = [[types.ImageChunk(data=png, format="png")] * MAX_IMAGES_PER_DATUM] * 2  # the limit is per datum
-    assert images_problem(forward_backward_images(_body(*spread)), VL, trains=True) == ""
+    assert images_problem(forward_backward_images(_body(*spread)), VL) == ""
 
 
 def test_a_model_without_a_vision_tower_refuses_images_by_name():

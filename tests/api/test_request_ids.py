@@ -20,6 +20,7 @@ ALICE, BOB = "a1b2c3", "d4e5f6"
         request_ids.WorkflowRef("sample/sess-1:sample:0/7-deadbeef"),
         request_ids.BatchItemRef("sample/sess-1:sample:0/0123456789abcdef", 41),
         request_ids.FailedRef("checkpoint tinker://x/weights/y does not exist"),
+        request_ids.FailedRef("sample: prompt: chunks[1]: image data is not a valid png image", call="s:sample:0#7"),
     ],
 )
 def test_roundtrip_for_its_owner_only(ref):
@@ -28,6 +29,13 @@ def test_roundtrip_for_its_owner_only(ref):
     for key, who in ((KEY, BOB), (KEY, ""), (OTHER_KEY, ALICE)):  # another tenant, the open API, another server
         with pytest.raises(request_ids.BadRequestId):
             request_ids.decode(rid, key, who)
+
+
+def test_two_calls_failed_with_one_message_are_two_futures():
+    """The SDK's retrieve_futures poll keys a sampling session's futures by request id: two sample calls refused
+    with the same message must not share one, or acking the first retires the second's record (its wait never ends)."""
+    first, second = (request_ids.FailedRef("bad image", call=f"s:sample:0#{seq}") for seq in (7, 8))
+    assert request_ids.encode(first, KEY, ALICE) != request_ids.encode(second, KEY, ALICE)
 
 
 def test_an_id_built_from_a_model_id_is_refused():

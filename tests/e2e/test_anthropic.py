@@ -178,7 +178,7 @@ def test_bad_requests_are_anthropic_shaped_errors_the_sdk_raises_typed(stack, cl
                     {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}
                 ]
             },
-            "'image'",
+            "does not fetch images",
         ),
         ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
         ({"metadata": {"user_id": "u", "team": "t"}}, "metadata.team"),

@@ -3,13 +3,16 @@ model (`make-tiny-model --family qwen3_5 --vision`): a datum with an image train
 `forward` scores it); an `expected_tokens` that disagrees, a truncated png, a 40-megapixel image and a text file
 named .png each fail their own future as a `user` error naming the field or the limit, while another tenant's
 forward_backward loop runs through them; the JAX worker's process is the same throughout. A sample's bad image fails
-the same way and a good one is refused plainly (sampling with images is not served yet); an `image_asset_pointer`
-chunk is refused by name; chat completions refuse a remote image URL by name. One stack, a few steps."""
+the same way; an `image_asset_pointer` chunk is refused by name; chat completions refuse a remote image URL by name,
+and the Messages API a `url` source. A prompt with an image samples, and its `compute_logprobs` equals the training
+forward's logprobs of the same model_input; the `openai` and `anthropic` clients' chats with an image answer what the
+SDK samples from the same prompt, built as transformers' processor builds it. One stack, a few steps."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import threading
 from typing import Any
 
@@ -71,11 +74,29 @@ def _user_error(future) -> str:
     return str(info.value)
 
 
+# Qwen3.5's chat template's way with content items, in brief (its release's template renders an image item so): the
+# tiny model's own template reads string content only.
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e-images")
-    model = make_tiny_model(root / "tiny-qwen3_5-vl", family="qwen3_5", vision=True)
-    s = launch(root / "state", api_key=API_KEY, extra=["--base-model", str(model), "--api-key", OTHER_API_KEY])
+def model_dir(tmp_path_factory):
+    model = make_tiny_model(tmp_path_factory.mktemp("e2e-images") / "tiny-qwen3_5-vl", family="qwen3_5", vision=True)
+    (model / "chat_template.jinja").write_text(VISION_CHAT_TEMPLATE)
+    return model
+
+
+@pytest.fixture(scope="module")
+def stack(model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e-images-state")
+    s = launch(root / "state", api_key=API_KEY, extra=["--base-model", str(model_dir), "--api-key", OTHER_API_KEY])
     yield s
     s.stop()
 
@@ -136,11 +157,13 @@ def test_bad_images_are_user_errors_while_another_tenant_trains(stack):
         )
         err = _user_error(sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)))
         assert "sample: prompt: chunks[1]: expected_tokens=9 but the image becomes 15 tokens" in err
-        good = types.ModelInput(
-            chunks=[*prompt.chunks[:1], types.ImageChunk(data=png, format="png", expected_tokens=15)]
+        cut = types.ModelInput(
+            chunks=[*prompt.chunks[:1], types.ImageChunk(data=png[: len(png) // 2], format="png", expected_tokens=15)]
         )
-        err = _user_error(sampler.sample(good, 1, types.SamplingParams(max_tokens=2)))
-        assert "sampling with images is not served yet" in err  # refused plainly, never dropped
+        err = _user_error(sampler.sample(cut, 1, types.SamplingParams(max_tokens=2)))
+        assert "sample: prompt: chunks[1]: image data is not a valid png image" in err
+        err = _user_error(sampler.compute_logprobs(cut))
+        assert "sample: prompt: chunks[1]: image data is not a valid png image" in err
         pointer = types.ModelInput(
             chunks=[types.ImageAssetPointerChunk(format="png", location="s3://bucket/cat.png", expected_tokens=15)]
         )
@@ -197,3 +220,104 @@ def test_a_datum_with_an_image_trains(stack):
     scored = client.forward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
     assert len(scored.loss_fn_outputs[0]["logprobs"].tolist()) == n
     assert scored.metrics["loss:sum"] < losses[0]
+
+
+# The sampler's prefill (prompt chunks, the tower run alone) and one training forward differ only in float32 rounding
+# on the tiny model (tests/engine/test_qwen3_5_vision_sampling.py holds the engine to 1e-5); a misplaced image,
+# a wrong rotary position or a missing feature moves a logprob by far more.
+LOGPROB_ATOL = 1e-4
+
+
+def test_a_prompt_with_an_image_samples_and_scores_as_the_forward_does(stack, model_dir):
+    """A trained adapter's sampling client samples from a prompt with an image, and `compute_logprobs` of that
+    prompt equals the training client's `forward` logprobs of the same model_input, placeholders included."""
+    image_id = json.loads((model_dir / "config.json").read_text())["image_token_id"]
+    service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
+    client = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
+    image = types.ImageChunk(data=_png(), format="png", expected_tokens=15)
+    before, after = TOKENS[:4], TOKENS[4:8]
+    prompt = types.ModelInput(
+        chunks=[types.EncodedTextChunk(tokens=before), image, types.EncodedTextChunk(tokens=after)]
+    )
+    ids = [*before, *[image_id] * 15, *after]
+    assert prompt.length == len(ids)
+    datum = types.Datum(
+        model_input=prompt,
+        loss_fn_inputs={"target_tokens": _tensor([*ids[1:], 0], np.int64), "weights": _tensor([1.0] * len(ids))},
+    )
+    client.forward_backward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
+    client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT_S)  # the adapter is not zero
+    sampler = client.save_weights_and_get_sampling_client().result()
+
+    out = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4, seed=3)).result(timeout=TIMEOUT_S)
+    assert len(out.sequences) == 2 and all(len(s.tokens) >= 1 for s in out.sequences), out
+
+    scored = sampler.compute_logprobs(prompt).result(timeout=TIMEOUT_S)
+    assert len(scored) == len(ids) and scored[0] is None
+    got = np.asarray(scored[1:], np.float64)
+    assert np.all(np.isfinite(got)), got
+    forward = client.forward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
+    want = np.asarray(forward.loss_fn_outputs[0]["logprobs"].tolist()[:-1], np.float64)
+    np.testing.assert_allclose(got, want, atol=LOGPROB_ATOL, rtol=0)
+
+
+def _processor_prompt(model_dir, content: list[dict]) -> tuple[list[int], list[int]]:
+    """The chat's text tokens around its one image, as transformers' processor builds the prompt: the chat template's
+    rendering cut at `<|image_pad|>`, which the processor widens to the image's 15 tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    before, after = text.split("<|image_pad|>")
+    return tokenizer.encode(before, add_special_tokens=False), tokenizer.encode(after, add_special_tokens=False)
+
+
+def test_openai_and_anthropic_chats_with_an_image_answer_as_the_sdk_samples(stack, model_dir):
+    """Greedy, so each endpoint's answer is the SDK sampler's from the prompt the processor would build: the same
+    logprobs, and a prompt of the text's tokens plus the image's 15."""
+    import anthropic
+    import openai
+
+    png = _png()
+    before, after = _processor_prompt(model_dir, [{"type": "text", "text": "what is this?"}, {"type": "image"}])
+    prompt = types.ModelInput(
+        chunks=[
+            types.EncodedTextChunk(tokens=before),
+            types.ImageChunk(data=png, format="png", expected_tokens=15),
+            types.EncodedTextChunk(tokens=after),
+        ]
+    )
+    service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
+    sampler = service.create_sampling_client(base_model=stack.served_model()).result()
+    greedy = types.SamplingParams(max_tokens=4, temperature=0.0)
+    want = sampler.sample(prompt, 1, greedy).result(timeout=TIMEOUT_S).sequences[0]
+
+    oai = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=API_KEY, timeout=TIMEOUT_S)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    content: Any = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]
+    chat = oai.chat.completions.create(
+        model=stack.served_model(),
+        messages=[{"role": "user", "content": content}],
+        max_tokens=4,
+        temperature=0.0,
+        logprobs=True,
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == prompt.length == len(before) + 15 + len(after)
+    assert chat.usage.completion_tokens == len(want.tokens)
+    got = [t.logprob for t in (chat.choices[0].logprobs.content or [])]  # pyright: ignore[reportOptionalMemberAccess]
+    np.testing.assert_allclose(got, np.asarray(want.logprobs, np.float64), atol=LOGPROB_ATOL, rtol=0)
+
+    claude = anthropic.Anthropic(base_url=stack.base_url, api_key=API_KEY, timeout=TIMEOUT_S, max_retries=0)
+    source: Any = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode()}
+    blocks = [{"type": "text", "text": "what is this?"}, {"type": "image", "source": source}]
+    # This SDK has no temperature argument; the API takes one.
+    args: dict[str, Any] = {"model": stack.served_model(), "max_tokens": 4, "extra_body": {"temperature": 0.0}}
+    message = claude.messages.create(**args, messages=[{"role": "user", "content": blocks}])
+    assert message.usage.input_tokens == prompt.length
+    assert message.usage.output_tokens == len(want.tokens)
+    assert message.content[0].text == chat.choices[0].message.content  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(anthropic.BadRequestError, match="this service does not fetch images"):
+        remote: Any = [{"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]
+        claude.messages.create(**args, messages=[{"role": "user", "content": remote}])

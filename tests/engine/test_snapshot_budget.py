@@ -71,7 +71,7 @@ def test_evicted_saved_weights_are_read_again_before_the_sample(tmp_path, monkey
 
     monkeypatch.setattr(checkpoint_io, "load_snapshot", lambda _e, _c, key: reloaded.append(key))
     monkeypatch.setattr(
-        wire, "sample_input", lambda _body, snapshot: SampleInput(prompt=np.array([1]), snapshot=snapshot)
+        wire, "sample_input", lambda _body, snapshot, _images: SampleInput(prompt=np.array([1]), snapshot=snapshot)
     )
     store = ClaimCheckStore((tmp_path / "store").as_uri())
     # A partial fake: the sample path reaches only snapshot_evicted and sample.

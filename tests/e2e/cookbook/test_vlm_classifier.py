@@ -4,10 +4,9 @@ Qwen3.5 vision-language model (`make-tiny-model --family qwen3_5 --vision`) unde
 Offline as a user's machine would be: the stack gets an empty Hugging Face hub cache (the hub id is never looked up);
 the client (the recipe) loads the tokenizer and image processor for the hub id from a client hub cache holding the
 tiny model's non-weight files; `dpdl-benchmark/caltech101` is a small synthetic copy in the local datasets cache with
-the real one's columns (`image` an Image, `label` a ClassLabel). Only sizes are overridden, and the recipe's
-evaluators are off: both score through the sampling client (the NLL one with `compute_logprobs`, the other with
-`sample`), which does not take images yet (SAMPLING_NOT_SERVED), so `eval_every=0` and
-`run_sampling_evaluator=False`. Turning them on is SAMPLING_EVALUATOR below.
+the real one's columns (`image` an Image, `label` a ClassLabel). Only sizes are overridden: `eval_every=2` runs both
+of the recipe's evaluators at steps 0 and 2, each through a sampling client on prompts with images (the NLL one with
+`compute_logprobs`, the classifier with `sample`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ require_cookbook()
 
 pytestmark = pytest.mark.e2e
 HUB_ID = "Qwen/Qwen3.5-397B-A17B"  # vlm_classifier.train's default model_name
-SAMPLING_EVALUATOR = False  # True once sampling with images is served
 CLASSES = ["airplanes", "Faces_easy", "Motorbikes"]
 
 
@@ -102,9 +100,9 @@ def test_vlm_classifier_train_cli(vl_stack, tmp_path, monkeypatch):
             "num_epochs=1",
             "lora_rank=8",
             "max_steps=3",
-            f"eval_every={2 if SAMPLING_EVALUATOR else 0}",
+            "eval_every=2",
             "save_every=0",
-            f"run_sampling_evaluator={SAMPLING_EVALUATOR}",
+            "run_sampling_evaluator=True",
             "max_tokens=8",
             "n_eval=2",
             "behavior_if_log_dir_exists=delete",
@@ -116,3 +114,8 @@ def test_vlm_classifier_train_cli(vl_stack, tmp_path, monkeypatch):
     assert assert_steps_contiguous_from_zero(rows) == [0, 1, 2]
     losses = [r["train_mean_nll"] for r in rows if "train_mean_nll" in r]
     assert len(losses) == 3 and all(0 < x < float("inf") for x in losses), losses
+    evaluated = {r["step"]: r for r in rows if "test/nll" in r}
+    assert sorted(evaluated) == [0, 2], rows
+    for row in evaluated.values():
+        assert 0 < row["test/nll"] < float("inf"), row  # compute_logprobs on prompts with images
+        assert 0 <= row["accuracy"] <= 1, row  # the classifier's answers, sampled from prompts with images
