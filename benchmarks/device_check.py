@@ -38,6 +38,7 @@ import tomllib
 import traceback
 from pathlib import Path
 
+from benchmarks.device_phases import provenance
 from benchmarks.device_phases.attention import phase_attention
 from benchmarks.device_phases.env import phase_env
 from benchmarks.device_phases.measure import Budget, emit
@@ -53,7 +54,7 @@ ESTIMATE_S: dict[str, float] = {
     "parity": 45,
     "attention": 45,
     "train": 100,
-    "long": 120,
+    "long": 150,  # 3 timed repetitions a length
     "sample": 90,
     "agree": 40,
 }
@@ -145,13 +146,18 @@ def main(argv: list[str] | None = None) -> int:
             fits = [n for n in todo if estimate[n] <= budget.left()]
             for n in todo:
                 if n not in fits:
-                    relay(out, json.dumps({"phase": n, "skipped": "budget", "left_s": round(budget.left())}))
+                    relay(out, stamped(phase=n, skipped="budget", left_s=round(budget.left())))
             todo = fits
             if todo:
                 todo = run_worker(todo, args.smoke, budget, out, args.quick)
     if out is not None:
         out.close()
     return 0
+
+
+def stamped(**figure) -> str:
+    """A line of the parent's own (a skip, a dead worker), stamped as measure.emit stamps the workers' lines."""
+    return json.dumps({**figure, **provenance.stamp()}, default=str)
 
 
 def relay(out, line: str) -> None:
@@ -195,9 +201,7 @@ def run_worker(todo: list[str], smoke: bool, budget: Budget, out, quick: bool = 
     if not left:
         return []
     err.seek(0)
-    relay(
-        out, json.dumps({"phase": left[0], "error": f"worker exited {proc.returncode}", "stderr": err.read()[-2000:]})
-    )
+    relay(out, stamped(phase=left[0], error=f"worker exited {proc.returncode}", stderr=err.read()[-2000:]))
     return left[1:]
 
 
