@@ -165,8 +165,8 @@ class ModelPhases:
             "hfu": over_peak(f["hardware"]),
             "flops_6n_over_peak": over_peak(f["flops_6n"]),
             "peak": "bf16 dense datasheet",
-            "model_tflop": round(f["model"] / 1e12, 3),
-            "hardware_tflop": round(f["hardware"] / 1e12, 3),
+            "model_gflop": round(f["model"] / 1e9, 3),
+            "hardware_gflop": round(f["hardware"] / 1e9, 3),
             "flops_conventions": CONVENTIONS,
         }
 

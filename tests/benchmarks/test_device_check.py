@@ -43,7 +43,7 @@ def test_every_phase_of_the_device_check_runs_on_cpu(tmp_path):
     train = next(x for x in lines if x.get("figure") == "train_tokens_per_s")
     assert {"mfu_lora", "hfu", "flops_6n_over_peak"} <= train.keys()
     assert "mfu_datasheet" not in train  # the 6·N figure is not called an MFU any more
-    assert train["hardware_tflop"] > train["model_tflop"] > 0
+    assert train["hardware_gflop"] > train["model_gflop"] > 0
     tenants = next(x for x in lines if x.get("figure") == "tenants")
     assert tenants["tenants_ratio"] > 0 and len(tenants["datums_per_tenant"]) == 8
     sample = next(x for x in lines if x.get("figure") == "decode_ms_per_step")
