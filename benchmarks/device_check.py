@@ -11,11 +11,13 @@ longer fits the budget is skipped and says so:
   against CPU in float32, and every attention implementation against the reference with gradients.
 * attention: each attention implementation's forward+backward at 8K and 32K tokens, Qwen3-8B's heads.
 * train: Qwen3-8B shape (random weights drawn on the device), bf16, 8 adapters of rank 32, gradient checkpointing,
-  8 datums x 1,024 tokens: one adapter against eight; tokens/s and MFU over the datasheet and the measured peak.
-* long: the same model's forward_backward of one datum of 8K, 16K and 32K tokens: time, peak memory, and the
+  8 datums x 1,024 tokens: one adapter against eight; tokens/s, mfu_lora and hfu over the datasheet peak (and the
+  6·N full fine-tuning figure, named as such: device_phases/flops.py); then 8 tenants of mixed lengths in one engine
+  call against one run of the same datums (tenants_ratio).
+* long: the same model's forward_backward of one datum of 8K, 16K and 32K tokens: time (median of 3), peak memory, the
   memory plan's estimate beside it (the plan's admission limit is lifted here to measure past it).
-* sample: decode ms per step at 64 and 256 rows (1 and 8 adapters at 256) against the HBM floor (weights and the
-  KV read per step over the measured copy bandwidth).
+* sample: decode ms per step at 64 and 256 rows (1 and 8 adapters at 256) against the HBM floor (weights less the
+  gathered embedding, and the KV read per step, over the copy bandwidth measured in the same process).
 * agree: the sampler's logprobs of its own tokens against the trainer's forward logprobs of the same sequence.
 
 The 8B phases share one worker process (one model draw); every other phase runs in its own. A worker that dies is
@@ -53,7 +55,7 @@ ESTIMATE_S: dict[str, float] = {
     "env": 20,
     "parity": 45,
     "attention": 45,
-    "train": 100,
+    "train": 160,  # the tenants' figure compiles its own shapes
     "long": 150,  # 3 timed repetitions a length
     "sample": 90,
     "agree": 40,
