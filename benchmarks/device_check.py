@@ -11,11 +11,13 @@ longer fits the budget is skipped and says so:
   against CPU in float32, and every attention implementation against the reference with gradients.
 * attention: each attention implementation's forward+backward at 8K and 32K tokens, Qwen3-8B's heads.
 * train: Qwen3-8B shape (random weights drawn on the device), bf16, 8 adapters of rank 32, gradient checkpointing,
-  8 datums x 1,024 tokens: one adapter against eight; tokens/s and MFU over the datasheet and the measured peak.
-* long: the same model's forward_backward of one datum of 8K, 16K and 32K tokens: time, peak memory, and the
+  8 datums x 1,024 tokens: one adapter against eight; tokens/s, mfu_lora and hfu over the datasheet peak (and the
+  6·N full fine-tuning figure, named as such: device_phases/flops.py); then 8 tenants of mixed lengths in one engine
+  call against one run of the same datums (tenants_ratio).
+* long: the same model's forward_backward of one datum of 8K, 16K and 32K tokens: time (median of 3), peak memory, the
   memory plan's estimate beside it (the plan's admission limit is lifted here to measure past it).
-* sample: decode ms per step at 64 and 256 rows (1 and 8 adapters at 256) against the HBM floor (weights and the
-  KV read per step over the measured copy bandwidth).
+* sample: decode ms per step at 64 and 256 rows (1 and 8 adapters at 256) against the HBM floor (weights less the
+  gathered embedding, and the KV read per step, over the copy bandwidth measured in the same process).
 * agree: the sampler's logprobs of its own tokens against the trainer's forward logprobs of the same sequence.
 
 The 8B phases share one worker process (one model draw); every other phase runs in its own. A worker that dies is
@@ -38,6 +40,7 @@ import tomllib
 import traceback
 from pathlib import Path
 
+from benchmarks.device_phases import provenance
 from benchmarks.device_phases.attention import phase_attention
 from benchmarks.device_phases.env import phase_env
 from benchmarks.device_phases.measure import Budget, emit
@@ -52,8 +55,8 @@ ESTIMATE_S: dict[str, float] = {
     "env": 20,
     "parity": 45,
     "attention": 45,
-    "train": 100,
-    "long": 120,
+    "train": 160,  # the tenants' figure compiles its own shapes
+    "long": 150,  # 3 timed repetitions a length
     "sample": 90,
     "agree": 40,
 }
@@ -145,13 +148,18 @@ def main(argv: list[str] | None = None) -> int:
             fits = [n for n in todo if estimate[n] <= budget.left()]
             for n in todo:
                 if n not in fits:
-                    relay(out, json.dumps({"phase": n, "skipped": "budget", "left_s": round(budget.left())}))
+                    relay(out, stamped(phase=n, skipped="budget", left_s=round(budget.left())))
             todo = fits
             if todo:
                 todo = run_worker(todo, args.smoke, budget, out, args.quick)
     if out is not None:
         out.close()
     return 0
+
+
+def stamped(**figure) -> str:
+    """A line of the parent's own (a skip, a dead worker), stamped as measure.emit stamps the workers' lines."""
+    return json.dumps({**figure, **provenance.stamp()}, default=str)
 
 
 def relay(out, line: str) -> None:
@@ -195,9 +203,7 @@ def run_worker(todo: list[str], smoke: bool, budget: Budget, out, quick: bool = 
     if not left:
         return []
     err.seek(0)
-    relay(
-        out, json.dumps({"phase": left[0], "error": f"worker exited {proc.returncode}", "stderr": err.read()[-2000:]})
-    )
+    relay(out, stamped(phase=left[0], error=f"worker exited {proc.returncode}", stderr=err.read()[-2000:]))
     return left[1:]
 
 

@@ -3,6 +3,7 @@ agreement with the reference (run by the parity phase)."""
 
 from __future__ import annotations
 
+from benchmarks.device_phases.flops import causal_pairs
 from benchmarks.device_phases.measure import emit, timed
 
 
@@ -20,6 +21,14 @@ def _attention_inputs(t: int, heads: int, kv: int, d: int, dtype, seed: int = 0,
     if packed:
         seg[0, t // 3 : t - t // 8] = 2
     return q, k, v, jnp.asarray(seg)
+
+
+def segment_lengths(seg) -> list[int]:
+    """Tokens of each real (nonzero) segment id of a [1, T] segment array: the sequences attention serves."""
+    import numpy as np
+
+    ids, counts = np.unique(np.asarray(seg), return_counts=True)
+    return [int(c) for i, c in zip(ids, counts) if i != 0]
 
 
 def _attention_fn(impl: str, single: bool):
@@ -114,15 +123,19 @@ def phase_attention(smoke: bool) -> None:
                 step = _attention_grad(impl, not packed)
                 try:
                     s = timed(lambda step=step, q=q, k=k, v=v, seg=seg, w=w: step(q, k, v, seg, w), 3)
-                    flops = 4 * t * t / 2 * heads * d * 3.5  # causal forward (QK, PV) + backward (2.5x)
+                    pairs = causal_pairs(segment_lengths(seg))
+                    flops = 4 * pairs * heads * d * 3.5  # forward QK^T and PV (2·d each) + backward (2.5x)
                     emit(
                         phase="attention",
                         figure="attention_fwd_bwd",
                         impl=impl,
                         tokens=t,
+                        real_tokens=int((seg > 0).sum()),
+                        causal_pairs=pairs,
                         packed=packed,
                         ms=round(min(s) * 1000, 2),
                         tflops=round(flops / min(s) / 1e12, 1),
+                        tflops_counts="real causal pairs only (no padding, no cross-sequence pairs); backward 2.5x",
                     )
                 except Exception as e:  # noqa: BLE001
                     emit(

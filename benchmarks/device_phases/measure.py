@@ -7,9 +7,12 @@ import json
 import tempfile
 import time
 
+from benchmarks.device_phases import provenance
+
 
 def emit(out: list | None = None, **figure) -> None:
-    line = json.dumps(figure, default=str)
+    """Print one figure as a JSON line, stamped with where and when it was measured (provenance.stamp)."""
+    line = json.dumps({**figure, **provenance.stamp()}, default=str)
     print(line, flush=True)
     if out is not None:
         out.append(line)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
+from benchmarks.device_phases.env import copy_gb_per_s
+from benchmarks.device_phases.flops import decode_floor_bytes, train_flops
 from benchmarks.device_phases.measure import Budget, emit, profile_top
 from benchmarks.device_phases.parity import logprobs
 from benchmarks.device_phases.shapes import QWEN3_8B, TINY, datasheet_peak, matmul_params
+from benchmarks.device_phases.tenants import phase_tenants
+
+CONVENTIONS = (
+    "mfu_lora: 4N + 6P + 3 attention forwards; hfu: that + remat's 2(N - unembed) + 2P_layers + 1 attention forward; "
+    "flops_6n_over_peak: the 6N full fine-tuning convention, not an MFU of LoRA (benchmarks/device_phases/flops.py)"
+)
 
 
 class ModelPhases:
@@ -44,6 +53,7 @@ class ModelPhases:
             device_memory_in_use_gib=self._mem("bytes_in_use"),
         )
         self.kind = jax.devices()[0].device_kind
+        self.pack_tokens = self.engine._steps.pack_tokens  # the engine's own packing, as in service
 
     def forget_programs(self) -> None:
         """Drop compiled programs, so the next call compiles under the environment as it is now."""
@@ -59,18 +69,22 @@ class ModelPhases:
         return round(stats[key] / 2**30, 2) if stats and key in stats else None
 
     def _data(self, n: int, rows: int, seed: int):
+        return self.data_of([n] * rows, seed)
+
+    def data_of(self, lengths: list[int], seed: int):
+        """Random next-token datums of these lengths."""
         import numpy as np
 
         from tinkerflow.workers.engine.types import Datum
 
         rng = np.random.default_rng(seed)
         out = []
-        for _ in range(rows):
+        for n in lengths:
             toks = rng.integers(1, self.vocab, n + 1).astype(np.int32)
             out.append(Datum(toks[:-1], {"target_tokens": toks[1:]}))
         return out
 
-    def _fb_seconds(self, requests, repeats: int) -> list[float]:
+    def fb_seconds(self, requests, repeats: int) -> list[float]:
         out = []
         for _ in range(repeats + 1):  # the first compiles
             t0 = time.perf_counter()
@@ -97,14 +111,15 @@ class ModelPhases:
         }
         if self.quick:
             layouts = {"8_adapters": layouts["8_adapters"]}
-        peak, flops_per_token = datasheet_peak(self.kind), 6 * matmul_params(self.cfg)
+        peak, n_params = datasheet_peak(self.kind), matmul_params(self.cfg)
         tps = {}
         for name, requests in layouts.items():
-            s = self._fb_seconds(requests, 2 if self.smoke else 3)
+            s = self.fb_seconds(requests, 2 if self.smoke else 3)
             tps[name] = n * rows / min(s[1:])
             t0 = time.perf_counter()
             for slot in {r.slot for r in requests}:
                 self.engine.optim_step(slot, AdamConfig(learning_rate=1e-5))
+            lengths = [len(d.tokens) for r in requests for d in r.data]
             emit(
                 phase="train",
                 figure="train_tokens_per_s",
@@ -115,10 +130,9 @@ class ModelPhases:
                 first_s=round(s[0], 2),
                 step_s=round(min(s[1:]), 3),
                 tokens_per_s=round(tps[name]),
-                mfu_datasheet=round(flops_per_token * tps[name] / peak, 3) if peak else None,
                 optim_s=round(time.perf_counter() - t0, 3),
                 gradient_checkpointing=True,
-                flops_convention="6 * N_base_matmul_params per token",
+                **self._utilisation(n_params, lengths, min(s[1:]), peak),
             )
         if "1_adapter" in tps:
             emit(
@@ -126,10 +140,35 @@ class ModelPhases:
                 figure="eight_adapters_cost",
                 ratio=round(tps["1_adapter"] / tps["8_adapters"], 3),
                 target="<= 1.15",
+                reads="one program of one shape in both layouts: holds by construction; tenants_ratio measures it",
             )
+        self.engine._steps.pack_tokens = self.pack_tokens
+        if not self.quick:
+            phase_tenants(self, n * rows)
         profile_top(
             "train step, 8 adapters x 1,024 tokens", lambda: self.engine.forward_backward(layouts["8_adapters"])
         )
+
+    def _utilisation(self, n_params: int, lengths: list[int], seconds: float, peak: float | None) -> dict:
+        """mfu_lora, hfu and the full fine-tuning 6·N figure of one step over the datasheet peak (flops.py says
+        what each counts)."""
+        weights = self.engine.adapter_weights(0)
+        adapter = sum(w.size for w in weights.values())  # each A and B entry is one multiply-add per token
+        unembed = sum(w.size for k, w in weights.items() if "lm_head" in k)
+        f = train_flops(self.cfg, n_params, lengths, adapter, unembed)
+
+        def over_peak(flops: float) -> float | None:
+            return round(flops / seconds / peak, 3) if peak else None
+
+        return {
+            "mfu_lora": over_peak(f["model"]),
+            "hfu": over_peak(f["hardware"]),
+            "flops_6n_over_peak": over_peak(f["flops_6n"]),
+            "peak": "bf16 dense datasheet",
+            "model_gflop": round(f["model"] / 1e9, 3),
+            "hardware_gflop": round(f["hardware"] / 1e9, 3),
+            "flops_conventions": CONVENTIONS,
+        }
 
     def long(self) -> None:
         import dataclasses
@@ -145,14 +184,17 @@ class ModelPhases:
                 continue
             request = [ForwardBackwardInput(slot=0, data=self._data(n, 1, n), loss_fn="cross_entropy")]
             try:
-                s = self._fb_seconds(request, 1)
+                s = self.fb_seconds(request, 3)
+                median = statistics.median(s[1:])
                 emit(
                     phase="long",
                     figure="long_forward_backward",
                     tokens=n,
                     first_s=round(s[0], 2),
-                    step_s=round(s[-1], 3),
-                    tokens_per_s=round(n / s[-1]),
+                    step_s=round(median, 3),
+                    step_s_all=[round(x, 3) for x in s[1:]],
+                    step_s_is="median of the 3 repetitions after the compiling call",
+                    tokens_per_s=round(n / median),
                     peak_gib=self._mem("peak_bytes_in_use"),
                     plan_estimate_gib=round(
                         (plan.resident_bytes + plan.train_fixed_bytes + n * plan.train_bytes_per_token) / 2**30, 2
@@ -180,7 +222,9 @@ class ModelPhases:
         rng = np.random.default_rng(1)
         prompt = rng.integers(1, self.vocab, prompt_len).astype(np.int32)
         kv_token = self.engine.memory.kv_bytes_per_token
-        weights = sum(x.nbytes for x in __import__("jax").tree.leaves(self.engine._base))
+        weights, embedding = self._weight_bytes()
+        tied = bool(self.cfg.get("tie_word_embeddings"))
+        _, copy_gb_s = copy_gb_per_s(self.smoke)  # measured here: the env phase ran in another process
         shapes = ((8, 1), (64, 1), (256, 1), (256, 8)) if self.smoke else ((64, 1), (256, 1), (256, 8))
         for rows, adapters in [(256, 1)] if self.quick else shapes:
             if self.budget.left() < (3 if self.smoke else 30):
@@ -206,6 +250,8 @@ class ModelPhases:
                 short, long_ = min(call(16) for _ in range(2)), min(call(64) for _ in range(2))
                 per_step = (long_ - short) / 48
                 kv_read = rows * (prompt_len + 40) * kv_token  # the mean filled length over the 48 steps
+                floor_bytes = decode_floor_bytes(weights, embedding, tied, kv_read)
+                floor_ms = floor_bytes / (copy_gb_s * 1e9) * 1000
                 emit(
                     phase="sample",
                     figure="decode_ms_per_step",
@@ -215,7 +261,12 @@ class ModelPhases:
                     first_call_s=round(first, 2),
                     weights_gib=round(weights / 2**30, 2),
                     kv_read_gib=round(kv_read / 2**30, 3),
-                    bytes_per_step=weights + kv_read,
+                    embedding_gib_excluded=0 if tied else round(embedding / 2**30, 2),
+                    floor_bytes=floor_bytes,
+                    copy_gb_per_s=copy_gb_s,
+                    floor_ms=round(floor_ms, 3),
+                    floor_ratio=round(per_step * 1000 / floor_ms, 2),
+                    floor_is="weights once (embedding table excluded unless tied) + KV filled, over measured copy GB/s",
                     tokens_per_s=round(rows / per_step),
                 )
             except Exception as e:  # noqa: BLE001
@@ -231,6 +282,14 @@ class ModelPhases:
                 SampleInput(prompt=prompt, max_tokens=64, seed=i, stop_token_ids=[], snapshot="s0") for i in range(256)
             ]
             profile_top("sample, 256 rows x 64 tokens, 1 adapter", lambda: self.engine.sample(reqs))
+
+    def _weight_bytes(self) -> tuple[int, int]:
+        """Bytes of the base weights and of the embedding table among them."""
+        import jax
+
+        leaves = jax.tree_util.tree_leaves_with_path(self.engine._base)
+        embedding = sum(x.nbytes for path, x in leaves if "embed_tokens" in jax.tree_util.keystr(path))
+        return sum(x.nbytes for _, x in leaves), embedding
 
     def agree(self) -> None:
         import numpy as np

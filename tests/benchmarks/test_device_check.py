@@ -38,5 +38,18 @@ def test_every_phase_of_the_device_check_runs_on_cpu(tmp_path):
         "sampler_vs_trainer_logprobs",
     ):
         assert wanted in figures, wanted
+    for line in lines:  # where and when, on every line (measure.emit)
+        assert {"device", "driver", "jax", "flax", "commit", "utc"} <= line.keys(), line
+    train = next(x for x in lines if x.get("figure") == "train_tokens_per_s")
+    assert {"mfu_lora", "hfu", "flops_6n_over_peak"} <= train.keys()
+    assert "mfu_datasheet" not in train  # the 6·N figure is not called an MFU any more
+    assert train["hardware_gflop"] > train["model_gflop"] > 0
+    tenants = next(x for x in lines if x.get("figure") == "tenants")
+    assert tenants["tenants_ratio"] > 0 and len(tenants["datums_per_tenant"]) == 8
+    sample = next(x for x in lines if x.get("figure") == "decode_ms_per_step")
+    assert sample["floor_ms"] > 0 and "floor_ratio" in sample
+    long_ = next(x for x in lines if x.get("figure") == "long_forward_backward")
+    assert len(long_["step_s_all"]) == 3
+    assert next(x for x in lines if x.get("figure") == "bf16_matmul_tflops")["inputs"] == "random normal"
     agree = next(x for x in lines if x.get("figure") == "sampler_vs_trainer_logprobs")
     assert agree["max_abs"] < 1e-4  # float32 on CPU: the sampler's logprobs are the trainer's
