@@ -74,22 +74,9 @@ def _user_error(future) -> str:
     return str(info.value)
 
 
-# Qwen3.5's chat template's way with content items, in brief (its release's template renders an image item so): the
-# tiny model's own template reads string content only.
-VISION_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("e2e-images") / "tiny-qwen3_5-vl", family="qwen3_5", vision=True)
-    (model / "chat_template.jinja").write_text(VISION_CHAT_TEMPLATE)
     return model
 
 

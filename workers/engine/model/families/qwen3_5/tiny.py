@@ -48,12 +48,15 @@ CHAT_TOKENS = (
     "<think>",
     "</think>",
 )
-# Qwen3.5's chat format in brief (the renderer builds prompts itself; this serves apply_chat_template): ChatML turns,
-# and a generation prompt that opens the assistant's thinking.
+# Qwen3.5's chat format in brief (the renderer builds prompts itself; this serves apply_chat_template): ChatML turns
+# whose content is a string or a list of items (an image item in its vision tokens, as the release's template renders
+# it: the chat endpoints put an image there), and a generation prompt that opens the assistant's thinking.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
 )
 
