@@ -184,7 +184,7 @@ def test_chat_completions_refuse_a_remote_image_url_by_name(stack):
 def test_a_datum_with_an_image_trains(stack):
     """The image's 15 placeholder positions sit between text; the weighted targets are the text after it, so the
     loss reads the tower's features through attention. Five AdamW steps lower it; `forward` answers one logprob per
-    position, the image's included."""
+    position, the image's included; the console's run page and chart show the run as any other."""
     service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
     client = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
     image = types.ImageChunk(data=_png(), format="png", expected_tokens=15)
@@ -207,6 +207,13 @@ def test_a_datum_with_an_image_trains(stack):
     scored = client.forward([datum], "cross_entropy").result(timeout=TIMEOUT_S)
     assert len(scored.loss_fn_outputs[0]["logprobs"].tolist()) == n
     assert scored.metrics["loss:sum"] < losses[0]
+    # The console shows the run like any other: its page's facts, and its chart's points carry the five losses.
+    headers = {"X-API-Key": API_KEY}
+    run = httpx.get(f"{stack.base_url}/api/v1/console/runs/{client.model_id}", headers=headers, timeout=60).json()
+    assert run["step"] == 5 and run["base_model"] == stack.served_model(), run
+    points = httpx.get(f"{stack.base_url}{run['metrics_url']}", headers=headers, timeout=60).json()["points"]
+    plotted = [p["metrics"]["loss:sum"] for p in points if p["op"] == "forward_backward"]
+    np.testing.assert_allclose(plotted, losses, rtol=1e-6)
 
 
 # The sampler's prefill (prompt chunks, the tower run alone) and one training forward differ only in float32 rounding
