@@ -20,7 +20,7 @@ from qwen3_vl_checkpoint import PATCH, TEMPORAL, build_qwen3_vl
 
 from tinkerflow.common.images import ProcessedImage
 from tinkerflow.workers.engine.engine import Engine
-from tinkerflow.workers.engine.model.families.qwen3_vl.images import image_batch
+from tinkerflow.workers.engine.model.families.qwen3_5.vision_batch import image_batch
 from tinkerflow.workers.engine.model.image_inputs import PromptImages
 from tinkerflow.workers.engine.model.kv_cache import empty_cache
 from tinkerflow.workers.engine.model.lora import LoraRouting

@@ -67,8 +67,8 @@ class Qwen35Config(ModelConfig):
 
     @property
     def image_feature_size(self) -> int:
-        """The width of what the tower gives per placeholder (`CausalLM.image_features`): the hidden size, as Qwen3.5
-        has no DeepStack features (Qwen3-VL's config answers more)."""
+        """The width of what the tower gives per placeholder (`image_inputs.tower_features`): the hidden size, as
+        Qwen3.5 has no DeepStack features (Qwen3-VL's config answers more)."""
         return self.hidden_size
 
     @property

@@ -38,7 +38,7 @@ from .linear_attention import GatedDeltaNet, LinearAttentionState
 from .sparse_moe import SparseMoeBlock
 from .vision import VisionModel
 from .vision_batch import ImageBatch
-from .vision_merge import mrope_tables, placeholders, scatter_features
+from .vision_merge import embed_images, embed_prompt_features, mrope_tables
 
 # The LoRA module groups (train_attn / train_mlp) of the linears Qwen3.5 adds to those `lora.module_kind` knows.
 LORA_KINDS: dict[str, ModuleKind] = {
@@ -167,7 +167,8 @@ class CausalLM(nnx.Module):
         if images is not None:
             x, rope = self._with_images(tokens, x, images)
         elif prompt_images is not None:
-            x = jnp.where(prompt_images.mask[..., None], prompt_images.features.astype(x.dtype), x)
+            x, deepstack = embed_prompt_features(x, prompt_images.mask, prompt_images.features)
+            assert deepstack is None, "Qwen3.5's tower gives no DeepStack features"
             rope = self._mrope(prompt_images.positions)
         else:
             rope = rope_tables(self.config, positions)
@@ -203,21 +204,15 @@ class CausalLM(nnx.Module):
         config = self.config
         if self.visual is None or config.image_token_id is None:
             raise ValueError(f"{config.arch}: this checkpoint has no vision tower, so it takes no images")
-        features, _ = self.visual(images.patches, images.vision)  # Qwen3.5 has no DeepStack features
-        mask, index = placeholders(tokens, config.image_token_id)
-        x = scatter_features(x, mask, index, features)
+        features, deepstack = self.visual(images.patches, images.vision)
+        x, extra = embed_images(x, tokens, config.image_token_id, features, deepstack)
+        assert extra is None, "Qwen3.5's tower gives no DeepStack features"
         return x, self._mrope(images.positions)
 
     def _mrope(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The multimodal rope tables of 3-D positions [B, T, 3]."""
         config = self.config
         return mrope_tables(jnp.moveaxis(positions, -1, 0), config.inv_freq(), config.mrope_section)
-
-    def image_features(self, patches: jax.Array, vision: Any) -> jax.Array:
-        """The tower's features [patches / merge unit, H] of a padded run of images' patches (vision_batch.py)."""
-        if self.visual is None:
-            raise ValueError(f"{self.config.arch}: this checkpoint has no vision tower, so it takes no images")
-        return self.visual(patches, vision)[0]  # Qwen3.5 has no DeepStack features
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
         return self.lm_head(h, self.embed_tokens, routing)

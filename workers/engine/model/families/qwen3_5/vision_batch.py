@@ -25,9 +25,9 @@ import numpy as np
 from tinkerflow.common.images import ProcessedImage
 
 from ....shape_buckets import image_patch_len
+from ...image_inputs import image_token_id
 from .. import ModelConfig
-from .config import Qwen35Config
-from .vision_config import VisionInputs, vision_inputs
+from .vision_config import VisionConfig, VisionInputs, vision_inputs
 from .vision_merge import rope_index
 
 
@@ -48,14 +48,16 @@ def image_batch(
 ) -> ImageBatch:
     """The ImageBatch of laid-out `tokens` / `segments` [B, T] whose placeholders are those of `images`, in order.
     ValueError when the placeholders and the images disagree (datum_checks refuses such a datum first)."""
-    if not isinstance(config, Qwen35Config) or config.vision is None or config.image_token_id is None:
+    # Qwen3-VL's config holds the same tower settings and placeholder token, and its rope index is this one
+    # (transformers' two get_rope_index give an image the same positions): both families' batches are built here.
+    vision, token = getattr(config, "vision", None), image_token_id(config)
+    if not isinstance(vision, VisionConfig) or token is None:
         raise ValueError(f"{config.arch}: this checkpoint has no vision tower, so it takes no images")
-    vision = config.vision
     grids = [image.grid for image in images]
     positions, _ = rope_index(
         tokens,
         grids,
-        image_token_id=config.image_token_id,
+        image_token_id=token,
         merge_size=vision.spatial_merge_size,
         segment_ids=segments,
     )

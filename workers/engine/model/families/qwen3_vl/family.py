@@ -10,10 +10,10 @@ from typing import Any
 from ...decoder import DECODER_TARGETS, dense_layer, dense_stack, kv_every_layer
 from ...layer_costs import dense_activation_bytes, dense_params
 from .. import Family, ModelConfig
+from ..qwen3_5.vision_batch import image_batch
 from ..qwen3_moe import family as qwen3_moe
 from .checkpoint import Qwen3VLNames
 from .config import Qwen3VLConfig
-from .images import image_batch
 from .model import CausalLM
 from .tiny_vision import TINY_VISION
 
