@@ -15,6 +15,8 @@ count follows from the processor's patch and merge sizes). Figures, one JSON lin
   off), engine = Engine.forward_backward alone in this process; warm medians. `text_*` is the same for a text-only
   datum of the same token count, `image_over_text_*` the ratio (the tower's and the image batch's cost), `first_ms`
   the first call of each (its compile). The engine's image calls include cutting the PNG, as the JAX worker's do.
+* `images_sample_ms` (pixels, tokens): one sample call of a prompt of the same layout, SAMPLE_TOKENS generated and
+  never stopping early, through the SDK's sampling client and Engine.sample alone, beside its text twin, as above.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from benchmarks.common import emit, emit_pair, running_stack, served_model, shar
 
 API_KEY = "tml-bench-images"
 TEXT = [5, 17, 42, 99, 3, 250, 7, 11]  # the 4 tokens before the image and the 4 after
+SAMPLE_TOKENS = 8  # tokens a sample figure's call generates (it never stops early: stop=[])
 
 
 def load() -> list[float]:
@@ -126,6 +129,55 @@ class EngineImages:
 
         return first_and_warm_ms(call, repeats)
 
+    def sample(self, size: int, repeats: int, with_image: bool) -> tuple[float, float]:
+        """A prompt of the same layout (the image, or as many text tokens), SAMPLE_TOKENS sampled, never stopping."""
+        from tinkerflow.workers.engine.types import SampleInput, SampleResult
+
+        n = self.image(size, 0).tokens
+
+        def call(seed: int):
+            if with_image:
+                tokens, images = TEXT[:4] + [self.image_id] * n + TEXT[4:], (self.image(size, seed),)
+            else:
+                tokens, images = np.random.default_rng(seed).integers(1, 1800, n + len(TEXT)).tolist(), ()
+            prompt = np.asarray(tokens, np.int32)
+            request = SampleInput(prompt, max_tokens=SAMPLE_TOKENS, seed=seed, stop_token_ids=[], images=images)
+            [out] = self.engine.sample([request])
+            assert isinstance(out, SampleResult), out
+
+        return first_and_warm_ms(call, repeats)
+
+
+def sdk_chunks(size: int, tokens: int, with_image: bool, seed: int) -> list:
+    """The SDK's chunks of the engine's layouts: 4 text tokens, the image, 4 text tokens; or as many text tokens."""
+    from tinker import types
+
+    if not with_image:
+        return [
+            types.EncodedTextChunk(tokens=np.random.default_rng(seed).integers(1, 1800, tokens + len(TEXT)).tolist())
+        ]
+    return [
+        types.EncodedTextChunk(tokens=TEXT[:4]),
+        types.ImageChunk(data=png(size, seed), format="png", expected_tokens=tokens),
+        types.EncodedTextChunk(tokens=TEXT[4:]),
+    ]
+
+
+def sdk_sample(base_url: str, size: int, tokens: int, repeats: int) -> dict[bool, tuple[float, float]]:
+    """{with_image: (first_ms, warm_ms)} of one sample call through the SDK, the engine's prompts and lengths."""
+    import tinker
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)
+    sampler = service.create_sampling_client(base_model=served_model(base_url, API_KEY))
+
+    def call(with_image: bool, seed: int):
+        prompt = types.ModelInput(chunks=sdk_chunks(size, tokens, with_image, seed))  # pyright: ignore[reportArgumentType]
+        params = types.SamplingParams(max_tokens=SAMPLE_TOKENS, seed=seed, stop=[])
+        sampler.sample(prompt, 1, params).result()
+
+    return {w: first_and_warm_ms(lambda seed, w=w: call(w, seed), repeats) for w in (True, False)}
+
 
 def sdk_forward_backward(base_url: str, size: int, tokens: int, repeats: int) -> dict[bool, tuple[float, float]]:
     """{with_image: (first_ms, warm_ms)} of forward_backward through the SDK, the same datums as the engine's."""
@@ -136,15 +188,7 @@ def sdk_forward_backward(base_url: str, size: int, tokens: int, repeats: int) ->
     training = service.create_lora_training_client(base_model=served_model(base_url, API_KEY), rank=8).result()
 
     def call(with_image: bool, seed: int):
-        if with_image:
-            chunks = [
-                types.EncodedTextChunk(tokens=TEXT[:4]),
-                types.ImageChunk(data=png(size, seed), format="png", expected_tokens=tokens),
-                types.EncodedTextChunk(tokens=TEXT[4:]),
-            ]
-        else:
-            text = np.random.default_rng(seed).integers(1, 1800, tokens + len(TEXT)).tolist()
-            chunks = [types.EncodedTextChunk(tokens=text)]
+        chunks = sdk_chunks(size, tokens, with_image, seed)
         n = tokens + len(TEXT)
         datum = types.Datum(
             model_input=types.ModelInput(chunks=chunks),  # pyright: ignore[reportArgumentType] (a list of chunks)
@@ -193,31 +237,39 @@ def main() -> None:
                     load_before=before,
                     load_after=load(),
                 )
-            for size in sizes:
-                before = load()
-                tokens = engine.image(size, 0).tokens
-                ours = {w: engine.forward_backward(size, args.repeats, w) for w in (True, False)}
-                theirs = sdk_forward_backward(base_url, size, tokens, args.repeats) if base_url else None
-                extra_fields = {
-                    "pixels": size,
-                    "tokens": tokens,
-                    "engine_first_ms": round(ours[True][0], 3),
-                    "text_engine_ms": round(ours[False][1], 3),
-                    "text_engine_first_ms": round(ours[False][0], 3),
-                    "image_over_text_engine": round(ours[True][1] / ours[False][1], 3),
-                }
-                if theirs is not None:
-                    extra_fields |= {
-                        "tinkerflow_first_ms": round(theirs[True][0], 3),
-                        "text_tinkerflow_ms": round(theirs[False][1], 3),
-                        "image_over_text_tinkerflow": round(theirs[True][1] / theirs[False][1], 3),
-                    }
-                extra_fields |= {"load_before": before, "load_after": load()}
-                if theirs is not None:
-                    emit_pair("images_forward_backward_ms", "ms", theirs[True][1], ours[True][1], **extra_fields)
-                else:
-                    emit(figure="images_forward_backward_ms", unit="ms", engine=round(ours[True][1], 3), **extra_fields)
-                print(f"images: {size} px ({tokens} tokens) done", file=sys.stderr, flush=True)
+            for figure, ours_of, theirs_of in (
+                ("images_forward_backward_ms", engine.forward_backward, sdk_forward_backward),
+                ("images_sample_ms", engine.sample, sdk_sample),
+            ):
+                for size in sizes:
+                    before = load()
+                    tokens = engine.image(size, 0).tokens
+                    ours = {w: ours_of(size, args.repeats, w) for w in (True, False)}
+                    theirs = theirs_of(base_url, size, tokens, args.repeats) if base_url else None
+                    emit_figure(figure, size, tokens, ours, theirs, before)
+                    print(f"images: {figure} {size} px ({tokens} tokens) done", file=sys.stderr, flush=True)
+
+
+def emit_figure(figure: str, size: int, tokens: int, ours: dict, theirs: dict | None, before: list[float]) -> None:
+    """One image-against-text figure: warm image ms through the service beside the engine alone, with the text twin's
+    and the first calls' beside it (`ours`, `theirs`: {with_image: (first_ms, warm_ms)})."""
+    fields = {
+        "pixels": size,
+        "tokens": tokens,
+        "engine_first_ms": round(ours[True][0], 3),
+        "text_engine_ms": round(ours[False][1], 3),
+        "text_engine_first_ms": round(ours[False][0], 3),
+        "image_over_text_engine": round(ours[True][1] / ours[False][1], 3),
+    }
+    if theirs is None:
+        emit(figure=figure, unit="ms", engine=round(ours[True][1], 3), **fields, load_before=before, load_after=load())
+        return
+    fields |= {
+        "tinkerflow_first_ms": round(theirs[True][0], 3),
+        "text_tinkerflow_ms": round(theirs[False][1], 3),
+        "image_over_text_tinkerflow": round(theirs[True][1] / theirs[False][1], 3),
+    }
+    emit_pair(figure, "ms", theirs[True][1], ours[True][1], **fields, load_before=before, load_after=load())
 
 
 if __name__ == "__main__":
