@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from cookbook_merge import vl_logprobs
 from safetensors.numpy import load_file
+from vision_layouts import processed_images
 
-from tinkerflow.common.images import ImageProcessing, decode_image, model_image_processor, preprocess
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.checkpoint import ADAPTER_WEIGHTS, write_peft
 from tinkerflow.workers.engine.model.tiny_model import make_tiny_model
@@ -30,20 +30,9 @@ TOL = 1e-4
 SLOT, STEPS = 0, 3
 
 
-def _png(height: int, width: int, seed: int) -> bytes:
-    import io
-
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "PNG")
-    return out.getvalue()
-
-
 def _datums(directory, engine: Engine) -> tuple[Datum, Datum]:
     """(text, one 100 x 150 image, text; text only), targets the next tokens weighted on text."""
-    processing = ImageProcessing.from_hf(model_image_processor(directory) or {})
-    image = preprocess(decode_image(_png(100, 150, 0), "png"), processing)
+    [image] = processed_images(directory, [(100, 150)])
     image_id = engine.info.image_token_id
     assert image_id is not None
     rng = np.random.default_rng(7)

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from vision_layouts import layouts, processed_images
 
-from tinkerflow.common.images import ImageProcessing, decode_image, model_image_processor, preprocess
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_batch import image_batch
 from tinkerflow.workers.engine.model.lora import LoraRouting
@@ -66,39 +65,16 @@ def engine(tiny_vl):
     return engine
 
 
-def _png(height: int, width: int, seed: int) -> bytes:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "PNG")
-    return out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def images(tiny_vl):
-    processing = ImageProcessing.from_hf(model_image_processor(tiny_vl) or {})
-    return [preprocess(decode_image(_png(h, w, i), "png"), processing) for i, (h, w) in enumerate(SIZES)]
+    return processed_images(tiny_vl, SIZES)
 
 
 def _prompts(engine: Engine, images: list) -> list[tuple[np.ndarray, tuple]]:
-    """One image between text; two images of different sizes; text only."""
+    """vision_layouts' three prompts: one image between text; two images of different sizes; text only."""
     image_id = engine.info.image_token_id
     assert image_id is not None
-    start, end = image_id - 2, image_id - 1  # <|vision_start|>, <|vision_end|> (tiny_vision.token_id)
-    rng = np.random.default_rng(7)
-
-    def text(n: int) -> list[int]:
-        return rng.integers(0, 1800, n).tolist()
-
-    def image(k: int) -> list[int]:
-        return [start] + [image_id] * images[k].tokens + [end]
-
-    layouts = [
-        (text(5) + image(0) + text(6), (images[0],)),
-        (text(3) + image(1) + text(2) + image(2) + text(4), (images[1], images[2])),
-        (text(23), ()),
-    ]
-    return [(np.asarray(tokens, np.int32), its) for tokens, its in layouts]
+    return layouts(image_id, images, np.random.default_rng(7), vocab=1800)
 
 
 def _request(engine: Engine, prompt: np.ndarray, its: tuple, **fields) -> SampleInput:

@@ -22,7 +22,6 @@ The tiny checkpoint ties its embeddings, and our unembedding LoRA updates the ti
 
 from __future__ import annotations
 
-import io
 import itertools
 
 import jax.numpy as jnp
@@ -30,8 +29,8 @@ import numpy as np
 import pytest
 from flax import nnx
 from qwen3_5_reference import logits_close
+from vision_layouts import next_token_datums, processed_images
 
-from tinkerflow.common.images import ImageProcessing, decode_image, model_image_processor, preprocess
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.attention import Segments
 from tinkerflow.workers.engine.model.families.qwen3_5.vision_batch import image_batch
@@ -73,41 +72,12 @@ def engine(tiny_vl):
     return engine
 
 
-def _png(height: int, width: int, seed: int) -> bytes:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "PNG")
-    return out.getvalue()
-
-
 def _datums(tiny_vl, engine: Engine) -> list[Datum]:
-    """One image; two images of different sizes; text only. Targets are the next tokens, weighted on text."""
-    processing = ImageProcessing.from_hf(model_image_processor(tiny_vl) or {})
-    images = [preprocess(decode_image(_png(h, w, i), "png"), processing) for i, (h, w) in enumerate(SIZES)]
+    """vision_layouts' three prompts as next-token datums, their images cut by the tiny model's processor."""
     image_id = engine.info.image_token_id
     assert image_id is not None
-    start, end = image_id - 2, image_id - 1  # <|vision_start|>, <|vision_end|> (tiny_vision.token_id)
-    rng = np.random.default_rng(7)
-
-    def text(n: int) -> list[int]:
-        return rng.integers(0, 1800, n).tolist()
-
-    def image(k: int) -> list[int]:
-        return [start] + [image_id] * images[k].tokens + [end]
-
-    layouts = [
-        (text(5) + image(0) + text(6), (images[0],)),
-        (text(3) + image(1) + text(2) + image(2) + text(4), (images[1], images[2])),
-        (text(23), ()),
-    ]
-    data = []
-    for tokens, its in layouts:
-        full = np.asarray(tokens + text(1), np.int32)
-        targets = full[1:].astype(np.int64)
-        weights = (full[1:] != image_id).astype(np.float32)
-        data.append(Datum(full[:-1], {"target_tokens": targets, "weights": weights}, images=its))
-    return data
+    images = processed_images(tiny_vl, SIZES)
+    return next_token_datums(image_id, images, np.random.default_rng(7), vocab=1800)
 
 
 def _hf(tiny_vl, engine: Engine):

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from qwen3_vl_checkpoint import PATCH, TEMPORAL, build_qwen3_vl
+from vision_layouts import next_token_datums
 
 from tinkerflow.common.images import ProcessedImage
 from tinkerflow.workers.engine.engine import Engine
@@ -100,25 +101,7 @@ def _datums(engine: Engine) -> list[Datum]:
     ]
     image_id = engine.info.image_token_id
     assert image_id is not None
-    start, end = image_id - 2, image_id - 1  # <|vision_start|>, <|vision_end|> (qwen3_vl_checkpoint.py)
-
-    def text(n: int) -> list[int]:
-        return rng.integers(0, start, n).tolist()
-
-    def image(k: int) -> list[int]:
-        return [start] + [image_id] * images[k].tokens + [end]
-
-    layouts = [
-        (text(5) + image(0) + text(6), (images[0],)),
-        (text(3) + image(1) + text(2) + image(2) + text(4), (images[1], images[2])),
-        (text(23), ()),
-    ]
-    data = []
-    for tokens, its in layouts:
-        full = np.asarray(tokens + text(1), np.int32)
-        weights = (full[1:] != image_id).astype(np.float32)
-        data.append(Datum(full[:-1], {"target_tokens": full[1:].astype(np.int64), "weights": weights}, images=its))
-    return data
+    return next_token_datums(image_id, images, rng, vocab=image_id - 2)  # text below the vision tokens
 
 
 def _hf_inputs(d: Datum, image_id: int) -> dict:
