@@ -41,6 +41,9 @@ class SamplerPrograms:
         # The tower's graph is read when its program is traced (`_visual` sets it first): it is the same graph at
         # every call, so its programs key on the tower's state and the patch bucket alone.
         self._vgraph: nnx.GraphDef | None = None
+        # (base, the tower's state in it): splitting the tower out walks the whole model, so once per base state,
+        # not once per row (the tower carries no LoRA: the snapshot stack does not change it).
+        self._vstate: tuple[Any, Any] | None = None
         self.tower = AotCache("sample_tower", self._traced_tower)
         self.config = config
         self.graphdef = graphdef
@@ -55,10 +58,9 @@ class SamplerPrograms:
         row's prompt starts at `start` in the prefix cache; `seen`: features of one call's images by digest."""
         if not takes_images(self.config) or not row.images:
             return None
-        vstate = self._visual(lora, base)
 
         def run(patches, vision):
-            return self._tower(vstate, jnp.asarray(patches), jax.tree.map(jnp.asarray, vision))
+            return self._tower(self._visual(lora, base), jnp.asarray(patches), jax.tree.map(jnp.asarray, vision))
 
         return row_images(self.config, row, run, start, seen)
 
@@ -67,9 +69,11 @@ class SamplerPrograms:
         return tower(self._vgraph, state, patches, vision)
 
     def _visual(self, lora, base) -> Any:
-        """The tower's state (its graph kept for its programs)."""
-        self._vgraph, state = visual(self.graphdef, lora, base)
-        return state
+        """The tower's state in `base` (its graph kept for its programs)."""
+        if self._vstate is None or self._vstate[0] is not base:
+            self._vgraph, state = visual(self.graphdef, lora, base)
+            self._vstate = (base, state)
+        return self._vstate[1]
 
     def _tower(self, vstate, patches, vision, *, compile_only: bool = False) -> Any:
         label = f"patches={patches.shape[0]}"
