@@ -148,20 +148,26 @@ def test_prompt_logprobs_with_images_equal_the_forward(engine, images):
         np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=f"prompt {i}")
 
 
-def test_samples_of_one_request_run_the_tower_once(engine, images, monkeypatch):
-    """Three samples of a prompt whose image lies in the prefix cache's blocks: the first runs the tower, the others
-    resume from its blocks without it, and every one's logprobs are the forward's."""
-    prompt, its = _prompts(engine, images)[0]
-    prompt = np.concatenate([prompt, np.arange(100, 120, dtype=np.int32)])
+def _tower_calls(engine: Engine, monkeypatch) -> list[str]:
+    """The labels of the sampler's tower calls from now on, in order."""
     programs = engine.sampler.programs
-    calls = []
+    calls: list[str] = []
+    tower = programs.tower
 
     def counted(label, *args):
         calls.append(label)
         return tower(label, *args)
 
-    tower = programs.tower
     monkeypatch.setattr(programs, "tower", counted)
+    return calls
+
+
+def test_samples_of_one_request_run_the_tower_once(engine, images, monkeypatch):
+    """Three samples of a prompt whose image lies in the prefix cache's blocks: the first runs the tower, the others
+    resume from its blocks without it, and every one's logprobs are the forward's."""
+    prompt, its = _prompts(engine, images)[0]
+    prompt = np.concatenate([prompt, np.arange(100, 120, dtype=np.int32)])
+    calls = _tower_calls(engine, monkeypatch)
     [res] = engine.sample([_request(engine, prompt, its, cache_namespace="once", num_samples=3)])
     assert isinstance(res, SampleResult) and len(res.sequences) == 3
     assert len(calls) == 1
@@ -175,15 +181,7 @@ def test_rows_sharing_an_image_in_one_call_run_the_tower_once(engine, images, mo
     the other's blocks): the tower runs once, its features found again by the image's digest, and each row's
     logprobs are the forward's."""
     prompt, its = _prompts(engine, images)[0]
-    programs = engine.sampler.programs
-    calls = []
-
-    def counted(label, *args):
-        calls.append(label)
-        return tower(label, *args)
-
-    tower = programs.tower
-    monkeypatch.setattr(programs, "tower", counted)
+    calls = _tower_calls(engine, monkeypatch)
     results = engine.sample([_request(engine, prompt, its) for _ in range(2)])
     assert len(calls) == 1
     for res in results:

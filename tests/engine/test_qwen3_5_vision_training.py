@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from peft_lora import copy_our_lora
 from qwen3_5_reference import logits_close
 from vision_layouts import next_token_datums, processed_images
 
@@ -89,14 +90,7 @@ def _hf(tiny_vl, engine: Engine):
     alpha = round(engine.adapters.scale(SLOT) * RANK)
     model = peft.get_peft_model(hf, peft.LoraConfig(r=RANK, lora_alpha=alpha, target_modules=LORA_TARGETS))
     ours = engine.adapter_weights(SLOT)
-    wrapped = {}
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if hasattr(module, "lora_A") and "default" in module.lora_A:
-                path = "layers." + name.split(".layers.", 1)[1]
-                module.lora_A["default"].weight.copy_(torch.from_numpy(ours[f"{path}.lora_a"].T.copy()))
-                module.lora_B["default"].weight.copy_(torch.from_numpy(ours[f"{path}.lora_b"].T.copy()))
-                wrapped[path] = module
+    wrapped = copy_our_lora(model, ours)
     assert {p.rsplit(".", 1)[0] for p in ours if not p.startswith("lm_head")} == set(wrapped)
     return model, wrapped
 

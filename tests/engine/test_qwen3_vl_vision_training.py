@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from peft_lora import copy_our_lora
 from qwen3_vl_checkpoint import PATCH, TEMPORAL, build_qwen3_vl
 from vision_layouts import next_token_datums
 
@@ -79,14 +80,7 @@ def hf(checkpoint, engine):
         model.float().eval(), peft.LoraConfig(r=RANK, lora_alpha=alpha, target_modules=LORA_TARGETS)
     )
     ours = engine.adapter_weights(SLOT)
-    wrapped = {}
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if hasattr(module, "lora_A") and "default" in module.lora_A:
-                path = "layers." + name.split(".layers.", 1)[1]
-                module.lora_A["default"].weight.copy_(torch.from_numpy(ours[f"{path}.lora_a"].T.copy()))
-                module.lora_B["default"].weight.copy_(torch.from_numpy(ours[f"{path}.lora_b"].T.copy()))
-                wrapped[path] = module
+    wrapped = copy_our_lora(model, ours)
     expected = {p.rsplit(".", 1)[0] for p in ours if not p.startswith("lm_head") and ".experts." not in p}
     assert expected == set(wrapped)
     return model, wrapped
