@@ -348,6 +348,7 @@ def load_engine(settings: Settings, local_path: str):
         device_memory_bytes=int(settings.device_memory_gb * 2**30),
         prefix_cache_tokens=settings.prefix_cache_tokens,
         page_store=page_store(settings),
+        random_weights=settings.random_weights,
     )
     publish_memory_plan(engine.memory)
     return engine

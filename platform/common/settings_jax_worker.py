@@ -37,6 +37,10 @@ class JaxWorkerSettings:
                                      "recipes that look models up by name (tinker-cookbook's renderer and "
                                      "learning-rate tables) know it", MODEL,
                                      shown="the HF id given to --base-model, or the directory's absolute path")
+    random_weights: bool = setting(False, "draw the base weights at random, in the shape of --base-model's "
+                                   "config.json, instead of reading its safetensors: a real model's shape served "
+                                   "without its checkpoint, for benchmarks (a directory with config.json alone "
+                                   "will do; its tokenizer is used where it has one)", MODEL)
     pool: str = setting("default", "name of the worker pool this base model runs on", MODEL)
     max_lora_adapters: int = setting(8, "LoRA adapter slots on the JAX worker", MODEL)
     max_lora_rank: int = setting(32, "largest LoRA rank a client may ask for", MODEL)

@@ -5,8 +5,10 @@ device-memory plan that sizes them all (`EngineParts`, which `engine.Engine` ext
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any, Self
 
 from .model.dtypes import base_dtype, weight_dtype
@@ -30,6 +32,17 @@ log = logging.getLogger(__name__)
 DEFAULT_MICRO_BATCH_TOKENS = 16384
 # Prompt tokens of keys and values the sampler's prefix cache holds (sampling/prefix_cache.py); 0: no cache.
 DEFAULT_PREFIX_CACHE_TOKENS = 65536
+
+
+def directory_tokenizer(path: str, *, required: bool):
+    """The model directory's tokenizer; None where it has none and none is `required` (a config-only directory
+    served with random weights: token ids still work, stop strings and chat templates do not)."""
+    from transformers import AutoTokenizer
+
+    if not required and not any((Path(path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        log.warning("%s has no tokenizer: clients must send token ids (stop strings cannot be checked)", path)
+        return None
+    return AutoTokenizer.from_pretrained(path)
 
 
 class EngineParts:
@@ -148,6 +161,7 @@ class EngineParts:
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         page_store: PageStore | None = None,
+        random_weights: bool = False,
     ) -> Self:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
@@ -156,22 +170,22 @@ class EngineParts:
         micro-batches long enough to need it: the memory plan says from how many tokens). `device_memory_bytes` > 0
         caps the memory the plan divides (host RAM on CPU, the allocator's limit on accelerators). `scan_layers`
         (dense models): the layers stacked and run as one scan, so compile time does not grow with depth
-        (model/decoder.py); off: a per-layer loop, kept for comparison."""
-        from transformers import AutoTokenizer
-
+        (model/decoder.py); off: a per-layer loop, kept for comparison. `random_weights`: the directory's
+        config.json alone, its weights drawn on the device (loader.random_model) and its tokenizer read where it has
+        one: a real model's shape served without its checkpoint, for benchmarks of the whole service."""
         t0 = time.perf_counter()
         path = resolve_model_path(model_path)
-        loaded = load_model(
-            path,
-            max_adapters=max_lora_adapters,
-            max_rank=max_lora_rank,
-            progress=progress,
-            dtype=weight_dtype(dtype),
-            mesh=as_mesh(mesh),
-            remat=gradient_checkpointing,
-            scan_layers=scan_layers,
+        build = dict(
+            dtype=weight_dtype(dtype), mesh=as_mesh(mesh), remat=gradient_checkpointing, scan_layers=scan_layers
         )
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        if random_weights:
+            hf_config = json.loads((Path(path) / "config.json").read_text())
+            loaded = random_model(hf_config, max_adapters=max_lora_adapters, max_rank=max_lora_rank, **build)
+        else:
+            loaded = load_model(
+                path, max_adapters=max_lora_adapters, max_rank=max_lora_rank, progress=progress, **build
+            )
+        tokenizer = directory_tokenizer(path, required=not random_weights)
         cfg = loaded.config
         info = ModelInfo(
             arch=cfg.arch,
@@ -184,12 +198,13 @@ class EngineParts:
         )
         mesh_shape = dict(loaded.placement.mesh.shape) if loaded.placement is not None else {}
         log.info(
-            "loaded %s (%s, %d layers, vocab %d, %s weights, mesh %s%s) with %d LoRA slots of rank <= %d in %.1fs",
+            "loaded %s (%s, %d layers, vocab %d, %s weights%s, mesh %s%s) with %d LoRA slots of rank <= %d in %.1fs",
             path,
             cfg.arch,
             cfg.num_layers,
             cfg.vocab_size,
             base_dtype(loaded.base),
+            " drawn at random" if random_weights else "",
             mesh_shape,
             ", gradient checkpointing" if gradient_checkpointing else "",
             max_lora_adapters,

@@ -105,7 +105,10 @@ def _shard_files(path: Path) -> list[Path]:
         return [path / f for f in sorted(set(weight_map.values()))]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
+        raise FileNotFoundError(
+            f"no *.safetensors in {path}: copy the checkpoint there, or serve random weights of its config's shape "
+            "(tinkerflow's --random-weights, for benchmarks)"
+        )
     return files
 
 
@@ -239,6 +242,7 @@ def random_model(
     seed: int = 0,
     std: float = 0.02,
     scan_layers: bool = True,
+    remat: bool = False,
 ) -> LoadedModel:
     """A model of `hf_config`'s shape with random weights drawn on the device, each leaf straight into its sharding
     (normal(0, std) matrices in `dtype`, norm weights 1): the shape of a real checkpoint without reading one, for
@@ -251,7 +255,7 @@ def random_model(
         max_adapters=max_adapters,
         max_rank=max_rank,
         dtype=dtype,
-        remat=False,
+        remat=remat,
         scan_layers=scan_layers,
     )
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
