@@ -1,14 +1,19 @@
 """The whole stack on one machine against the engine alone, same workload, same run: what the service costs.
 
-    python -m benchmarks.device_stack [--base-model DIR] [--concurrency 8] [--smoke]
+    python -m benchmarks.device_stack [--base-model DIR | --shape qwen3-8b] [--concurrency 8] [--no-rl] [--smoke]
 
 `tinkerflow up` (Temporal dev server, API, workflow worker, JAX worker) serves `--base-model` (default: the embedded
-tiny model), driven by the unmodified `tinker` SDK:
+tiny model; a directory without safetensors is served with `--random-weights`, its weights drawn on the device), or
+`--shape`'s config-only directory (Qwen3-8B's config.json beside the tiny model's tokenizer: no checkpoint needed),
+driven by the unmodified `tinker` SDK:
 
 * forward_backward tokens/s: one training client, `rows` datums of `tokens` random tokens, cross entropy; the
   median of the timed repetitions after a compiling one.
 * sampling tokens/s: `--concurrency` sample calls in flight at once on one sampling client, `max_tokens` each,
   never stopping early (stop=[]), so both sides produce the same tokens.
+
+* the cookbook's math_rl loop (arithmetic env), run as a user runs the recipe: its step time as the recipe logs
+  it, the first step (which compiles) beside the median of the others (`--no-rl` skips it).
 
 Then the stack stops (on an accelerator both could not hold the model at once) and the engine loads the same model
 directory in this process and runs the same two workloads (one ForwardBackwardInput; the concurrent calls as one
@@ -28,6 +33,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
+
+from benchmarks.device_stack_parts import config_only_model, has_weights, math_rl_step_times, shapes
 
 API_KEY = "tml-device-stack"
 
@@ -82,14 +89,16 @@ def through_service(base_url: str, w: dict, rows) -> dict:
     return {"fb_s": fb[1:], "sample": rounds[1:]}
 
 
-def engine_alone(model_dir: str, w: dict, rows) -> dict:
+def engine_alone(model_dir: str, w: dict, rows, random_weights: bool) -> dict:
     import numpy as np
 
     from benchmarks.common import engine_datums
     from tinkerflow.workers.engine.engine import Engine
     from tinkerflow.workers.engine.types import ForwardBackwardInput, LoraConfig, SampleInput
 
-    engine = Engine.load(model_dir, max_lora_adapters=8, max_lora_rank=32, progress=False)
+    engine = Engine.load(
+        model_dir, max_lora_adapters=8, max_lora_rank=32, progress=False, random_weights=random_weights
+    )
     engine.create_adapter(0, LoraConfig(rank=32))
     request = [ForwardBackwardInput(0, engine_datums(rows), "cross_entropy")]
     fb = []
@@ -125,29 +134,50 @@ def tiny_model(root: Path) -> Path:
     return make_tiny_model(root / "model", progress=False)
 
 
+def model_dir_of(args: argparse.Namespace, root: Path) -> str:
+    if args.shape:
+        return str(config_only_model(root, args.shape))
+    return args.base_model or str(tiny_model(root))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-model", help="model directory the stack serves (default: the embedded tiny model)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(shapes()),
+        help="serve a config-only directory of this shape with random weights (qwen3-8b; tiny: the random-weights "
+        "path on the tiny model)",
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="sample calls in flight at once")
+    parser.add_argument("--no-rl", action="store_true", help="skip the cookbook's math_rl step time")
+    parser.add_argument("--rl-timeout-s", type=float, default=240.0, help="the math_rl run's limit")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU (CI)")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    from benchmarks.common import running_stack
+    from benchmarks.common import running_stack, served_model
     from benchmarks.device_phases.measure import emit
 
     w = workload(args.smoke, args.concurrency)
     rows = token_rows(w)
     with tempfile.TemporaryDirectory(prefix="device-stack-") as d:
-        model_dir = args.base_model or str(tiny_model(Path(d)))  # outlives the stack: the engine loads it after
-        with running_stack(None, API_KEY, ["--warm-up", "off", "--base-model", model_dir]) as (base_url, _stack):
+        model_dir = model_dir_of(args, Path(d))  # outlives the stack: the engine loads it after
+        random_weights = not has_weights(model_dir)
+        flags = ["--warm-up", "off", "--base-model", model_dir] + (["--random-weights"] if random_weights else [])
+        with running_stack(None, API_KEY, flags) as (base_url, _stack):
             service = through_service(base_url, w, rows)
-        engine = engine_alone(model_dir, w, rows)
+            if not args.no_rl:
+                model = served_model(base_url, API_KEY)
+                rl = math_rl_step_times(base_url, API_KEY, model, smoke=args.smoke, timeout_s=args.rl_timeout_s)
+                emit(phase="stack", figure="math_rl_step_s", weights="random" if random_weights else "checkpoint", **rl)
+        engine = engine_alone(model_dir, w, rows, random_weights)
     through, alone = rates(service, w), rates(engine, w)
     for figure, value in through.items():
         emit(
             phase="stack",
             figure=figure,
+            weights="random" if random_weights else "checkpoint",
             service=round(value, 1),
             engine=round(alone[figure], 1),
             service_over_engine=round(value / alone[figure], 3) if alone[figure] else None,
