@@ -68,25 +68,36 @@ def canonical(name: str) -> str:
 
 
 def closure(roots: tuple[str, ...] = ROOTS) -> dict[str, str]:
-    """{canonical name: installed version} of `roots` and everything they require here (markers evaluated for this
-    interpreter, extras not followed), skipping the names in DEVICE_HAS and NOT_IMPORTED and what they alone need."""
-    env = {k: str(v) for k, v in default_environment().items()} | {"extra": ""}
+    """{canonical name: installed version} of `roots` and everything they require here, markers evaluated for this
+    interpreter and extras followed (`httpx[http2]` brings h2 even though httpx itself is the image's), skipping
+    DEVICE_HAS (whose own base requirements the image already satisfies), NOT_IMPORTED and CUDA's wheels."""
+    env = {k: str(v) for k, v in default_environment().items()}
     found: dict[str, str] = {}
-    todo = [canonical(r) for r in roots]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [(canonical(r), frozenset[str]()) for r in roots]
     while todo:
-        name = todo.pop()
-        if name in found or name in DEVICE_HAS or name in NOT_IMPORTED or name.startswith("nvidia-"):
+        name, extras = todo.pop()
+        if (name, extras) in seen or name in NOT_IMPORTED or name.startswith("nvidia-"):
             continue
+        seen.add((name, extras))
+        on_device = name in DEVICE_HAS
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
+            if on_device:
+                continue
             msg = f"{name} is required but not installed here: `bash scripts/setup.sh cookbook` first"
             raise SystemExit(msg) from None
-        found[name] = dist.version
+        if not on_device:
+            found[name] = dist.version
         for raw in dist.requires or []:
             req = Requirement(raw)
-            if req.marker is None or req.marker.evaluate(env):
-                todo.append(canonical(req.name))
+            if req.marker is not None and "extra" in str(req.marker):
+                applies = any(req.marker.evaluate(env | {"extra": e}) for e in extras)
+            else:
+                applies = not on_device and (req.marker is None or req.marker.evaluate(env | {"extra": ""}))
+            if applies:
+                todo.append((canonical(req.name), frozenset(req.extras)))
     return found
 
 

