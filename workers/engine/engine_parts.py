@@ -94,8 +94,9 @@ class EngineParts:
             prefix_cache_tokens=self._sampler.prefix_tokens,
             host_pages_bytes=self.pages.host_budget,
         )
-        if not gradient_checkpointing:
+        if not gradient_checkpointing:  # the plan's levels by length (with it: always Remat.FULL)
             self._steps.remat_min_tokens = self._memory.remat_min_tokens
+            self._steps.full_remat_min_tokens = self._memory.full_remat_min_tokens
         self.memory = self._memory
 
     @property
@@ -152,8 +153,8 @@ class EngineParts:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
-        decoder layer in the backward pass instead of keeping its activations, for every micro-batch (without it, for
-        micro-batches long enough to need it: the memory plan says from how many tokens). `device_memory_bytes` > 0
+        decoder layer in the backward pass instead of keeping its activations, for every micro-batch (Remat.FULL;
+        without it the memory plan picks per micro-batch length: none, DOTS or FULL, model/remat.py). `device_memory_bytes` > 0
         caps the memory the plan divides (host RAM on CPU, the allocator's limit on accelerators). `scan_layers`
         (dense models): the layers stacked and run as one scan, so compile time does not grow with depth
         (model/decoder.py); off: a per-layer loop, kept for comparison."""

@@ -30,6 +30,7 @@ from ...decoder import checkpointed, constrain
 from ...embedding import Embedding, LMHead
 from ...image_inputs import PromptImages
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
+from ...remat import Remat
 from ...rope import rope_tables
 from .cache import HybridCache, HybridRowCache, layer_slots
 from .config import LINEAR_ATTENTION, Qwen35Config
@@ -114,12 +115,12 @@ class CausalLM(nnx.Module):
         max_rank: int,
         rngs: nnx.Rngs,
         param_dtype=jnp.float32,
-        remat: bool = False,
+        remat: Remat | bool = False,
         act_sharding=None,
         scan_layers: bool = False,
     ):
         self.config = config
-        self.remat = remat
+        self.remat = Remat.of(remat)
         self.act_sharding = act_sharding
         self.scan_layers = False
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
@@ -142,7 +143,7 @@ class CausalLM(nnx.Module):
         cache: HybridCache | HybridRowCache | None = None,
         segments: Segments | None = None,
         *,
-        remat: bool | None = None,
+        remat: Remat | bool | None = None,
         images: ImageBatch | None = None,
         prompt_images: PromptImages | None = None,
     ) -> tuple[jax.Array, HybridCache | HybridRowCache | None]:
@@ -160,7 +161,7 @@ class CausalLM(nnx.Module):
         and its 3-D positions give the rope (`positions` then only matter where they equal them: text).
         `prompt_images` (a sampler's, with a cache): features the tower gave before take the placeholders' place and
         its 3-D positions give the rope, while `positions` still say where each token's keys go in its slot."""
-        remat = self.remat if remat is None else remat
+        remat = Remat.of(self.remat if remat is None else remat)
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
@@ -175,11 +176,7 @@ class CausalLM(nnx.Module):
         x = constrain(x, self.act_sharding)
         if cache is None:
             for layer in self.layers:
-                x = (
-                    checkpointed(layer, _layer_output, x, rope, routing, segments)
-                    if remat
-                    else _layer_output(layer, x, rope, routing, segments)
-                )
+                x = checkpointed(remat, layer, _layer_output, x, rope, routing, segments)
                 x = constrain(x, self.act_sharding)
             return self.norm(x), None
         rows = cache.rows if isinstance(cache, HybridRowCache) else None
