@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -16,6 +17,25 @@ CONVENTIONS = (
     "mfu_lora: 4N + 6P + 3 attention forwards; hfu: that + remat's 2(N - unembed) + 2P_layers + 1 attention forward; "
     "flops_6n_over_peak: the 6N full fine-tuning convention, not an MFU of LoRA (benchmarks/device_phases/flops.py)"
 )
+
+
+# The train phase's gradient-checkpointing levels, comma-separated (device_check.py --remat sets it): none, dots, full
+# (forced on every micro-batch: model/remat.py), or plan (what the memory plan picks by length). Each train line
+# names its level (`remat`).
+REMAT_ENV = "DEVICE_CHECK_REMAT"
+REMAT_CHOICES = ("none", "dots", "full", "plan")
+# "1": the engine keeps the residual stream between layers in the compute dtype (decoder.CausalLM's
+# compute_dtype_residual; device_check.py --compute-dtype-residual). Each train line says which (`residual`).
+RESIDUAL_ENV = "DEVICE_CHECK_COMPUTE_DTYPE_RESIDUAL"
+
+
+def remat_levels() -> list[str]:
+    """The levels the train phase runs, in order (default: full, as every run before the choice existed)."""
+    levels = [x.strip() for x in os.environ.get(REMAT_ENV, "full").split(",") if x.strip()]
+    unknown = sorted(set(levels) - set(REMAT_CHOICES))
+    if unknown:
+        raise ValueError(f"{REMAT_ENV}: unknown levels {unknown}; choose from {', '.join(REMAT_CHOICES)}")
+    return levels or ["full"]
 
 
 class ModelPhases:
@@ -39,6 +59,7 @@ class ModelPhases:
             seed=0,
             gradient_checkpointing=True,
             snapshot_budget_bytes=4 * 2**30,
+            compute_dtype_residual=os.environ.get(RESIDUAL_ENV) == "1",
         )
         jax.block_until_ready(self.engine._base)
         for slot in range(8):
@@ -113,27 +134,39 @@ class ModelPhases:
             layouts = {"8_adapters": layouts["8_adapters"]}
         peak, n_params = datasheet_peak(self.kind), matmul_params(self.cfg)
         tps = {}
-        for name, requests in layouts.items():
-            s = self.fb_seconds(requests, 2 if self.smoke else 3)
-            tps[name] = n * rows / min(s[1:])
-            t0 = time.perf_counter()
-            for slot in {r.slot for r in requests}:
-                self.engine.optim_step(slot, AdamConfig(learning_rate=1e-5))
-            lengths = [len(d.tokens) for r in requests for d in r.data]
-            emit(
-                phase="train",
-                figure="train_tokens_per_s",
-                layout=name,
-                rows=rows,
-                tokens_per_row=n,
-                datums=sum(len(r.data) for r in requests),
-                first_s=round(s[0], 2),
-                step_s=round(min(s[1:]), 3),
-                tokens_per_s=round(tps[name]),
-                optim_s=round(time.perf_counter() - t0, 3),
-                gradient_checkpointing=True,
-                **self._utilisation(n_params, lengths, min(s[1:]), peak),
-            )
+        steps = self.engine._steps
+        engine_remat = (steps.forced_remat, steps.remat_min_tokens, steps.full_remat_min_tokens)
+        for level in remat_levels():
+            for name, requests in layouts.items():
+                remat = self._force_remat(level, n)
+                try:
+                    s = self.fb_seconds(requests, 2 if self.smoke else 3)
+                except Exception as e:  # noqa: BLE001 - a level that does not fit is a figure too; the next runs
+                    emit(phase="train", figure="train_tokens_per_s", layout=name, remat=remat, error=str(e)[:600])
+                    continue
+                if level == remat_levels()[0]:
+                    tps[name] = n * rows / min(s[1:])
+                t0 = time.perf_counter()
+                for slot in {r.slot for r in requests}:
+                    self.engine.optim_step(slot, AdamConfig(learning_rate=1e-5))
+                lengths = [len(d.tokens) for r in requests for d in r.data]
+                emit(
+                    phase="train",
+                    figure="train_tokens_per_s",
+                    layout=name,
+                    rows=rows,
+                    tokens_per_row=n,
+                    datums=sum(len(r.data) for r in requests),
+                    first_s=round(s[0], 2),
+                    step_s=round(min(s[1:]), 3),
+                    tokens_per_s=round(n * rows / min(s[1:])),
+                    optim_s=round(time.perf_counter() - t0, 3),
+                    remat=remat,
+                    residual="compute dtype" if os.environ.get(RESIDUAL_ENV) == "1" else "float32",
+                    gradient_checkpointing=remat != "none",
+                    **self._utilisation(n_params, lengths, min(s[1:]), peak, remat),
+                )
+        self._force_remat(remat_levels()[0], n)  # the tenants and the profile below run at the first level
         if "1_adapter" in tps:
             emit(
                 phase="train",
@@ -148,14 +181,30 @@ class ModelPhases:
         profile_top(
             "train step, 8 adapters x 1,024 tokens", lambda: self.engine.forward_backward(layouts["8_adapters"])
         )
+        steps.forced_remat, steps.remat_min_tokens, steps.full_remat_min_tokens = engine_remat  # the other phases'
 
-    def _utilisation(self, n_params: int, lengths: list[int], seconds: float, peak: float | None) -> dict:
+    def _force_remat(self, level: str, tokens_per_row: int) -> str:
+        """Make every train step run at `level` (plan: the memory plan's thresholds by length); returns the level a
+        row of `tokens_per_row` tokens in an 8-row micro-batch takes, as the train lines report it."""
+        from tinkerflow.workers.engine.model.remat import Remat
+
+        steps, plan = self.engine._steps, self.engine.memory
+        if level == "plan":
+            steps.forced_remat = None
+            steps.remat_min_tokens, steps.full_remat_min_tokens = plan.remat_min_tokens, plan.full_remat_min_tokens
+            return plan.remat_for(8 * tokens_per_row).value
+        steps.forced_remat = Remat(level)
+        return level
+
+    def _utilisation(
+        self, n_params: int, lengths: list[int], seconds: float, peak: float | None, remat: str = "full"
+    ) -> dict:
         """mfu_lora, hfu and the full fine-tuning 6·N figure of one step over the datasheet peak (flops.py says
-        what each counts)."""
+        what each counts; `remat`: the level the step ran at, which decides what hfu adds)."""
         weights = self.engine.adapter_weights(0)
         adapter = sum(w.size for w in weights.values())  # each A and B entry is one multiply-add per token
         unembed = sum(w.size for k, w in weights.items() if "lm_head" in k)
-        f = train_flops(self.cfg, n_params, lengths, adapter, unembed)
+        f = train_flops(self.cfg, n_params, lengths, adapter, unembed, recomputes=remat == "full")
 
         def over_peak(flops: float) -> float | None:
             return round(flops / seconds / peak, 3) if peak else None

@@ -146,6 +146,7 @@ class EngineParts:
         dtype: Any = None,
         snapshot_budget_bytes: int = 0,
         scan_layers: bool = True,
+        compute_dtype_residual: bool = False,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         page_store: PageStore | None = None,
@@ -154,10 +155,12 @@ class EngineParts:
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
         decoder layer in the backward pass instead of keeping its activations, for every micro-batch (Remat.FULL;
-        without it the memory plan picks per micro-batch length: none, DOTS or FULL, model/remat.py). `device_memory_bytes` > 0
-        caps the memory the plan divides (host RAM on CPU, the allocator's limit on accelerators). `scan_layers`
-        (dense models): the layers stacked and run as one scan, so compile time does not grow with depth
-        (model/decoder.py); off: a per-layer loop, kept for comparison."""
+        without it the memory plan picks per micro-batch length: none, DOTS or FULL, model/remat.py).
+        `device_memory_bytes` > 0 caps the memory the plan divides (host RAM on CPU, the allocator's limit on
+        accelerators). `scan_layers` (dense models): the layers stacked and run as one scan, so compile time does not
+        grow with depth (model/decoder.py); off: a per-layer loop, kept for comparison. `compute_dtype_residual`: the
+        residual stream between layers in the compute dtype (decoder.CausalLM; off by default: it changes bf16
+        numerics; the memory plan still counts it at float32, an overestimate)."""
         from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
@@ -171,6 +174,7 @@ class EngineParts:
             mesh=as_mesh(mesh),
             remat=gradient_checkpointing,
             scan_layers=scan_layers,
+            compute_dtype_residual=compute_dtype_residual,
         )
         tokenizer = AutoTokenizer.from_pretrained(path)
         cfg = loaded.config
@@ -235,6 +239,7 @@ class EngineParts:
             seed=seed,
             dtype=weight_dtype(dtype),
             mesh=as_mesh(mesh),
+            compute_dtype_residual=options.pop("compute_dtype_residual", False),
         )
         cfg = loaded.config
         info = ModelInfo(

@@ -159,6 +159,7 @@ class DecoderLayer(nnx.Module):
         self.mlp = mlp
 
     def __call__(self, x, positions, rope, routing, cache, layer: jax.Array | int = 0, segments=None):
+        x = x.astype(jnp.float32)  # a residual stream kept in the compute dtype (`residual_dtype`) is widened here
         attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache, layer, segments)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x), routing)
@@ -229,12 +230,13 @@ class DecoderStack(DecoderLayer):
 
         def body(carry, xs):
             x, cache = carry
+            carried = x.dtype  # the residual stream's dtype between layers (CausalLM.residual_dtype)
             layer_lora, layer_rest, i = xs
             layer = nnx.merge(graphdef, layer_lora, layer_rest)
             x, cache = DecoderLayer.__call__(layer, x, positions, rope, routing, cache, i, segments)
             if after_layer is not None:
                 x = after_layer(i, x)
-            return (constrain(x, act_sharding), cache), None
+            return (constrain(x.astype(carried), act_sharding), cache), None
 
         if cache is None:
             body = checkpoint(body, remat, prevent_cse=False)  # prevent_cse is not needed inside scan (JAX's advice)
@@ -279,7 +281,12 @@ def kv_every_layer(config: ModelConfig) -> tuple[CacheKind, ...]:
 class CausalLM(nnx.Module):
     """The decoder, with the layers its family builds. `remat` (gradient checkpointing), `act_sharding` (the
     [B, T, H] hidden-state sharding between layers) and `scan_layers` (stacked layers, one scan, where the family
-    stacks them: see the module doc) are static settings, fixed when the engine builds the model."""
+    stacks them: see the module doc) are static settings, fixed when the engine builds the model.
+
+    `compute_dtype_residual`: the residual stream between layers (what gradient checkpointing saves per layer) is
+    kept in the compute dtype (bf16 with bf16 weights) instead of float32; each layer still adds in float32 and
+    rounds its output once. Off by default: it changes bf16 numerics (tests/engine/test_remat_bf16.py measures how
+    much); with float32 weights it changes nothing."""
 
     def __init__(
         self,
@@ -292,9 +299,11 @@ class CausalLM(nnx.Module):
         remat: Remat | bool = False,
         act_sharding=None,
         scan_layers: bool = True,
+        compute_dtype_residual: bool = False,
     ):
         self.config = config
         self.remat = Remat.of(remat)
+        self.compute_dtype_residual = compute_dtype_residual
         self.act_sharding = act_sharding
         family = family_named(config.arch)
         options = LayerOptions(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
@@ -312,6 +321,11 @@ class CausalLM(nnx.Module):
     def dtype(self):
         """The compute dtype of matmuls and of the KV cache (the base weights' dtype)."""
         return self.embed_tokens.weight[...].dtype
+
+    @property
+    def residual_dtype(self):
+        """The residual stream's dtype between layers: float32, or the compute dtype (`compute_dtype_residual`)."""
+        return self.dtype if self.compute_dtype_residual else jnp.float32
 
     def hidden(
         self,
@@ -353,7 +367,7 @@ class CausalLM(nnx.Module):
         then the final norm. `after_layer(i, x)`, when given, is the residual stream after layer i (Qwen3-VL adds
         its DeepStack image features to the first layers' there); i is an int, or a traced int32 in the scan."""
         remat = Remat.of(self.remat if remat is None else remat)
-        x = constrain(x, self.act_sharding)
+        x = constrain(x.astype(self.residual_dtype), self.act_sharding)
         if isinstance(self.layers, DecoderStack):
             x, cache = self.layers.scan(
                 x,
@@ -366,7 +380,7 @@ class CausalLM(nnx.Module):
                 segments=segments,
                 after_layer=after_layer,
             )
-            return self.norm(x), cache
+            return self.norm(x.astype(jnp.float32)), cache
         assert isinstance(self.layers, nnx.List)  # built above: a stack or a per-layer list
         for i, layer in enumerate(self.layers):
             if cache is None:
@@ -375,8 +389,8 @@ class CausalLM(nnx.Module):
                 x, cache = layer(x, positions, rope, routing, cache, i, segments)
             if after_layer is not None:
                 x = after_layer(i, x)
-            x = constrain(x, self.act_sharding)
-        return self.norm(x), cache
+            x = constrain(x.astype(self.residual_dtype), self.act_sharding)
+        return self.norm(x.astype(jnp.float32)), cache
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
         return self.lm_head(h, self.embed_tokens, routing)

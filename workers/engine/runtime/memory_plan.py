@@ -13,10 +13,10 @@ Per-token costs are computed from the model's shape (the formulas below, checked
 for the compiled programs): a training token's cost depends on its micro-batch's gradient checkpointing
 (model/remat.py): without it every layer's intermediates; at DOTS one float32 hidden state and the saved matmul
 outputs per layer; at FULL one float32 hidden state per layer; each besides the recomputed layer's intermediates. A
-micro-batch takes the least recomputation that fits (`remat_for`); a KV-cache token keeps keys and values of every layer in the compute
-dtype, and a model with linear-attention layers adds each decode slot's fixed-size recurrent state. Work is
-admitted against it: a datum that can never fit is a user error before anything is allocated, naming the limit in
-tokens and the flags that move it; a sampling call's decode slots and prefill rows are sized so they
+micro-batch takes the least recomputation that fits (`remat_for`); a KV-cache token keeps keys and values of every
+layer in the compute dtype, and a model with linear-attention layers adds each decode slot's fixed-size recurrent
+state. Work is admitted against it: a datum that can never fit is a user error before anything is allocated, naming
+the limit in tokens and the flags that move it; a sampling call's decode slots and prefill rows are sized so they
 fit (rows that do not fit now wait for a free slot).
 """
 

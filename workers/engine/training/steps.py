@@ -16,8 +16,9 @@ its program is compiled per patch bucket besides (rows, length); a text-only mic
 
 Long rows: gradient checkpointing is chosen per micro-batch by its token count (its length bucket; set from the
 device-memory plan, model/remat.py): none below `remat_min_tokens`, DOTS (the matmul outputs kept, the elementwise
-work recomputed) below `full_remat_min_tokens`, FULL (whole layers recomputed) from there; and the loss reads the vocabulary in chunks (logprobs.py), so activation memory grows linearly
-in length and never holds [tokens, vocab] logits.
+work recomputed) below `full_remat_min_tokens`, FULL (whole layers recomputed) from there; and the loss reads the
+vocabulary in chunks (logprobs.py), so activation memory grows linearly in length and never holds [tokens, vocab]
+logits.
 """
 
 from __future__ import annotations

@@ -89,6 +89,7 @@ class DecoderLayer(nnx.Module):
     ) -> tuple[jax.Array, LinearAttentionState | KVView | None]:
         """(x after the layer, its mixer's cache after the call: the linear-attention state, or the full-attention
         layer's `kv` view; `state` and `kv` are the caches going in, each read by its own kind of layer only)."""
+        x = x.astype(jnp.float32)  # a residual stream kept in the compute dtype (CausalLM.residual_dtype) widens here
         mixed = self.input_layernorm(x)
         after: LinearAttentionState | KVView | None
         if self.layer_type == LINEAR_ATTENTION:
@@ -105,7 +106,8 @@ def _layer_output(layer: DecoderLayer, x, rope, routing, segments):
 
 class CausalLM(nnx.Module):
     """The text model as the engine builds it (`Family.causal_lm`): `remat` and `act_sharding` as decoder.CausalLM;
-    `scan_layers` is taken and has no effect (the layers differ, see the module doc)."""
+    `scan_layers` is taken and has no effect (the layers differ, see the module doc); `compute_dtype_residual` as
+    decoder.CausalLM."""
 
     def __init__(
         self,
@@ -118,9 +120,11 @@ class CausalLM(nnx.Module):
         remat: Remat | bool = False,
         act_sharding=None,
         scan_layers: bool = False,
+        compute_dtype_residual: bool = False,
     ):
         self.config = config
         self.remat = Remat.of(remat)
+        self.compute_dtype_residual = compute_dtype_residual
         self.act_sharding = act_sharding
         self.scan_layers = False
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
@@ -134,6 +138,11 @@ class CausalLM(nnx.Module):
     def dtype(self):
         """The compute dtype of matmuls (the base weights' dtype)."""
         return self.embed_tokens.weight[...].dtype
+
+    @property
+    def residual_dtype(self):
+        """The residual stream's dtype between layers (decoder.CausalLM.residual_dtype)."""
+        return self.dtype if self.compute_dtype_residual else jnp.float32
 
     def hidden(
         self,
@@ -173,12 +182,12 @@ class CausalLM(nnx.Module):
             rope = self._mrope(prompt_images.positions)
         else:
             rope = rope_tables(self.config, positions)
-        x = constrain(x, self.act_sharding)
+        x = constrain(x.astype(self.residual_dtype), self.act_sharding)
         if cache is None:
             for layer in self.layers:
                 x = checkpointed(remat, layer, _layer_output, x, rope, routing, segments)
-                x = constrain(x, self.act_sharding)
-            return self.norm(x), None
+                x = constrain(x.astype(self.residual_dtype), self.act_sharding)
+            return self.norm(x.astype(jnp.float32)), None
         rows = cache.rows if isinstance(cache, HybridRowCache) else None
         linear_segments = segments
         if isinstance(cache, HybridRowCache) and segments is None:  # the chunk's tail past a prompt is padding
@@ -192,7 +201,8 @@ class CausalLM(nnx.Module):
                 x, kv = layer(x, rope, routing, segments, kv=KVView(cache.k, cache.v, slot, positions, rows))
                 assert isinstance(kv, KVView)
                 cache = cache._replace(k=kv.k, v=kv.v)
-        return self.norm(x), cache
+            x = x.astype(self.residual_dtype)  # as the training path rounds it, so sampler and trainer agree
+        return self.norm(x.astype(jnp.float32)), cache
 
     def _with_images(
         self, tokens: jax.Array, x: jax.Array, images: ImageBatch
