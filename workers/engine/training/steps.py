@@ -298,24 +298,24 @@ class StepFunctions:
 
     def grad(self, lora, base, acc, batch: TrainBatch):
         remat = self.remat(batch)
-        return self.grad_step(_label(batch, remat), lora, base, acc, batch, remat=remat)
+        return self.grad_step(program_label(batch, remat), lora, base, acc, batch, remat=remat)
 
     def forward(self, lora, base, batch: TrainBatch):
-        return self.forward_step(_label(batch, Remat.NONE), lora, base, batch)
+        return self.forward_step(program_label(batch, Remat.NONE), lora, base, batch)
 
     def needed_bytes(self, lora, base, acc, batch: TrainBatch, *, train: bool) -> int:
         """Device memory the step for `batch` allocates beyond its inputs (compiling it now if it was not yet)."""
         if train:
             remat = self.remat(batch)
-            return self.grad_step.needed_bytes(_label(batch, remat), lora, base, acc, batch, remat=remat)
-        return self.forward_step.needed_bytes(_label(batch, Remat.NONE), lora, base, batch)
+            return self.grad_step.needed_bytes(program_label(batch, remat), lora, base, acc, batch, remat=remat)
+        return self.forward_step.needed_bytes(program_label(batch, Remat.NONE), lora, base, batch)
 
 
 # Without a device-memory plan: recompute whole layers (FULL) for micro-batches of at least this many tokens.
 DEFAULT_REMAT_MIN_TOKENS = 8192
 
 
-def _label(batch: TrainBatch, remat: Remat) -> str:
+def program_label(batch: TrainBatch, remat: Remat) -> str:
     """The program's name in logs and compile records: its shapes and, when it checkpoints, the level
     (`remat=dots` / `remat=full`)."""
     b, t, k = batch.targets.shape
