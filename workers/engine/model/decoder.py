@@ -36,7 +36,7 @@ from .embedding import Embedding, LMHead
 from .families import CacheKind, LayerOptions, ModelConfig, ModuleKind, family_named
 from .kv_cache import LayerCache, RowCache
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, lora_embedding_delta
-from .remat import Remat, checkpoint
+from .remat import Remat, checkpoint, checkpointed
 from .rope import apply_rope, rope_tables
 
 # What a model adds to the residual stream after a layer: (layer index, x [B, T, H]) -> x (CausalLM.decode).
@@ -247,20 +247,6 @@ class DecoderStack(DecoderLayer):
 
 def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing, segments=None):
     return layer(x, positions, rope, routing, None, 0, segments)[0]
-
-
-def checkpointed(level: Remat, layer: nnx.Module, call, *args):
-    """Gradient checkpointing of one layer at `level` (remat.py): keep its inputs (and at DOTS its matmul outputs),
-    recompute the rest of `call(layer, *args)` in the backward pass; NONE calls it plainly.
-
-    A pure `jax.checkpoint` over the layer's split state (the layer is already a traced value inside the step's
-    grad, which `nnx.remat` would try to update in place). Every family's per-layer loop checkpoints through this."""
-    graphdef, state = nnx.split(layer)
-
-    def run(state, *args):
-        return call(nnx.merge(graphdef, state), *args)
-
-    return checkpoint(run, level)(state, *args)
 
 
 def dense_layer(config: ModelConfig, index: int, options: LayerOptions) -> DecoderLayer:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 # What DOTS keeps (see the module doc). Outside a checkpoint a name is an identity that XLA drops.
@@ -85,4 +86,27 @@ def checkpoint(fn: Callable[..., Any], level: Remat, **options: Any) -> Callable
     return jax.checkpoint(fn, **options)
 
 
-__all__ = ["ATTENTION", "DOTS_POLICY", "LORA_DOWN", "PROJECTION", "Remat", "checkpoint", "checkpoint_name"]
+def checkpointed(level: Remat, layer: nnx.Module, call, *args):
+    """Gradient checkpointing of one layer at `level` (module doc): keep its inputs (and at DOTS its matmul outputs),
+    recompute the rest of `call(layer, *args)` in the backward pass; NONE calls it plainly.
+
+    A pure `jax.checkpoint` over the layer's split state (the layer is already a traced value inside the step's
+    grad, which `nnx.remat` would try to update in place). Every family's per-layer loop checkpoints through this."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state, *args):
+        return call(nnx.merge(graphdef, state), *args)
+
+    return checkpoint(run, level)(state, *args)
+
+
+__all__ = [
+    "ATTENTION",
+    "DOTS_POLICY",
+    "LORA_DOWN",
+    "PROJECTION",
+    "Remat",
+    "checkpoint",
+    "checkpoint_name",
+    "checkpointed",
+]

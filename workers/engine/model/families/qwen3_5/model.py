@@ -26,11 +26,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ...attention import Segments
-from ...decoder import checkpointed, constrain
+from ...decoder import constrain
 from ...embedding import Embedding, LMHead
 from ...image_inputs import PromptImages
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
-from ...remat import Remat
+from ...remat import Remat, checkpointed
 from ...rope import rope_tables
 from .cache import HybridCache, HybridRowCache, layer_slots
 from .config import LINEAR_ATTENTION, Qwen35Config
