@@ -46,8 +46,9 @@ from benchmarks.device_phases import provenance
 from benchmarks.device_phases.attention import phase_attention
 from benchmarks.device_phases.env import phase_env
 from benchmarks.device_phases.measure import Budget, emit
-from benchmarks.device_phases.model import REMAT_ENV, RESIDUAL_ENV, ModelPhases
+from benchmarks.device_phases.model import ModelPhases
 from benchmarks.device_phases.parity import phase_parity
+from benchmarks.device_phases.train_levels import REMAT_ENV, RESIDUAL_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("env", "parity", "attention", "train", "long", "sample", "agree")

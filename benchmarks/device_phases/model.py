@@ -2,40 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
 from benchmarks.device_phases.env import copy_gb_per_s
-from benchmarks.device_phases.flops import decode_floor_bytes, train_flops
+from benchmarks.device_phases.flops import decode_floor_bytes
 from benchmarks.device_phases.measure import Budget, emit, profile_top
 from benchmarks.device_phases.parity import logprobs
 from benchmarks.device_phases.shapes import QWEN3_8B, TINY, datasheet_peak, matmul_params
 from benchmarks.device_phases.tenants import phase_tenants
-
-CONVENTIONS = (
-    "mfu_lora: 4N + 6P + 3 attention forwards; hfu: that + remat's 2(N - unembed) + 2P_layers + 1 attention forward; "
-    "flops_6n_over_peak: the 6N full fine-tuning convention, not an MFU of LoRA (benchmarks/device_phases/flops.py)"
-)
-
-
-# The train phase's gradient-checkpointing levels, comma-separated (device_check.py --remat sets it): none, dots, full
-# (forced on every micro-batch: model/remat.py), or plan (what the memory plan picks by length). Each train line
-# names its level (`remat`).
-REMAT_ENV = "DEVICE_CHECK_REMAT"
-REMAT_CHOICES = ("none", "dots", "full", "plan")
-# "1": the engine keeps the residual stream between layers in the compute dtype (decoder.CausalLM's
-# compute_dtype_residual; device_check.py --compute-dtype-residual). Each train line says which (`residual`).
-RESIDUAL_ENV = "DEVICE_CHECK_COMPUTE_DTYPE_RESIDUAL"
-
-
-def remat_levels() -> list[str]:
-    """The levels the train phase runs, in order (default: full, as every run before the choice existed)."""
-    levels = [x.strip() for x in os.environ.get(REMAT_ENV, "full").split(",") if x.strip()]
-    unknown = sorted(set(levels) - set(REMAT_CHOICES))
-    if unknown:
-        raise ValueError(f"{REMAT_ENV}: unknown levels {unknown}; choose from {', '.join(REMAT_CHOICES)}")
-    return levels or ["full"]
+from benchmarks.device_phases.train_levels import compute_dtype_residual, force_remat, remat_levels, utilisation
 
 
 class ModelPhases:
@@ -59,7 +35,7 @@ class ModelPhases:
             seed=0,
             gradient_checkpointing=True,
             snapshot_budget_bytes=4 * 2**30,
-            compute_dtype_residual=os.environ.get(RESIDUAL_ENV) == "1",
+            compute_dtype_residual=compute_dtype_residual(),
         )
         jax.block_until_ready(self.engine._base)
         for slot in range(8):
@@ -138,7 +114,7 @@ class ModelPhases:
         engine_remat = (steps.forced_remat, steps.remat_min_tokens, steps.full_remat_min_tokens)
         for level in remat_levels():
             for name, requests in layouts.items():
-                remat = self._force_remat(level, n)
+                remat = force_remat(self.engine, level, n)
                 try:
                     s = self.fb_seconds(requests, 2 if self.smoke else 3)
                 except Exception as e:  # noqa: BLE001 - a level that does not fit is a figure too; the next runs
@@ -162,11 +138,11 @@ class ModelPhases:
                     tokens_per_s=round(n * rows / min(s[1:])),
                     optim_s=round(time.perf_counter() - t0, 3),
                     remat=remat,
-                    residual="compute dtype" if os.environ.get(RESIDUAL_ENV) == "1" else "float32",
+                    residual="compute dtype" if compute_dtype_residual() else "float32",
                     gradient_checkpointing=remat != "none",
-                    **self._utilisation(n_params, lengths, min(s[1:]), peak, remat),
+                    **utilisation(self.engine, self.cfg, n_params, lengths, min(s[1:]), peak, remat),
                 )
-        self._force_remat(remat_levels()[0], n)  # the tenants and the profile below run at the first level
+        force_remat(self.engine, remat_levels()[0], n)  # the tenants and the profile below run at the first level
         if "1_adapter" in tps:
             emit(
                 phase="train",
@@ -182,42 +158,6 @@ class ModelPhases:
             "train step, 8 adapters x 1,024 tokens", lambda: self.engine.forward_backward(layouts["8_adapters"])
         )
         steps.forced_remat, steps.remat_min_tokens, steps.full_remat_min_tokens = engine_remat  # the other phases'
-
-    def _force_remat(self, level: str, tokens_per_row: int) -> str:
-        """Make every train step run at `level` (plan: the memory plan's thresholds by length); returns the level a
-        row of `tokens_per_row` tokens in an 8-row micro-batch takes, as the train lines report it."""
-        from tinkerflow.workers.engine.model.remat import Remat
-
-        steps, plan = self.engine._steps, self.engine.memory
-        if level == "plan":
-            steps.forced_remat = None
-            steps.remat_min_tokens, steps.full_remat_min_tokens = plan.remat_min_tokens, plan.full_remat_min_tokens
-            return plan.remat_for(8 * tokens_per_row).value
-        steps.forced_remat = Remat(level)
-        return level
-
-    def _utilisation(
-        self, n_params: int, lengths: list[int], seconds: float, peak: float | None, remat: str = "full"
-    ) -> dict:
-        """mfu_lora, hfu and the full fine-tuning 6·N figure of one step over the datasheet peak (flops.py says
-        what each counts; `remat`: the level the step ran at, which decides what hfu adds)."""
-        weights = self.engine.adapter_weights(0)
-        adapter = sum(w.size for w in weights.values())  # each A and B entry is one multiply-add per token
-        unembed = sum(w.size for k, w in weights.items() if "lm_head" in k)
-        f = train_flops(self.cfg, n_params, lengths, adapter, unembed, recomputes=remat == "full")
-
-        def over_peak(flops: float) -> float | None:
-            return round(flops / seconds / peak, 3) if peak else None
-
-        return {
-            "mfu_lora": over_peak(f["model"]),
-            "hfu": over_peak(f["hardware"]),
-            "flops_6n_over_peak": over_peak(f["flops_6n"]),
-            "peak": "bf16 dense datasheet",
-            "model_gflop": round(f["model"] / 1e9, 3),
-            "hardware_gflop": round(f["hardware"] / 1e9, 3),
-            "flops_conventions": CONVENTIONS,
-        }
 
     def long(self) -> None:
         import dataclasses
