@@ -190,12 +190,15 @@ def test_moe_lora_matches_merged_weights():
 REMAT_TOL = 1e-6  # recomputation runs the same float32 operations again; only fusion may reorder a sum
 
 
-@pytest.mark.parametrize("level", [Remat.DOTS, Remat.FULL], ids=["dots", "full"])
-def test_gradient_checkpointing_gives_the_same_gradients(level):
+@pytest.mark.parametrize(
+    "level,moe", [(Remat.DOTS, False), (Remat.FULL, False), (Remat.DOTS, True)], ids=["dots", "full", "dots_moe"]
+)
+def test_gradient_checkpointing_gives_the_same_gradients(level, moe):
     """`remat` (one `checkpointed` call per layer, shared with the dense families) keeps each layer's input (and at
     DOTS its matmul outputs) and recomputes the rest of the layer in the backward pass: the same loss and LoRA
-    gradients as keeping every activation, at either level (model/remat.py)."""
-    ours = our_model(hf_model(text_config(), seed=9))
+    gradients as keeping every activation, at either level (model/remat.py); with routed experts too (DOTS keeps
+    their grouped matmuls' outputs by name, moe.py)."""
+    ours = our_model(hf_model(text_config(moe=moe), seed=9))
     _fill_adapters(ours, seed=10)
     tokens, targets, mask = _batch(seed=11)
     logits, grads = _ours_logits_and_grads(ours, tokens, targets, mask)
