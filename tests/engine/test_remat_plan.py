@@ -108,3 +108,16 @@ def test_the_warm_up_builds_the_program_the_step_runs_labelled_with_its_level(en
         "" if level is Remat.NONE else level.value
     )
     assert any(d.startswith(f"{label} (warm-up)") for d in steps.grad_step.compile_seconds), label
+
+
+@pytest.mark.parametrize("level", [Remat.DOTS, Remat.FULL], ids=["dots", "full"])
+def test_the_plan_never_underestimates_what_xla_allocates_at_each_level(engine, monkeypatch, level):
+    """As test_long_sequences' check of the plan at the engine's own level, for a datum of 2,048 tokens forced to
+    `level`: XLA's figure for the compiled train step is within the plan's fixed part plus its per-token cost."""
+    steps, plan = engine.steps, engine.memory
+    monkeypatch.setattr(steps, "forced_remat", level)
+    n = 2048
+    batch = _batch(steps, 1, n)
+    needed = steps.needed_bytes(engine.adapters.lora, engine.base, engine.adapters.grads, batch, train=True)
+    logits = 3 * engine.info.vocab_size * 4 * n  # this model's whole sequence is one chunk of the vocabulary
+    assert needed <= n * plan.train_bytes_at(level) + min(logits, plan.train_fixed_bytes), (needed, level)

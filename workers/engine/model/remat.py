@@ -8,15 +8,15 @@
 * `Remat.FULL`: `jax.checkpoint` saving nothing but the layer's input: the whole layer, GEMMs included, runs again in
   the backward pass (the least memory; on a Qwen3-8B LoRA step about a third of the work).
 
-Why names (`save_only_these_names`, over `checkpoint_name`s) and not `dots_with_no_batch_dims_saveable`: that policy
-keys on the dot primitive, and ours are not alike. The base GEMM (lora.base_matmul, a custom VJP) is a dot without
-batch dimensions, but the LoRA products are batched einsums (each row gathers its slot's A and B), which that policy
-never saves, so every projection's output (base + LoRA) would still be recomputed through its LoRA product; the
-attention's dots are batched too, and `dots_saveable` instead would keep the blockwise attention's per-block scores
-(quadratic in length). Naming the values keeps exactly what the backward reads (the sums the norms, rope and SiLU
-read, each x @ A, the attention's output and log-sum-exp), nothing quadratic, the fused kernels' outputs by
-primitive (their residuals cannot be named from here). The base GEMM's own backward needs its input cast to the
-weight dtype, which is recomputed elementwise from saved values.
+Why names (a `save_only_these_names`-style policy over `checkpoint_name`s) and not
+`dots_with_no_batch_dims_saveable`: that policy keys on the dot primitive, and ours are not alike. The base GEMM
+(lora.base_matmul, a custom VJP) is a dot without batch dimensions, but the LoRA products are batched einsums (each
+row gathers its slot's A and B), which that policy never saves, so every projection's output (base + LoRA) would
+still be recomputed through its LoRA product; the attention's dots are batched too, and `dots_saveable` instead
+would keep the blockwise attention's per-block scores (quadratic in length). Naming the values keeps exactly what
+the backward reads (the sums the norms, rope and SiLU read, each x @ A, the attention's output and log-sum-exp),
+nothing quadratic, the fused kernels' outputs by primitive (their residuals cannot be named from here). The base
+GEMM's own backward needs its input cast to the weight dtype, which is recomputed elementwise from saved values.
 
 The values are saved as they are computed: the projections accumulate in float32 (preferred_element_type), so they
 are kept in float32. Keeping them in the compute dtype would round values that NONE does not round, and DOTS would
