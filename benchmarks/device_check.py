@@ -13,7 +13,9 @@ longer fits the budget is skipped and says so:
 * train: Qwen3-8B shape (random weights drawn on the device), bf16, 8 adapters of rank 32, gradient checkpointing,
   8 datums x 1,024 tokens: one adapter against eight; tokens/s, mfu_lora and hfu over the datasheet peak (and the
   6·N full fine-tuning figure, named as such: device_phases/flops.py); then 8 tenants of mixed lengths in one engine
-  call against one run of the same datums (tenants_ratio).
+  call against one run of the same datums (tenants_ratio). Checkpointing at the levels `--remat` names (comma-
+  separated: none, dots, full, or plan, the memory plan's choice by length; default full), each train line naming its
+  own (`remat`); `--compute-dtype-residual`: the residual stream between layers in bf16 (`residual`).
 * long: the same model's forward_backward of one datum of 8K, 16K and 32K tokens: time (median of 3), peak memory, the
   memory plan's estimate beside it (the plan's admission limit is lifted here to measure past it).
 * sample: decode ms per step at 64 and 256 rows (1 and 8 adapters at 256) against the HBM floor (weights less the
@@ -46,6 +48,7 @@ from benchmarks.device_phases.env import phase_env
 from benchmarks.device_phases.measure import Budget, emit
 from benchmarks.device_phases.model import ModelPhases
 from benchmarks.device_phases.parity import phase_parity
+from benchmarks.device_phases.train_levels import REMAT_ENV, RESIDUAL_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("env", "parity", "attention", "train", "long", "sample", "agree")
@@ -125,8 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="every phase on tiny shapes on CPU (CI)")
     parser.add_argument("--out", type=Path, help="also write the JSON lines here")
     parser.add_argument("--quick", action="store_true", help="train and sample one layout each (a re-check)")
+    parser.add_argument(
+        "--remat",
+        help="the train phase's gradient-checkpointing levels, comma-separated: none, dots, full (forced) or plan "
+        "(the memory plan's choice by length); default full. Each train line names its level",
+    )
+    parser.add_argument(
+        "--compute-dtype-residual",
+        action="store_true",
+        help="the model phases' engine keeps the residual stream between layers in bf16 (off: float32)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.remat:  # the workers inherit these (device_phases/model.py reads them)
+        os.environ[REMAT_ENV] = args.remat
+    if args.compute_dtype_residual:
+        os.environ[RESIDUAL_ENV] = "1"
     names = [p for p in args.phases.split(",") if p]
     unknown = sorted(set(names) - set(PHASES))
     if unknown:

@@ -44,15 +44,26 @@ def unembed_params(cfg: dict) -> int:
     return int(cfg["hidden_size"]) * int(cfg["vocab_size"])
 
 
-def train_flops(cfg: dict, n: int, lengths: list[int], adapter_params: int, adapter_unembed_params: int) -> dict:
+def train_flops(
+    cfg: dict,
+    n: int,
+    lengths: list[int],
+    adapter_params: int,
+    adapter_unembed_params: int,
+    *,
+    recomputes: bool = True,
+) -> dict:
     """Model and hardware FLOPs of one LoRA forward_backward over sequences of `lengths` tokens (module doc).
     `adapter_params` counts the LoRA parameters one token multiplies through; `adapter_unembed_params` is the
-    part of it on the unembedding (not recomputed by remat)."""
+    part of it on the unembedding (not recomputed by remat). `recomputes`: the step ran at Remat.FULL (the layers'
+    matmuls and attention forward again); at NONE or DOTS no matmul runs twice and hardware FLOPs are the model's
+    (DOTS recomputes elementwise work only, which FLOP counts leave out)."""
     tokens = sum(lengths)
     attention = attention_forward_flops(cfg, causal_pairs(lengths))
     model = tokens * (4.0 * n + 6.0 * adapter_params) + 3.0 * attention
     recompute = tokens * 2.0 * ((n - unembed_params(cfg)) + (adapter_params - adapter_unembed_params)) + attention
-    return {"flops_6n": 6.0 * n * tokens, "model": model, "hardware": model + recompute, "attention": attention}
+    hardware = model + (recompute if recomputes else 0.0)
+    return {"flops_6n": 6.0 * n * tokens, "model": model, "hardware": hardware, "attention": attention}
 
 
 def decode_floor_bytes(weight_bytes: int, embedding_bytes: int, tied: bool, kv_bytes: int) -> int:

@@ -6,16 +6,12 @@ import statistics
 import time
 
 from benchmarks.device_phases.env import copy_gb_per_s
-from benchmarks.device_phases.flops import decode_floor_bytes, train_flops
+from benchmarks.device_phases.flops import decode_floor_bytes
 from benchmarks.device_phases.measure import Budget, emit, profile_top
 from benchmarks.device_phases.parity import logprobs
 from benchmarks.device_phases.shapes import QWEN3_8B, TINY, datasheet_peak, matmul_params
 from benchmarks.device_phases.tenants import phase_tenants
-
-CONVENTIONS = (
-    "mfu_lora: 4N + 6P + 3 attention forwards; hfu: that + remat's 2(N - unembed) + 2P_layers + 1 attention forward; "
-    "flops_6n_over_peak: the 6N full fine-tuning convention, not an MFU of LoRA (benchmarks/device_phases/flops.py)"
-)
+from benchmarks.device_phases.train_levels import compute_dtype_residual, force_remat, remat_levels, utilisation
 
 
 class ModelPhases:
@@ -39,6 +35,7 @@ class ModelPhases:
             seed=0,
             gradient_checkpointing=True,
             snapshot_budget_bytes=4 * 2**30,
+            compute_dtype_residual=compute_dtype_residual(),
         )
         jax.block_until_ready(self.engine._base)
         for slot in range(8):
@@ -113,27 +110,39 @@ class ModelPhases:
             layouts = {"8_adapters": layouts["8_adapters"]}
         peak, n_params = datasheet_peak(self.kind), matmul_params(self.cfg)
         tps = {}
-        for name, requests in layouts.items():
-            s = self.fb_seconds(requests, 2 if self.smoke else 3)
-            tps[name] = n * rows / min(s[1:])
-            t0 = time.perf_counter()
-            for slot in {r.slot for r in requests}:
-                self.engine.optim_step(slot, AdamConfig(learning_rate=1e-5))
-            lengths = [len(d.tokens) for r in requests for d in r.data]
-            emit(
-                phase="train",
-                figure="train_tokens_per_s",
-                layout=name,
-                rows=rows,
-                tokens_per_row=n,
-                datums=sum(len(r.data) for r in requests),
-                first_s=round(s[0], 2),
-                step_s=round(min(s[1:]), 3),
-                tokens_per_s=round(tps[name]),
-                optim_s=round(time.perf_counter() - t0, 3),
-                gradient_checkpointing=True,
-                **self._utilisation(n_params, lengths, min(s[1:]), peak),
-            )
+        steps = self.engine._steps
+        engine_remat = (steps.forced_remat, steps.remat_min_tokens, steps.full_remat_min_tokens)
+        for level in remat_levels():
+            for name, requests in layouts.items():
+                remat = force_remat(self.engine, level, n)
+                try:
+                    s = self.fb_seconds(requests, 2 if self.smoke else 3)
+                except Exception as e:  # noqa: BLE001 - a level that does not fit is a figure too; the next runs
+                    emit(phase="train", figure="train_tokens_per_s", layout=name, remat=remat, error=str(e)[:600])
+                    continue
+                if level == remat_levels()[0]:
+                    tps[name] = n * rows / min(s[1:])
+                t0 = time.perf_counter()
+                for slot in {r.slot for r in requests}:
+                    self.engine.optim_step(slot, AdamConfig(learning_rate=1e-5))
+                lengths = [len(d.tokens) for r in requests for d in r.data]
+                emit(
+                    phase="train",
+                    figure="train_tokens_per_s",
+                    layout=name,
+                    rows=rows,
+                    tokens_per_row=n,
+                    datums=sum(len(r.data) for r in requests),
+                    first_s=round(s[0], 2),
+                    step_s=round(min(s[1:]), 3),
+                    tokens_per_s=round(n * rows / min(s[1:])),
+                    optim_s=round(time.perf_counter() - t0, 3),
+                    remat=remat,
+                    residual="compute dtype" if compute_dtype_residual() else "float32",
+                    gradient_checkpointing=remat != "none",
+                    **utilisation(self.engine, self.cfg, n_params, lengths, min(s[1:]), peak, remat),
+                )
+        force_remat(self.engine, remat_levels()[0], n)  # the tenants and the profile below run at the first level
         if "1_adapter" in tps:
             emit(
                 phase="train",
@@ -148,27 +157,7 @@ class ModelPhases:
         profile_top(
             "train step, 8 adapters x 1,024 tokens", lambda: self.engine.forward_backward(layouts["8_adapters"])
         )
-
-    def _utilisation(self, n_params: int, lengths: list[int], seconds: float, peak: float | None) -> dict:
-        """mfu_lora, hfu and the full fine-tuning 6·N figure of one step over the datasheet peak (flops.py says
-        what each counts)."""
-        weights = self.engine.adapter_weights(0)
-        adapter = sum(w.size for w in weights.values())  # each A and B entry is one multiply-add per token
-        unembed = sum(w.size for k, w in weights.items() if "lm_head" in k)
-        f = train_flops(self.cfg, n_params, lengths, adapter, unembed)
-
-        def over_peak(flops: float) -> float | None:
-            return round(flops / seconds / peak, 3) if peak else None
-
-        return {
-            "mfu_lora": over_peak(f["model"]),
-            "hfu": over_peak(f["hardware"]),
-            "flops_6n_over_peak": over_peak(f["flops_6n"]),
-            "peak": "bf16 dense datasheet",
-            "model_gflop": round(f["model"] / 1e9, 3),
-            "hardware_gflop": round(f["hardware"] / 1e9, 3),
-            "flops_conventions": CONVENTIONS,
-        }
+        steps.forced_remat, steps.remat_min_tokens, steps.full_remat_min_tokens = engine_remat  # the other phases'
 
     def long(self) -> None:
         import dataclasses

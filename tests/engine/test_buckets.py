@@ -86,11 +86,13 @@ def test_recurrent_states_per_slot_come_out_of_the_kv_budget():
         work_bytes=int(per_token * 10_000 / TRAIN_SHARE) + 1,
         train_bytes_per_token=1,
         train_bytes_per_token_no_remat=1,
+        train_bytes_per_token_dots=1,
         train_fixed_bytes=0,
         kv_bytes_per_token=1000,
         prefill_bytes_per_token=0,
         max_train_tokens=1,
         remat_min_tokens=1,
+        full_remat_min_tokens=1,
         max_sample_tokens=1,
         max_lora_rank=1,
     )

@@ -212,6 +212,6 @@ def test_the_plan_never_underestimates_what_xla_allocates_for_a_long_datum(engin
     for n in (2048, 8192):
         batch = steps.placement.put_batch(pack([], [], 1, n, 1))
         needed = steps.needed_bytes(engine.adapters.lora, engine.base, engine.adapters.grads, batch, train=True)
-        cost = plan.train_bytes_per_token if steps.remat(batch) else plan.train_bytes_per_token_no_remat
+        cost = plan.train_bytes_at(steps.remat(batch))
         logits = 3 * engine.info.vocab_size * 4 * n  # this model's whole sequence is one chunk of the vocabulary
         assert needed <= n * cost + min(logits, plan.train_fixed_bytes), (n, needed)

@@ -30,6 +30,7 @@ from tinkerflow.workers.engine.model.attention import Segments
 from tinkerflow.workers.engine.model.families.qwen3_5.model import LORA_KINDS
 from tinkerflow.workers.engine.model.lora import LoraRouting, module_kind
 from tinkerflow.workers.engine.model.moe import ExpertLinear
+from tinkerflow.workers.engine.model.remat import Remat
 
 pytestmark = pytest.mark.parity
 torch = pytest.importorskip("torch")
@@ -189,14 +190,19 @@ def test_moe_lora_matches_merged_weights():
 REMAT_TOL = 1e-6  # recomputation runs the same float32 operations again; only fusion may reorder a sum
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
-    """`remat` (one `checkpointed` call per layer, shared with the dense families) keeps each layer's input and
-    recomputes the layer in the backward pass: the same loss and LoRA gradients as keeping every activation."""
-    ours = our_model(hf_model(text_config(), seed=9))
+@pytest.mark.parametrize(
+    "level,moe", [(Remat.DOTS, False), (Remat.FULL, False), (Remat.DOTS, True)], ids=["dots", "full", "dots_moe"]
+)
+def test_gradient_checkpointing_gives_the_same_gradients(level, moe):
+    """`remat` (one `checkpointed` call per layer, shared with the dense families) keeps each layer's input (and at
+    DOTS its matmul outputs) and recomputes the rest of the layer in the backward pass: the same loss and LoRA
+    gradients as keeping every activation, at either level (model/remat.py); with routed experts too (DOTS keeps
+    their grouped matmuls' outputs by name, moe.py)."""
+    ours = our_model(hf_model(text_config(moe=moe), seed=9))
     _fill_adapters(ours, seed=10)
     tokens, targets, mask = _batch(seed=11)
     logits, grads = _ours_logits_and_grads(ours, tokens, targets, mask)
-    ours.remat = True
+    ours.remat = level
     remat_logits, remat_grads = _ours_logits_and_grads(ours, tokens, targets, mask)
     np.testing.assert_allclose(remat_logits, logits, rtol=0, atol=REMAT_TOL)
     for path, g in grads.items():

@@ -107,8 +107,9 @@ class EngineParts:
             prefix_cache_tokens=self._sampler.prefix_tokens,
             host_pages_bytes=self.pages.host_budget,
         )
-        if not gradient_checkpointing:
+        if not gradient_checkpointing:  # the plan's levels by length (with it: always Remat.FULL)
             self._steps.remat_min_tokens = self._memory.remat_min_tokens
+            self._steps.full_remat_min_tokens = self._memory.full_remat_min_tokens
         self.memory = self._memory
 
     @property
@@ -158,6 +159,7 @@ class EngineParts:
         dtype: Any = None,
         snapshot_budget_bytes: int = 0,
         scan_layers: bool = True,
+        compute_dtype_residual: bool = False,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         page_store: PageStore | None = None,
@@ -166,17 +168,23 @@ class EngineParts:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
         device on fsdp). Base weights are stored in `dtype` (default: float32 on CPU, bfloat16 on accelerators;
         LoRA parameters, optimizer moments and logits are always float32). `gradient_checkpointing` recomputes each
-        decoder layer in the backward pass instead of keeping its activations, for every micro-batch (without it, for
-        micro-batches long enough to need it: the memory plan says from how many tokens). `device_memory_bytes` > 0
-        caps the memory the plan divides (host RAM on CPU, the allocator's limit on accelerators). `scan_layers`
-        (dense models): the layers stacked and run as one scan, so compile time does not grow with depth
-        (model/decoder.py); off: a per-layer loop, kept for comparison. `random_weights`: the directory's
+        decoder layer in the backward pass instead of keeping its activations, for every micro-batch (Remat.FULL;
+        without it the memory plan picks per micro-batch length: none, DOTS or FULL, model/remat.py).
+        `device_memory_bytes` > 0 caps the memory the plan divides (host RAM on CPU, the allocator's limit on
+        accelerators). `scan_layers` (dense models): the layers stacked and run as one scan, so compile time does not
+        grow with depth (model/decoder.py); off: a per-layer loop, kept for comparison. `compute_dtype_residual`: the
+        residual stream between layers in the compute dtype (decoder.CausalLM; off by default: it changes bf16
+        numerics; the memory plan still counts it at float32, an overestimate). `random_weights`: the directory's
         config.json alone, its weights drawn on the device (loader.random_model) and its tokenizer read where it has
         one: a real model's shape served without its checkpoint, for benchmarks of the whole service."""
         t0 = time.perf_counter()
         path = resolve_model_path(model_path)
         build = dict(
-            dtype=weight_dtype(dtype), mesh=as_mesh(mesh), remat=gradient_checkpointing, scan_layers=scan_layers
+            dtype=weight_dtype(dtype),
+            mesh=as_mesh(mesh),
+            remat=gradient_checkpointing,
+            scan_layers=scan_layers,
+            compute_dtype_residual=compute_dtype_residual,
         )
         if random_weights:
             hf_config = json.loads((Path(path) / "config.json").read_text())
@@ -249,6 +257,7 @@ class EngineParts:
             seed=seed,
             dtype=weight_dtype(dtype),
             mesh=as_mesh(mesh),
+            compute_dtype_residual=options.pop("compute_dtype_residual", False),
         )
         cfg = loaded.config
         info = ModelInfo(

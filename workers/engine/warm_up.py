@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .interface import EngineApi
+from .model.remat import Remat
 from .runtime import persistent_cache
 from .runtime.aot_cache import AotCache, abstract
-from .training.steps import pack
+from .training.steps import pack, program_label
 from .types import (
     AdamConfig,
     Datum,
@@ -99,8 +100,8 @@ def run(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads: int = 1)
     futures = []
     if pool is not None:
         for rows, seq in buckets:  # the arrays' shapes taken now: this thread goes on using (and donating) them
-            for step, args, static in _train_steps(engine, rows, seq, abstract_state=True):
-                futures.append(pool.submit(step.prepare, f"batch={rows} seq={seq} (warm-up)", *args, **static))
+            for step, label, args, static in _train_steps(engine, rows, seq, abstract_state=True):
+                futures.append(pool.submit(step.prepare, label, *args, **static))
     try:
         for piece in pieces:
             if piece.kind == "lifecycle":
@@ -136,9 +137,9 @@ def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads
     The number of programs this process built meanwhile."""
     before = persistent_cache.counts().requests
     jobs = [
-        (step, f"batch={p.rows} seq={p.seq} (warm-up)", args, static)
+        job
         for p in dict.fromkeys(p for p in pieces if p.kind == "train")
-        for step, args, static in _train_steps(engine, p.rows, p.seq, abstract_state=True)
+        for job in _train_steps(engine, p.rows, p.seq, abstract_state=True)
     ]
     with concurrent.futures.ThreadPoolExecutor(max(1, threads), "warm-up") as pool:
         futures = [pool.submit(step.prepare, label, *args, **static) for step, label, args, static in jobs]
@@ -150,9 +151,10 @@ def compile_ahead(engine: WarmUpEngine, pieces: tuple[WarmUpPiece, ...], threads
 
 def _train_steps(
     engine: WarmUpEngine, rows: int, seq: int, *, abstract_state: bool
-) -> list[tuple[AotCache, tuple, dict[str, Any]]]:
-    """The train and forward steps of the (rows, seq) bucket with their arguments and static settings
-    (single-target datums, packed rows)."""
+) -> list[tuple[AotCache, str, tuple, dict[str, Any]]]:
+    """The train and forward steps of the (rows, seq) bucket with their labels (the step's own, which name the
+    checkpointing level the step will take: the same program), arguments and static settings (single-target datums,
+    packed rows)."""
     steps, slots = engine.steps, engine.adapters
     batch = steps.placement.put_batch(pack([], [], steps.placement.round_rows(rows), seq, 1))
     lora, base, grads = slots.lora, engine.base, slots.grads
@@ -160,15 +162,15 @@ def _train_steps(
     if abstract_state:
         lora, base, grads, batch = abstract((lora, base, grads, batch))
     return [
-        (steps.grad_step, (lora, base, grads, batch), {"remat": remat}),
-        (steps.forward_step, (lora, base, batch), {}),
+        (steps.grad_step, f"{program_label(batch, remat)} (warm-up)", (lora, base, grads, batch), {"remat": remat}),
+        (steps.forward_step, f"{program_label(batch, Remat.NONE)} (warm-up)", (lora, base, batch), {}),
     ]
 
 
 def _train(engine: WarmUpEngine, rows: int, seq: int) -> None:
     """Compile (not run) the train and forward steps of the (rows, seq) bucket, single-target datums."""
-    for step, args, static in _train_steps(engine, rows, seq, abstract_state=False):
-        step.prepare(f"batch={rows} seq={seq} (warm-up)", *args, **static)
+    for step, label, args, static in _train_steps(engine, rows, seq, abstract_state=False):
+        step.prepare(label, *args, **static)
 
 
 def _sampler(engine: WarmUpEngine, piece: WarmUpPiece, *, from_shapes: bool = False) -> None:

@@ -13,6 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .remat import ATTENTION, checkpoint_name
+
 # Query/key block sizes: a [block_q, block_k] float32 tile per (row, head) is live at a time.
 BLOCK_Q = 256
 BLOCK_K = 256
@@ -128,6 +130,9 @@ def _flash(q, k, v, qs, ks, q_offset: int, bq: int, bk: int):
 
 def _flash_fwd(q, k, v, qs, ks, q_offset: int, bq: int, bk: int):
     out, lse = _forward(q, k, v, qs, ks, q_offset, bq, bk)
+    # Named so Remat.DOTS keeps them (remat.py): the backward then recomputes q, k, v (elementwise from the saved
+    # projections) but not this forward.
+    out, lse = checkpoint_name(out, ATTENTION), checkpoint_name(lse, ATTENTION)
     return out, (q, k, v, qs, ks, out, lse)
 
 

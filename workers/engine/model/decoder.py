@@ -36,6 +36,7 @@ from .embedding import Embedding, LMHead
 from .families import CacheKind, LayerOptions, ModelConfig, ModuleKind, family_named
 from .kv_cache import LayerCache, RowCache
 from .lora import LoRALinear, LoraRouting, StackedLoraRouting, lora_embedding_delta
+from .remat import Remat, checkpoint, checkpointed
 from .rope import apply_rope, rope_tables
 
 # What a model adds to the residual stream after a layer: (layer index, x [B, T, H]) -> x (CausalLM.decode).
@@ -158,6 +159,7 @@ class DecoderLayer(nnx.Module):
         self.mlp = mlp
 
     def __call__(self, x, positions, rope, routing, cache, layer: jax.Array | int = 0, segments=None):
+        x = x.astype(jnp.float32)  # a residual stream kept in the compute dtype (`residual_dtype`) is widened here
         attn, cache = self.self_attn(self.input_layernorm(x), positions, rope, routing, cache, layer, segments)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x), routing)
@@ -210,7 +212,7 @@ class DecoderStack(DecoderLayer):
         routing,
         cache: LayerCache | RowCache | None,
         *,
-        remat: bool,
+        remat: Remat,
         act_sharding,
         segments: Segments | None = None,
         after_layer: AfterLayer | None = None,
@@ -219,23 +221,25 @@ class DecoderStack(DecoderLayer):
         carry and each layer writes its slice in place; `after_layer` as `CausalLM.decode` takes it (its layer
         index traced).
 
-        Gradient checkpointing (`remat`): `jax.checkpoint` around the scanned body with the default policy (nothing
-        saveable), so the backward pass keeps one [B, T, H] hidden state per layer and recomputes the layer's
-        insides from it, as the per-layer `checkpointed` of the loop does."""
+        Gradient checkpointing (`remat`, remat.py): `jax.checkpoint` around the scanned body, so the backward pass
+        keeps one [B, T, H] hidden state per layer (the scan's carry) and recomputes the layer's insides from it
+        (FULL), or only its elementwise work between the saved matmul outputs (DOTS), as the per-layer
+        `checkpointed` of the loop does."""
         graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
         lora = jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0), lora)  # layer-first for the scan: LoRA-sized copy
 
         def body(carry, xs):
             x, cache = carry
+            carried = x.dtype  # the residual stream's dtype between layers (CausalLM.residual_dtype)
             layer_lora, layer_rest, i = xs
             layer = nnx.merge(graphdef, layer_lora, layer_rest)
             x, cache = DecoderLayer.__call__(layer, x, positions, rope, routing, cache, i, segments)
             if after_layer is not None:
                 x = after_layer(i, x)
-            return (constrain(x, act_sharding), cache), None
+            return (constrain(x.astype(carried), act_sharding), cache), None
 
-        if remat and cache is None:
-            body = jax.checkpoint(body, prevent_cse=False)  # prevent_cse is not needed inside scan (JAX's advice)
+        if cache is None:
+            body = checkpoint(body, remat, prevent_cse=False)  # prevent_cse is not needed inside scan (JAX's advice)
         layers = jnp.arange(self.num_layers, dtype=jnp.int32)
         (x, cache), _ = jax.lax.scan(body, (x, cache), (lora, rest, layers))
         return x, cache
@@ -243,19 +247,6 @@ class DecoderStack(DecoderLayer):
 
 def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing, segments=None):
     return layer(x, positions, rope, routing, None, 0, segments)[0]
-
-
-def checkpointed(layer: nnx.Module, call, *args):
-    """Gradient checkpointing of one layer: keep only its inputs, recompute `call(layer, *args)` in the backward pass.
-
-    A pure `jax.checkpoint` over the layer's split state (the layer is already a traced value inside the step's
-    grad, which `nnx.remat` would try to update in place). Every family's per-layer loop checkpoints through this."""
-    graphdef, state = nnx.split(layer)
-
-    def run(state, *args):
-        return call(nnx.merge(graphdef, state), *args)
-
-    return jax.checkpoint(run)(state, *args)
 
 
 def dense_layer(config: ModelConfig, index: int, options: LayerOptions) -> DecoderLayer:
@@ -276,7 +267,12 @@ def kv_every_layer(config: ModelConfig) -> tuple[CacheKind, ...]:
 class CausalLM(nnx.Module):
     """The decoder, with the layers its family builds. `remat` (gradient checkpointing), `act_sharding` (the
     [B, T, H] hidden-state sharding between layers) and `scan_layers` (stacked layers, one scan, where the family
-    stacks them: see the module doc) are static settings, fixed when the engine builds the model."""
+    stacks them: see the module doc) are static settings, fixed when the engine builds the model.
+
+    `compute_dtype_residual`: the residual stream between layers (what gradient checkpointing saves per layer) is
+    kept in the compute dtype (bf16 with bf16 weights) instead of float32; each layer still adds in float32 and
+    rounds its output once. Off by default: it changes bf16 numerics (tests/engine/test_remat_bf16.py measures how
+    much); with float32 weights it changes nothing."""
 
     def __init__(
         self,
@@ -286,12 +282,14 @@ class CausalLM(nnx.Module):
         max_rank: int,
         rngs: nnx.Rngs,
         param_dtype=jnp.float32,
-        remat: bool = False,
+        remat: Remat | bool = False,
         act_sharding=None,
         scan_layers: bool = True,
+        compute_dtype_residual: bool = False,
     ):
         self.config = config
-        self.remat = remat
+        self.remat = Remat.of(remat)
+        self.compute_dtype_residual = compute_dtype_residual
         self.act_sharding = act_sharding
         family = family_named(config.arch)
         options = LayerOptions(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
@@ -310,6 +308,11 @@ class CausalLM(nnx.Module):
         """The compute dtype of matmuls and of the KV cache (the base weights' dtype)."""
         return self.embed_tokens.weight[...].dtype
 
+    @property
+    def residual_dtype(self):
+        """The residual stream's dtype between layers: float32, or the compute dtype (`compute_dtype_residual`)."""
+        return self.dtype if self.compute_dtype_residual else jnp.float32
+
     def hidden(
         self,
         tokens: jax.Array,
@@ -318,11 +321,11 @@ class CausalLM(nnx.Module):
         cache: LayerCache | RowCache | None = None,
         segments: Segments | None = None,
         *,
-        remat: bool | None = None,
+        remat: Remat | bool | None = None,
     ) -> tuple[jax.Array, LayerCache | RowCache | None]:
         """Final-norm hidden states [B, T, H] (and the updated cache when one is given). `segments`: which datum
         each token belongs to (packed rows; None: one datum per row, every token real). `remat` overrides the
-        model's gradient checkpointing for this call (the training step turns it on by length)."""
+        model's gradient checkpointing for this call (the training step picks its level by length: remat.py)."""
         x = self.embed(tokens, routing)
         return self.decode(x, positions, rope_tables(self.config, positions), routing, cache, segments, remat=remat)
 
@@ -342,15 +345,15 @@ class CausalLM(nnx.Module):
         cache: LayerCache | RowCache | None = None,
         segments: Segments | None = None,
         *,
-        remat: bool | None = None,
+        remat: Remat | bool | None = None,
         after_layer: AfterLayer | None = None,
     ) -> tuple[jax.Array, LayerCache | RowCache | None]:
         """`hidden` from the embeddings `x` on: the layers, turning q and k by the `rope` tables (cos, sin
         [B, T, head_dim]; a multimodal model's are not those of `positions`, which still place the cache's keys),
         then the final norm. `after_layer(i, x)`, when given, is the residual stream after layer i (Qwen3-VL adds
         its DeepStack image features to the first layers' there); i is an int, or a traced int32 in the scan."""
-        remat = self.remat if remat is None else remat
-        x = constrain(x, self.act_sharding)
+        remat = Remat.of(self.remat if remat is None else remat)
+        x = constrain(x.astype(self.residual_dtype), self.act_sharding)
         if isinstance(self.layers, DecoderStack):
             x, cache = self.layers.scan(
                 x,
@@ -363,19 +366,17 @@ class CausalLM(nnx.Module):
                 segments=segments,
                 after_layer=after_layer,
             )
-            return self.norm(x), cache
+            return self.norm(x.astype(jnp.float32)), cache
         assert isinstance(self.layers, nnx.List)  # built above: a stack or a per-layer list
         for i, layer in enumerate(self.layers):
-            if cache is None and remat:
-                x = checkpointed(layer, _layer_no_cache, x, positions, rope, routing, segments)
-            elif cache is None:
-                x = _layer_no_cache(layer, x, positions, rope, routing, segments)
+            if cache is None:
+                x = checkpointed(remat, layer, _layer_no_cache, x, positions, rope, routing, segments)
             else:
                 x, cache = layer(x, positions, rope, routing, cache, i, segments)
             if after_layer is not None:
                 x = after_layer(i, x)
-            x = constrain(x, self.act_sharding)
-        return self.norm(x), cache
+            x = constrain(x.astype(self.residual_dtype), self.act_sharding)
+        return self.norm(x.astype(jnp.float32)), cache
 
     def logits(self, h: jax.Array, routing: LoraRouting) -> jax.Array:
         return self.lm_head(h, self.embed_tokens, routing)

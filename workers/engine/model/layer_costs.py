@@ -45,5 +45,14 @@ def layer_activation_bytes(c: ModelConfig, mlp_width: int, compute_bytes: int, m
     )
 
 
+def saved_matmul_bytes(c: ModelConfig, max_rank: int) -> int:
+    """What Remat.DOTS keeps of one dense layer per token (model/remat.py), all float32 as computed: the q, k, v
+    and o projections' outputs (nh·hd + 2·nkv·hd + H), the attention's output and log-sum-exp (nh·hd + nh), gate and
+    up (2·I; down's output is the next layer's input, kept anyway) and each adapted linear's x @ A (7·R):
+    4 · (2·nh·hd + 2·nkv·hd + nh + H + 2·I + 7·R)."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return 4 * (2 * q + 2 * kv + c.num_heads + c.hidden_size + 2 * c.intermediate_size + 7 * max_rank)
+
+
 def dense_activation_bytes(c: ModelConfig, compute_bytes: int, max_rank: int) -> int:
     return layer_activation_bytes(c, c.intermediate_size, compute_bytes, max_rank)

@@ -138,6 +138,7 @@ def load_model(
     mesh: Mesh | None = None,
     remat: bool = False,
     scan_layers: bool = True,
+    compute_dtype_residual: bool = False,
 ) -> LoadedModel:
     """Read the checkpoint into base state (matrices in `dtype`, norms float32) and zero float32 LoRA state.
 
@@ -145,6 +146,7 @@ def load_model(
     every tensor goes straight to its sharding as it is read, and the hidden states between layers are pinned to
     the fsdp batch layout; `LoadedModel.placement` then holds the shardings. `scan_layers`: stacked, scanned
     layers (decoder.DecoderStack, where the family stacks them) instead of a per-layer list.
+    `compute_dtype_residual`: the residual stream between layers in `dtype` (decoder.CausalLM says what it costs).
     """
     path = Path(model_dir)
     hf_config = json.loads((path / "config.json").read_text())
@@ -159,6 +161,7 @@ def load_model(
         dtype=dtype,
         remat=remat,
         scan_layers=scan_layers,
+        compute_dtype_residual=compute_dtype_residual,
     )
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
@@ -243,6 +246,7 @@ def random_model(
     std: float = 0.02,
     scan_layers: bool = True,
     remat: bool = False,
+    compute_dtype_residual: bool = False,
 ) -> LoadedModel:
     """A model of `hf_config`'s shape with random weights drawn on the device, each leaf straight into its sharding
     (normal(0, std) matrices in `dtype`, norm weights 1): the shape of a real checkpoint without reading one, for
@@ -257,6 +261,7 @@ def random_model(
         dtype=dtype,
         remat=remat,
         scan_layers=scan_layers,
+        compute_dtype_residual=compute_dtype_residual,
     )
     graphdef, lora, base = nnx.split(abstract, nnx.LoRAParam, nnx.Param)
     pure = nnx.to_pure_dict(base)
@@ -287,6 +292,7 @@ def _abstract_model(
     dtype: Any,
     remat: bool,
     scan_layers: bool,
+    compute_dtype_residual: bool = False,
 ) -> CausalLM:
     """The model's shapes without its arrays (nnx.eval_shape), hidden states pinned to the fsdp batch layout on a
     mesh of more than one device: what both a checkpoint and random weights fill."""
@@ -301,6 +307,7 @@ def _abstract_model(
             remat=remat,
             act_sharding=act_sharding,
             scan_layers=scan_layers,
+            compute_dtype_residual=compute_dtype_residual,
         )
     )
 

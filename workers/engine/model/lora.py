@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from .families import ModuleKind, lora_targets
+from .remat import LORA_DOWN, PROJECTION, checkpoint_name
 
 # PEFT's default; scaling = LORA_ALPHA / rank.
 LORA_ALPHA = 32.0
@@ -109,7 +110,7 @@ def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, routing: LoraRouting | 
         return _stacked_delta(x, a, b, routing)
     a_rows = a[routing.adapter]  # [B, in, R]
     b_rows = b[routing.adapter]  # [B, R, out]
-    h = jnp.einsum("bti,bir->btr", x, a_rows)
+    h = checkpoint_name(jnp.einsum("bti,bir->btr", x, a_rows), LORA_DOWN)  # kept by Remat.DOTS (remat.py)
     return jnp.einsum("btr,bro->bto", h, b_rows) * routing.scale[:, None, None]
 
 
@@ -157,7 +158,8 @@ class LoRALinear(nnx.Module):
 
     def __call__(self, x: jax.Array, routing: LoraRouting) -> jax.Array:
         base = base_matmul(x, self.kernel[...])
-        return base + lora_delta(x, self.lora_a[...], self.lora_b[...], routing)
+        # The projection's output is what Remat.DOTS keeps of this matmul (remat.py says why by name).
+        return checkpoint_name(base + lora_delta(x, self.lora_a[...], self.lora_b[...], routing), PROJECTION)
 
 
 def module_kind(path: tuple) -> ModuleKind:

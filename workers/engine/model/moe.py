@@ -26,6 +26,7 @@ from flax import nnx
 
 from .families import ModelConfig
 from .lora import LoraRouting, StackedLoraRouting
+from .remat import LORA_DOWN, PROJECTION, checkpoint_name
 
 
 def _pow2(n: int) -> int:
@@ -110,8 +111,9 @@ class ExpertLinear(nnx.Module):
         a_all = jnp.transpose(a, (1, 2, 0, 3)).reshape(e, i, s * r)  # every adapter of expert e side by side
         b_all = jnp.transpose(b, (1, 0, 2, 3)).reshape(e, s * r, b.shape[-1])
         h = grouped_matmul(xs.astype(jnp.float32), a_all, sizes).reshape(-1, s, r)
-        h = jnp.where(keep[:, :, None], h * scale[:, None, None], 0.0)
-        return base + grouped_matmul(h.reshape(-1, s * r), b_all, sizes)
+        h = jnp.where(keep[:, :, None], checkpoint_name(h, LORA_DOWN) * scale[:, None, None], 0.0)
+        # What Remat.DOTS keeps of the experts' matmuls, as of a dense projection (lora.LoRALinear, remat.py).
+        return checkpoint_name(base + grouped_matmul(h.reshape(-1, s * r), b_all, sizes), PROJECTION)
 
 
 class Experts(nnx.Module):

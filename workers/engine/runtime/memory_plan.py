@@ -10,11 +10,13 @@ programs. The rest, `work_bytes`, is shared in time by whatever op runs (the eng
 at a time): a forward_backward's activations, a sampling call's KV cache and prefill.
 
 Per-token costs are computed from the model's shape (the formulas below, checked in tests against what XLA reports
-for the compiled programs): with gradient checkpointing a training token keeps one float32 hidden state per layer
-and the recomputed layer's intermediates; a KV-cache token keeps keys and values of every layer in the compute
-dtype, and a model with linear-attention layers adds each decode slot's fixed-size recurrent state. Work is
-admitted against it: a datum that can never fit is a user error before anything is allocated, naming the limit in
-tokens and the flags that move it; a sampling call's decode slots and prefill rows are sized so they
+for the compiled programs): a training token's cost depends on its micro-batch's gradient checkpointing
+(model/remat.py): without it every layer's intermediates; at DOTS one float32 hidden state and the saved matmul
+outputs per layer; at FULL one float32 hidden state per layer; each besides the recomputed layer's intermediates. A
+micro-batch takes the least recomputation that fits (`remat_for`); a KV-cache token keeps keys and values of every
+layer in the compute dtype, and a model with linear-attention layers adds each decode slot's fixed-size recurrent
+state. Work is admitted against it: a datum that can never fit is a user error before anything is allocated, naming
+the limit in tokens and the flags that move it; a sampling call's decode slots and prefill rows are sized so they
 fit (rows that do not fit now wait for a free slot).
 """
 
@@ -30,7 +32,9 @@ import jax
 import numpy as np
 
 from ..model.families import ModelConfig, family_named
+from ..model.layer_costs import saved_matmul_bytes
 from ..model.logprobs import chunk_tokens
+from ..model.remat import Remat
 from ..model.slot_cache import state_bytes_per_slot
 from ..shape_buckets import BLOCK, round_down_seq_len, state_slots
 
@@ -43,8 +47,8 @@ RESERVE_MIN = GIB // 2
 # A training micro-batch's activations are planned within this share of the work memory (the rest is headroom for
 # XLA's temporaries beyond the estimate: fusion buffers, the attention tiles, transposes).
 TRAIN_SHARE = 0.9
-# Without gradient checkpointing a micro-batch keeps every layer's activations; it turns on once they would pass
-# this share of the work memory.
+# A micro-batch keeps every layer's activations (Remat.NONE), or failing that its matmul outputs (Remat.DOTS), while
+# they stay within this share of the work memory; past both it recomputes whole layers (Remat.FULL).
 NO_REMAT_SHARE = 0.25
 # A decode slot's buffers per cache position besides its KV: the token and its logprob, and room for the 20 top
 # tokens and their logprobs (sampling/decode.py: MAX_TOPK_SAMPLE_LOGPROBS).
@@ -61,13 +65,15 @@ class MemoryPlan:
     reserve_bytes: int
     prefix_cache_bytes: int  # the sampler's prefix KV cache (its pool of prompt blocks, and their state snapshots)
     work_bytes: int  # capacity - resident - snapshots - prefix cache - reserve: what one op may use at a time
-    train_bytes_per_token: int  # a forward_backward token, with gradient checkpointing
+    train_bytes_per_token: int  # a forward_backward token, with gradient checkpointing (Remat.FULL)
     train_bytes_per_token_no_remat: int
+    train_bytes_per_token_dots: int  # with the matmul outputs saved (Remat.DOTS)
     train_fixed_bytes: int  # the chunked logits and their gradient (at most: shorter sequences hold less)
     kv_bytes_per_token: int  # one token of KV cache (every layer's keys and values)
     prefill_bytes_per_token: int  # a prompt token's activations while it is prefilled (besides its KV)
     max_train_tokens: int  # per forward_backward datum (and micro-batch)
-    remat_min_tokens: int  # micro-batches of at least this many tokens recompute layers in the backward pass
+    remat_min_tokens: int  # micro-batches of at least this many tokens recompute (at least DOTS) in the backward pass
+    full_remat_min_tokens: int  # ... and of at least this many recompute whole layers (FULL)
     max_sample_tokens: int  # prompt + max_tokens of one sampled row (one slot's KV cache and its prefill)
     max_lora_rank: int
     # One decode slot's recurrent state (linear-attention layers), whatever its length; 0 for keys and values only.
@@ -75,6 +81,20 @@ class MemoryPlan:
 
     def as_metrics(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if isinstance(v, int)}
+
+    def remat_for(self, tokens: int) -> Remat:
+        """The level a micro-batch of `tokens` tokens trains at (training/steps.py asks by these thresholds)."""
+        if tokens >= self.full_remat_min_tokens:
+            return Remat.FULL
+        return Remat.DOTS if tokens >= self.remat_min_tokens else Remat.NONE
+
+    def train_bytes_at(self, level: Remat) -> int:
+        """Bytes per training token at `level`."""
+        return {
+            Remat.NONE: self.train_bytes_per_token_no_remat,
+            Remat.DOTS: self.train_bytes_per_token_dots,
+            Remat.FULL: self.train_bytes_per_token,
+        }[level]
 
     def free_bytes(self) -> int:
         """Memory free for work now: the capacity less what is in use (the allocator's count on accelerators, this
@@ -170,7 +190,7 @@ def _rss_bytes() -> int:
 
 
 def per_token_costs(config: ModelConfig, dtype: Any, max_rank: int) -> dict[str, int]:
-    """Bytes per token of training (with and without gradient checkpointing), of KV cache, and of prefill."""
+    """Bytes per token of training (at each gradient-checkpointing level), of KV cache, and of prefill."""
     f32, cd = 4, int(np.dtype(dtype).itemsize)
     h, layers = config.hidden_size, config.num_layers
     kv = config.num_kv_heads * config.head_dim
@@ -180,10 +200,15 @@ def per_token_costs(config: ModelConfig, dtype: Any, max_rank: int) -> dict[str,
     layer = family.activation_bytes(config, cd, max_rank)
     layer_fwd_bwd = int(1.2 * layer)
     remat = layers * h * f32 + layer_fwd_bwd + 4 * h * f32  # saved layer inputs + one layer live + embed/norm
+    # DOTS: per layer its float32 input and its saved matmul outputs (layer_costs.saved_matmul_bytes: the projections
+    # as they accumulate, float32; the attention's output and log-sum-exp; each x @ A), never more than the whole
+    # layer's forward keeps (a family whose layers are not the dense ones: the bound holds it), + one layer live:
+    #   L * (4 H + min(saved, layer)) + 1.2 layer + 16 H
+    dots = layers * (h * f32 + min(saved_matmul_bytes(config, max_rank), layer)) + layer_fwd_bwd + 4 * h * f32
     no_remat = layers * layer + layer_fwd_bwd + 4 * h * f32
     kv_token = family.cache_kinds(config).count("kv") * 2 * kv * cd
     prefill = layer + 2 * h * f32  # one layer at a time, no backward (the KV is counted apart)
-    return {"train": remat, "train_no_remat": no_remat, "kv": kv_token, "prefill": prefill}
+    return {"train": remat, "train_dots": dots, "train_no_remat": no_remat, "kv": kv_token, "prefill": prefill}
 
 
 def make_plan(
@@ -233,11 +258,13 @@ def make_plan(
         work_bytes=work,
         train_bytes_per_token=costs["train"],
         train_bytes_per_token_no_remat=costs["train_no_remat"],
+        train_bytes_per_token_dots=costs["train_dots"],
         train_fixed_bytes=train_fixed,
         kv_bytes_per_token=costs["kv"],
         prefill_bytes_per_token=costs["prefill"],
         max_train_tokens=int(max_train),
         remat_min_tokens=max(1, int(work * NO_REMAT_SHARE) // costs["train_no_remat"]),
+        full_remat_min_tokens=max(1, int(work * NO_REMAT_SHARE) // costs["train_dots"]),
         max_sample_tokens=int(max_sample),
         max_lora_rank=max_lora_rank,
         state_bytes_per_slot=state_bytes_per_slot(config),
@@ -246,7 +273,8 @@ def make_plan(
         "memory plan: %s %.1f GiB = resident %.1f (weights, adapter slots) + snapshots %.1f + prefix cache %.2f"
         " + reserve %.1f + work %.1f;"
         " per token: training %s B (%s B without checkpointing), KV %s B; fits %s tokens per forward_backward datum,"
-        " %s tokens per sampled sequence; gradient checkpointing from %s tokens per micro-batch",
+        " %s tokens per sampled sequence; gradient checkpointing from %s tokens per micro-batch (matmul outputs"
+        " kept), whole layers from %s",
         device,
         capacity / GIB,
         resident / GIB,
@@ -260,5 +288,6 @@ def make_plan(
         f"{plan.max_train_tokens:,}",
         f"{plan.max_sample_tokens:,}",
         f"{plan.remat_min_tokens:,}",
+        f"{plan.full_remat_min_tokens:,}",
     )
     return plan

@@ -14,9 +14,11 @@ with and without images pack together. A micro-batch with images carries them as
 (`StepFunctions.image_batch`: the patches padded to a bucket, the tower's per-patch inputs, the 3-D positions), and
 its program is compiled per patch bucket besides (rows, length); a text-only micro-batch's program is unchanged.
 
-Long rows: gradient checkpointing turns on for a micro-batch of at least `remat_min_tokens` tokens (set from the
-device-memory plan), and the loss reads the vocabulary in chunks (logprobs.py), so activation memory grows linearly
-in length and never holds [tokens, vocab] logits.
+Long rows: gradient checkpointing is chosen per micro-batch by its token count (its length bucket; set from the
+device-memory plan, model/remat.py): none below `remat_min_tokens`, DOTS (the matmul outputs kept, the elementwise
+work recomputed) below `full_remat_min_tokens`, FULL (whole layers recomputed) from there; and the loss reads the
+vocabulary in chunks (logprobs.py), so activation memory grows linearly in length and never holds [tokens, vocab]
+logits.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tinkerflow.common.images import ProcessedImage
 from ..model.attention import Segments, single_segment_matters
 from ..model.logprobs import chunk_tokens, target_logprobs
 from ..model.lora import LoraRouting
+from ..model.remat import Remat
 from ..model.sharding import DeviceLayout
 from ..runtime.aot_cache import AotCache
 from ..shape_buckets import round_up_pow4, train_seq_len
@@ -232,7 +235,7 @@ def plan_micro_batches(
     return plans
 
 
-def _forward(graphdef: nnx.GraphDef, lora: Any, base: Any, batch: TrainBatch, remat: bool):
+def _forward(graphdef: nnx.GraphDef, lora: Any, base: Any, batch: TrainBatch, remat: Remat):
     model = nnx.merge(graphdef, lora, base)
     b = batch.tokens.shape[0]
     images = {} if batch.images is None else {"images": batch.images}  # only a vision-language model takes them
@@ -245,7 +248,7 @@ def _forward(graphdef: nnx.GraphDef, lora: Any, base: Any, batch: TrainBatch, re
 
 
 class StepFunctions:
-    """The forward and forward+backward steps, compiled ahead of time once per (batch, seq, k, remat) bucket.
+    """The forward and forward+backward steps, compiled ahead of time once per (batch, seq, k, remat level) bucket.
 
     Inputs arrive placed (parameters by their shardings, the batch on fsdp); outputs are pinned to the same
     layouts, so the donated accumulator keeps its sharding from call to call.
@@ -261,51 +264,68 @@ class StepFunctions:
         # The most tokens one row may have (the memory plan's; None: no limit): a row length bucket past it is not
         # taken where a tighter one holds the row (shape_buckets.py train_seq_len).
         self.max_seq: int | None = None
-        # Micro-batches of at least this many tokens recompute each layer in the backward pass instead of keeping
-        # its activations (the device-memory plan sets it; 0 with --gradient-checkpointing: always).
+        # Micro-batches of at least `remat_min_tokens` tokens recompute each layer's elementwise work in the backward
+        # pass (Remat.DOTS), of at least `full_remat_min_tokens` the whole layer (Remat.FULL), instead of keeping
+        # its activations (the device-memory plan sets both; 0 with --gradient-checkpointing: always FULL).
         self.remat_min_tokens = 0 if gradient_checkpointing else DEFAULT_REMAT_MIN_TOKENS
+        self.full_remat_min_tokens = 0 if gradient_checkpointing else DEFAULT_REMAT_MIN_TOKENS
+        # A level every train step takes whatever its length (None: by length, as above): benchmarks compare levels.
+        self.forced_remat: Remat | None = None
         # The family's image layout for this model (Family.image_batch with its config); None: it takes no images.
         self.image_batch: ImageBatcher | None = None
 
-        def grad_step(lora, base, acc, batch, *, remat: bool):
+        def grad_step(lora, base, acc, batch, *, remat: Remat):
             grad_fn = jax.value_and_grad(lambda lo: _forward(graphdef, lo, base, batch, remat), has_aux=True)
             (_, (target_lp, per_token)), grads = grad_fn(lora)
             acc = placement.constrain_params(jax.tree.map(jnp.add, acc, grads))
             return acc, *placement.constrain_batch((target_lp, per_token))
 
         def forward_step(lora, base, batch):
-            _, (target_lp, per_token) = _forward(graphdef, lora, base, batch, False)
+            _, (target_lp, per_token) = _forward(graphdef, lora, base, batch, Remat.NONE)
             return placement.constrain_batch((target_lp, per_token))
 
         self.grad_step = AotCache("train step", grad_step, donate=("acc",))
         self.forward_step = AotCache("forward step", forward_step)
 
-    def remat(self, batch: TrainBatch) -> bool:
-        return batch.tokens.size >= self.remat_min_tokens
+    def remat(self, batch: TrainBatch) -> Remat:
+        """The level of `batch`'s train step: the least recomputation whose memory the plan gives its tokens."""
+        if self.forced_remat is not None:
+            return self.forced_remat
+        tokens = batch.tokens.size
+        if tokens >= self.full_remat_min_tokens:
+            return Remat.FULL
+        return Remat.DOTS if tokens >= self.remat_min_tokens else Remat.NONE
 
     def grad(self, lora, base, acc, batch: TrainBatch):
         remat = self.remat(batch)
-        return self.grad_step(_label(batch, remat), lora, base, acc, batch, remat=remat)
+        return self.grad_step(program_label(batch, remat), lora, base, acc, batch, remat=remat)
 
     def forward(self, lora, base, batch: TrainBatch):
-        return self.forward_step(_label(batch, False), lora, base, batch)
+        return self.forward_step(program_label(batch, Remat.NONE), lora, base, batch)
 
     def needed_bytes(self, lora, base, acc, batch: TrainBatch, *, train: bool) -> int:
         """Device memory the step for `batch` allocates beyond its inputs (compiling it now if it was not yet)."""
         if train:
             remat = self.remat(batch)
-            return self.grad_step.needed_bytes(_label(batch, remat), lora, base, acc, batch, remat=remat)
-        return self.forward_step.needed_bytes(_label(batch, False), lora, base, batch)
+            return self.grad_step.needed_bytes(program_label(batch, remat), lora, base, acc, batch, remat=remat)
+        return self.forward_step.needed_bytes(program_label(batch, Remat.NONE), lora, base, batch)
 
 
-# Without a device-memory plan: recompute layers for micro-batches of at least this many tokens.
+# Without a device-memory plan: recompute whole layers (FULL) for micro-batches of at least this many tokens.
 DEFAULT_REMAT_MIN_TOKENS = 8192
 
 
-def _label(batch: TrainBatch, remat: bool) -> str:
+def program_label(batch: TrainBatch, remat: Remat) -> str:
+    """The program's name in logs and compile records: its shapes and, when it checkpoints, the level
+    (`remat=dots` / `remat=full`)."""
     b, t, k = batch.targets.shape
     patches = f" patches={batch.images.patches.shape[0]}" if batch.images is not None else ""
-    return f"batch={b} seq={t}" + (f" k={k}" if k > 1 else "") + patches + (" remat" if remat else "")
+    return (
+        f"batch={b} seq={t}"
+        + (f" k={k}" if k > 1 else "")
+        + patches
+        + ("" if remat is Remat.NONE else f" remat={remat.value}")
+    )
 
 
 class DoesNotFit(Exception):

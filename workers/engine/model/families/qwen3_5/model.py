@@ -26,10 +26,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ...attention import Segments
-from ...decoder import checkpointed, constrain
+from ...decoder import constrain
 from ...embedding import Embedding, LMHead
 from ...image_inputs import PromptImages
 from ...lora import LoraRouting, ModuleKind, lora_embedding_delta
+from ...remat import Remat, checkpointed
 from ...rope import rope_tables
 from .cache import HybridCache, HybridRowCache, layer_slots
 from .config import LINEAR_ATTENTION, Qwen35Config
@@ -88,6 +89,7 @@ class DecoderLayer(nnx.Module):
     ) -> tuple[jax.Array, LinearAttentionState | KVView | None]:
         """(x after the layer, its mixer's cache after the call: the linear-attention state, or the full-attention
         layer's `kv` view; `state` and `kv` are the caches going in, each read by its own kind of layer only)."""
+        x = x.astype(jnp.float32)  # a residual stream kept in the compute dtype (CausalLM.residual_dtype) widens here
         mixed = self.input_layernorm(x)
         after: LinearAttentionState | KVView | None
         if self.layer_type == LINEAR_ATTENTION:
@@ -104,7 +106,8 @@ def _layer_output(layer: DecoderLayer, x, rope, routing, segments):
 
 class CausalLM(nnx.Module):
     """The text model as the engine builds it (`Family.causal_lm`): `remat` and `act_sharding` as decoder.CausalLM;
-    `scan_layers` is taken and has no effect (the layers differ, see the module doc)."""
+    `scan_layers` is taken and has no effect (the layers differ, see the module doc); `compute_dtype_residual` as
+    decoder.CausalLM."""
 
     def __init__(
         self,
@@ -114,12 +117,14 @@ class CausalLM(nnx.Module):
         max_rank: int,
         rngs: nnx.Rngs,
         param_dtype=jnp.float32,
-        remat: bool = False,
+        remat: Remat | bool = False,
         act_sharding=None,
         scan_layers: bool = False,
+        compute_dtype_residual: bool = False,
     ):
         self.config = config
-        self.remat = remat
+        self.remat = Remat.of(remat)
+        self.compute_dtype_residual = compute_dtype_residual
         self.act_sharding = act_sharding
         self.scan_layers = False
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
@@ -134,6 +139,11 @@ class CausalLM(nnx.Module):
         """The compute dtype of matmuls (the base weights' dtype)."""
         return self.embed_tokens.weight[...].dtype
 
+    @property
+    def residual_dtype(self):
+        """The residual stream's dtype between layers (decoder.CausalLM.residual_dtype)."""
+        return self.dtype if self.compute_dtype_residual else jnp.float32
+
     def hidden(
         self,
         tokens: jax.Array,
@@ -142,7 +152,7 @@ class CausalLM(nnx.Module):
         cache: HybridCache | HybridRowCache | None = None,
         segments: Segments | None = None,
         *,
-        remat: bool | None = None,
+        remat: Remat | bool | None = None,
         images: ImageBatch | None = None,
         prompt_images: PromptImages | None = None,
     ) -> tuple[jax.Array, HybridCache | HybridRowCache | None]:
@@ -160,7 +170,7 @@ class CausalLM(nnx.Module):
         and its 3-D positions give the rope (`positions` then only matter where they equal them: text).
         `prompt_images` (a sampler's, with a cache): features the tower gave before take the placeholders' place and
         its 3-D positions give the rope, while `positions` still say where each token's keys go in its slot."""
-        remat = self.remat if remat is None else remat
+        remat = Remat.of(self.remat if remat is None else remat)
         x = self.embed_tokens(tokens)
         if self.lm_head.tied:  # the unembedding LoRA updates the shared matrix, so the lookup too (see lora.py)
             x = x + lora_embedding_delta(tokens, self.lm_head.lora_a[...], self.lm_head.lora_b[...], routing)
@@ -172,16 +182,12 @@ class CausalLM(nnx.Module):
             rope = self._mrope(prompt_images.positions)
         else:
             rope = rope_tables(self.config, positions)
-        x = constrain(x, self.act_sharding)
+        x = constrain(x.astype(self.residual_dtype), self.act_sharding)
         if cache is None:
             for layer in self.layers:
-                x = (
-                    checkpointed(layer, _layer_output, x, rope, routing, segments)
-                    if remat
-                    else _layer_output(layer, x, rope, routing, segments)
-                )
-                x = constrain(x, self.act_sharding)
-            return self.norm(x), None
+                x = checkpointed(remat, layer, _layer_output, x, rope, routing, segments)
+                x = constrain(x.astype(self.residual_dtype), self.act_sharding)
+            return self.norm(x.astype(jnp.float32)), None
         rows = cache.rows if isinstance(cache, HybridRowCache) else None
         linear_segments = segments
         if isinstance(cache, HybridRowCache) and segments is None:  # the chunk's tail past a prompt is padding
@@ -195,7 +201,8 @@ class CausalLM(nnx.Module):
                 x, kv = layer(x, rope, routing, segments, kv=KVView(cache.k, cache.v, slot, positions, rows))
                 assert isinstance(kv, KVView)
                 cache = cache._replace(k=kv.k, v=kv.v)
-        return self.norm(x), cache
+            x = x.astype(self.residual_dtype)  # as the training path rounds it, so sampler and trainer agree
+        return self.norm(x.astype(jnp.float32)), cache
 
     def _with_images(
         self, tokens: jax.Array, x: jax.Array, images: ImageBatch
