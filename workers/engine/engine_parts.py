@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any, Self
 
+from .model.decoder_stack import resolve_decode_layers
 from .model.dtypes import base_dtype, weight_dtype
 from .model.families import ModelConfig, family_named
 from .model.image_inputs import image_token_id
@@ -51,6 +52,7 @@ class EngineParts:
         gradient_checkpointing: bool = False,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        decode_layers: str = "auto",
         page_store: PageStore | None = None,
     ):
         self.model_path = model_path
@@ -82,6 +84,7 @@ class EngineParts:
             self._steps.image_batch = functools.partial(image_batch, self.config)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
         self._sampler.prefix_tokens = max(0, prefix_cache_tokens) // BLOCK * BLOCK
+        self._sampler.programs.decode_layers = resolve_decode_layers(decode_layers)
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
         # and the slots are resident; it admits work and sizes micro-batches, decode slots and prefill rows.
         self._memory = make_plan(
@@ -147,6 +150,7 @@ class EngineParts:
         scan_layers: bool = True,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        decode_layers: str = "auto",
         page_store: PageStore | None = None,
     ) -> Self:
         """Load a checkpoint onto `mesh` (a Mesh with axes ("fsdp", "tp"), a MeshConfig, or None for every local
@@ -156,7 +160,9 @@ class EngineParts:
         micro-batches long enough to need it: the memory plan says from how many tokens). `device_memory_bytes` > 0
         caps the memory the plan divides (host RAM on CPU, the allocator's limit on accelerators). `scan_layers`
         (dense models): the layers stacked and run as one scan, so compile time does not grow with depth
-        (model/decoder.py); off: a per-layer loop, kept for comparison."""
+        (model/decoder.py); off: a per-layer loop, kept for comparison. `decode_layers` ("scan", "unrolled" or
+        "auto": unrolled on accelerators, scan on CPU): how the sampler's programs, which run with a KV cache, run
+        those stacked layers (model/decoder_stack.py); training always scans."""
         from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
@@ -208,6 +214,7 @@ class EngineParts:
             gradient_checkpointing=gradient_checkpointing,
             device_memory_bytes=device_memory_bytes,
             prefix_cache_tokens=prefix_cache_tokens,
+            decode_layers=decode_layers,
             page_store=page_store,
         )
 
