@@ -3,8 +3,9 @@
 `scan` runs every layer as one `jax.lax.scan` over the layer axis: the program holds one layer's computation
 whatever the depth, so compile time does not grow with it. Training always scans. But the scan hands each layer its
 weights as a dynamic slice of the [L, in, out] stacks, and on a GPU XLA copies that slice into a buffer of its own
-before each GEMM (a profile of Qwen3-8B decode: 27% of its time in device-to-device copies), which a memory-bound
-decode step pays for once more per weight byte.
+before each GEMM (a profile of Qwen3-8B decode: 27% of its time in device-to-device copies; XLA's dynamic slice
+fusion flag did not remove them, docs/benchmarks-gpu.md §Decoding), which a memory-bound decode step pays for once
+more per weight byte.
 
 `unrolled` is a Python loop over the layers, each taking its weights as a static slice of the stacks
 (`a[i]`: a `lax.slice` with constant bounds, not a dynamic slice), for the programs that run with a KV cache (the
