@@ -22,7 +22,7 @@ from benchmarks.device_phases.measure import emit, profile_top
 LAYER_LOOPS = ("scan", "unrolled")
 PROMPT_LEN = 64
 MAX_TOKENS = 64  # the first token is sampled at admission: 63 decode steps
-REPEATS = 3
+REPEATS = 3  # timed samples per shape and loop (2 with --smoke)
 
 
 class ProgramTimer:
@@ -85,12 +85,14 @@ def phase_sample(phases: Any) -> None:
     weights, embedding = phases._weight_bytes()
     tied = bool(phases.cfg.get("tie_word_embeddings"))
     _, copy_gb_s = copy_gb_per_s(smoke)  # measured here: the env phase ran in another process
-    # On CPU (--smoke) the smallest and the largest shape: each loop compiles its own programs at every shape.
-    shapes = ((8, 1), (256, 8)) if smoke else ((64, 1), (256, 1), (256, 8))
+    # On CPU (--smoke) a small shape of one adapter and one of several: each loop compiles its own programs at every
+    # shape, and a CPU prefills 256 rows slowly.
+    shapes = ((8, 1), (64, 8)) if smoke else ((64, 1), (256, 1), (256, 8))
     shapes = [(256, 1)] if phases.quick else shapes
     profiled = (256, 1) if (256, 1) in shapes else shapes[-1]  # a shape measured: its programs are built
     programs = engine.sampler.programs
     default = programs.decode_layers
+    repeats = 2 if smoke else REPEATS
     for rows, adapters in shapes:
         reqs = [
             SampleInput(prompt=prompt, max_tokens=MAX_TOKENS, seed=i, stop_token_ids=[], snapshot=f"s{i % adapters}")
@@ -108,7 +110,7 @@ def phase_sample(phases: Any) -> None:
                 _sample(engine, reqs)  # compiles this loop's programs at this shape
                 first = time.perf_counter() - t0
                 with ProgramTimer(engine.sampler) as timer:
-                    for _ in range(REPEATS):
+                    for _ in range(repeats):
                         _sample(engine, reqs)
                 seconds, steps = min((s / n, n) for s, n in timer.decode if n > 0)
                 kv_read = rows * (PROMPT_LEN + (steps + 1) / 2) * kv_token  # the mean filled length over the steps
@@ -122,7 +124,7 @@ def phase_sample(phases: Any) -> None:
                     ms_all=[round(s / n * 1000, 3) for s, n in timer.decode if n > 0],
                     admit_ms=round(min(timer.admit_s) * 1000, 3) if timer.admit_s else None,
                     admit_is="one admission call (a chunk of prompts prefilled), waited for; least of them",
-                    admit_calls_per_sample=len(timer.admit_s) // REPEATS,
+                    admit_calls_per_sample=len(timer.admit_s) // repeats,
                     first_call_s=round(first, 2),
                     weights_gib=round(weights / 2**30, 2),
                     kv_read_gib=round(kv_read / 2**30, 3),
