@@ -99,7 +99,7 @@ def phase_sample(phases: Any) -> None:
             for i in range(rows)
         ]
         for layers in LAYER_LOOPS:
-            figure = dict(phase="sample", figure="decode_ms_per_step", rows=rows, adapters=adapters)
+            figure: dict[str, Any] = dict(phase="sample", figure="decode_ms_per_step", rows=rows, adapters=adapters)
             figure.update(decode_layers=layers, engine_default=layers == default)
             if budget.left() < (3 if smoke else 30):
                 emit(**figure, skipped="budget")

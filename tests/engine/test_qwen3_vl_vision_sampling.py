@@ -124,7 +124,6 @@ def test_sampled_logprobs_with_images_equal_the_forward(engine):
         SampleInput(prompt=p, max_tokens=6, seed=5, stop_token_ids=[image_id], images=its) for p, its in prompts
     ]
     model = nnx.merge(engine._graphdef, engine.adapters.lora, engine.base)
-    model.decode_layers = layers  # calls with a cache run it; the training forward below always scans
     routing = LoraRouting(jnp.asarray([0], jnp.int32), jnp.asarray([0.0], jnp.float32))
     for (prompt, its), res in zip(prompts, engine.sample(requests), strict=True):
         assert isinstance(res, SampleResult), res
