@@ -113,6 +113,11 @@ class EngineParts:
         self._steps.max_seq = plan.max_train_tokens
 
     @property
+    def decode_layers(self) -> str:
+        """How the sampler's programs run a stacked model's layers: "scan" or "unrolled" ("auto" resolved)."""
+        return self._sampler.programs.decode_layers
+
+    @property
     def adapters(self) -> AdapterSlots:
         return self._adapters
 
