@@ -19,7 +19,9 @@ longer fits the budget is skipped and says so:
 * long: the same model's forward_backward of one datum of 8K, 16K and 32K tokens: time (median of 3), peak memory, the
   memory plan's estimate beside it (the plan's admission limit is lifted here to measure past it).
 * sample: decode ms per step at 64 and 256 rows (1 and 8 adapters at 256) against the HBM floor (weights less the
-  gathered embedding, and the KV read per step, over the copy bandwidth measured in the same process).
+  gathered embedding, and the KV read per step, over the copy bandwidth measured in the same process), with each of
+  the sampler's layer loops (`decode_layers`: the scan, and unrolled over static slices of the stacked weights), the
+  decode program timed alone (device_phases/decode.py).
 * agree: the sampler's logprobs of its own tokens against the trainer's forward logprobs of the same sequence.
 
 The 8B phases share one worker process (one model draw); every other phase runs in its own. A worker that dies is
@@ -60,7 +62,7 @@ ESTIMATE_S: dict[str, float] = {
     "attention": 45,
     "train": 160,  # the tenants' figure compiles its own shapes
     "long": 150,  # 3 timed repetitions a length
-    "sample": 90,
+    "sample": 150,  # both layer loops' programs, the unrolled one's compile growing with depth
     "agree": 40,
 }
 SMOKE_ESTIMATE_S: dict[str, float] = dict.fromkeys(PHASES, 5)

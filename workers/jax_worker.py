@@ -347,6 +347,7 @@ def load_engine(settings: Settings, local_path: str):
         snapshot_budget_bytes=settings.snapshot_budget_mb * 2**20,
         device_memory_bytes=int(settings.device_memory_gb * 2**30),
         prefix_cache_tokens=settings.prefix_cache_tokens,
+        decode_layers=settings.decode_layers,
         page_store=page_store(settings),
         random_weights=settings.random_weights,
     )

@@ -5,8 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from benchmarks.device_phases.env import copy_gb_per_s
-from benchmarks.device_phases.flops import decode_floor_bytes
+from benchmarks.device_phases.decode import phase_sample
 from benchmarks.device_phases.measure import Budget, emit, profile_top
 from benchmarks.device_phases.parity import logprobs
 from benchmarks.device_phases.shapes import QWEN3_8B, TINY, datasheet_peak, matmul_params
@@ -201,76 +200,8 @@ class ModelPhases:
         self.engine.memory = plan
 
     def sample(self) -> None:
-        import numpy as np
-
-        from tinkerflow.workers.engine.types import SampleInput
-
-        for slot in range(8):
-            self.engine.snapshot(slot, f"s{slot}")
-        prompt_len = 64
-        rng = np.random.default_rng(1)
-        prompt = rng.integers(1, self.vocab, prompt_len).astype(np.int32)
-        kv_token = self.engine.memory.kv_bytes_per_token
-        weights, embedding = self._weight_bytes()
-        tied = bool(self.cfg.get("tie_word_embeddings"))
-        _, copy_gb_s = copy_gb_per_s(self.smoke)  # measured here: the env phase ran in another process
-        shapes = ((8, 1), (64, 1), (256, 1), (256, 8)) if self.smoke else ((64, 1), (256, 1), (256, 8))
-        for rows, adapters in [(256, 1)] if self.quick else shapes:
-            if self.budget.left() < (3 if self.smoke else 30):
-                emit(phase="sample", figure="decode_ms_per_step", rows=rows, adapters=adapters, skipped="budget")
-                continue
-
-            def call(max_tokens: int, rows=rows, adapters=adapters):
-                reqs = [
-                    SampleInput(
-                        prompt=prompt, max_tokens=max_tokens, seed=i, stop_token_ids=[], snapshot=f"s{i % adapters}"
-                    )
-                    for i in range(rows)
-                ]
-                t0 = time.perf_counter()
-                res = self.engine.sample(reqs)
-                bad = [r for r in res if not hasattr(r, "sequences")]
-                if bad:
-                    raise RuntimeError(f"sample refused: {bad[0]}")
-                return time.perf_counter() - t0
-
-            try:
-                first = call(16)
-                short, long_ = min(call(16) for _ in range(2)), min(call(64) for _ in range(2))
-                per_step = (long_ - short) / 48
-                kv_read = rows * (prompt_len + 40) * kv_token  # the mean filled length over the 48 steps
-                floor_bytes = decode_floor_bytes(weights, embedding, tied, kv_read)
-                floor_ms = floor_bytes / (copy_gb_s * 1e9) * 1000
-                emit(
-                    phase="sample",
-                    figure="decode_ms_per_step",
-                    rows=rows,
-                    adapters=adapters,
-                    ms=round(per_step * 1000, 3),
-                    first_call_s=round(first, 2),
-                    weights_gib=round(weights / 2**30, 2),
-                    kv_read_gib=round(kv_read / 2**30, 3),
-                    embedding_gib_excluded=0 if tied else round(embedding / 2**30, 2),
-                    floor_bytes=floor_bytes,
-                    copy_gb_per_s=copy_gb_s,
-                    floor_ms=round(floor_ms, 3),
-                    floor_ratio=round(per_step * 1000 / floor_ms, 2),
-                    floor_is="weights once (embedding table excluded unless tied) + KV filled, over measured copy GB/s",
-                    tokens_per_s=round(rows / per_step),
-                )
-            except Exception as e:  # noqa: BLE001
-                emit(
-                    phase="sample",
-                    figure="decode_ms_per_step",
-                    rows=rows,
-                    adapters=adapters,
-                    error=f"{type(e).__name__}: {str(e)[:400]}",
-                )
-        if self.budget.left() > (3 if self.smoke else 25):
-            reqs = [
-                SampleInput(prompt=prompt, max_tokens=64, seed=i, stop_token_ids=[], snapshot="s0") for i in range(256)
-            ]
-            profile_top("sample, 256 rows x 64 tokens, 1 adapter", lambda: self.engine.sample(reqs))
+        """Decode ms per step with each layer loop (device_phases/decode.py)."""
+        phase_sample(self)
 
     def _weight_bytes(self) -> tuple[int, int]:
         """Bytes of the base weights and of the embedding table among them."""

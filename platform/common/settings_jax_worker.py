@@ -56,6 +56,14 @@ class JaxWorkerSettings:
                                        "for prompts that start the same way (a prefix KV cache per sampling "
                                        "session, least recently used out); counted in the device-memory plan",
                                        MODEL, shown="65536; 0: off")
+    # The sampler's layer loop over a dense model's stacked layers (workers/engine/model/decoder_stack.py): a scan
+    # copies each layer's weights out of the stack on a GPU; unrolled trades that for compile time growing with depth.
+    decode_layers: str = setting("auto", "how the sampler's prefill and decode run a dense model's stacked layers: "
+                                 "'scan' (one layer's program whatever the depth; on a GPU each layer's weights "
+                                 "are copied out of the stack) or 'unrolled' (a loop over static slices of the "
+                                 "stacked weights; compile time grows with depth); training always scans", MODEL,
+                                 choices=("auto", "scan", "unrolled"),
+                                 shown="auto: unrolled on GPU and TPU, scan on CPU")
     # More training runs than slots: the others' adapters wait off the device (workers/engine/runtime/paging_store.py).
     adapter_host_memory_mb: int = setting(0, "host memory (MiB) for training runs' adapters (and sampler snapshots) "
                                           "paged out of the device: runs beyond --max-lora-adapters wait here "

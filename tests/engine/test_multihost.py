@@ -57,6 +57,7 @@ class FakeEngine:
     def __init__(self, rank_limit: int = 8):
         self.info = FakeInfo()
         self.max_lora_adapters, self.max_lora_rank, self.micro_batch_tokens = 4, rank_limit, 16384
+        self.decode_layers = "scan"
         self.dtype = "float32"
         self.mesh = SimpleNamespace(
             shape={"fsdp": 2, "tp": 1}, devices=np.array([SimpleNamespace(id=0), SimpleNamespace(id=1)])

@@ -2,7 +2,8 @@
 prefilled in chunks into a KV cache, each prompt token carrying the tower's `image_features` at its placeholder (its
 feature and its DeepStack features side by side) and its 3-D positions, then one decode step at its position plus
 the rope delta, equals the training forward (`hidden(..., images=)`, checked against transformers in
-test_qwen3_vl_vision_training.py) on the same tokens.
+test_qwen3_vl_vision_training.py) on the same tokens, with either of the sampler's layer loops (the scan, or unrolled
+with the DeepStack additions at constant layer indices).
 
 The first chunk ends inside the second image, so an image's features and DeepStack additions are split over two
 chunks. Tolerance: 1e-5 absolute plus 1e-5 relative on the logits, the text sampler's: the paths differ only in float32
@@ -35,7 +36,8 @@ def engine(tmp_path_factory):
     return Engine.load(str(build_qwen3_vl(tmp_path_factory.mktemp("qwen3_vl"), moe=False)), progress=False)
 
 
-def test_chunked_prefill_and_decode_with_images_equal_the_training_forward(engine):
+@pytest.mark.parametrize("layers", ["scan", "unrolled"])  # the sampler's layer loops (model/decoder_stack.py)
+def test_chunked_prefill_and_decode_with_images_equal_the_training_forward(engine, layers):
     config = engine.config
     image_id = engine.info.image_token_id
     rng = np.random.default_rng(11)
@@ -55,6 +57,7 @@ def test_chunked_prefill_and_decode_with_images_equal_the_training_forward(engin
     assert p > CHUNK and full[0, CHUNK - 1] == image_id == full[0, CHUNK]  # the chunk boundary splits an image
 
     model = nnx.merge(engine._graphdef, engine.adapters.lora, engine.base)
+    model.decode_layers = layers  # calls with a cache run it; the training forward below always scans
     routing = LoraRouting(jnp.asarray([0], jnp.int32), jnp.asarray([0.0], jnp.float32))
     batch = image_batch(config, full, np.ones_like(full), images)
     want_h, _ = model.hidden(jnp.asarray(full), jnp.asarray(np.arange(p + 1)[None]), routing, images=batch)

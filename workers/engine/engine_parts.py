@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from .model.decoder_stack import resolve_decode_layers
 from .model.dtypes import base_dtype, weight_dtype
 from .model.families import ModelConfig, family_named
 from .model.image_inputs import image_token_id
@@ -64,6 +65,7 @@ class EngineParts:
         gradient_checkpointing: bool = False,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        decode_layers: str = "auto",
         page_store: PageStore | None = None,
     ):
         self.model_path = model_path
@@ -95,6 +97,7 @@ class EngineParts:
             self._steps.image_batch = functools.partial(image_batch, self.config)
         self._sampler = SlotSampler(self._graphdef, self._layout, self.config, self.dtype, tokenizer)
         self._sampler.prefix_tokens = max(0, prefix_cache_tokens) // BLOCK * BLOCK
+        self._sampler.programs.decode_layers = resolve_decode_layers(decode_layers)
         # What the device holds and how much work fits beside it (runtime/memory_plan.py): made now that the weights
         # and the slots are resident; it admits work and sizes micro-batches, decode slots and prefill rows.
         self._memory = make_plan(
@@ -122,6 +125,11 @@ class EngineParts:
         self._memory = plan
         self._sampler.memory = plan
         self._steps.max_seq = plan.max_train_tokens
+
+    @property
+    def decode_layers(self) -> str:
+        """How the sampler's programs run a stacked model's layers: "scan" or "unrolled" ("auto" resolved)."""
+        return self._sampler.programs.decode_layers
 
     @property
     def adapters(self) -> AdapterSlots:
@@ -162,6 +170,7 @@ class EngineParts:
         compute_dtype_residual: bool = False,
         device_memory_bytes: int = 0,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        decode_layers: str = "auto",
         page_store: PageStore | None = None,
         random_weights: bool = False,
     ) -> Self:
@@ -172,11 +181,14 @@ class EngineParts:
         without it the memory plan picks per micro-batch length: none, DOTS or FULL, model/remat.py).
         `device_memory_bytes` > 0 caps the memory the plan divides (host RAM on CPU, the allocator's limit on
         accelerators). `scan_layers` (dense models): the layers stacked and run as one scan, so compile time does not
-        grow with depth (model/decoder.py); off: a per-layer loop, kept for comparison. `compute_dtype_residual`: the
-        residual stream between layers in the compute dtype (decoder.CausalLM; off by default: it changes bf16
-        numerics; the memory plan still counts it at float32, an overestimate). `random_weights`: the directory's
-        config.json alone, its weights drawn on the device (loader.random_model) and its tokenizer read where it has
-        one: a real model's shape served without its checkpoint, for benchmarks of the whole service."""
+        grow with depth (model/decoder.py); off: a per-layer loop, kept for comparison. `decode_layers` ("scan",
+        "unrolled" or "auto": unrolled on accelerators, scan on CPU): how the sampler's programs, which run with a
+        KV cache, run those stacked layers (model/decoder_stack.py); training always scans.
+        `compute_dtype_residual`: the residual stream between layers in the compute dtype (decoder.CausalLM; off by
+        default: it changes bf16 numerics; the memory plan still counts it at float32, an overestimate).
+        `random_weights`: the directory's config.json alone, its weights drawn on the device (loader.random_model)
+        and its tokenizer read where it has one: a real model's shape served without its checkpoint, for benchmarks
+        of the whole service."""
         t0 = time.perf_counter()
         path = resolve_model_path(model_path)
         build = dict(
@@ -231,6 +243,7 @@ class EngineParts:
             gradient_checkpointing=gradient_checkpointing,
             device_memory_bytes=device_memory_bytes,
             prefix_cache_tokens=prefix_cache_tokens,
+            decode_layers=decode_layers,
             page_store=page_store,
         )
 

@@ -206,6 +206,7 @@ def fingerprint(engine: Any) -> dict:
         "max_lora_adapters": engine.max_lora_adapters,
         "max_lora_rank": engine.max_lora_rank,
         "micro_batch_tokens": engine.micro_batch_tokens,
+        "decode_layers": engine.decode_layers,
         "dtype": str(engine.dtype),
         "mesh": dict(engine.mesh.shape),
         "devices": [int(d.id) for d in engine.mesh.devices.flat],

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..model.decoder_stack import DecodeLayers
 from ..model.families import ModelConfig
 from ..model.image_inputs import PromptImages, feature_width, takes_images
 from ..model.logprobs import chunk_tokens, scored_next
@@ -149,6 +150,7 @@ def admit(
     delta: jax.Array | None,  # int32 [R]: with `images`, each row's rope delta
     *,
     scoring: bool,
+    decode_layers: DecodeLayers = "scan",
 ) -> tuple[Slots, Any, dict[str, jax.Array]]:
     """Prefill one chunk of C prompt tokens of R rows straight into their slots of the shared KV cache; rows whose
     prompt ends in it sample their first token and have their state written into their slots.
@@ -165,8 +167,10 @@ def admit(
     token at start + t + 1), each computed only when `wants` says some row asks and zeros otherwise: `token_lp`
     [R, C] and the MAX_TOPK_PROMPT_LOGPROBS most likely tokens `top_ids`, `top_lp` [R, C, K]; `target_lp`
     [R, C, MAX_TARGET_PROMPT_LOGPROBS]; MAX_ALT_TOKENS draws `alt_ids`, `alt_lp` [R, C, MAX_ALT_TOKENS].
+
+    `decode_layers`: how the model's stacked layers run (decoder_stack.py), as in `decode`.
     """
-    model = nnx.merge(graphdef, lora, base)
+    model = _merged(graphdef, lora, base, decode_layers)
     r, c = chunk.shape
     b = slots.done.shape[0]
     routing = StackedLoraRouting(adapter=adapter, scale=scale)
@@ -269,10 +273,13 @@ def decode(
     release: jax.Array,  # bool [B]: slots the host finished (stop strings); marked done first
     steps: jax.Array,  # int32 scalar
     target_done: jax.Array,  # int32 scalar
+    *,
+    decode_layers: DecodeLayers = "scan",
 ) -> Slots:
     """Up to `steps` decode steps over every slot, stopping early once `target_done` slots are done (free slots
-    count as done); finished rows keep their state."""
-    model = nnx.merge(graphdef, lora, base)
+    count as done); finished rows keep their state. `decode_layers`: how the model's stacked layers run, the scan or
+    unrolled over static slices (decoder_stack.py); a model without a stack loops over its layers either way."""
+    model = _merged(graphdef, lora, base, decode_layers)
     rows = jnp.arange(slots.tokens.shape[0])
     length = slots.tokens.shape[1]
     p = slots.params
@@ -321,3 +328,11 @@ def decode(
     slots = Slots(**{**vars(slots), "done": slots.done | release})
     _, slots = jax.lax.while_loop(more, step, (jnp.int32(0), slots))
     return _constrain(slots, placement)
+
+
+def _merged(graphdef: nnx.GraphDef, lora: Any, base: Any, decode_layers: DecodeLayers) -> Any:
+    """The model of these weights, running its stacked layers with a KV cache as `decode_layers` says (a static
+    setting of the model, decoder.CausalLM's: set here, per program, so one engine's model serves both choices)."""
+    model = nnx.merge(graphdef, lora, base)
+    model.decode_layers = decode_layers
+    return model

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..model.decoder_stack import DecodeLayers
 from ..model.families import ModelConfig
 from ..model.image_inputs import PromptImages, feature_width, takes_images
 from ..model.sharding import DeviceLayout
@@ -49,6 +50,9 @@ class SamplerPrograms:
         self.graphdef = graphdef
         self.dtype = dtype
         self._zeros: dict[tuple[int, int], Any] = {}  # (rows, chunk): a text chunk's features, kept on the device
+        # How admission and decode run a stacked model's layers (decoder_stack.py): a static setting of those
+        # programs, so changing it builds (or finds) the other choice's programs and never reuses these.
+        self.decode_layers: DecodeLayers = "scan"
 
     def caches(self) -> list[AotCache]:
         return [self.admit, self.decode, self.empty, self.tower]
@@ -139,9 +143,9 @@ class SamplerPrograms:
         scoring = bool(chunk.targets.shape[2])  # a scoring chunk has room for target ids
         label += " scoring" if scoring else ""
         if compile_only:
-            self.admit.prepare(label, *args, scoring=scoring)
+            self.admit.prepare(label, *args, scoring=scoring, decode_layers=self.decode_layers)
             return slots, pool, {}
-        return self.admit(label, *args, scoring=scoring)
+        return self.admit(label, *args, scoring=scoring, decode_layers=self.decode_layers)
 
     def _images(self, chunk: Chunk, images: list[RowImages | None], slots: int) -> tuple[Any, Any]:
         """admit's `images` and `delta`: the chunk's (prompt_images.py), or None and None on a text-only model."""
@@ -174,6 +178,6 @@ class SamplerPrograms:
         label = f"{bucket.label} adapters={stack_size(lora)}"
         args = (lora, base, slots, self.placement.put_batch(release), jnp.int32(steps), jnp.int32(target))
         if compile_only:
-            self.decode.prepare(label, *args)
+            self.decode.prepare(label, *args, decode_layers=self.decode_layers)
             return slots
-        return self.decode(label, *args)
+        return self.decode(label, *args, decode_layers=self.decode_layers)

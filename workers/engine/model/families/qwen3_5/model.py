@@ -106,8 +106,8 @@ def _layer_output(layer: DecoderLayer, x, rope, routing, segments):
 
 class CausalLM(nnx.Module):
     """The text model as the engine builds it (`Family.causal_lm`): `remat` and `act_sharding` as decoder.CausalLM;
-    `scan_layers` is taken and has no effect (the layers differ, see the module doc); `compute_dtype_residual` as
-    decoder.CausalLM."""
+    `scan_layers` is taken and has no effect, nor has `decode_layers` (the layers differ, see the module doc);
+    `compute_dtype_residual` as decoder.CausalLM."""
 
     def __init__(
         self,
@@ -127,6 +127,7 @@ class CausalLM(nnx.Module):
         self.compute_dtype_residual = compute_dtype_residual
         self.act_sharding = act_sharding
         self.scan_layers = False
+        self.decode_layers = "scan"  # what the sampler sets on every model (decoder.CausalLM); a per-layer loop here
         kw: dict[str, Any] = dict(max_adapters=max_adapters, max_rank=max_rank, rngs=rngs, param_dtype=param_dtype)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, param_dtype)
         self.layers = nnx.List([DecoderLayer(config, kind, **kw) for kind in config.layer_types])
