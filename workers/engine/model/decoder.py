@@ -58,7 +58,6 @@ def _layer_no_cache(layer: DecoderLayer, x, positions, rope, routing, segments=N
     return layer(x, positions, rope, routing, None, 0, segments)[0]
 
 
-
 def dense_layer(config: ModelConfig, index: int, options: LayerOptions) -> DecoderLayer:
     """A dense family's layer `index`: attention and the SwiGLU MLP."""
     return DecoderLayer(config, MLP(config, **options.kwargs()), **options.kwargs())
