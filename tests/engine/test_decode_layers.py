@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from conftest import MAX_ADAPTERS, MAX_RANK
 from flax import nnx
+from small_qwen3 import qwen3_config
 
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.decoder import CausalLM
@@ -103,20 +104,7 @@ def test_unrolled_samples_exactly_what_the_scan_samples_with_as_many_programs(en
 
 
 def _config(layers: int) -> ModelConfig:
-    from transformers import Qwen3Config
-
-    hf = Qwen3Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        architectures=["Qwen3ForCausalLM"],
-    )
-    return ModelConfig.from_hf(hf.to_dict())
+    return qwen3_config(layers, max_position=512)
 
 
 def _decode_step(layers: DecodeLayers, rows: int = 8, length: int = 512, depth: int = 8):

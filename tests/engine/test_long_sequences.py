@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 from test_training import assert_grads_close
 
+from benchmarks.device_phases.shapes import QWEN3_8B
 from tinkerflow.workers.engine.model import logprobs
 from tinkerflow.workers.engine.runtime import memory_plan
 from tinkerflow.workers.engine.shape_buckets import round_up_seq_len
@@ -58,19 +59,7 @@ def test_the_plan_divides_the_capacity_and_limits_are_buckets(monkeypatch):
     from tinkerflow.workers.engine.model.families import ModelConfig
 
     monkeypatch.setattr(memory_plan, "device_capacity", lambda override=0: ("gpu memory", 80 * 2**30, 26 * 2**30))
-    cfg = ModelConfig.from_hf(
-        dict(
-            model_type="qwen3",
-            hidden_size=4096,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            intermediate_size=12288,
-            vocab_size=151936,
-            max_position_embeddings=40960,
-        )
-    )
+    cfg = ModelConfig.from_hf(QWEN3_8B)
     plan = memory_plan.make_plan(
         cfg, np.dtype("bfloat16"), max_lora_rank=32, snapshot_bytes=4 * 2**30, max_position=40960
     )

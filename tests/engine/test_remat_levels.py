@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from small_qwen3 import qwen3_config
 
 from tinkerflow.workers.engine.model.attention import Segments
 from tinkerflow.workers.engine.model.decoder import CausalLM
@@ -21,6 +22,7 @@ from tinkerflow.workers.engine.model.lora import LoraRouting
 from tinkerflow.workers.engine.model.remat import DOTS_POLICY, Remat
 
 LEVELS = (Remat.NONE, Remat.DOTS, Remat.FULL)
+
 # float32: DOTS and FULL recompute the same float32 operations from the same saved values; only XLA's fusion of a
 # recomputed sum may reorder it (float32 eps 1.2e-7 over sums of up to 128 terms). Measured on this model: at most
 # 1.0e-6 relative (the loop layout, DOTS), the scan layout below that.
@@ -28,20 +30,7 @@ F32_TOL = 1e-5
 
 
 def _config(layers: int = 2) -> ModelConfig:
-    from transformers import Qwen3Config
-
-    hf = Qwen3Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        architectures=["Qwen3ForCausalLM"],
-    )
-    return ModelConfig.from_hf(hf.to_dict())
+    return qwen3_config(layers)
 
 
 def _model(*, scan: bool, dtype=jnp.float32, seed: int = 0) -> CausalLM:

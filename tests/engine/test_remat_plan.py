@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 from test_scan_layers import _config
 
+from benchmarks.device_phases.shapes import QWEN3_8B
 from tinkerflow.workers.engine import warm_up
 from tinkerflow.workers.engine.model.decoder import CausalLM
 from tinkerflow.workers.engine.model.families import ModelConfig
@@ -18,18 +19,6 @@ from tinkerflow.workers.engine.model.remat import Remat
 from tinkerflow.workers.engine.model.sharding import DeviceLayout, MeshConfig, as_mesh
 from tinkerflow.workers.engine.runtime import memory_plan
 from tinkerflow.workers.engine.training.steps import StepFunctions, pack, program_label
-
-QWEN3_8B = dict(
-    model_type="qwen3",
-    hidden_size=4096,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    intermediate_size=12288,
-    vocab_size=151936,
-    max_position_embeddings=40960,
-)
 
 
 def _plan(monkeypatch, capacity_gib: int) -> memory_plan.MemoryPlan:

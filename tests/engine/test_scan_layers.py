@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import MAX_ADAPTERS, MAX_RANK
 from flax import nnx
+from small_qwen3 import qwen3_config
 
 from tinkerflow.workers.engine.engine import Engine
 from tinkerflow.workers.engine.model.decoder import CausalLM
@@ -31,20 +32,7 @@ from tinkerflow.workers.engine.types import (
 
 
 def _config(layers: int) -> ModelConfig:
-    from transformers import Qwen3Config
-
-    hf = Qwen3Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        architectures=["Qwen3ForCausalLM"],
-    )
-    return ModelConfig.from_hf(hf.to_dict())
+    return qwen3_config(layers)
 
 
 def _op_count(layers: int, *, scan: bool, remat: bool) -> int:
