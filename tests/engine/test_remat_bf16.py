@@ -29,8 +29,18 @@ def _max_rel(grads: dict, ref: dict) -> float:
     return max(_rel(grads[p], ref[p]) for p in ref)
 
 
-@pytest.mark.parametrize("scan", [True, False], ids=["scan", "loop"])
-@pytest.mark.parametrize("residual", [False, True], ids=["f32_residual", "bf16_residual"])
+# bf16 on CPU compiles and runs slowly (about 25 s a case on 2 cores): the default suite takes one case of each
+# matrix, the slow mark the rest (`bash scripts/test.sh -m slow`).
+@pytest.mark.parametrize(
+    ("scan", "residual"),
+    [
+        (True, False),
+        pytest.param(True, True, marks=pytest.mark.slow),
+        pytest.param(False, False, marks=pytest.mark.slow),
+        (False, True),
+    ],
+    ids=["scan-f32_residual", "scan-bf16_residual", "loop-f32_residual", "loop-bf16_residual"],
+)
 def test_levels_agree_on_bf16_weights(scan, residual):
     model, batch = _model(scan=scan, dtype=jnp.bfloat16), _batch()
     model.compute_dtype_residual = residual
@@ -41,7 +51,7 @@ def test_levels_agree_on_bf16_weights(scan, residual):
     assert abs(full_loss - loss) <= BF16_LEVEL_TOL * abs(loss) and _max_rel(full, grads) <= BF16_LEVEL_TOL
 
 
-@pytest.mark.parametrize("scan", [True, False], ids=["scan", "loop"])
+@pytest.mark.parametrize("scan", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["scan", "loop"])
 def test_a_bf16_residual_stream_adds_no_visible_error_on_a_shallow_model(scan):
     batch = _batch()
     _, ref = _grads(_model(scan=scan), Remat.NONE, batch)  # the same weights in float32
