@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Forty seconds of compiles on two cores: under -m slow (the images' numerics are tests/engine/test_*vision*.py).
+@pytest.mark.slow
 def test_the_images_benchmark_smoke_reports_its_figures():
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.images", "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=600

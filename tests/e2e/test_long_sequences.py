@@ -2,8 +2,8 @@
 40,960 positions (as every real Qwen3 does).
 
 - forward_backward of one datum, and a 1-token sample after a prompt, of 2K, 8K, 16K, 32K and 40,960 tokens all
-  answer; the JAX worker's memory high-water after 32K stays under 6 GB; 40,961 tokens is a user error naming the
-  limit.
+  answer (2K and 8K in the default run, the rest under -m slow); the JAX worker's memory high-water after 32K stays
+  under 6 GB; 40,961 tokens is a user error naming the limit.
 - On a worker whose device-memory plan is small (--device-memory-gb), a datum larger than the plan is refused as that
   tenant's user error before anything is allocated, while another tenant's training loop runs through it unharmed,
   and the JAX worker is the same process before and after.
@@ -76,14 +76,23 @@ def _user_error(future) -> tinker.RequestFailedError:
     return info.value
 
 
-def test_long_sequences_train_and_sample_through_the_sdk(tmp_path_factory, long_model):
+# The ladder to the limit takes four minutes on two cores: the default run climbs to 8K, `-m slow` to 40,960 (and
+# checks the memory high-water at 32K); tests/engine/test_long_sequences.py holds memory linear in length by default.
+LADDERS = [
+    pytest.param((2048, 8192), id="to-8k"),
+    pytest.param((2048, 8192, 16384, 32768, POSITIONS), id="to-the-limit", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("ladder", LADDERS)
+def test_long_sequences_train_and_sample_through_the_sdk(tmp_path_factory, long_model, ladder):
     stack = _stack(tmp_path_factory, long_model)
     try:
         service = tinker.ServiceClient(base_url=stack.base_url, api_key=API_KEY)
         training = service.create_lora_training_client(base_model=stack.served_model(), rank=8).result()
         sampler = training.save_weights_and_get_sampling_client().result()
         pid = stack.parts()["jax-worker"]["pid"]
-        for n in (2048, 8192, 16384, 32768, POSITIONS):
+        for n in ladder:
             out = training.forward_backward([_datum(n, n)], "cross_entropy").result(timeout=TIMEOUT_S)
             assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == n
             assert np.isfinite(out.metrics["loss:sum"])

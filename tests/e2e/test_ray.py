@@ -25,7 +25,9 @@ from tinkerflow.cli.up import served_models
 
 pytest.importorskip("ray", reason="the `ray` extra is not installed")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+# Two Ray nodes take a minute and a half on two cores: under -m slow (tests/infra/test_k8s_ray.py checks the
+# manifests in the default run).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 API_KEY = "tml-ray-key"
 SUBMISSION = "tinkerflow-e2e"
 STEPS, KILL_AFTER = 3, 1

@@ -90,10 +90,12 @@ def test_one_row_prefill_then_decode(model):
     _check(model, [37], split=None)
 
 
+@pytest.mark.slow  # eager forwards of many lengths: a minute and more on two cores
 def test_eight_ragged_rows(model):
     _check(model, [5, 70, 1, 33, 64, 65, 12, 48], split=None)
 
 
+@pytest.mark.slow  # eager forwards of many lengths: a minute and more on two cores
 def test_prompt_prefilled_in_two_chunks_resumes_the_state(model):
     _check(model, [70, 20, 45, 64], split=32)
 

@@ -165,7 +165,7 @@ def _whole_blocks(tokens):
     return (len(tokens) - 1) // BLOCK * BLOCK
 
 
-@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("n", [1, pytest.param(8, marks=pytest.mark.slow), 64])  # 8 rows: -m slow
 def test_a_prefix_cache_hit_samples_the_logprobs_scoring_gives(tiny, n):
     """The second turn resumes from the first's blocks and state snapshot; its other samples from the first
     sample's (a request's samples prefill their prompt once)."""
@@ -176,7 +176,7 @@ def test_a_prefix_cache_hit_samples_the_logprobs_scoring_gives(tiny, n):
     _assert_scored_the_same(engine, TURN2, res.sequences)
 
 
-@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("n", [1, pytest.param(8, marks=pytest.mark.slow), 64])  # 8 rows: -m slow
 def test_a_prefix_cache_hit_across_a_page_out_and_in_of_the_snapshot(tiny, n):
     """The snapshot the first turn sampled is paged out between the turns and back in for the second: its cached
     blocks and states (namespaced by snapshot and version) still serve it, with the adapter's logprobs."""

@@ -191,7 +191,15 @@ REMAT_TOL = 1e-6  # recomputation runs the same float32 operations again; only f
 
 
 @pytest.mark.parametrize(
-    "level,moe", [(Remat.DOTS, False), (Remat.FULL, False), (Remat.DOTS, True)], ids=["dots", "full", "dots_moe"]
+    "level,moe",
+    [
+        (Remat.DOTS, False),
+        # FULL and the routed experts' DOTS run under -m slow (tests/engine/test_remat_levels.py checks every level
+        # on the dense families in the default run).
+        pytest.param(Remat.FULL, False, marks=pytest.mark.slow),
+        pytest.param(Remat.DOTS, True, marks=pytest.mark.slow),
+    ],
+    ids=["dots", "full", "dots_moe"],
 )
 def test_gradient_checkpointing_gives_the_same_gradients(level, moe):
     """`remat` (one `checkpointed` call per layer, shared with the dense families) keeps each layer's input (and at

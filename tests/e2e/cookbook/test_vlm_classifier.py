@@ -25,7 +25,8 @@ from tests.e2e.cookbook.test_recipe_clis import run_recipe
 
 require_cookbook()
 
-pytestmark = pytest.mark.e2e
+# Two minutes on two cores: under -m slow. Images through the SDK stay in the default run (tests/e2e/test_images.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 HUB_ID = "Qwen/Qwen3.5-397B-A17B"  # vlm_classifier.train's default model_name
 CLASSES = ["airplanes", "Faces_easy", "Motorbikes"]
 
